@@ -1,0 +1,322 @@
+"""AccelConfig: every hardware parameter of the accelerator, validated, with JSON in/out and presets.
+
+Everything else (instruction field widths, buffer depths, RTL port widths, the simulators, the
+compiler's tiling) derives from one AccelConfig; nothing else stores a size. Derived values are
+properties, computed on access, never stored twice.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from .errors import ConfigError
+
+KiB = 1024
+
+INSN_BITS = 128
+"""Every instruction is one 128-bit word; a config whose fields do not fit is rejected."""
+
+# Fixed-width instruction fields (the rest derive from the config).
+OPCODE_BITS = 3
+DEP_FLAG_BITS = 4
+MEM_TYPE_BITS = 3
+SIZE_BITS = 16  # y_size, x_size, x_stride of LOAD/STORE
+PAD_BITS = 4  # each of the four paddings of LOAD
+LOOP_ITER_BITS = 14  # iter_out, iter_in of GEMM/ALU
+ALU_OPCODE_BITS = 3
+ALU_IMM_BITS = 16
+
+
+def _is_pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def _clog2(v: int) -> int:
+    """Bits needed to index v entries (at least 1)."""
+    return max(1, (v - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class AccelConfig:
+    """The accelerator's parameters. Field names are the JSON keys.
+
+    batch, block_in, block_out: GEMM core shape; a GEMM micro-op computes a
+        (batch x block_in) @ (block_in x block_out) product into a (batch x block_out) accumulator tile.
+    inp_width, wgt_width, acc_width, out_width: element bit widths (signed).
+    *_buff_bytes: on-chip buffer sizes in bytes. The output buffer mirrors the accumulator's
+        index space (compute writes the narrowed result of acc[i] to out[i]), so it must hold
+        exactly as many entries as the accumulator.
+    bus_width: memory bus data width in bits (AXI data width).
+    cmd_queue_depth: depth of the fetch -> load/compute/store command queues.
+    dep_queue_depth: depth of each of the four dependency-token queues.
+    dram_addr_width: DRAM address width in bits (byte addresses).
+    clock_mhz: target clock, used for GOPS figures and board clocking.
+    """
+
+    batch: int = 1
+    block_in: int = 16
+    block_out: int = 16
+    inp_width: int = 8
+    wgt_width: int = 8
+    acc_width: int = 32
+    out_width: int = 8
+    uop_buff_bytes: int = 32 * KiB
+    inp_buff_bytes: int = 32 * KiB
+    wgt_buff_bytes: int = 256 * KiB
+    acc_buff_bytes: int = 128 * KiB
+    out_buff_bytes: int = 32 * KiB
+    bus_width: int = 64
+    cmd_queue_depth: int = 32
+    dep_queue_depth: int = 32
+    dram_addr_width: int = 32
+    clock_mhz: float = 100.0
+
+    def __post_init__(self):
+        self._validate()
+
+    # ---- validation -------------------------------------------------------------------------
+    def _fail(self, key: str, why: str):
+        raise ConfigError(f"AccelConfig.{key}={getattr(self, key)!r}: {why}")
+
+    def _validate(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            want = float if f.type in ("float", float) else int
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (want is int and not isinstance(v, int)):
+                self._fail(f.name, f"must be {'a number' if want is float else 'an integer'}")
+        for key in ("batch", "block_in", "block_out"):
+            v = getattr(self, key)
+            if not _is_pow2(v) or v > 256:
+                self._fail(key, "must be a power of two in [1, 256]")
+        for key in ("inp_width", "wgt_width", "out_width"):
+            if getattr(self, key) not in (4, 8, 16):
+                self._fail(key, "allowed values are 4, 8, 16")
+        if self.acc_width not in (16, 32):
+            self._fail("acc_width", "allowed values are 16, 32")
+        for key in ("inp_width", "wgt_width", "out_width"):
+            if getattr(self, key) > self.acc_width:
+                self._fail(key, f"must not exceed acc_width={self.acc_width}")
+        for key, elem in (("uop_buff_bytes", self.uop_elem_bytes), ("inp_buff_bytes", self.inp_elem_bytes),
+                          ("wgt_buff_bytes", self.wgt_elem_bytes), ("acc_buff_bytes", self.acc_elem_bytes),
+                          ("out_buff_bytes", self.out_elem_bytes)):
+            v = getattr(self, key)
+            if v < elem or v % elem:
+                self._fail(key, f"must be a positive multiple of its entry size ({elem} bytes)")
+            if not _is_pow2(v // elem):
+                self._fail(key, f"must hold a power-of-two number of {elem}-byte entries (holds {v / elem:g})")
+            if v > 64 * 1024 * KiB:
+                self._fail(key, f"allowed range is [{elem}, {64 * 1024 * KiB}] bytes")
+        if self.out_depth != self.acc_depth:
+            self._fail("out_buff_bytes", f"the output buffer mirrors the accumulator's {self.acc_depth} entries, "
+                                         f"so it must be {self.acc_depth * self.out_elem_bytes} bytes")
+        if self.bus_width not in (32, 64, 128, 256, 512):
+            self._fail("bus_width", "allowed values are 32, 64, 128, 256, 512")
+        for key in ("cmd_queue_depth", "dep_queue_depth"):
+            v = getattr(self, key)
+            if not _is_pow2(v) or not 2 <= v <= 4096:
+                self._fail(key, "must be a power of two in [2, 4096]")
+        if not 16 <= self.dram_addr_width <= 48:
+            self._fail("dram_addr_width", "allowed range is [16, 48]")
+        if not 1.0 <= self.clock_mhz <= 1000.0:
+            self._fail("clock_mhz", "allowed range is [1, 1000]")
+        # Index fields must fit the 128-bit instruction word.
+        for name, bits in self.insn_bits_used().items():
+            if bits > INSN_BITS:
+                key = "dram_addr_width" if name in ("LOAD", "STORE") else (
+                    "uop_buff_bytes" if self.uop_idx_bits >= self.acc_idx_bits else "acc_buff_bytes")
+                self._fail(key, f"the {name} instruction would need {bits} bits, more than the "
+                                f"{INSN_BITS}-bit instruction word (index widths: acc {self.acc_idx_bits}, "
+                                f"inp {self.inp_idx_bits}, wgt {self.wgt_idx_bits}, uop {self.uop_idx_bits} bits)")
+
+    # ---- derived: element sizes and depths ----------------------------------------------------
+    @property
+    def inp_elem_bytes(self) -> int:
+        """Bytes of one input-buffer entry: a batch x block_in tile."""
+        return self.batch * self.block_in * self.inp_width // 8
+
+    @property
+    def wgt_elem_bytes(self) -> int:
+        """Bytes of one weight-buffer entry: a block_out x block_in tile."""
+        return self.block_out * self.block_in * self.wgt_width // 8
+
+    @property
+    def acc_elem_bytes(self) -> int:
+        """Bytes of one accumulator entry: a batch x block_out tile of acc_width values."""
+        return self.batch * self.block_out * self.acc_width // 8
+
+    @property
+    def out_elem_bytes(self) -> int:
+        """Bytes of one output-buffer entry: a batch x block_out tile of out_width values."""
+        return self.batch * self.block_out * self.out_width // 8
+
+    @property
+    def acc_idx_bits(self) -> int:
+        return _clog2(self.acc_buff_bytes // self.acc_elem_bytes)
+
+    @property
+    def inp_idx_bits(self) -> int:
+        return _clog2(self.inp_buff_bytes // self.inp_elem_bytes)
+
+    @property
+    def wgt_idx_bits(self) -> int:
+        return _clog2(self.wgt_buff_bytes // self.wgt_elem_bytes)
+
+    @property
+    def src_idx_bits(self) -> int:
+        """Micro-op source index: an input index for GEMM, an accumulator index for ALU."""
+        return max(self.inp_idx_bits, self.acc_idx_bits)
+
+    @property
+    def uop_bits(self) -> int:
+        """Micro-op word width: the three index fields rounded up to 32 or 64 bits."""
+        used = self.acc_idx_bits + self.src_idx_bits + self.wgt_idx_bits
+        return 32 if used <= 32 else 64
+
+    @property
+    def uop_elem_bytes(self) -> int:
+        return self.uop_bits // 8
+
+    @property
+    def uop_idx_bits(self) -> int:
+        return _clog2(self.uop_depth)
+
+    @property
+    def uop_depth(self) -> int:
+        return self.uop_buff_bytes // self.uop_elem_bytes
+
+    @property
+    def inp_depth(self) -> int:
+        return self.inp_buff_bytes // self.inp_elem_bytes
+
+    @property
+    def wgt_depth(self) -> int:
+        return self.wgt_buff_bytes // self.wgt_elem_bytes
+
+    @property
+    def acc_depth(self) -> int:
+        return self.acc_buff_bytes // self.acc_elem_bytes
+
+    @property
+    def out_depth(self) -> int:
+        return self.out_buff_bytes // self.out_elem_bytes
+
+    @property
+    def sram_idx_bits(self) -> int:
+        """Width of the sram_base field of LOAD/STORE: indexes the deepest buffer."""
+        return max(self.uop_idx_bits, self.inp_idx_bits, self.wgt_idx_bits, self.acc_idx_bits)
+
+    @property
+    def bus_bytes(self) -> int:
+        return self.bus_width // 8
+
+    # ---- derived: performance ---------------------------------------------------------------
+    @property
+    def macs_per_cycle(self) -> int:
+        """Peak multiply-accumulates per cycle of the GEMM core (one micro-op per cycle)."""
+        return self.batch * self.block_in * self.block_out
+
+    @property
+    def peak_gops(self) -> float:
+        """Peak giga-operations per second at clock_mhz (one MAC = two operations)."""
+        return 2 * self.macs_per_cycle * self.clock_mhz / 1e3
+
+    def insn_bits_used(self) -> dict[str, int]:
+        """Bits each instruction format needs under this config (all must be <= 128)."""
+        from .isa import formats_for  # the formats live with the ISA; widths come from here
+        return {name: sum(w for _, w in fmt) for name, fmt in formats_for(self).items()}
+
+    # ---- JSON and identity ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AccelConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"AccelConfig: expected a JSON object, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"AccelConfig: unknown key(s) {', '.join(map(repr, unknown))}; "
+                              f"allowed keys are {', '.join(sorted(known))}")
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> "AccelConfig":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"AccelConfig: invalid JSON ({e})") from None
+        return cls.from_dict(d)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json() + "\n")
+        tmp.replace(path)  # no half-written file on failure
+
+    @classmethod
+    def load(cls, path: str | Path) -> "AccelConfig":
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"AccelConfig: cannot read {path}: {e.strerror}") from None
+        return cls.from_json(text)
+
+    def replace(self, **changes) -> "AccelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def digest(self) -> str:
+        """Short stable hash of the config, used to key caches of generated artefacts."""
+        return hashlib.sha256(self.to_json(indent=None).encode()).hexdigest()[:16]
+
+    def summary(self) -> dict:
+        """The config with its derived values, for `accel config show`."""
+        derived = {k: getattr(self, k) for k in (
+            "inp_depth", "wgt_depth", "acc_depth", "out_depth", "uop_depth",
+            "inp_elem_bytes", "wgt_elem_bytes", "acc_elem_bytes", "out_elem_bytes", "uop_bits",
+            "acc_idx_bits", "inp_idx_bits", "wgt_idx_bits", "uop_idx_bits", "sram_idx_bits",
+            "macs_per_cycle", "peak_gops")}
+        derived["insn_bits_used"] = self.insn_bits_used()
+        return {"config": self.to_dict(), "derived": derived}
+
+
+# ---- presets ----------------------------------------------------------------------------------
+PRESETS: dict[str, AccelConfig] = {
+    # VTA's published default (vta_config.json): 1x16x16, int8 x int8 -> int32.
+    "default": AccelConfig(),
+    # The PYNQ-Z1 build of VTA: the default core at 100 MHz on a 64-bit HP port.
+    "pynq-z1": AccelConfig(clock_mhz=100.0, bus_width=64),
+    # Larger core for Zynq UltraScale+ boards (Ultra96, ZCU104).
+    "ultra96": AccelConfig(block_in=16, block_out=16, batch=1, wgt_buff_bytes=256 * KiB, bus_width=128, clock_mhz=200.0),
+    # Small and fast for RTL tests: 1x4x4 with small buffers.
+    "tiny": AccelConfig(block_in=4, block_out=4, uop_buff_bytes=1 * KiB, inp_buff_bytes=1 * KiB,
+                        wgt_buff_bytes=2 * KiB, acc_buff_bytes=4 * KiB, out_buff_bytes=1 * KiB,
+                        bus_width=64, cmd_queue_depth=8, dep_queue_depth=8, clock_mhz=100.0),
+}
+
+
+def preset(name: str) -> AccelConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown config preset {name!r}; presets are {', '.join(PRESETS)}") from None
+
+
+def resolve_config(spec: "str | Path | AccelConfig | None") -> AccelConfig:
+    """A preset name, a JSON file path, or a config itself -> AccelConfig (CLI and API entry)."""
+    if spec is None:
+        return PRESETS["default"]
+    if isinstance(spec, AccelConfig):
+        return spec
+    s = str(spec)
+    if s in PRESETS:
+        return PRESETS[s]
+    if s.endswith(".json") or Path(s).exists():
+        return AccelConfig.load(s)
+    raise ConfigError(f"config {s!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON file")

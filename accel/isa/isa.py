@@ -1,0 +1,347 @@
+"""The accelerator's instruction set: opcodes, instruction and micro-op formats, binary encode/decode.
+
+Semantics follow VTA's published ISA (LOAD/STORE 2-D strided tile moves, GEMM/ALU over a
+micro-op range inside two affine loops, FINISH); the bit layout is ours and every index width
+derives from the AccelConfig. An instruction is one 128-bit little-endian word, fields packed
+from bit 0 upward in the order `formats_for` lists them; bits above the last field are zero.
+
+Dependency flags: each instruction belongs to one stage (load, compute, store). Before it runs
+it pops a token from each neighbour queue named by pop_prev/pop_next; after it finishes it
+pushes a token to the queues named by push_prev/push_next. The neighbours are
+load <-> compute <-> store (load has no prev, store no next).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from enum import IntEnum
+from typing import ClassVar
+
+import numpy as np
+
+from .config import (ALU_IMM_BITS, ALU_OPCODE_BITS, INSN_BITS, LOOP_ITER_BITS, MEM_TYPE_BITS,
+                     OPCODE_BITS, PAD_BITS, SIZE_BITS, AccelConfig)
+from .errors import EncodingError
+
+INSN_BYTES = INSN_BITS // 8
+
+
+class Opcode(IntEnum):
+    LOAD = 0
+    STORE = 1
+    GEMM = 2
+    ALU = 3
+    FINISH = 4
+
+
+class MemType(IntEnum):
+    """On-chip buffer named by LOAD/STORE. STORE always reads OUT; LOAD writes the others."""
+    UOP = 0
+    WGT = 1
+    INP = 2
+    ACC = 3
+    OUT = 4
+
+
+class AluOp(IntEnum):
+    """Tensor ALU operations: dst = op(dst, b) with b = acc[src] or the sign-extended immediate.
+
+    MIN/MAX/ADD/MUL wrap to acc_width; SHR shifts right arithmetically by the signed shift
+    amount s = b's low log2(acc_width)+1 bits (s < 0 shifts left by -s); CLIP clamps dst into
+    [-b, b]; MOV copies b.
+    """
+    MIN = 0
+    MAX = 1
+    ADD = 2
+    SHR = 3
+    MUL = 4
+    CLIP = 5
+    MOV = 6
+
+
+class Stage(IntEnum):
+    LOAD = 0
+    COMPUTE = 1
+    STORE = 2
+
+
+DEP_FLAGS = ("pop_prev", "pop_next", "push_prev", "push_next")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Insn:
+    """Base of the instruction kinds: the four dependency flags every instruction carries."""
+    pop_prev: bool = False
+    pop_next: bool = False
+    push_prev: bool = False
+    push_next: bool = False
+
+    opcode: ClassVar[Opcode]
+
+    @property
+    def stage(self) -> Stage:
+        raise NotImplementedError
+
+    def with_deps(self, **flags) -> "Insn":
+        return replace(self, **flags)
+
+    def field_values(self) -> dict[str, int]:
+        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemInsn(Insn):
+    """LOAD/STORE: a 2-D tile of y_size rows x x_size entries, DRAM rows x_stride entries apart.
+
+    Addresses count entries of the buffer's type: DRAM byte address = dram_base * entry bytes.
+    LOAD writes (y_pad0 + y_size + y_pad1) x (x_pad0 + x_size + x_pad1) entries starting at
+    sram_base, row-major, zero in the padding. STORE reads y_size x x_size entries (no padding).
+    """
+    mem_type: MemType = MemType.INP
+    sram_base: int = 0
+    dram_base: int = 0
+    y_size: int = 0
+    x_size: int = 0
+    x_stride: int = 0
+    y_pad0: int = 0
+    y_pad1: int = 0
+    x_pad0: int = 0
+    x_pad1: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Load(MemInsn):
+    opcode: ClassVar[Opcode] = Opcode.LOAD
+
+    @property
+    def stage(self) -> Stage:
+        # Input and weight tiles are the load stage's; micro-ops and accumulator tiles are
+        # loaded by compute, which owns those buffers (as in VTA).
+        return Stage.LOAD if self.mem_type in (MemType.INP, MemType.WGT) else Stage.COMPUTE
+
+
+@dataclass(frozen=True, kw_only=True)
+class Store(MemInsn):
+    opcode: ClassVar[Opcode] = Opcode.STORE
+    mem_type: MemType = MemType.OUT
+
+    @property
+    def stage(self) -> Stage:
+        return Stage.STORE
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopInsn(Insn):
+    """GEMM/ALU: for i0 < iter_out, i1 < iter_in, u in [uop_bgn, uop_end):
+    dst = uop.acc + i0*dst_factor_out + i1*dst_factor_in, likewise src and (GEMM) wgt."""
+    uop_bgn: int = 0
+    uop_end: int = 0
+    iter_out: int = 1
+    iter_in: int = 1
+    dst_factor_out: int = 0
+    dst_factor_in: int = 0
+    src_factor_out: int = 0
+    src_factor_in: int = 0
+
+    @property
+    def stage(self) -> Stage:
+        return Stage.COMPUTE
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gemm(LoopInsn):
+    """acc[dst] += inp[src] @ wgt[wgt].T (or acc[dst] = 0 when reset); out[dst] = narrow(acc[dst])."""
+    opcode: ClassVar[Opcode] = Opcode.GEMM
+    reset: bool = False
+    wgt_factor_out: int = 0
+    wgt_factor_in: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Alu(LoopInsn):
+    """acc[dst] = op(acc[dst], acc[src] or imm); out[dst] = narrow(acc[dst])."""
+    opcode: ClassVar[Opcode] = Opcode.ALU
+    alu_op: AluOp = AluOp.ADD
+    use_imm: bool = False
+    imm: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finish(Insn):
+    """Ends the program (compute stage); the accelerator raises done."""
+    opcode: ClassVar[Opcode] = Opcode.FINISH
+
+    @property
+    def stage(self) -> Stage:
+        return Stage.COMPUTE
+
+
+INSN_CLASSES: dict[Opcode, type[Insn]] = {Opcode.LOAD: Load, Opcode.STORE: Store, Opcode.GEMM: Gemm,
+                                          Opcode.ALU: Alu, Opcode.FINISH: Finish}
+SIGNED_FIELDS = frozenset({"imm"})
+
+
+def formats_for(cfg: AccelConfig) -> dict[str, list[tuple[str, int]]]:
+    """Field (name, width) lists of each instruction format, LSB first; opcode is always first."""
+    head = [("opcode", OPCODE_BITS)] + [(f, 1) for f in DEP_FLAGS]
+    mem = head + [("mem_type", MEM_TYPE_BITS), ("sram_base", cfg.sram_idx_bits),
+                  ("dram_base", cfg.dram_addr_width), ("y_size", SIZE_BITS), ("x_size", SIZE_BITS),
+                  ("x_stride", SIZE_BITS), ("y_pad0", PAD_BITS), ("y_pad1", PAD_BITS),
+                  ("x_pad0", PAD_BITS), ("x_pad1", PAD_BITS)]
+    loop = [("uop_bgn", cfg.uop_idx_bits), ("uop_end", cfg.uop_idx_bits + 1),
+            ("iter_out", LOOP_ITER_BITS), ("iter_in", LOOP_ITER_BITS),
+            ("dst_factor_out", cfg.acc_idx_bits), ("dst_factor_in", cfg.acc_idx_bits)]
+    gemm = head + [("reset", 1)] + loop + [
+        ("src_factor_out", cfg.inp_idx_bits), ("src_factor_in", cfg.inp_idx_bits),
+        ("wgt_factor_out", cfg.wgt_idx_bits), ("wgt_factor_in", cfg.wgt_idx_bits)]
+    alu = head + loop + [("src_factor_out", cfg.acc_idx_bits), ("src_factor_in", cfg.acc_idx_bits),
+                         ("alu_op", ALU_OPCODE_BITS), ("use_imm", 1), ("imm", ALU_IMM_BITS)]
+    return {"LOAD": mem, "STORE": mem, "GEMM": gemm, "ALU": alu, "FINISH": head}
+
+
+def uop_format(cfg: AccelConfig) -> list[tuple[str, int]]:
+    """Micro-op fields, LSB first, in a cfg.uop_bits word. src is an input index for GEMM and
+    an accumulator index for ALU."""
+    return [("acc", cfg.acc_idx_bits), ("src", cfg.src_idx_bits), ("wgt", cfg.wgt_idx_bits)]
+
+
+@dataclass(frozen=True)
+class Uop:
+    acc: int = 0
+    src: int = 0
+    wgt: int = 0
+
+
+# ---- encode / decode ------------------------------------------------------------------------
+_FORMAT_CACHE: dict[AccelConfig, dict[str, list[tuple[str, int]]]] = {}
+
+
+def _formats(cfg: AccelConfig):
+    f = _FORMAT_CACHE.get(cfg)
+    if f is None:
+        f = _FORMAT_CACHE[cfg] = formats_for(cfg)
+    return f
+
+
+def _pack(values: dict[str, int], fmt: list[tuple[str, int]], what: str) -> int:
+    word, pos = 0, 0
+    for name, width in fmt:
+        v = int(values.get(name, 0))
+        if name in SIGNED_FIELDS:
+            lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
+            if not lo <= v <= hi:
+                raise EncodingError(f"{what}: field {name}={v} outside the signed {width}-bit range [{lo}, {hi}]")
+            v &= (1 << width) - 1
+        elif not 0 <= v < (1 << width):
+            raise EncodingError(f"{what}: field {name}={v} outside the {width}-bit range [0, {(1 << width) - 1}]")
+        word |= v << pos
+        pos += width
+    return word
+
+
+def _unpack(word: int, fmt: list[tuple[str, int]]) -> dict[str, int]:
+    out, pos = {}, 0
+    for name, width in fmt:
+        v = (word >> pos) & ((1 << width) - 1)
+        if name in SIGNED_FIELDS and v >> (width - 1):
+            v -= 1 << width
+        out[name] = v
+        pos += width
+    return out
+
+
+def encode_insn(insn: Insn, cfg: AccelConfig, index: int | None = None) -> int:
+    """Instruction -> 128-bit integer. Raises EncodingError naming the field that does not fit."""
+    what = f"{insn.opcode.name} instruction" + (f" {index}" if index is not None else "")
+    values = insn.field_values()
+    values["opcode"] = int(insn.opcode)
+    return _pack(values, _formats(cfg)[insn.opcode.name], what)
+
+
+def decode_insn(word: int, cfg: AccelConfig, index: int | None = None) -> Insn:
+    """128-bit integer -> instruction; the exact inverse of encode_insn."""
+    where = f"instruction {index}" if index is not None else "instruction"
+    op = word & ((1 << OPCODE_BITS) - 1)
+    try:
+        opcode = Opcode(op)
+    except ValueError:
+        raise EncodingError(f"{where}: unknown opcode {op} (opcodes are "
+                            f"{', '.join(f'{o.name}={o.value}' for o in Opcode)})") from None
+    fmt = _formats(cfg)[opcode.name]
+    used = sum(w for _, w in fmt)
+    if word >> used:
+        raise EncodingError(f"{where}: {opcode.name} has non-zero bits above bit {used - 1}")
+    values = _unpack(word, fmt)
+    del values["opcode"]
+    cls = INSN_CLASSES[opcode]
+    for key, enum in (("mem_type", MemType), ("alu_op", AluOp)):
+        if key in values:
+            try:
+                values[key] = enum(values[key])
+            except ValueError:
+                raise EncodingError(f"{where}: {opcode.name} field {key}={values[key]} is not one of "
+                                    f"{', '.join(f'{e.name}={e.value}' for e in enum)}") from None
+    for key in ("reset", "use_imm", *DEP_FLAGS):
+        if key in values:
+            values[key] = bool(values[key])
+    return cls(**values)
+
+
+def encode_program(insns: list[Insn], cfg: AccelConfig) -> np.ndarray:
+    """Instructions -> uint8 array of shape (n, 16): the bytes placed in DRAM."""
+    out = np.zeros((len(insns), INSN_BYTES), dtype=np.uint8)
+    for i, insn in enumerate(insns):
+        out[i] = np.frombuffer(encode_insn(insn, cfg, i).to_bytes(INSN_BYTES, "little"), dtype=np.uint8)
+    return out
+
+
+def decode_program(data: bytes | np.ndarray, cfg: AccelConfig) -> list[Insn]:
+    raw = bytes(np.asarray(data, dtype=np.uint8).tobytes()) if not isinstance(data, bytes) else data
+    if len(raw) % INSN_BYTES:
+        raise EncodingError(f"instruction stream of {len(raw)} bytes is not a multiple of {INSN_BYTES}")
+    return [decode_insn(int.from_bytes(raw[i:i + INSN_BYTES], "little"), cfg, i // INSN_BYTES)
+            for i in range(0, len(raw), INSN_BYTES)]
+
+
+def encode_uops(uops: list[Uop] | np.ndarray, cfg: AccelConfig) -> np.ndarray:
+    """Micro-ops (list of Uop or an (n, 3) int array of acc, src, wgt) -> uint8 bytes for DRAM."""
+    arr = np.asarray([(u.acc, u.src, u.wgt) for u in uops] if isinstance(uops, list) else uops, dtype=np.int64)
+    arr = arr.reshape(-1, 3)
+    word = np.zeros(len(arr), dtype=np.uint64)
+    pos = 0
+    for col, (name, width) in enumerate(uop_format(cfg)):
+        v = arr[:, col]
+        bad = (v < 0) | (v >= (1 << width))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise EncodingError(f"micro-op {i}: field {name}={int(v[i])} outside the {width}-bit range "
+                                f"[0, {(1 << width) - 1}]")
+        word |= v.astype(np.uint64) << np.uint64(pos)
+        pos += width
+    dtype = np.dtype("<u4") if cfg.uop_bits == 32 else np.dtype("<u8")
+    return word.astype(dtype).view(np.uint8)
+
+
+def decode_uops(data: bytes | np.ndarray, cfg: AccelConfig) -> np.ndarray:
+    """uint8 bytes -> (n, 3) int64 array of (acc, src, wgt); the inverse of encode_uops."""
+    raw = np.frombuffer(bytes(data), dtype=np.uint8) if isinstance(data, (bytes, bytearray)) else np.asarray(data, np.uint8)
+    if raw.size % cfg.uop_elem_bytes:
+        raise EncodingError(f"micro-op data of {raw.size} bytes is not a multiple of {cfg.uop_elem_bytes}")
+    word = raw.view("<u4" if cfg.uop_bits == 32 else "<u8").astype(np.uint64)
+    out = np.empty((len(word), 3), dtype=np.int64)
+    pos = 0
+    for col, (name, width) in enumerate(uop_format(cfg)):
+        out[:, col] = ((word >> np.uint64(pos)) & np.uint64((1 << width) - 1)).astype(np.int64)
+        pos += width
+    return out
+
+
+def elem_bytes(cfg: AccelConfig, mem: MemType) -> int:
+    """Bytes of one entry of the named buffer (the unit of LOAD/STORE addresses)."""
+    return {MemType.UOP: cfg.uop_elem_bytes, MemType.WGT: cfg.wgt_elem_bytes, MemType.INP: cfg.inp_elem_bytes,
+            MemType.ACC: cfg.acc_elem_bytes, MemType.OUT: cfg.out_elem_bytes}[mem]
+
+
+def buffer_depth(cfg: AccelConfig, mem: MemType) -> int:
+    """Entries of the named on-chip buffer."""
+    return {MemType.UOP: cfg.uop_depth, MemType.WGT: cfg.wgt_depth, MemType.INP: cfg.inp_depth,
+            MemType.ACC: cfg.acc_depth, MemType.OUT: cfg.out_depth}[mem]

@@ -1,0 +1,1 @@
+"""Simulators of the accelerator: functional (bit-exact reference), timing model, RTL harnesses."""
