@@ -92,8 +92,8 @@ class AccelConfig:
             if not _is_pow2(v) or v > 256:
                 self._fail(key, "must be a power of two in [1, 256]")
         for key in ("inp_width", "wgt_width", "out_width"):
-            if getattr(self, key) not in (4, 8, 16):
-                self._fail(key, "allowed values are 4, 8, 16")
+            if getattr(self, key) not in (8, 16):
+                self._fail(key, "allowed values are 8, 16 (whole bytes keep DRAM tiles plain arrays)")
         if self.acc_width not in (16, 32):
             self._fail("acc_width", "allowed values are 16, 32")
         for key in ("inp_width", "wgt_width", "out_width"):

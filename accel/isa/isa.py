@@ -43,11 +43,13 @@ class MemType(IntEnum):
 
 
 class AluOp(IntEnum):
-    """Tensor ALU operations: dst = op(dst, b) with b = acc[src] or the sign-extended immediate.
+    """Tensor ALU operations: dst = op(dst, b), b = acc[src] or the immediate sign-extended.
 
-    MIN/MAX/ADD/MUL wrap to acc_width; SHR shifts right arithmetically by the signed shift
-    amount s = b's low log2(acc_width)+1 bits (s < 0 shifts left by -s); CLIP clamps dst into
-    [-b, b]; MOV copies b.
+    All arithmetic is two's complement in acc_width bits (results wrap):
+    MIN/MAX: min/max(dst, b). ADD: dst + b. MUL: low acc_width bits of dst * b.
+    SHR: s = b's low log2(acc_width)+1 bits read as signed; s >= 0 shifts dst right
+    arithmetically by s, s < 0 shifts it left by -s (zeros in). CLIP: min(max(dst, -b), b),
+    -b wrapped to acc_width. MOV: b.
     """
     MIN = 0
     MAX = 1
