@@ -1,0 +1,473 @@
+"""Functional simulator: the bit-exact reference executor of the ISA (the living spec).
+
+Runs a program from a DRAM image and leaves the bytes the hardware leaves. It models fetch,
+the three decoupled stages with their command queues, and the four dependency-token queues,
+so a program whose tokens can never be satisfied is reported as a deadlock (naming each
+blocked instruction and the queue it waits on) instead of hanging. Data paths are vectorized
+across micro-ops and loop iterations: GEMM products are float BLAS matmuls, exact because each
+dot product is bounded below the float mantissa (see gemm_float_dtype), then summed in int64
+and wrapped to acc_width, which is order-independent modular arithmetic.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from accel.isa import (AccelConfig, Alu, AluOp, Finish, Gemm, Insn, Load, MemType, Stage, Store,
+                       buffer_depth, decode_program, decode_uops, elem_bytes)
+from accel.isa.errors import EncodingError
+from accel.isa.isa import INSN_BYTES
+
+from .errors import DeadlockError, ExecError, SimError
+
+log = logging.getLogger(__name__)
+
+_INT = {8: np.int8, 16: np.int16, 32: np.int32}
+
+# Token queues by (producer stage, consumer stage); names as in VTA.
+QUEUES = {(Stage.LOAD, Stage.COMPUTE): "l2c", (Stage.COMPUTE, Stage.LOAD): "c2l",
+          (Stage.COMPUTE, Stage.STORE): "c2s", (Stage.STORE, Stage.COMPUTE): "s2c"}
+_PREV = {Stage.COMPUTE: Stage.LOAD, Stage.STORE: Stage.COMPUTE}
+_NEXT = {Stage.LOAD: Stage.COMPUTE, Stage.COMPUTE: Stage.STORE}
+
+
+def token_queue(stage: Stage, flag: str) -> str | None:
+    """Name of the token queue that `flag` (pop_prev, push_next, ...) of a `stage` instruction uses."""
+    other = (_PREV if flag.endswith("prev") else _NEXT).get(stage)
+    if other is None:
+        return None
+    return QUEUES[(other, stage)] if flag.startswith("pop") else QUEUES[(stage, other)]
+
+
+def gemm_float_dtype(cfg: AccelConfig):
+    """Float type in which every block_in-long int dot product is exact: its magnitude is at
+    most block_in * 2^(inp_width-1) * 2^(wgt_width-1), which must fit the mantissa."""
+    bound = cfg.block_in * (1 << (cfg.inp_width - 1)) * (1 << (cfg.wgt_width - 1))
+    if bound <= 1 << 24:
+        return np.float32
+    if bound <= 1 << 53:
+        return np.float64
+    return None  # fall back to int64 einsum
+
+
+def wrap(x: np.ndarray, bits: int) -> np.ndarray:
+    """Two's-complement wrap of integer values to `bits`, as the narrow int dtype."""
+    return np.asarray(x).astype(np.int64).astype(_INT[bits])
+
+
+@dataclass
+class FsimStats:
+    insns: dict[str, int] = field(default_factory=dict)
+    per_stage: dict[str, int] = field(default_factory=dict)
+    gemm_uops: int = 0
+    macs: int = 0
+    alu_uops: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    leftover_tokens: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _StageState:
+    queue: deque = field(default_factory=deque)  # (index, insn) fetched, not yet started
+    current: tuple | None = None                  # (index, insn) started
+    popped: bool = False
+    executed: bool = False
+
+
+class Fsim:
+    """Functional simulator for one AccelConfig. Buffers persist across run() calls of an
+    instance, as SRAM does across runs of the hardware; a new instance starts from zeros."""
+
+    def __init__(self, cfg: AccelConfig):
+        self.cfg = cfg
+        c = cfg
+        self.inp = np.zeros((c.inp_depth, c.batch, c.block_in), _INT[c.inp_width])
+        self.wgt = np.zeros((c.wgt_depth, c.block_out, c.block_in), _INT[c.wgt_width])
+        self.acc = np.zeros((c.acc_depth, c.batch, c.block_out), _INT[c.acc_width])
+        self.out = np.zeros((c.out_depth, c.batch, c.block_out), _INT[c.out_width])
+        self.uop = np.zeros((c.uop_depth, 3), np.int64)  # decoded (acc, src, wgt)
+        self._fdt = gemm_float_dtype(c)
+        # float copies of inp/wgt for the BLAS path, refreshed lazily after loads
+        self._inp_f = None
+        self._wgt_f = None
+
+    # ---- top level ------------------------------------------------------------------------
+    def run(self, dram: np.ndarray, insn_addr: int, insn_count: int, max_insns: int | None = None) -> FsimStats:
+        """Execute insn_count instructions at byte address insn_addr of `dram` (uint8, in place)."""
+        if dram.dtype != np.uint8 or dram.ndim != 1:
+            raise SimError(f"DRAM must be a 1-D uint8 array, got {dram.dtype} with shape {dram.shape}")
+        end = insn_addr + insn_count * INSN_BYTES
+        if insn_addr < 0 or insn_count < 0 or end > dram.size:
+            raise ExecError(f"instruction stream [{insn_addr:#x}, {end:#x}) lies outside the "
+                            f"{dram.size}-byte DRAM")
+        try:
+            insns = decode_program(dram[insn_addr:end].tobytes(), self.cfg)
+        except EncodingError as e:
+            raise ExecError(f"cannot decode the program: {e}") from None
+        return self.run_insns(dram, insns, max_insns)
+
+    def run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None = None) -> FsimStats:
+        """Execute decoded instructions with the decoupled stage/queue model."""
+        stats = FsimStats()
+        depth, tdepth = self.cfg.cmd_queue_depth, self.cfg.dep_queue_depth
+        tokens = {q: 0 for q in QUEUES.values()}
+        stages = {s: _StageState() for s in Stage}
+        pc, executed, finished = 0, 0, False
+        if not any(isinstance(i, Finish) for i in insns):
+            raise ExecError("program has no FINISH instruction; the accelerator would never raise done")
+        limit = max_insns if max_insns is not None else len(insns)
+        while not finished:
+            progress = False
+            # fetch: in order, stalls while the target command queue is full
+            while pc < len(insns) and len(stages[insns[pc].stage].queue) < depth:
+                stages[insns[pc].stage].queue.append((pc, insns[pc]))
+                pc += 1
+                progress = True
+            # load and store first, so compute meets FINISH as late as the tokens allow
+            for s in (Stage.LOAD, Stage.STORE, Stage.COMPUTE):
+                st = stages[s]
+                while True:
+                    if st.current is None:
+                        if not st.queue:
+                            break
+                        st.current, st.popped, st.executed = st.queue.popleft(), False, False
+                    idx, insn = st.current
+                    if not st.popped:
+                        pops = [token_queue(s, f) for f in ("pop_prev", "pop_next") if getattr(insn, f)]
+                        if any(q is None for q in pops):
+                            raise ExecError(f"instruction {idx} ({insn.opcode.name}): {s.name.lower()} stage has "
+                                            f"no {'prev' if s == Stage.LOAD else 'next'} neighbour to pop from")
+                        if any(tokens[q] == 0 for q in pops):
+                            break
+                        for q in pops:
+                            tokens[q] -= 1
+                        st.popped = True
+                        progress = True
+                    if not st.executed:
+                        if isinstance(insn, Finish):
+                            busy = [t.name.lower() for t in (Stage.LOAD, Stage.STORE)
+                                    if stages[t].current is not None or stages[t].queue]
+                            if busy or pc < len(insns):
+                                pend = busy or ["fetch"]
+                                raise ExecError(
+                                    f"instruction {idx} (FINISH) ran while {' and '.join(pend)} still had "
+                                    f"instructions pending; make FINISH wait for them with dependency tokens "
+                                    f"(pop_next after the last store's push_prev) and put FINISH last")
+                            finished = True
+                        else:
+                            self._execute(idx, insn, dram, stats)
+                        st.executed = True
+                        executed += 1
+                        stats.insns[insn.opcode.name] = stats.insns.get(insn.opcode.name, 0) + 1
+                        stats.per_stage[s.name.lower()] = stats.per_stage.get(s.name.lower(), 0) + 1
+                        progress = True
+                        if executed > limit:
+                            raise SimError(f"instruction limit {limit} exceeded")
+                    pushes = [token_queue(s, f) for f in ("push_prev", "push_next") if getattr(insn, f)]
+                    if any(q is None for q in pushes):
+                        raise ExecError(f"instruction {idx} ({insn.opcode.name}): {s.name.lower()} stage has "
+                                        f"no {'prev' if s == Stage.LOAD else 'next'} neighbour to push to")
+                    if any(tokens[q] >= tdepth for q in pushes):
+                        break
+                    for q in pushes:
+                        tokens[q] += 1
+                    st.current = None
+                    progress = True
+                    if finished:
+                        break
+                if finished:
+                    break
+            if not finished and not progress:
+                raise DeadlockError(self._deadlock_report(stages, tokens, pc, insns))
+        stats.leftover_tokens = {q: n for q, n in tokens.items() if n}
+        if stats.leftover_tokens:
+            log.warning("program ended with unconsumed dependency tokens %s", stats.leftover_tokens)
+        return stats
+
+    def _deadlock_report(self, stages, tokens, pc, insns) -> str:
+        lines = []
+        for s, st in stages.items():
+            if st.current is None:
+                if st.queue:
+                    lines.append(f"{s.name.lower()}: idle with queued work (internal error)")
+                continue
+            idx, insn = st.current
+            if not st.popped:
+                waits = [f"{f} on empty queue {token_queue(s, f)}" for f in ("pop_prev", "pop_next")
+                         if getattr(insn, f) and tokens[token_queue(s, f)] == 0]
+            else:
+                waits = [f"{f} on full queue {token_queue(s, f)}" for f in ("push_prev", "push_next")
+                         if getattr(insn, f)]
+            lines.append(f"{s.name.lower()} stage blocked at instruction {idx} ({insn.opcode.name}): "
+                         + ", ".join(waits))
+        if pc < len(insns):
+            lines.append(f"fetch blocked at instruction {pc} ({insns[pc].opcode.name}): "
+                         f"{insns[pc].stage.name.lower()} command queue full")
+        return "deadlock: " + "; ".join(lines) + f"; tokens {tokens}"
+
+    # ---- instructions -----------------------------------------------------------------------
+    def _execute(self, idx: int, insn: Insn, dram: np.ndarray, stats: FsimStats) -> None:
+        if isinstance(insn, Load):
+            self._load(idx, insn, dram, stats)
+        elif isinstance(insn, Store):
+            self._store(idx, insn, dram, stats)
+        elif isinstance(insn, Gemm):
+            self._gemm(idx, insn, stats)
+        elif isinstance(insn, Alu):
+            self._alu(idx, insn, stats)
+
+    def _dram_entries(self, idx, insn, dram, eb) -> np.ndarray:
+        """Entry indices (y_size, x_size) of a 2-D tile, bounds-checked against the DRAM."""
+        rows = insn.dram_base + np.arange(insn.y_size, dtype=np.int64)[:, None] * insn.x_stride
+        ent = rows + np.arange(insn.x_size, dtype=np.int64)[None, :]
+        last = (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * eb
+        if last > dram.size:
+            raise ExecError(f"instruction {idx} ({insn.opcode.name}): dram_base={insn.dram_base} "
+                            f"y_size={insn.y_size} x_size={insn.x_size} x_stride={insn.x_stride} reaches "
+                            f"byte {last:#x}, beyond the {dram.size:#x}-byte DRAM")
+        return ent
+
+    def _load(self, idx: int, insn: Load, dram: np.ndarray, stats: FsimStats) -> None:
+        c, mem = self.cfg, insn.mem_type
+        if mem == MemType.OUT:
+            raise ExecError(f"instruction {idx} (LOAD): field mem_type=OUT; LOAD writes UOP, WGT, INP or ACC")
+        rows = insn.y_pad0 + insn.y_size + insn.y_pad1
+        cols = insn.x_pad0 + insn.x_size + insn.x_pad1
+        if rows * cols == 0:
+            return  # a no-op carrying dependency flags
+        depth = buffer_depth(c, mem)
+        if insn.sram_base + rows * cols > depth:
+            raise ExecError(f"instruction {idx} (LOAD {mem.name}): sram_base={insn.sram_base} + {rows}x{cols} "
+                            f"entries exceeds the {mem.name} buffer depth {depth}")
+        eb = elem_bytes(c, mem)
+        tile = np.zeros((rows, cols, eb), np.uint8)
+        if insn.y_size and insn.x_size:
+            ent = self._dram_entries(idx, insn, dram, eb)
+            byte = ent[..., None] * eb + np.arange(eb)
+            tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = dram[byte]
+            stats.bytes_read += ent.size * eb
+        flat = tile.reshape(rows * cols, eb)
+        lo, hi = insn.sram_base, insn.sram_base + rows * cols
+        if mem == MemType.UOP:
+            self.uop[lo:hi] = decode_uops(flat.reshape(-1), c)
+        elif mem == MemType.INP:
+            self.inp[lo:hi] = flat.view(f"<i{c.inp_width // 8}").reshape(-1, c.batch, c.block_in)
+            self._inp_f = None
+        elif mem == MemType.WGT:
+            self.wgt[lo:hi] = flat.view(f"<i{c.wgt_width // 8}").reshape(-1, c.block_out, c.block_in)
+            self._wgt_f = None
+        else:
+            self.acc[lo:hi] = flat.view(f"<i{c.acc_width // 8}").reshape(-1, c.batch, c.block_out)
+
+    def _store(self, idx: int, insn: Store, dram: np.ndarray, stats: FsimStats) -> None:
+        c = self.cfg
+        if insn.mem_type != MemType.OUT:
+            raise ExecError(f"instruction {idx} (STORE): field mem_type={insn.mem_type.name}; STORE reads OUT")
+        if insn.y_pad0 or insn.y_pad1 or insn.x_pad0 or insn.x_pad1:
+            raise ExecError(f"instruction {idx} (STORE): padding fields must be zero")
+        if insn.y_size == 0 or insn.x_size == 0:
+            return
+        n = insn.y_size * insn.x_size
+        if insn.sram_base + n > c.out_depth:
+            raise ExecError(f"instruction {idx} (STORE): sram_base={insn.sram_base} + {n} entries exceeds the "
+                            f"OUT buffer depth {c.out_depth}")
+        eb = c.out_elem_bytes
+        ent = self._dram_entries(idx, insn, dram, eb)
+        data = self.out[insn.sram_base:insn.sram_base + n].astype(f"<i{c.out_width // 8}").view(np.uint8)
+        byte = ent[..., None] * eb + np.arange(eb)
+        dram[byte.reshape(-1)] = data.reshape(-1)
+        stats.bytes_written += n * eb
+
+    def _loop_indices(self, idx: int, insn, name: str):
+        """(dst, src, wgt) index arrays of a GEMM/ALU in execution order, bounds-checked."""
+        c = self.cfg
+        if not 0 <= insn.uop_bgn <= insn.uop_end <= c.uop_depth:
+            raise ExecError(f"instruction {idx} ({name}): micro-op range [uop_bgn={insn.uop_bgn}, "
+                            f"uop_end={insn.uop_end}) outside [0, {c.uop_depth}]")
+        u = self.uop[insn.uop_bgn:insn.uop_end]
+        i0 = np.arange(insn.iter_out, dtype=np.int64)[:, None, None]
+        i1 = np.arange(insn.iter_in, dtype=np.int64)[None, :, None]
+        dst = (u[:, 0] + i0 * insn.dst_factor_out + i1 * insn.dst_factor_in).reshape(-1)
+        src = (u[:, 1] + i0 * insn.src_factor_out + i1 * insn.src_factor_in).reshape(-1)
+        wgt = None
+        if isinstance(insn, Gemm):
+            wgt = (u[:, 2] + i0 * insn.wgt_factor_out + i1 * insn.wgt_factor_in).reshape(-1)
+        checks = [("accumulator (dst)", dst, c.acc_depth)]
+        if isinstance(insn, Gemm) and not insn.reset:
+            checks += [("input (src)", src, c.inp_depth), ("weight (wgt)", wgt, c.wgt_depth)]
+        elif isinstance(insn, Alu) and not insn.use_imm:
+            checks += [("accumulator (src)", src, c.acc_depth)]
+        for what, arr, depth in checks:
+            if arr.size and int(arr.max()) >= depth:
+                k = int(np.argmax(arr >= depth))
+                ui = k % max(1, len(u))
+                raise ExecError(f"instruction {idx} ({name}): {what} index {int(arr[k])} out of range "
+                                f"[0, {depth}) at micro-op {insn.uop_bgn + ui}, iteration "
+                                f"({k // max(1, len(u)) // insn.iter_in}, {k // max(1, len(u)) % insn.iter_in})")
+        return dst, src, wgt
+
+    def _gemm(self, idx: int, insn: Gemm, stats: FsimStats) -> None:
+        c = self.cfg
+        dst, src, wgt = self._loop_indices(idx, insn, "GEMM")
+        if dst.size == 0:
+            return
+        stats.gemm_uops += dst.size
+        if insn.reset:
+            self.acc[dst] = 0
+            self.out[dst] = 0
+            return
+        stats.macs += dst.size * c.macs_per_cycle
+        nu = insn.uop_end - insn.uop_bgn
+        # wgt varies over the loop dims with a non-zero factor; group rows by those dims so
+        # each group is one (rows x block_in) @ (block_in x block_out) matmul.
+        shape = (insn.iter_out, insn.iter_in, nu)
+        vary = [insn.wgt_factor_out != 0 and insn.iter_out > 1, insn.wgt_factor_in != 0 and insn.iter_in > 1, nu > 1]
+        ngroups = int(np.prod([n for n, v in zip(shape, vary) if v], dtype=np.int64))
+        if self._gemm_separable(insn, dst, shape):
+            pass
+        elif self._fdt is not None and ngroups * 4 <= dst.size:
+            self._gemm_grouped(dst, src, wgt, shape, vary)
+        else:
+            self._gemm_gathered(dst, src, wgt)
+        self.out[np.unique(dst)] = wrap(self.acc[np.unique(dst)], c.out_width)
+
+    def _gemm_separable(self, insn: Gemm, dst, shape) -> bool:
+        """The matmul pattern: every micro-op adds into the same dst, the input tile depends on
+        one loop level and the micro-op, the weight tile on the other level and the micro-op.
+        Then the instruction is ONE (rows x nu*block_in) @ (nu*block_in x cols) matmul, done in
+        float64, exact for any sum of up to 2^39 int8 x int8 products."""
+        c = self.cfg
+        u = self.uop[insn.uop_bgn:insn.uop_end]
+        if len(u) < 2 or (u[:, 0] != u[0, 0]).any():
+            return False
+        if insn.src_factor_in == 0 and insn.wgt_factor_out == 0:
+            i_src, i_wgt = 0, 1
+        elif insn.src_factor_out == 0 and insn.wgt_factor_in == 0:
+            i_src, i_wgt = 1, 0
+        else:
+            return False
+        n_src, n_wgt, nu = shape[i_src], shape[i_wgt], len(u)
+        f_src = (insn.src_factor_out, insn.src_factor_in)[i_src]
+        f_wgt = (insn.wgt_factor_out, insn.wgt_factor_in)[i_wgt]
+        src = u[None, :, 1] + np.arange(n_src)[:, None] * f_src            # (n_src, nu)
+        wgt = u[None, :, 2] + np.arange(n_wgt)[:, None] * f_wgt            # (n_wgt, nu)
+        x = self.inp[src].astype(np.float64)                               # (n_src, nu, batch, bin)
+        x = x.transpose(0, 2, 1, 3).reshape(n_src * c.batch, nu * c.block_in)
+        w = self.wgt[wgt].astype(np.float64)                               # (n_wgt, nu, bout, bin)
+        w = w.transpose(1, 3, 0, 2).reshape(nu * c.block_in, n_wgt * c.block_out)
+        y = (x @ w).astype(np.int64).reshape(n_src, c.batch, n_wgt, c.block_out)
+        y = y.transpose(0, 2, 1, 3) if i_src == 0 else y.transpose(2, 0, 1, 3)  # (iter_out, iter_in, b, o)
+        d = dst.reshape(shape)[:, :, 0].reshape(-1)
+        self._accumulate_sorted(d, y.reshape(-1, c.batch, c.block_out))
+        return True
+
+    def _floats(self):
+        if self._inp_f is None:
+            self._inp_f = self.inp.astype(self._fdt)
+        if self._wgt_f is None:
+            self._wgt_f = self.wgt.astype(self._fdt)
+        return self._inp_f, self._wgt_f
+
+    def _gemm_grouped(self, dst, src, wgt, shape, vary) -> None:
+        c = self.cfg
+        inp_f, wgt_f = self._floats()
+        # Move the varying dims first, then iterate groups; rows in a group share one weight tile.
+        order = [d for d in range(3) if vary[d]] + [d for d in range(3) if not vary[d]]
+        nvary = sum(vary)
+        d3, s3, w3 = (a.reshape(shape).transpose(order) for a in (dst, src, wgt))
+        d3 = d3.reshape(-1, int(np.prod(d3.shape[nvary:])))
+        s3 = s3.reshape(d3.shape)
+        w3 = w3.reshape(d3.shape)
+        total = np.zeros((d3.size, c.batch, c.block_out), np.int64)
+        tv = total.reshape(d3.shape[0], d3.shape[1], c.batch, c.block_out)
+        for g in range(d3.shape[0]):
+            x = inp_f[s3[g]].reshape(-1, c.block_in)            # (rows*batch, block_in)
+            y = x @ wgt_f[w3[g, 0]].T                          # exact: see gemm_float_dtype
+            tv[g] = y.reshape(-1, c.batch, c.block_out)
+        flat_dst = d3.reshape(-1)
+        # Sum contributions per destination in int64, then one wrapped update.
+        self._accumulate_sorted(flat_dst, total)
+
+    def _accumulate_sorted(self, dst: np.ndarray, contrib: np.ndarray) -> None:
+        order = np.argsort(dst, kind="stable")
+        ds = dst[order]
+        starts = np.flatnonzero(np.r_[True, ds[1:] != ds[:-1]])
+        summed = np.add.reduceat(contrib[order], starts, axis=0)
+        uniq = ds[starts]
+        self.acc[uniq] = wrap(self.acc[uniq].astype(np.int64) + summed, self.cfg.acc_width)
+
+    def _gemm_gathered(self, dst, src, wgt) -> None:
+        c = self.cfg
+        if self._fdt is not None:
+            inp_f, wgt_f = self._floats()
+            prod = np.matmul(inp_f[src], wgt_f[wgt].transpose(0, 2, 1)).astype(np.int64)
+        else:
+            prod = np.einsum("nbk,nok->nbo", self.inp[src].astype(np.int64), self.wgt[wgt].astype(np.int64))
+        self._accumulate_sorted(dst, prod)
+
+    def _alu(self, idx: int, insn: Alu, stats: FsimStats) -> None:
+        c = self.cfg
+        dst, src, _ = self._loop_indices(idx, insn, "ALU")
+        if dst.size == 0:
+            return
+        stats.alu_uops += dst.size
+        # Vectorize unless an element reads or rewrites an accumulator entry that an earlier
+        # element of this instruction wrote (then execution order matters).
+        first_write = np.full(c.acc_depth, dst.size, np.int64)
+        first_write[dst[::-1]] = np.arange(dst.size - 1, -1, -1)
+        pos = np.arange(dst.size)
+        hazard = np.unique(dst).size != dst.size or (not insn.use_imm and bool((first_write[src] < pos).any()))
+        if not hazard:
+            b = self._alu_operand(insn, src)
+            res = alu_apply(insn.alu_op, self.acc[dst], b, c.acc_width)
+            self.acc[dst] = res
+            self.out[dst] = wrap(res, c.out_width)
+        else:
+            for d, s in zip(dst.tolist(), src.tolist()):
+                b = self._alu_operand(insn, np.array([s]))
+                self.acc[d] = alu_apply(insn.alu_op, self.acc[d:d + 1], b, c.acc_width)[0]
+                self.out[d] = wrap(self.acc[d], c.out_width)
+
+    def _alu_operand(self, insn: Alu, src: np.ndarray) -> np.ndarray:
+        if insn.use_imm:
+            return np.full((src.size, self.cfg.batch, self.cfg.block_out), insn.imm, np.int64)
+        return self.acc[src].astype(np.int64)
+
+
+def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.ndarray:
+    """One ALU operation on acc_width two's-complement values (see AluOp for the definitions)."""
+    a = a.astype(np.int64)
+    b = wrap(b, acc_width).astype(np.int64)
+    if op == AluOp.MIN:
+        r = np.minimum(a, b)
+    elif op == AluOp.MAX:
+        r = np.maximum(a, b)
+    elif op == AluOp.ADD:
+        r = a + b
+    elif op == AluOp.MUL:
+        r = a * b  # |a*b| < 2^62 for acc_width <= 32
+    elif op == AluOp.SHR:
+        sbits = acc_width.bit_length()  # log2(acc_width) + 1
+        s = b & ((1 << sbits) - 1)
+        s = np.where(s >= 1 << (sbits - 1), s - (1 << sbits), s)
+        r = np.where(s >= 0, a >> np.maximum(s, 0), a << np.maximum(-s, 0))
+    elif op == AluOp.CLIP:
+        nb = wrap(-b, acc_width).astype(np.int64)
+        r = np.minimum(np.maximum(a, nb), b)
+    elif op == AluOp.MOV:
+        r = b
+    else:
+        raise SimError(f"unknown ALU op {op!r}")
+    return wrap(r, acc_width)
+
+
+def run_program(cfg: AccelConfig, dram: np.ndarray, insn_addr: int, insn_count: int) -> FsimStats:
+    """Convenience: a fresh simulator runs one program."""
+    return Fsim(cfg).run(dram, insn_addr, insn_count)
