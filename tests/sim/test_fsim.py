@@ -1,0 +1,190 @@
+"""Functional simulator: exactness of the float GEMM paths, ALU arithmetic, hazards, errors, deadlocks."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program,
+                       encode_uops)
+from sim.errors import DeadlockError, ExecError
+from sim.fsim import Fsim, alu_apply, gemm_float_dtype
+
+TINY = PRESETS["tiny"]
+
+
+def _run(cfg, prog, dram=None, sim=None):
+    dram = np.zeros(1 << 16, np.uint8) if dram is None else dram
+    code = encode_program(prog, cfg).reshape(-1)
+    dram[:code.size] = code
+    sim = sim or Fsim(cfg)
+    return sim, sim.run(dram, 0, len(prog))
+
+
+@pytest.mark.parametrize("cfg", [PRESETS["default"], AccelConfig(block_in=256, block_out=4, wgt_buff_bytes=64 * 1024,
+                                                                 acc_buff_bytes=16 * 1024, out_buff_bytes=4 * 1024),
+                                 AccelConfig(inp_width=16, wgt_width=16, block_in=16)])
+def test_fsim_float_gemm_paths_exact_at_extremes(cfg):
+    """Worst case for the float paths: every product is (-2^(w-1))^2 and all of one sign, so each
+    dot product is at the bound gemm_float_dtype reasons about; all paths must equal int64."""
+    dt = gemm_float_dtype(cfg)
+    bound = cfg.block_in * 2 ** (cfg.inp_width - 1) * 2 ** (cfg.wgt_width - 1)
+    assert bound <= {np.float32: 2 ** 24, np.float64: 2 ** 53}[dt]
+    sim = Fsim(cfg)
+    lo_i, lo_w = -(1 << (cfg.inp_width - 1)), -(1 << (cfg.wgt_width - 1))
+    rng = np.random.default_rng(1)
+    sim.inp[:] = lo_i
+    sim.wgt[:] = lo_w
+    sim.inp[1] = rng.integers(lo_i, -lo_i, sim.inp[1].shape)
+    n = 8
+    sim.uop[:n] = [(0, k % 2, k % 3) for k in range(n)]
+    ref = np.zeros(sim.acc.shape, np.int64)
+    for insn in (Gemm(uop_bgn=0, uop_end=n, iter_out=3, iter_in=2, dst_factor_out=1, dst_factor_in=0),  # gathered
+                 Gemm(uop_bgn=0, uop_end=1, iter_out=4, iter_in=8, dst_factor_out=8, dst_factor_in=1),  # grouped
+                 Gemm(uop_bgn=0, uop_end=n, iter_out=2, iter_in=3, dst_factor_out=3, dst_factor_in=1,
+                      src_factor_out=1, wgt_factor_in=1)):  # separable matmul
+        sim._gemm(0, insn, type("S", (), {"gemm_uops": 0, "macs": 0})())
+        for i0 in range(insn.iter_out):
+            for i1 in range(insn.iter_in):
+                for u in sim.uop[insn.uop_bgn:insn.uop_end]:
+                    d = u[0] + i0 * insn.dst_factor_out + i1 * insn.dst_factor_in
+                    s = u[1] + i0 * insn.src_factor_out + i1 * insn.src_factor_in
+                    w = u[2] + i0 * insn.wgt_factor_out + i1 * insn.wgt_factor_in
+                    ref[d] += sim.inp[s].astype(np.int64) @ sim.wgt[w].astype(np.int64).T
+        wrapped = ((ref + 2 ** (cfg.acc_width - 1)) % 2 ** cfg.acc_width) - 2 ** (cfg.acc_width - 1)
+        assert (sim.acc == wrapped).all(), insn
+
+
+def _py_alu(op, a, b, w):
+    def wr(x):
+        return ((x + (1 << (w - 1))) % (1 << w)) - (1 << (w - 1))
+    b = wr(b)
+    if op == AluOp.MIN: return min(a, b)
+    if op == AluOp.MAX: return max(a, b)
+    if op == AluOp.ADD: return wr(a + b)
+    if op == AluOp.MUL: return wr(a * b)
+    if op == AluOp.MOV: return b
+    if op == AluOp.CLIP: return min(max(a, wr(-b)), b)
+    sb = w.bit_length()
+    s = b & ((1 << sb) - 1)
+    s = s - (1 << sb) if s >= 1 << (sb - 1) else s
+    return a >> s if s >= 0 else wr(a << -s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(op=st.sampled_from(list(AluOp)), w=st.sampled_from([16, 32]), data=st.data())
+def test_fsim_alu_matches_python_integers(op, w, data):
+    lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
+    vals = st.one_of(st.integers(lo, hi), st.sampled_from([lo, hi, 0, -1, 1, 31, 32, -32, 33]))
+    a, b = data.draw(vals), data.draw(vals)
+    got = int(alu_apply(op, np.array([a], dtype=np.int64), np.array([b], dtype=np.int64), w)[0])
+    assert got == _py_alu(op, a, b, w), (op, a, b)
+
+
+def test_fsim_alu_chained_hazard_runs_in_order():
+    """acc[i+1] += acc[i] over one instruction is a prefix sum only if executed in order."""
+    cfg = TINY
+    sim = Fsim(cfg)
+    sim.acc[:8] = np.arange(1, 9)[:, None, None]
+    sim.uop[0] = (1, 0, 0)
+    _, stats = _run(cfg, [Alu(alu_op=AluOp.ADD, uop_bgn=0, uop_end=1, iter_out=7, dst_factor_out=1, src_factor_out=1),
+                          Finish()], sim=sim)
+    assert sim.acc[:8, 0, 0].tolist() == np.cumsum(np.arange(1, 9)).tolist()
+    assert sim.out[1:8, 0, 0].tolist() == np.cumsum(np.arange(1, 9))[1:].astype(np.int8).tolist()
+    assert stats.alu_uops == 7
+
+
+def test_fsim_load_padding_and_store_roundtrip():
+    cfg = TINY
+    dram = np.zeros(1 << 16, np.uint8)
+    src = np.arange(1, 1 + 2 * 3 * 4, dtype=np.int8).reshape(2, 3, 4)  # 2 rows x 3 entries (1x4)
+    base = 0x800
+    dram[base:base + src.size] = src.reshape(-1).view(np.uint8)
+    prog = [Load(mem_type=MemType.INP, sram_base=0, dram_base=base // 4, y_size=2, x_size=3, x_stride=3,
+                 y_pad0=1, y_pad1=2, x_pad0=2, x_pad1=1), Finish()]
+    sim, stats = _run(cfg, prog, dram)
+    tile = sim.inp[:5 * 6, 0].reshape(5, 6, 4)
+    expect = np.zeros((5, 6, 4), np.int8)
+    expect[1:3, 2:5] = src
+    assert (tile == expect).all()
+    assert stats.bytes_read == src.size
+
+
+def _deadlock(prog, match, cfg=TINY):
+    with pytest.raises(DeadlockError, match=match):
+        _run(cfg, prog)
+
+
+def test_fsim_deadlock_on_missing_token_names_instruction_and_queue():
+    _deadlock([Load(mem_type=MemType.INP), Gemm(pop_prev=True), Finish()],
+              r"compute stage blocked at instruction 1 \(GEMM\): pop_prev on empty queue l2c")
+
+
+def test_fsim_deadlock_on_full_command_queue_names_fetch():
+    n = TINY.cmd_queue_depth + 2
+    prog = [Load(mem_type=MemType.INP, pop_next=True) for _ in range(n)] + [Gemm(push_prev=True)] * n + [Finish()]
+    _deadlock(prog, r"fetch blocked at instruction \d+ \(LOAD\): load command queue full")
+
+
+def test_fsim_deadlock_on_full_token_queue():
+    n = TINY.dep_queue_depth + 1
+    prog = [Load(mem_type=MemType.INP, push_next=True) for _ in range(n)] + [Gemm(pop_prev=True)] * 0 + \
+           [Gemm(pop_prev=True, pop_next=True), Finish()]
+    _deadlock(prog, r"load stage blocked at instruction %d \(LOAD\): push_next on full queue l2c" % (n - 1))
+
+
+@pytest.mark.parametrize("insn, match", [
+    (Load(mem_type=MemType.INP, sram_base=250, y_size=1, x_size=10, x_stride=10),
+     r"instruction 0 \(LOAD INP\): sram_base=250 \+ 1x10 entries exceeds the INP buffer depth 256"),
+    (Load(mem_type=MemType.WGT, dram_base=1 << 20, y_size=1, x_size=1, x_stride=1),
+     r"instruction 0 \(LOAD\): dram_base=1048576 .* beyond the 0x10000-byte DRAM"),
+    (Load(mem_type=MemType.OUT), r"instruction 0 \(LOAD\): field mem_type=OUT"),
+    (Store(y_size=1, x_size=1, x_pad0=1), r"instruction 0 \(STORE\): padding fields must be zero"),
+    (Gemm(uop_bgn=3, uop_end=300), r"instruction 0 \(GEMM\): micro-op range \[uop_bgn=3, uop_end=300\)"),
+    (Gemm(uop_bgn=0, uop_end=1, iter_out=300, dst_factor_out=1),
+     r"instruction 0 \(GEMM\): accumulator \(dst\) index 256 out of range \[0, 256\) at micro-op 0, iteration \(256, 0\)"),
+    (Alu(uop_bgn=0, uop_end=1, iter_in=200, src_factor_in=2),
+     r"instruction 0 \(ALU\): accumulator \(src\) index 256 out of range"),
+])
+def test_fsim_exec_errors_name_instruction_and_field(insn, match):
+    with pytest.raises(ExecError, match=match):
+        _run(TINY, [insn, Finish()])
+
+
+def test_fsim_finish_rules():
+    with pytest.raises(ExecError, match="no FINISH"):
+        _run(TINY, [Load(mem_type=MemType.INP)])
+    # FINISH that does not wait for a store the compute stage feeds
+    prog = [Gemm(push_next=True), Store(pop_prev=True, y_size=1, x_size=1, x_stride=1), Finish()]
+    with pytest.raises(ExecError, match=r"instruction 2 \(FINISH\) ran while store still had instructions pending"):
+        _run(TINY, prog)
+    prog = [Gemm(push_next=True), Store(pop_prev=True, push_prev=True, y_size=1, x_size=1, x_stride=1),
+            Finish(pop_next=True)]
+    _, stats = _run(TINY, prog)
+    assert stats.insns == {"GEMM": 1, "STORE": 1, "FINISH": 1} and stats.bytes_written == 4
+
+
+def test_fsim_gemm_through_dram_end_to_end():
+    """A 2-tile matmul loaded from DRAM, computed, narrowed and stored, against numpy."""
+    cfg = TINY
+    rng = np.random.default_rng(0)
+    a = rng.integers(-128, 128, (3, 8), dtype=np.int8)         # 3 rows, K=8 (2 blocks)
+    b = rng.integers(-128, 128, (8, 4), dtype=np.int8)         # N=4 (1 block)
+    dram = np.zeros(1 << 16, np.uint8)
+    dram[0x1000:0x1000 + a.size] = a.reshape(-1).view(np.uint8)
+    w = b.reshape(2, 4, 4).transpose(0, 2, 1)                  # kb, o, i
+    dram[0x2000:0x2000 + w.size] = np.ascontiguousarray(w).reshape(-1).view(np.uint8)
+    u = encode_uops([Uop(0, 0, 0), Uop(0, 1, 1)], cfg)
+    dram[0x3000:0x3000 + u.size] = u
+    prog = [Load(mem_type=MemType.UOP, dram_base=0x3000 // 4, y_size=1, x_size=2, x_stride=2),
+            Load(mem_type=MemType.INP, dram_base=0x1000 // 4, y_size=1, x_size=6, x_stride=6),
+            Load(mem_type=MemType.WGT, dram_base=0x2000 // 16, y_size=1, x_size=2, x_stride=2, push_next=True),
+            Gemm(reset=True, uop_bgn=0, uop_end=1, iter_out=3, dst_factor_out=1, pop_prev=True),
+            Gemm(uop_bgn=0, uop_end=2, iter_out=3, dst_factor_out=1, src_factor_out=2),
+            Alu(alu_op=AluOp.SHR, use_imm=True, imm=6, uop_bgn=0, uop_end=1, iter_out=3, dst_factor_out=1),
+            Alu(alu_op=AluOp.CLIP, use_imm=True, imm=100, uop_bgn=0, uop_end=1, iter_out=3, dst_factor_out=1,
+                push_next=True),
+            Store(dram_base=0x4000 // 4, y_size=3, x_size=1, x_stride=1, pop_prev=True, push_prev=True),
+            Finish(pop_next=True)]
+    _run(cfg, prog, dram)
+    got = dram[0x4000:0x4000 + 12].view(np.int8).reshape(3, 4)
+    ref = np.clip((a.astype(np.int32) @ b.astype(np.int32)) >> 6, -100, 100)
+    assert (got == ref).all()
