@@ -1,0 +1,392 @@
+"""conv2d and dense on the accelerator: tiling to fit the buffers, and the instruction stream.
+
+A layer is cut into output tiles (o_t channel blocks x h_t rows x w_t columns), each summed
+over input-channel chunks of ic_t blocks. Per chunk the load stage brings an input tile (the
+conv padding is folded into the LOAD's padding, never materialized in DRAM) and, unless they
+stay resident for the whole output-channel tile, the weights; compute runs one GEMM whose
+micro-ops enumerate (o, ic, kh, kw) and whose two affine loops walk output rows and columns;
+the epilogue (bias add, shift, clip) runs on the ALU and the store stage writes int8 rows.
+With virtual threads vt=2 the on-chip buffers are split in two slots and dependency tokens
+let the loads of one tile and the stores of another overlap compute on a third.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from accel.isa import AccelConfig, AluOp, MemType, Stage
+from accel.isa.config import PAD_BITS
+
+from ..errors import CompilerError
+
+log = logging.getLogger(__name__)
+
+
+class TilingError(CompilerError):
+    """A layer cannot be tiled into the config's buffers; says which buffer is short and by how much."""
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Conv2dSpec:
+    """A conv2d layer in NCHW/OIHW terms (channels before blocking); pads are (top, bottom, left, right)."""
+    n: int
+    c: int
+    h: int
+    w: int
+    o: int
+    kh: int
+    kw: int
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    strides: tuple[int, int] = (1, 1)
+    name: str = "conv2d"
+
+    def __post_init__(self):
+        for k in ("n", "c", "h", "w", "o", "kh", "kw"):
+            if getattr(self, k) < 1:
+                raise TilingError(f"{self.name}: {k}={getattr(self, k)} must be >= 1")
+        if min(self.strides) < 1 or min(self.pads) < 0:
+            raise TilingError(f"{self.name}: strides {self.strides} must be >= 1 and pads {self.pads} >= 0")
+        if self.oh < 1 or self.ow < 1:
+            raise TilingError(f"{self.name}: kernel {self.kh}x{self.kw} larger than the padded input")
+
+    @property
+    def oh(self) -> int:
+        return (self.h + self.pads[0] + self.pads[1] - self.kh) // self.strides[0] + 1
+
+    @property
+    def ow(self) -> int:
+        return (self.w + self.pads[2] + self.pads[3] - self.kw) // self.strides[1] + 1
+
+    @property
+    def macs(self) -> int:
+        return self.n * self.o * self.oh * self.ow * self.c * self.kh * self.kw
+
+    @classmethod
+    def dense(cls, rows: int, k: int, m: int, cfg: AccelConfig, name: str = "dense") -> "Conv2dSpec":
+        """Dense (rows x k) @ (k x m) as a 1x1 conv over one image block whose pixels are the
+        row blocks: the packing of compiler.accel.layout.pack_dense_input."""
+        return cls(n=cfg.batch, c=k, h=1, w=_ceil(rows, cfg.batch), o=m, kh=1, kw=1, name=name)
+
+    @classmethod
+    def from_workload(cls, fields: list[int], name: str, n: int = 1) -> "Conv2dSpec":
+        """A row of shared/workloads/resnet18_conv.json: h, w, c, o, kh, kw, pad_h, pad_w, sh, sw."""
+        h, w, c, o, kh, kw, ph, pw, sh, sw = fields
+        return cls(n=n, c=c, h=h, w=w, o=o, kh=kh, kw=kw, pads=(ph, ph, pw, pw), strides=(sh, sw), name=name)
+
+
+@dataclass(frozen=True)
+class Requant:
+    """Epilogue on the int32 accumulator: out = clip((acc + bias) >> shift, lo, hi) as int8."""
+    shift: int = 0
+    lo: int = -128
+    hi: int = 127
+
+    def apply(self, acc: np.ndarray) -> np.ndarray:
+        return np.clip(acc >> self.shift, self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class ConvTiling:
+    o_t: int     # output-channel blocks per tile
+    h_t: int     # output rows per tile
+    w_t: int     # output columns per tile
+    ic_t: int    # input-channel blocks per chunk
+    vt: int      # virtual threads: buffer slots that tiles rotate through
+
+    def describe(self) -> str:
+        return f"o_t={self.o_t} h_t={self.h_t} w_t={self.w_t} ic_t={self.ic_t} vt={self.vt}"
+
+
+@dataclass(frozen=True)
+class _Geom:
+    """Blocked sizes of a layer under a config."""
+    nb: int
+    cb: int
+    ob: int
+
+    @classmethod
+    def of(cls, spec: Conv2dSpec, cfg: AccelConfig) -> "_Geom":
+        return cls(_ceil(spec.n, cfg.batch), _ceil(spec.c, cfg.block_in), _ceil(spec.o, cfg.block_out))
+
+
+def _needs(spec: Conv2dSpec, t: ConvTiling) -> dict[str, int]:
+    """Buffer entries one tiling needs (all slots)."""
+    rows_in = (t.h_t - 1) * spec.strides[0] + spec.kh
+    cols_in = (t.w_t - 1) * spec.strides[1] + spec.kw
+    return {"inp": t.vt * t.ic_t * rows_in * cols_in,
+            "wgt": t.vt * t.o_t * t.ic_t * spec.kh * spec.kw,
+            "acc": t.vt * (t.o_t * t.h_t * t.w_t + t.o_t),
+            "uop": 2 * (t.o_t * t.ic_t * spec.kh * spec.kw + t.o_t + 1)}
+
+
+def _fits(spec, cfg, t) -> bool:
+    n = _needs(spec, t)
+    return (n["inp"] <= cfg.inp_depth and n["wgt"] <= cfg.wgt_depth and n["acc"] <= cfg.acc_depth
+            and n["uop"] <= cfg.uop_depth)
+
+
+def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling) -> dict[str, float]:
+    """Analytical cost of a tiling: GEMM micro-ops, DRAM bytes, and max(compute, memory) plus
+    a per-instruction overhead. Used to rank tilings; the timing model gives real cycles."""
+    g = _Geom.of(spec, cfg)
+    n_o, n_h, n_w = _ceil(g.ob, t.o_t), _ceil(spec.oh, t.h_t), _ceil(spec.ow, t.w_t)
+    n_ic = _ceil(g.cb, t.ic_t)
+    tiles = g.nb * n_o * n_h * n_w
+    rows_in = min(spec.h, (t.h_t - 1) * spec.strides[0] + spec.kh)
+    cols_in = min(spec.w, (t.w_t - 1) * spec.strides[1] + spec.kw)
+    inp_bytes = tiles * g.cb * rows_in * cols_in * cfg.inp_elem_bytes
+    resident = n_ic == 1
+    wgt_loads = g.nb * n_o if resident else tiles * n_ic
+    wgt_bytes = wgt_loads * t.o_t * t.ic_t * spec.kh * spec.kw * cfg.wgt_elem_bytes
+    out_bytes = g.nb * g.ob * spec.oh * spec.ow * cfg.out_elem_bytes
+    uops = g.nb * g.ob * g.cb * spec.kh * spec.kw * spec.oh * spec.ow
+    alu = 4 * g.nb * g.ob * spec.oh * spec.ow
+    mem_cycles = (inp_bytes + wgt_bytes + out_bytes) / cfg.bus_bytes
+    insns = tiles * (n_ic * (g.cb // max(1, n_ic) + 2) + 6 + t.o_t)
+    overhead = 30 * insns
+    if t.vt > 1:
+        total = max(uops + alu, mem_cycles) + overhead
+    else:
+        total = uops + alu + mem_cycles + overhead
+    return {"gemm_uops": uops, "dram_bytes": inp_bytes + wgt_bytes + out_bytes, "cycles": total}
+
+
+def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2) -> ConvTiling:
+    """The cheapest tiling (estimate_cycles) that fits every buffer; TilingError if none does."""
+    if vt not in (1, 2):
+        raise TilingError(f"{spec.name}: virtual threads must be 1 or 2, got {vt}")
+    if max(spec.pads) >= 1 << PAD_BITS:
+        raise TilingError(f"{spec.name}: padding {spec.pads} exceeds the LOAD padding field's maximum "
+                          f"{(1 << PAD_BITS) - 1}")
+    g = _Geom.of(spec, cfg)
+
+    def cands(n: int) -> list[int]:
+        s = {n, 1}
+        s.update(_ceil(n, k) for k in range(1, min(n, 64) + 1))
+        return sorted(s)
+    best, best_cost = None, None
+    for o_t, ic_t, w_t in itertools.product(cands(g.ob), cands(g.cb), cands(spec.ow)):
+        # the largest h_t that fits, found by bisection (needs grow with h_t)
+        lo, hi = 0, spec.oh
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _fits(spec, cfg, ConvTiling(o_t, mid, w_t, ic_t, vt)):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0:
+            continue
+        h_t = _ceil(spec.oh, _ceil(spec.oh, lo))  # balance the row tiles
+        t = ConvTiling(o_t, h_t, w_t, ic_t, vt)
+        cost = estimate_cycles(spec, cfg, t)["cycles"]
+        if best_cost is None or cost < best_cost:
+            best, best_cost = t, cost
+    if best is None:
+        need = _needs(spec, ConvTiling(1, 1, 1, 1, vt))
+        have = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth, "uop": cfg.uop_depth}
+        short = [f"{k} buffer needs {need[k]} entries for the smallest tile, has {have[k]} (short by "
+                 f"{need[k] - have[k]})" for k in need if need[k] > have[k]]
+        raise TilingError(f"{spec.name}: cannot be tiled into the config with vt={vt}: " + "; ".join(short))
+    log.debug("%s: tiling %s", spec.name, best.describe())
+    return best
+
+
+def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias=None,
+                requant: Requant = Requant()) -> dict[str, int]:
+    """Append a conv2d to a host_runtime CommandStream.
+
+    inp: DRAM buffer of the packed input (N/b, C/bi, H, W, b, bi) int8; wgt: (O/bo, I/bi, KH, KW,
+    bo, bi) int8; out: (N/b, O/bo, OH, OW, b, bo) int8; bias: (O/bo, b, bo) int32 or None.
+    Returns counts (tiles, chunks) for reporting."""
+    cfg, t = stream.cfg, tiling
+    g = _Geom.of(spec, cfg)
+    sh, sw = spec.strides
+    pt, _, pl, _ = spec.pads
+    khw = spec.kh * spec.kw
+    S = t.vt
+    rows_max = (t.h_t - 1) * sh + spec.kh
+    cols_max = (t.w_t - 1) * sw + spec.kw
+    inp_slot, wgt_slot = t.ic_t * rows_max * cols_max, t.o_t * t.ic_t * khw
+    acc_slot = t.o_t * t.h_t * t.w_t + t.o_t
+    n_ic = _ceil(g.cb, t.ic_t)
+    resident = n_ic == 1  # weights of an output-channel tile stay for all its row/column tiles
+
+    tiles = [(n, o0, h0, w0) for n in range(g.nb) for o0 in range(0, g.ob, t.o_t)
+             for h0 in range(0, spec.oh, t.h_t) for w0 in range(0, spec.ow, t.w_t)]
+    n_loads = len(tiles) * n_ic
+    j = 0  # load/compute iteration (one input-channel chunk of one tile)
+    group, last_group = -1, None
+    for ti, (n, o0, h0, w0) in enumerate(tiles):
+        o_a, h_a, w_a = min(t.o_t, g.ob - o0), min(t.h_t, spec.oh - h0), min(t.w_t, spec.ow - w0)
+        acc_base = (ti % S) * acc_slot
+        bias_base = acc_base + t.o_t * t.h_t * t.w_t
+        r0, c0 = h0 * sh - pt, w0 * sw - pl
+        rows, cols = (h_a - 1) * sh + spec.kh, (w_a - 1) * sw + spec.kw
+        y0, y1 = max(r0, 0), min(r0 + rows, spec.h)
+        x0, x1 = max(c0, 0), min(c0 + cols, spec.w)
+        if (n, o0) != last_group:
+            group, last_group = group + 1, (n, o0)
+            new_group = True
+        else:
+            new_group = False
+        for ci, ic0 in enumerate(range(0, g.cb, t.ic_t)):
+            ic_a = min(t.ic_t, g.cb - ic0)
+            islot = j % S
+            wslot = (group % S) if resident else islot
+            inp_base, wgt_base = islot * inp_slot, wslot * wgt_slot
+            # ---- load stage
+            if j >= S:
+                stream.dep_pop(Stage.COMPUTE, Stage.LOAD)
+            for ic in range(ic_a):
+                entry = ((n * g.cb + ic0 + ic) * spec.h + y0) * spec.w + x0
+                stream.load_2d(MemType.INP, inp_base + ic * rows * cols, inp, entry,
+                               y_size=max(0, y1 - y0), x_size=max(0, x1 - x0), x_stride=spec.w,
+                               y_pad0=y0 - r0, y_pad1=r0 + rows - max(y1, y0), x_pad0=x0 - c0,
+                               x_pad1=c0 + cols - max(x1, x0))
+            if new_group or not resident:
+                stream.load_2d(MemType.WGT, wgt_base, wgt, (o0 * g.cb + ic0) * khw,
+                               y_size=o_a, x_size=ic_a * khw, x_stride=g.cb * khw)
+            new_group = False
+            stream.dep_push(Stage.LOAD, Stage.COMPUTE)
+            # ---- compute stage
+            stream.dep_pop(Stage.LOAD, Stage.COMPUTE)
+            if ci == 0:
+                if ti >= S:
+                    stream.dep_pop(Stage.STORE, Stage.COMPUTE)
+                stream.push_gemm(_tile_kernel(stream, "reset", acc_base, o_a, h_a, w_a), reset=True)
+            stream.push_gemm(stream.kernel(
+                ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base, acc_base),
+                lambda k: _build_gemm(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw,
+                                      inp_base, wgt_base, acc_base)))
+            if j + S < n_loads:
+                stream.dep_push(Stage.COMPUTE, Stage.LOAD)
+            j += 1
+        # ---- epilogue on the accumulator tile
+        ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
+        if bias is not None:
+            stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
+            stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
+                                          lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)), AluOp.ADD)
+        if requant.shift:
+            stream.push_alu(ew, AluOp.SHR, requant.shift)
+        if requant.lo == -requant.hi:
+            stream.push_alu(ew, AluOp.CLIP, requant.hi)
+        else:
+            stream.push_alu(ew, AluOp.MIN, requant.hi)
+            stream.push_alu(ew, AluOp.MAX, requant.lo)
+        stream.dep_push(Stage.COMPUTE, Stage.STORE)
+        # ---- store stage
+        stream.dep_pop(Stage.COMPUTE, Stage.STORE)
+        for o in range(o_a):
+            entry = ((n * g.ob + o0 + o) * spec.oh + h0) * spec.ow + w0
+            stream.store_2d(acc_base + o * h_a * w_a, out, entry, y_size=h_a, x_size=w_a, x_stride=spec.ow)
+        if ti + S < len(tiles):
+            stream.dep_push(Stage.STORE, Stage.COMPUTE)
+    return {"tiles": len(tiles), "chunks": n_loads}
+
+
+def _tile_kernel(stream, kind, acc_base, o_a, h_a, w_a):
+    """One micro-op walking every accumulator entry of a tile (reset and elementwise ALU ops)."""
+    n = o_a * h_a * w_a
+
+    def build(k):
+        k.loop_begin(n, dst_factor=1)
+        k.push(acc_base)
+        k.loop_end()
+    return stream.kernel(("conv.tile", acc_base, n), build)
+
+
+def _build_gemm(k, o_a, ic_a, kh, kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base, acc_base):
+    k.loop_begin(h_a, dst_factor=w_a, src_factor=sh * cols)
+    k.loop_begin(w_a, dst_factor=1, src_factor=sw)
+    for o in range(o_a):
+        for ic in range(ic_a):
+            for y in range(kh):
+                for x in range(kw):
+                    k.push(acc_base + o * h_a * w_a, inp_base + ic * rows * cols + y * cols + x,
+                           wgt_base + ((o * ic_a + ic) * kh + y) * kw + x)
+    k.loop_end()
+    k.loop_end()
+
+
+def _build_bias(k, acc_base, bias_base, o_a, hw):
+    k.loop_begin(hw, dst_factor=1, src_factor=0)
+    for o in range(o_a):
+        k.push(acc_base + o * hw, bias_base + o)
+    k.loop_end()
+
+
+def conv2d_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec: Conv2dSpec,
+                     requant: Requant = Requant()) -> np.ndarray:
+    """numpy int reference: NCHW int8 x OIHW int8 (+ int32 bias) -> requantized int8 NCHW, with the
+    accumulator's int32 wraparound."""
+    pt, pb, pl, pr = spec.pads
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    sh, sw = spec.strides
+    acc = np.zeros((x.shape[0], spec.o, spec.oh, spec.ow), np.int64)
+    wl = w.astype(np.int64)
+    for y in range(spec.kh):
+        for xx in range(spec.kw):
+            patch = xp[:, :, y:y + sh * spec.oh:sh, xx:xx + sw * spec.ow:sw]
+            acc += np.einsum("nchw,oc->nohw", patch, wl[:, :, y, xx], optimize=True)
+    acc = acc.astype(np.int32)  # wrap like the accumulator
+    if bias is not None:
+        acc = (acc.astype(np.int64) + bias.astype(np.int64)[None, :, None, None]).astype(np.int32)
+    return requant.apply(acc).astype(np.int8)
+
+
+def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec: Conv2dSpec,
+               requant: Requant = Requant(), vt: int = 2, tiling: ConvTiling | None = None):
+    """Pack NCHW int8 x and OIHW int8 w, run the layer on the device, unpack: (int8 NCHW, RunResult, stream)."""
+    from .layout import pack_activation, pack_bias, pack_weight, unpack_activation
+    cfg = device.cfg
+    tiling = tiling or plan_conv2d(spec, cfg, vt)
+    g = _Geom.of(spec, cfg)
+    mem = device.memory
+    bufs = [mem.alloc_array(pack_activation(x, cfg.batch, cfg.block_in), align=cfg.inp_elem_bytes,
+                            name=f"{spec.name}.inp"),
+            mem.alloc_array(pack_weight(w, cfg.block_out, cfg.block_in), align=cfg.wgt_elem_bytes,
+                            name=f"{spec.name}.wgt")]
+    bufs.append(mem.alloc_array(pack_bias(bias, cfg), align=cfg.acc_elem_bytes, name=f"{spec.name}.bias")
+                if bias is not None else None)
+    oshape = (g.nb, g.ob, spec.oh, spec.ow, cfg.batch, cfg.block_out)
+    out = mem.alloc(int(np.prod(oshape)) * cfg.out_width // 8, align=cfg.out_elem_bytes, name=f"{spec.name}.out")
+    try:
+        stream = device.stream()
+        emit_conv2d(stream, spec, tiling, bufs[0], bufs[1], out, bufs[2], requant)
+        result = stream.synchronize()
+        y = unpack_activation(out.read(np.int8, oshape), spec.n, spec.o)
+    finally:
+        for b in bufs + [out]:
+            if b is not None:
+                b.free()
+    return y, result, stream
+
+
+def run_dense(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, requant: Requant = Requant(),
+              vt: int = 2):
+    """int8 (rows x k) @ int8 weights (m x k, as ONNX Gemm with transB) -> (int8 rows x m, RunResult, stream).
+
+    Runs as the 1x1 conv of Conv2dSpec.dense: image n, pixel p holds row p*batch + n."""
+    from .layout import pad_to
+    cfg = device.cfg
+    rows, k = x.shape
+    m = w.shape[0]
+    spec = Conv2dSpec.dense(rows, k, m, cfg)
+    nchw = pad_to(x, 0, cfg.batch).reshape(spec.w, cfg.batch, k).transpose(1, 2, 0)[:, :, None, :]
+    y, result, stream = run_conv2d(device, nchw, w.reshape(m, k, 1, 1), bias, spec, requant, vt)
+    return y[:, :, 0, :].transpose(2, 0, 1).reshape(-1, m)[:rows], result, stream
+
+
+def dense_reference(x, w, bias, requant: Requant = Requant()) -> np.ndarray:
+    acc = (x.astype(np.int64) @ w.astype(np.int64).T).astype(np.int32)
+    if bias is not None:
+        acc = (acc.astype(np.int64) + bias.astype(np.int64)).astype(np.int32)
+    return requant.apply(acc).astype(np.int8)

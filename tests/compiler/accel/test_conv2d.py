@@ -1,0 +1,108 @@
+"""conv2d / dense on the accelerator through the functional simulator, bit-exact against numpy."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from accel.isa import PRESETS, AccelConfig
+from compiler.accel.conv2d import (Conv2dSpec, Requant, TilingError, conv2d_reference, dense_reference,
+                                   plan_conv2d, run_conv2d, run_dense)
+from compiler.accel.layout import pack_activation, pack_weight, unpack_activation, unpack_weight
+from host_runtime import Device
+
+WORKLOADS = Path(__file__).resolve().parents[3].parent / "shared" / "workloads" / "resnet18_conv.json"
+ODD = AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024,
+                  inp_buff_bytes=8 * 1024, wgt_buff_bytes=32 * 1024)
+
+
+def _rand(rng, spec, bias=True):
+    x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
+    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
+    b = rng.integers(-20000, 20000, spec.o).astype(np.int32) if bias else None
+    return x, w, b
+
+
+def _check(cfg, spec, rq, vt=2, seed=0, bias=True):
+    x, w, b = _rand(np.random.default_rng(seed), spec, bias)
+    y, res, _ = run_conv2d(Device(cfg, dram_bytes=32 << 20), x, w, b, spec, rq, vt)
+    ref = conv2d_reference(x, w, b, spec, rq)
+    assert y.shape == ref.shape and np.array_equal(y, ref), f"{spec} mismatch"
+    return res
+
+
+def _resnet_layers():
+    if not WORKLOADS.exists():
+        pytest.skip(f"{WORKLOADS} not found")
+    layers = json.loads(WORKLOADS.read_text())["layers"]
+    return [(k, v) for k, v in layers.items() if k != "C1"]
+
+
+@pytest.mark.parametrize("name", [f"C{i}" for i in range(2, 12)])
+def test_conv2d_resnet18_layer_default_config_bit_exact(name):
+    fields = dict(_resnet_layers())[name]
+    spec = Conv2dSpec.from_workload(fields, name)
+    res = _check(PRESETS["default"], spec, Requant(shift=11, lo=0, hi=127))
+    assert res.stats["macs"] >= spec.macs  # padded channels only add work
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=st.sampled_from([PRESETS["tiny"], ODD, PRESETS["default"]]), n=st.integers(1, 3), c=st.integers(1, 40),
+       h=st.integers(1, 12), w=st.integers(1, 12), o=st.integers(1, 40), k=st.sampled_from([1, 2, 3, 5]),
+       pads=st.tuples(*[st.integers(0, 3)] * 4), strides=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       shift=st.integers(0, 16), relu=st.booleans(), vt=st.sampled_from([1, 2]), seed=st.integers(0, 9))
+def test_conv2d_random_shapes_and_configs(cfg, n, c, h, w, o, k, pads, strides, shift, relu, vt, seed):
+    if h + pads[0] + pads[1] < k or w + pads[2] + pads[3] < k:
+        return
+    spec = Conv2dSpec(n, c, h, w, o, k, k, pads, strides)
+    _check(cfg, spec, Requant(shift, 0 if relu else -128, 127), vt, seed, bias=seed % 2 == 0)
+
+
+@pytest.mark.parametrize("cfg", [PRESETS["tiny"], ODD], ids=["tiny", "b2x8x16"])
+def test_conv2d_virtual_threads_give_identical_bytes(cfg):
+    spec = Conv2dSpec(2, 24, 14, 14, 20, 3, 3, (1, 1, 1, 1), (1, 1))
+    x, w, b = _rand(np.random.default_rng(3), spec)
+    outs = []
+    for vt in (1, 2):
+        y, res, stream = run_conv2d(Device(cfg), x, w, b, spec, Requant(9), vt)
+        outs.append(y)
+        flags = sum(i.pop_prev or i.pop_next for i in stream.last_insns)
+        assert flags > 0
+    assert np.array_equal(outs[0], outs[1])
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows=st.integers(1, 40), k=st.integers(1, 70), m=st.integers(1, 40), seed=st.integers(0, 99),
+       cfg=st.sampled_from([PRESETS["tiny"], ODD]))
+def test_dense_random(rows, k, m, seed, cfg):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (rows, k), dtype=np.int8)
+    w = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    b = rng.integers(-999, 999, m).astype(np.int32)
+    y, _, _ = run_dense(Device(cfg), x, w, b, Requant(6, -90, 90))
+    assert np.array_equal(y, dense_reference(x, w, b, Requant(6, -90, 90)))
+
+
+def test_tiling_error_names_buffer_and_shortfall():
+    cfg = PRESETS["tiny"]
+    spec = Conv2dSpec(1, 4, 8, 8, 4, 15, 15, (7, 7, 7, 7), (1, 1), name="big")
+    with pytest.raises(TilingError, match=r"big: cannot be tiled .* inp buffer needs 450 entries for the smallest "
+                                          r"tile, has 256 \(short by 194\)"):
+        plan_conv2d(spec, cfg)
+    with pytest.raises(TilingError, match="padding"):
+        plan_conv2d(Conv2dSpec(1, 4, 40, 40, 4, 3, 3, (16, 0, 0, 0)), cfg)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 5), c=st.integers(1, 40), h=st.integers(1, 5), w=st.integers(1, 5),
+       b=st.sampled_from([1, 2, 4]), k=st.sampled_from([4, 8, 16]))
+def test_layout_pack_unpack_roundtrip(n, c, h, w, b, k):
+    x = np.arange(n * c * h * w, dtype=np.int32).reshape(n, c, h, w)
+    p = pack_activation(x, b, k)
+    assert p.shape == (-(-n // b), -(-c // k), h, w, b, k)
+    assert np.array_equal(unpack_activation(p, n, c), x)
+    assert p[0, 0, 0, 0, 0, 0] == x[0, 0, 0, 0]
+    wt = x.reshape(n, c, h, w)
+    pw = pack_weight(wt, k, b)
+    assert np.array_equal(unpack_weight(pw, n, c), wt)
