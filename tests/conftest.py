@@ -1,0 +1,16 @@
+"""Shared test set-up: make the kit's packages win over same-named test folders, and let tests
+import the helpers in this folder (randprog, reference_isa) by plain name.
+
+pytest puts tests/ on sys.path; tests/host_runtime and tests/sim (folders without __init__.py)
+would then be found as namespace packages shadowing the real host_runtime and sim when the
+repository root is not on sys.path first (e.g. under a bare `pytest`).
+"""
+import sys
+from pathlib import Path
+
+_TESTS = Path(__file__).resolve().parent
+_ROOT = _TESTS.parent
+for _p in (str(_TESTS), str(_ROOT)):  # root ends up first
+    if _p in sys.path:
+        sys.path.remove(_p)
+    sys.path.insert(0, _p)
