@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accel.isa import AccelConfig, AluOp, MemType, Stage
+from accel.isa import AccelConfig, AluOp, MemType
 from accel.isa.config import PAD_BITS
 
 from ..errors import CompilerError
+from .pipeline import TokenPipeline
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     tiles = [(n, o0, h0, w0) for n in range(g.nb) for o0 in range(0, g.ob, t.o_t)
              for h0 in range(0, spec.oh, t.h_t) for w0 in range(0, spec.ow, t.w_t)]
     n_loads = len(tiles) * n_ic
+    pipe = TokenPipeline(stream, S, n_loads, len(tiles))
     j = 0  # load/compute iteration (one input-channel chunk of one tile)
     group, last_group = -1, None
     for ti, (n, o0, h0, w0) in enumerate(tiles):
@@ -242,8 +244,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             wslot = (group % S) if resident else islot
             inp_base, wgt_base = islot * inp_slot, wslot * wgt_slot
             # ---- load stage
-            if j >= S:
-                stream.dep_pop(Stage.COMPUTE, Stage.LOAD)
+            pipe.before_load(j)
             for ic in range(ic_a):
                 entry = ((n * g.cb + ic0 + ic) * spec.h + y0) * spec.w + x0
                 stream.load_2d(MemType.INP, inp_base + ic * rows * cols, inp, entry,
@@ -254,19 +255,17 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 stream.load_2d(MemType.WGT, wgt_base, wgt, (o0 * g.cb + ic0) * khw,
                                y_size=o_a, x_size=ic_a * khw, x_stride=g.cb * khw)
             new_group = False
-            stream.dep_push(Stage.LOAD, Stage.COMPUTE)
+            pipe.after_load()
             # ---- compute stage
-            stream.dep_pop(Stage.LOAD, Stage.COMPUTE)
+            pipe.before_compute()
             if ci == 0:
-                if ti >= S:
-                    stream.dep_pop(Stage.STORE, Stage.COMPUTE)
+                pipe.before_tile(ti)
                 stream.push_gemm(_tile_kernel(stream, "reset", acc_base, o_a, h_a, w_a), reset=True)
             stream.push_gemm(stream.kernel(
                 ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base, acc_base),
                 lambda k: _build_gemm(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw,
                                       inp_base, wgt_base, acc_base)))
-            if j + S < n_loads:
-                stream.dep_push(Stage.COMPUTE, Stage.LOAD)
+            pipe.after_chunk(j)
             j += 1
         # ---- epilogue on the accumulator tile
         ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
@@ -274,22 +273,26 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
             stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
                                           lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)), AluOp.ADD)
-        if requant.shift:
-            stream.push_alu(ew, AluOp.SHR, requant.shift)
-        if requant.lo == -requant.hi:
-            stream.push_alu(ew, AluOp.CLIP, requant.hi)
-        else:
-            stream.push_alu(ew, AluOp.MIN, requant.hi)
-            stream.push_alu(ew, AluOp.MAX, requant.lo)
-        stream.dep_push(Stage.COMPUTE, Stage.STORE)
+        emit_requant(stream, ew, requant)
+        pipe.after_tile()
         # ---- store stage
-        stream.dep_pop(Stage.COMPUTE, Stage.STORE)
+        pipe.before_store()
         for o in range(o_a):
             entry = ((n * g.ob + o0 + o) * spec.oh + h0) * spec.ow + w0
             stream.store_2d(acc_base + o * h_a * w_a, out, entry, y_size=h_a, x_size=w_a, x_stride=spec.ow)
-        if ti + S < len(tiles):
-            stream.dep_push(Stage.STORE, Stage.COMPUTE)
+        pipe.after_store(ti)
     return {"tiles": len(tiles), "chunks": n_loads}
+
+
+def emit_requant(stream, kernel, requant: Requant) -> None:
+    """Shift right then clamp every accumulator entry the kernel walks (ALU SHR, CLIP or MIN+MAX)."""
+    if requant.shift:
+        stream.push_alu(kernel, AluOp.SHR, requant.shift)
+    if requant.lo == -requant.hi:
+        stream.push_alu(kernel, AluOp.CLIP, requant.hi)
+    else:
+        stream.push_alu(kernel, AluOp.MIN, requant.hi)
+        stream.push_alu(kernel, AluOp.MAX, requant.lo)
 
 
 def _tile_kernel(stream, kind, acc_base, o_a, h_a, w_a):
