@@ -92,8 +92,8 @@ class _Gen:
         src_n = self.size[MemType.INP] if gemm else acc_n
         wgt_n = self.size[MemType.WGT]
         nloops = self.r(0, 2)
-        big = self.rng.random() < 0.1
-        nuops = self.r(40, 120) if big else self.r(0, 4)
+        big = self.rng.random() < 0.15
+        nuops = self.r(60, 160) if big else self.r(0, 4)
         nuops = min(nuops, self.cfg.uop_depth)
         budget = max(1, MAX_ITERATIONS // max(1, nuops))
         loops = []

@@ -1,0 +1,129 @@
+"""The `accel` command line: every subcommand, its errors (one line, exit 2) and round trips."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from accel.cli import COMMANDS, main
+from accel.isa import PRESETS, Program
+from randprog import random_program
+from reference_isa import run_reference
+
+TINY = PRESETS["tiny"]
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return rc, out, err
+
+
+def _error(capsys, match, *argv):
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", [[], *([name] for name in COMMANDS), ["config", "show"], ["config", "validate"]])
+def test_cli_help_on_every_subcommand(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--help"])
+    assert e.value.code == 0
+    assert "usage: accel" in capsys.readouterr().out
+
+
+def test_cli_console_script_entry_point():
+    r = subprocess.run([sys.executable, "-m", "accel.cli", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and all(name in r.stdout for name in COMMANDS)
+
+
+def test_cli_config_show_and_validate(capsys, tmp_path):
+    rc, out, _ = _run(capsys, "config", "show", "--config", "tiny")
+    d = json.loads(out)
+    assert rc == 0 and d["config"]["block_in"] == 4 and d["derived"]["inp_depth"] == TINY.inp_depth
+    good = tmp_path / "c.json"
+    TINY.save(good)
+    rc, out, _ = _run(capsys, "config", "validate", str(good))
+    assert rc == 0 and TINY.digest() in out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**TINY.to_dict(), "block_in": 3}))
+    _error(capsys, "block_in=3", "config", "validate", str(bad))
+    _error(capsys, "neither a preset", "config", "show", "--config", "nonesuch")
+
+
+def test_cli_run_random_program_matches_reference(capsys, tmp_path):
+    prog, regions = random_program(TINY, 3)
+    path = tmp_path / "p.accp"
+    prog.save(path)
+    name = next(iter(regions))
+    dump = tmp_path / "dram.bin"
+    rc, out, _ = _run(capsys, "run", str(path), "--driver", "fsim", "--dump", name, "--dump-dram", str(dump))
+    assert rc == 0 and f"{name} =" in out and '"FINISH": 1' in out
+    want = run_reference(TINY, prog.insns, prog.dram_image())
+    assert np.array_equal(np.fromfile(dump, np.uint8), want)
+    _error(capsys, "symbols are", "run", str(path), "--dump", "nope")
+    _error(capsys, "unknown driver 'warp'", "run", str(path), "--driver", "warp")
+
+
+def test_cli_disasm_then_asm_round_trips(capsys, tmp_path):
+    prog, _ = random_program(TINY, 5)
+    src = tmp_path / "p.accp"
+    prog.save(src)
+    rc, out, _ = _run(capsys, "disasm", str(src))
+    assert rc == 0 and "    0: " in out and out.rstrip().splitlines()[-1].split(": ", 1)[1].startswith("finish")
+    rc, text, _ = _run(capsys, "disasm", "--plain", str(src))
+    (tmp_path / "p.s").write_text(text)
+    data = []
+    for i, (addr, seg) in enumerate(prog.segments):
+        f = tmp_path / f"seg{i}.bin"
+        f.write_bytes(seg)
+        data += ["--data", f"{addr:#x}={f}"]
+    syms = [a for n, s in prog.symbols.items() for a in ("--symbol", f"{n}={s.addr:#x}:{s.dtype}:{s.shape[0]}")]
+    out_path = tmp_path / "q.accp"
+    rc, out, _ = _run(capsys, "asm", str(tmp_path / "p.s"), "-o", str(out_path), "--config", "tiny",
+                      "--insn-addr", hex(prog.insn_addr), "--dram-bytes", str(prog.dram_bytes), *data, *syms)
+    assert rc == 0, out
+    again = Program.load(out_path)
+    assert again.insns == prog.insns and again.symbols == prog.symbols
+    assert np.array_equal(again.dram_image(), prog.dram_image())
+
+
+def test_cli_asm_errors(capsys, tmp_path):
+    s = tmp_path / "a.s"
+    s.write_text("gemm\nfrobnicate 3\nfinish\n")
+    _error(capsys, "line 2", "asm", str(s), "-o", str(tmp_path / "a.accp"))
+    assert not (tmp_path / "a.accp").exists()
+    s.write_text("load inp sram_base=5000\nfinish\n")
+    _error(capsys, "sram_base=5000", "asm", str(s), "-o", str(tmp_path / "a.accp"), "--config", "tiny")
+    s.write_text("finish\n")
+    blob = tmp_path / "d.bin"
+    blob.write_bytes(bytes(64))
+    _error(capsys, "overlaps", "asm", str(s), "-o", str(tmp_path / "a.accp"), "--data", f"0={blob}",
+           "--data", f"32={blob}")
+    _error(capsys, "cannot read", "asm", str(tmp_path / "missing.s"), "-o", str(tmp_path / "a.accp"))
+    _error(capsys, "NAME=ADDR:DTYPE:SHAPE", "asm", str(s), "-o", str(tmp_path / "a.accp"), "--symbol", "x=1")
+    rc, _, _ = _run(capsys, "asm", str(s), "-o", str(tmp_path / "f.accp"))
+    assert rc == 0 and len(Program.load(tmp_path / "f.accp").insns) == 1
+
+
+def test_cli_disasm_rejects_non_program(capsys, tmp_path):
+    f = tmp_path / "x.accp"
+    f.write_bytes(b"not a program at all")
+    _error(capsys, "bad magic", "disasm", str(f))
+
+
+def test_cli_demo_checks_against_numpy(capsys, monkeypatch):
+    rc, out, _ = _run(capsys, "demo", "--config", "tiny", "--m", "5", "--k", "9", "--n", "7")
+    assert rc == 0 and "OK: matches numpy" in out and "instructions:" in out and "GEMM" in out
+    import host_runtime.matmul as mm
+    real = mm.matmul_reference
+    monkeypatch.setattr(mm, "matmul_reference", lambda *a, **k: real(*a, **k) ^ 1)
+    rc, out, err = _run(capsys, "demo", "--config", "tiny", "--m", "3", "--k", "4", "--n", "5")
+    assert rc == 1 and "MISMATCH" in err
+    _error(capsys, "--n must be >= 1", "demo", "--n", "0")
+    _error(capsys, "unknown driver", "demo", "--driver", "nope")
