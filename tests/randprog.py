@@ -3,6 +3,7 @@
     prog, regions = random_program(cfg, seed)
     # prog: accel.isa.Program (instructions + DRAM image); regions: {name: (byte addr, nbytes)}
     # of every DRAM area a STORE writes (also prog.symbols, as int8 byte arrays)
+    want = expected_outputs(prog, regions)   # {name: bytes} from the reference model
 
 A program is a few blocks. Block b uses slot b % slots (slots = 1 or 2) of each on-chip buffer:
 the load stage fills the slot's input/weight area with random padded tiles, compute loads
@@ -197,3 +198,10 @@ def random_program(cfg: AccelConfig, seed: int, n_blocks: int | None = None,
     """A random race-free program for `cfg` (same seed, same program) and its output regions
     {name: (byte address, nbytes)}; prog.dram_image() is the DRAM it starts from."""
     return _Gen(cfg, seed, dram_bytes).build(n_blocks)
+
+
+def expected_outputs(prog: Program, regions: dict[str, tuple[int, int]]) -> dict[str, np.ndarray]:
+    """The bytes each output region holds after the program, from tests/reference_isa.py."""
+    from reference_isa import run_reference
+    dram = run_reference(prog.config, prog.insns, prog.dram_image())
+    return {name: dram[a:a + n].copy() for name, (a, n) in regions.items()}

@@ -1,5 +1,6 @@
 """The `accel` command line: every subcommand, its errors (one line, exit 2) and round trips."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -37,8 +38,16 @@ def test_cli_help_on_every_subcommand(capsys, argv):
     assert "usage: accel" in capsys.readouterr().out
 
 
-def test_cli_console_script_entry_point():
-    r = subprocess.run([sys.executable, "-m", "accel.cli", "--help"], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("launcher", ["module", "console-script"])
+def test_cli_entry_points(launcher):
+    if launcher == "module":
+        cmd = [sys.executable, "-m", "accel.cli"]
+    else:
+        exe = shutil.which("accel")
+        if exe is None:
+            pytest.skip("the `accel` console script is not installed (pip install -e .)")
+        cmd = [exe]
+    r = subprocess.run(cmd + ["--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and all(name in r.stdout for name in COMMANDS)
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from accel.isa import PRESETS, AccelConfig, Alu, Gemm, Load, MemType, Store
-from randprog import random_program
+from randprog import expected_outputs, random_program
 from reference_isa import run_reference
 from sim.fsim import Fsim
 
@@ -51,6 +51,11 @@ def test_randprog_is_deterministic_and_writes_its_regions():
     a, ra = random_program(cfg, 7)
     b, rb = random_program(cfg, 7)
     assert a.to_bytes() == b.to_bytes() and ra == rb
+    got = a.dram_image()
+    Fsim(cfg).run(got, a.insn_addr, len(a.insns))
+    for name, data in expected_outputs(a, ra).items():
+        addr, n = ra[name]
+        assert np.array_equal(got[addr:addr + n], data), name
     changed = 0
     for seed in SEEDS:
         prog, regions = random_program(cfg, seed)
