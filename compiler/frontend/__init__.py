@@ -1,0 +1,6 @@
+"""Frontends: ONNX models -> the graph IR (compiler.graph)."""
+from .errors import ConversionError, FrontendError, ModelLoadError, UnsupportedOpError
+from .onnx_import import CONVERTERS, from_onnx, load_model
+
+__all__ = ["from_onnx", "load_model", "CONVERTERS", "FrontendError", "ModelLoadError", "UnsupportedOpError",
+           "ConversionError"]

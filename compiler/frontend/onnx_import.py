@@ -1,0 +1,646 @@
+"""ONNX -> graph IR. Opsets 13 and newer are read directly; older models are first upgraded with
+onnx's version converter. Each ONNX op type has one converter in CONVERTERS (the table of what is
+supported). Before converting anything the whole model is scanned, so a model with unsupported
+ops fails once, listing every unsupported op type with its node names.
+
+Shapes are static: symbolic input dims must be given with `shapes=`. Inputs that ONNX allows to be
+tensors but that fix a shape (Reshape's shape, Slice's starts, Pad's pads...) must be constant or
+computable from constants and static shapes (Shape -> Gather -> Concat chains fold at import).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..graph.errors import GraphError
+from ..graph.interpret import run
+from ..graph.ir import Graph, Node, topo_order
+from .errors import ConversionError, ModelLoadError, UnsupportedOpError
+
+log = logging.getLogger(__name__)
+
+MIN_OPSET = 13
+
+
+def _onnx():
+    import onnx  # imported lazily: the graph IR does not need onnx
+    return onnx
+
+
+def load_model(model) -> "onnx.ModelProto":
+    """A path, bytes or ModelProto -> a checked ModelProto at opset >= 13."""
+    onnx = _onnx()
+    from google.protobuf.message import DecodeError
+    src = "<bytes>"
+    if isinstance(model, (str, os.PathLike)):
+        src = str(model)
+        try:
+            data = Path(model).read_bytes()
+        except OSError as e:
+            raise ModelLoadError(f"cannot read ONNX model {src}: {e.strerror}") from None
+    elif isinstance(model, (bytes, bytearray)):
+        data = bytes(model)
+    elif isinstance(model, onnx.ModelProto):
+        data = None
+    else:
+        raise ModelLoadError(f"expected a path, bytes or onnx.ModelProto, got {type(model).__name__}")
+    if data is not None:
+        if not data:
+            raise ModelLoadError(f"{src}: empty file, not an ONNX model")
+        try:
+            model = onnx.load_from_string(data)
+        except (DecodeError, RuntimeError, ValueError) as e:
+            raise ModelLoadError(f"{src}: cannot parse as an ONNX model (truncated or not ONNX): {e}") from None
+    if not model.graph.node and not model.graph.output:
+        raise ModelLoadError(f"{src}: the model has no graph (truncated or not ONNX)")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:  # onnx.checker.ValidationError and friends
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"{src}: malformed ONNX model (possibly truncated): {first}") from None
+    opset = default_opset(model)
+    if opset < MIN_OPSET:
+        from onnx import version_converter
+        try:
+            model = version_converter.convert_version(model, MIN_OPSET)
+        except Exception as e:
+            raise ModelLoadError(f"{src}: cannot upgrade opset {opset} to {MIN_OPSET} with onnx's version "
+                                 f"converter: {e}") from None
+        log.info("upgraded %s from opset %d to %d", src, opset, MIN_OPSET)
+    return model
+
+
+def default_opset(model) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 1
+
+
+class _Ctx:
+    """Import state: ONNX tensor name -> Node, the created nodes in order, the opset."""
+
+    def __init__(self, opset: int):
+        self.opset = opset
+        self.env: dict[str, Node] = {}
+        self.nodes: list[Node] = []
+        self.onnx_node = None
+        self.node_name = ""
+
+    def add(self, op: str, inputs, attrs=None, suffix: str = "") -> Node:
+        name = self.node_name + (f"/{suffix}" if suffix else "")
+        try:
+            n = Node(op, inputs, attrs, name=name, origin=self.onnx_node.op_type)
+        except GraphError as e:
+            raise ConversionError(f"{self.onnx_node.op_type} '{self.node_name}': {e}") from None
+        self.nodes.append(n)
+        return n
+
+    def const(self, value, suffix: str) -> Node:
+        n = Node.const(value, name=f"{self.node_name}/{suffix}")
+        self.nodes.append(n)
+        return n
+
+    def fail(self, msg: str):
+        raise ConversionError(f"{self.onnx_node.op_type} '{self.node_name}': {msg}")
+
+    def input(self, k: int) -> Node | None:
+        ins = self.onnx_node.input
+        if k >= len(ins) or ins[k] == "":
+            return None
+        return self.env[ins[k]]
+
+    def value(self, k: int, what: str, default=None):
+        """The constant value of input k (folding constant subgraphs); default if absent."""
+        n = self.input(k)
+        if n is None:
+            return default
+        if n.is_const:
+            return n.value
+        deps = [m for m in topo_order([n]) if m.op == "input"]
+        if deps:
+            self.fail(f"{what} (input {k}, '{self.onnx_node.input[k]}') must be constant, "
+                      f"but it depends on graph input '{deps[0].name}'")
+        return run(Graph.from_outputs([], [n]), [])[0]
+
+    def attr(self, name: str, default=None):
+        onnx = _onnx()
+        for a in self.onnx_node.attribute:
+            if a.name == name:
+                v = onnx.helper.get_attribute_value(a)
+                if isinstance(v, bytes):
+                    v = v.decode()
+                if isinstance(v, onnx.TensorProto):
+                    v = onnx.numpy_helper.to_array(v)
+                return v
+        return default
+
+
+# ---- converters ---------------------------------------------------------------------------------
+CONVERTERS: dict[str, callable] = {}
+
+
+def converter(*op_types):
+    def deco(fn):
+        for t in op_types:
+            CONVERTERS[t] = fn
+        return fn
+    return deco
+
+
+def _unary_table():
+    table = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp", "Sqrt": "sqrt",
+             "Neg": "neg", "Reciprocal": "reciprocal"}
+    for onnx_op, op in table.items():
+        converter(onnx_op)(lambda c, op=op: c.add(op, [c.input(0)]))
+
+
+_unary_table()
+
+for _onnx_op, _op in {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}.items():
+    converter(_onnx_op)(lambda c, op=_op: _binary(c, op))
+
+
+def _binary(c: _Ctx, op: str) -> Node:
+    a, b = c.input(0), c.input(1)
+    if a.dtype != b.dtype and op == "pow" and b.is_const:
+        b = c.const(b.value.astype(a.dtype), "exponent")
+    return c.add(op, [a, b])
+
+
+@converter("Identity", "Dropout")
+def _identity(c):
+    if c.onnx_node.op_type == "Dropout" and len(c.onnx_node.output) > 1 and c.onnx_node.output[1]:
+        c.used_extra_output(1, "the mask output (training only)")
+    return c.input(0)
+
+
+@converter("Constant")
+def _constant(c):
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        v = c.attr(key)
+        if v is not None:
+            arr = np.asarray(v, dtype=np.float32 if "float" in key else (np.int64 if "int" in key else None))
+            return c.const(arr, "value")
+    c.fail("only dense value/value_float(s)/value_int(s) constants are supported")
+
+
+@converter("Gelu")
+def _gelu(c):
+    return c.add("gelu", [c.input(0)], {"approximate": c.attr("approximate", "none")})
+
+
+@converter("LeakyRelu")
+def _leaky(c):
+    return c.add("leaky_relu", [c.input(0)], {"alpha": float(c.attr("alpha", 0.01))})
+
+
+@converter("Clip")
+def _clip(c):
+    lo, hi = c.value(1, "min"), c.value(2, "max")
+    return c.add("clip", [c.input(0)], {"min": None if lo is None else _scalar(c, lo, "min"),
+                                        "max": None if hi is None else _scalar(c, hi, "max")})
+
+
+def _scalar(c, v, what: str) -> float:
+    v = np.asarray(v)
+    if v.size != 1:
+        c.fail(f"{what} must be a scalar, got shape {list(v.shape)}")
+    return float(v.reshape(-1)[0])
+
+
+@converter("Cast")
+def _cast(c):
+    to = str(_onnx().helper.tensor_dtype_to_np_dtype(c.attr("to")))
+    return c.add("cast", [c.input(0)], {"to": to})
+
+
+def _same_pads(c, in_hw, k_hw, strides, dilations, mode):
+    pads = [0, 0, 0, 0]
+    for i in range(2):
+        out = -(-in_hw[i] // strides[i])
+        total = max((out - 1) * strides[i] + (k_hw[i] - 1) * dilations[i] + 1 - in_hw[i], 0)
+        small, big = total // 2, total - total // 2
+        pads[i], pads[i + 2] = (small, big) if mode == "SAME_UPPER" else (big, small)
+    return pads
+
+
+def _window_attrs(c, x: Node, k_hw):
+    strides = list(c.attr("strides", [1, 1]))
+    dilations = list(c.attr("dilations", [1, 1]))
+    auto_pad = c.attr("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = _same_pads(c, x.shape[2:], k_hw, strides, dilations, auto_pad)
+    elif auto_pad == "VALID":
+        pads = [0, 0, 0, 0]
+    else:
+        pads = list(c.attr("pads", [0, 0, 0, 0]))
+    return strides, pads, dilations
+
+
+@converter("Conv")
+def _conv(c):
+    x, w, b = c.input(0), c.input(1), c.input(2)
+    if x.type.rank != 4 or w.type.rank != 4:
+        c.fail(f"only 2-D convolution (NCHW input, OIHW weight) is supported, got {x.type} and {w.type}")
+    strides, pads, dilations = _window_attrs(c, x, w.shape[2:])
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": int(c.attr("group", 1))}
+    return c.add("conv2d", [x, w] + ([b] if b is not None else []), attrs)
+
+
+@converter("ConvTranspose")
+def _conv_transpose(c):
+    x, w, b = c.input(0), c.input(1), c.input(2)
+    if x.type.rank != 4 or w.type.rank != 4:
+        c.fail("only 2-D transposed convolution is supported")
+    strides = list(c.attr("strides", [1, 1]))
+    dilations = list(c.attr("dilations", [1, 1]))
+    out_pad = list(c.attr("output_padding", [0, 0]))
+    groups = int(c.attr("group", 1))
+    pads = list(c.attr("pads", [0, 0, 0, 0]))
+    out_shape = c.attr("output_shape")
+    auto_pad = c.attr("auto_pad", "NOTSET")
+    if out_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        target = list(out_shape)[-2:] if out_shape is not None else [x.shape[2 + i] * strides[i] for i in range(2)]
+        for i in range(2):
+            total = strides[i] * (x.shape[2 + i] - 1) + out_pad[i] + (w.shape[2 + i] - 1) * dilations[i] + 1 - target[i]
+            if total < 0:
+                c.fail(f"output_shape {target} larger than the full output")
+            if auto_pad == "SAME_UPPER":
+                pads[i], pads[i + 2] = total // 2, total - total // 2
+            else:
+                pads[i], pads[i + 2] = total - total // 2, total // 2
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": groups, "output_padding": out_pad}
+    return c.add("conv2d_transpose", [x, w] + ([b] if b is not None else []), attrs)
+
+
+@converter("Gemm")
+def _gemm(c):
+    a, b, bias = c.input(0), c.input(1), c.input(2)
+    alpha, beta = float(c.attr("alpha", 1.0)), float(c.attr("beta", 1.0))
+    if c.attr("transA", 0):
+        a = c.add("transpose", [a], {"perm": (1, 0)}, "transA")
+    if b.is_const:
+        wv = b.value if c.attr("transB", 0) else b.value.T
+        if alpha != 1.0:
+            wv, alpha = wv * alpha, 1.0
+        w = c.const(wv, "weight")
+        use_bias = bias is not None and bias.is_const and bias.type.rank <= 1 and \
+            (bias.type.size == w.shape[0] or bias.type.size == 1)
+        inputs = [a, w]
+        if use_bias:
+            inputs.append(c.const(np.broadcast_to(bias.value.reshape(-1) * beta, (w.shape[0],)).astype(w.dtype), "bias"))
+        y = c.add("dense", inputs)
+        if bias is not None and not use_bias:
+            bias = bias if beta == 1.0 else c.add("mul", [bias, c.const(np.asarray(beta, bias.dtype), "beta")], suffix="beta")
+            y = c.add("add", [y, bias], suffix="bias")
+        return y
+    if c.attr("transB", 0):
+        b = c.add("transpose", [b], {"perm": (1, 0)}, "transB")
+    y = c.add("matmul", [a, b], suffix="matmul")
+    if alpha != 1.0:
+        y = c.add("mul", [y, c.const(np.asarray(alpha, y.dtype), "alpha")], suffix="alpha")
+    if bias is not None:
+        if beta != 1.0:
+            bias = c.add("mul", [bias, c.const(np.asarray(beta, bias.dtype), "beta")], suffix="beta")
+        y = c.add("add", [y, bias], suffix="bias")
+    return y
+
+
+@converter("MatMul")
+def _matmul(c):
+    a, b = c.input(0), c.input(1)
+    if b.is_const and b.type.rank == 2 and a.type.rank >= 2:
+        w = c.const(np.ascontiguousarray(b.value.T), "weight")  # dense weight layout (O, K)
+        if a.type.rank == 2:
+            return c.add("dense", [a, w])
+        lead = a.shape[:-1]
+        flat = c.add("reshape", [a], {"shape": (int(np.prod(lead)), a.shape[-1])}, "flatten")
+        y = c.add("dense", [flat, w], suffix="dense")
+        return c.add("reshape", [y], {"shape": (*lead, w.shape[0])})
+    return c.add("matmul", [a, b])
+
+
+@converter("BatchNormalization")
+def _bn(c):
+    if c.attr("training_mode", 0):
+        c.fail("training_mode=1 is not supported (inference only)")
+    for k in (1, 2):
+        if len(c.onnx_node.output) > k and c.onnx_node.output[k]:
+            c.used_extra_output(k, "running statistics (training only)")
+    return c.add("batch_norm", [c.input(k) for k in range(5)], {"epsilon": float(c.attr("epsilon", 1e-5))})
+
+
+def _pool_attrs(c, x):
+    k = list(c.attr("kernel_shape"))
+    if len(k) != 2 or x.type.rank != 4:
+        c.fail(f"only 2-D pooling is supported (kernel_shape {k}, input {x.type})")
+    if any(d != 1 for d in c.attr("dilations", [1, 1])):
+        c.fail("dilated pooling is not supported")
+    strides = list(c.attr("strides", [1, 1]))
+    auto_pad = c.attr("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = _same_pads(c, x.shape[2:], k, strides, [1, 1], auto_pad)
+    else:
+        pads = [0, 0, 0, 0] if auto_pad == "VALID" else list(c.attr("pads", [0, 0, 0, 0]))
+    return {"kernel": k, "strides": strides, "pads": pads, "ceil_mode": int(c.attr("ceil_mode", 0))}
+
+
+@converter("MaxPool")
+def _maxpool(c):
+    if len(c.onnx_node.output) > 1 and c.onnx_node.output[1]:
+        c.used_extra_output(1, "the Indices output")
+    return c.add("max_pool2d", [c.input(0)], _pool_attrs(c, c.input(0)))
+
+
+@converter("AveragePool")
+def _avgpool(c):
+    attrs = _pool_attrs(c, c.input(0))
+    attrs["count_include_pad"] = int(c.attr("count_include_pad", 0))
+    return c.add("avg_pool2d", [c.input(0)], attrs)
+
+
+@converter("GlobalAveragePool")
+def _gap(c):
+    return c.add("global_avg_pool", [c.input(0)])
+
+
+@converter("Flatten")
+def _flatten(c):
+    x = c.input(0)
+    ax = int(c.attr("axis", 1)) % (x.type.rank + 1) if x.type.rank else 0
+    return c.add("reshape", [x], {"shape": (int(np.prod(x.shape[:ax])), int(np.prod(x.shape[ax:])))})
+
+
+@converter("Reshape")
+def _reshape(c):
+    x = c.input(0)
+    spec = [int(v) for v in c.value(1, "shape")]
+    allowzero = int(c.attr("allowzero", 0))
+    shape = [x.shape[i] if d == 0 and not allowzero else d for i, d in enumerate(spec)]
+    if shape.count(-1) > 1:
+        c.fail(f"shape {spec} has more than one -1")
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        if known == 0 or x.type.size % known:
+            c.fail(f"cannot reshape {x.type} to {spec}")
+        shape[shape.index(-1)] = x.type.size // known
+    return c.add("reshape", [x], {"shape": tuple(shape)})
+
+
+@converter("Squeeze")
+def _squeeze(c):
+    x = c.input(0)
+    axes = c.value(1, "axes") if c.opset >= 13 else c.attr("axes")
+    r = x.type.rank
+    axes = [i for i, d in enumerate(x.shape) if d == 1] if axes is None else [int(a) % r for a in np.ravel(axes)]
+    if any(x.shape[a] != 1 for a in axes):
+        c.fail(f"cannot squeeze axes {axes} of {x.type}")
+    return c.add("reshape", [x], {"shape": tuple(d for i, d in enumerate(x.shape) if i not in axes)})
+
+
+@converter("Unsqueeze")
+def _unsqueeze(c):
+    x = c.input(0)
+    axes = [int(a) for a in np.ravel(c.value(1, "axes"))]
+    r = x.type.rank + len(axes)
+    axes = sorted(a % r for a in axes)
+    shape = list(x.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return c.add("reshape", [x], {"shape": tuple(shape)})
+
+
+@converter("Transpose")
+def _transpose(c):
+    x = c.input(0)
+    perm = c.attr("perm")
+    perm = tuple(range(x.type.rank))[::-1] if perm is None else tuple(int(p) for p in perm)
+    return c.add("transpose", [x], {"perm": perm})
+
+
+@converter("Concat")
+def _concat(c):
+    ins = [c.input(k) for k in range(len(c.onnx_node.input))]
+    return c.add("concat", ins, {"axis": int(c.attr("axis")) % ins[0].type.rank})
+
+
+def _norm_slice(start, end, step, dim):
+    if start < 0:
+        start += dim
+    if end < 0:
+        end += dim
+    if step > 0:
+        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+    else:
+        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    return start, end
+
+
+@converter("Slice")
+def _slice(c):
+    x = c.input(0)
+    starts = [int(v) for v in c.value(1, "starts")]
+    ends = [int(v) for v in c.value(2, "ends")]
+    axes = [int(v) % x.type.rank for v in c.value(3, "axes", range(len(starts)))]
+    steps = [int(v) for v in c.value(4, "steps", [1] * len(starts))]
+    norm = [_norm_slice(s, e, st, x.shape[a]) for s, e, a, st in zip(starts, ends, axes, steps)]
+    return c.add("slice", [x], {"starts": tuple(s for s, _ in norm), "ends": tuple(e for _, e in norm),
+                                "axes": tuple(axes), "steps": tuple(steps)})
+
+
+@converter("Split")
+def _split(c):
+    x = c.input(0)
+    ax = int(c.attr("axis", 0)) % x.type.rank
+    n_out = len(c.onnx_node.output)
+    split = c.value(1, "split")
+    if split is None:
+        split = c.attr("split")
+    dim = x.shape[ax]
+    if split is None:
+        n = int(c.attr("num_outputs", n_out))
+        size = -(-dim // n)
+        split = [min(size, dim - k * size) for k in range(n)]
+    split = [int(s) for s in split]
+    if sum(split) != dim:
+        c.fail(f"split sizes {split} do not add up to dimension {dim}")
+    outs, start = [], 0
+    for k, s in enumerate(split):
+        outs.append(c.add("slice", [x], {"starts": (start,), "ends": (start + s,), "axes": (ax,), "steps": (1,)},
+                          str(k)))
+        start += s
+    return outs
+
+
+@converter("Pad")
+def _pad(c):
+    x = c.input(0)
+    r = x.type.rank
+    pads = [int(v) for v in c.value(1, "pads")]
+    value = c.value(2, "constant_value", 0.0)
+    axes = c.value(3, "axes")
+    if axes is not None:
+        full = [0] * (2 * r)
+        axes = [int(a) % r for a in axes]
+        for k, a in enumerate(axes):
+            full[a], full[a + r] = pads[k], pads[k + len(axes)]
+        pads = full
+    if min(pads) < 0:
+        c.fail(f"negative pads {pads} (cropping) are not supported")
+    mode = c.attr("mode", "constant")
+    if mode not in ("constant", "reflect", "edge"):
+        c.fail(f"pad mode {mode!r} is not supported (constant, reflect, edge)")
+    return c.add("pad", [x], {"pads": tuple(pads), "mode": mode, "value": float(np.asarray(value).reshape(-1)[0]) if np.size(value) else 0.0})
+
+
+@converter("Softmax")
+def _softmax(c):
+    return c.add("softmax", [c.input(0)], {"axis": int(c.attr("axis", -1)) % c.input(0).type.rank})
+
+
+@converter("LayerNormalization")
+def _layer_norm(c):
+    for k in (1, 2):
+        if len(c.onnx_node.output) > k and c.onnx_node.output[k]:
+            c.used_extra_output(k, "Mean/InvStdDev")
+    ins = [c.input(0), c.input(1)] + ([c.input(2)] if c.input(2) is not None else [])
+    return c.add("layer_norm", ins, {"axis": int(c.attr("axis", -1)) % c.input(0).type.rank,
+                                     "epsilon": float(c.attr("epsilon", 1e-5))})
+
+
+@converter("ReduceMean")
+def _reduce_mean(c):
+    x = c.input(0)
+    axes = c.value(1, "axes") if c.opset >= 18 else c.attr("axes")
+    if axes is None or np.size(axes) == 0:
+        if c.attr("noop_with_empty_axes", 0):
+            return x
+        axes = None
+    else:
+        axes = tuple(int(a) % x.type.rank for a in np.ravel(axes))
+    return c.add("reduce_mean", [x], {"axes": axes, "keepdims": int(c.attr("keepdims", 1))})
+
+
+@converter("QuantizeLinear")
+def _quantize_linear(c):
+    if c.attr("block_size", 0):
+        c.fail("blocked quantization is not supported")
+    ins = [c.input(k) for k in range(3) if c.input(k) is not None]
+    dt = "uint8"
+    odt = c.attr("output_dtype", 0)
+    if odt:
+        dt = str(_onnx().helper.tensor_dtype_to_np_dtype(odt))
+    return c.add("quantize_linear", ins, {"axis": int(c.attr("axis", 1)), "dtype": dt})
+
+
+@converter("DequantizeLinear")
+def _dequantize_linear(c):
+    if c.attr("block_size", 0):
+        c.fail("blocked quantization is not supported")
+    ins = [c.input(k) for k in range(3) if c.input(k) is not None]
+    return c.add("dequantize_linear", ins, {"axis": int(c.attr("axis", 1))})
+
+
+@converter("Shape")
+def _shape(c):
+    shape = np.asarray(c.input(0).shape, np.int64)
+    start, end = c.attr("start", 0), c.attr("end")
+    return c.const(shape[start:end], "shape")
+
+
+@converter("Gather")
+def _gather(c):
+    x = c.input(0)
+    idx = c.value(1, "indices")
+    ax = int(c.attr("axis", 0)) % x.type.rank
+    return c.add("take", [x], {"indices": np.asarray(idx, np.int64), "axis": ax})
+
+
+def _used_extra_output(self, k: int, what: str):
+    self.fail(f"output {k} ({what}) is used by the model; only inference outputs are supported")
+
+
+_Ctx.used_extra_output = _used_extra_output
+
+
+# ---- entry ------------------------------------------------------------------------------------
+def _input_shape(vi, shapes: dict) -> tuple[tuple[int, ...], str]:
+    onnx = _onnx()
+    tt = vi.type.tensor_type
+    dtype = str(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+    if vi.name in shapes:
+        return tuple(int(d) for d in shapes[vi.name]), dtype
+    dims = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value") and d.dim_value > 0:
+            dims.append(d.dim_value)
+        else:
+            sym = d.dim_param or "?"
+            raise ConversionError(f"input '{vi.name}' has a symbolic dimension {sym!r}; give static shapes "
+                                  f"with shapes={{'{vi.name}': (...)}}")
+    return tuple(dims), dtype
+
+
+def from_onnx(model, shapes: dict | None = None, name: str | None = None) -> Graph:
+    """Import an ONNX model (path, bytes or ModelProto) as a typed graph IR."""
+    model = load_model(model)
+    onnx = _onnx()
+    g = model.graph
+    unsupported: dict[str, list[str]] = {}
+    for k, n in enumerate(g.node):
+        op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        if op not in CONVERTERS:
+            unsupported.setdefault(op, []).append(n.name or f"{n.op_type}_{k}")
+    if unsupported:
+        raise UnsupportedOpError(unsupported)
+
+    ctx = _Ctx(default_opset(model))
+    shapes = dict(shapes or {})
+    inits = {t.name for t in g.initializer}
+    inputs = []
+    for vi in g.input:
+        if vi.name in inits:
+            continue
+        shape, dtype = _input_shape(vi, shapes)
+        node = Node.input(vi.name, shape, dtype)
+        inputs.append(node)
+        ctx.nodes.append(node)
+        ctx.env[vi.name] = node
+    for t in g.initializer:
+        try:
+            arr = onnx.numpy_helper.to_array(t)
+        except Exception as e:
+            raise ModelLoadError(f"initializer '{t.name}' cannot be read: {e}") from None
+        node = Node.const(arr, name=t.name)
+        ctx.nodes.append(node)
+        ctx.env[t.name] = node
+    for k, n in enumerate(g.node):
+        ctx.onnx_node, ctx.node_name = n, n.name or f"{n.op_type}_{k}"
+        for i in n.input:
+            if i and i not in ctx.env:
+                raise ConversionError(f"{n.op_type} '{ctx.node_name}': input '{i}' is not defined by an earlier "
+                                      f"node, an initializer or a graph input")
+        try:
+            result = CONVERTERS[n.op_type](ctx)
+        except (GraphError, ConversionError):
+            raise
+        except Exception as e:
+            raise ConversionError(f"{n.op_type} '{ctx.node_name}': cannot import: {type(e).__name__}: {e}") from e
+        outs = result if isinstance(result, list) else [result]
+        real_outputs = [o for o in n.output if o]
+        if len(outs) < len(real_outputs) and not isinstance(result, list):
+            real_outputs = real_outputs[:1]
+        for oname, node in zip(real_outputs, outs):
+            ctx.env[oname] = node
+    outputs, names = [], []
+    for vi in g.output:
+        if vi.name not in ctx.env:
+            raise ConversionError(f"graph output '{vi.name}' is not produced by any node")
+        outputs.append(ctx.env[vi.name])
+        names.append(vi.name)
+    return Graph(ctx.nodes, inputs, outputs, names, name or g.name or "model",
+                 meta={"onnx_opset": ctx.opset})

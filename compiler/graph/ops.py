@@ -1,0 +1,768 @@
+"""The op registry: for every graph op its attribute schema, type inference, fusion pattern and
+NumPy reference implementation.
+
+Ops come in groups (the table of contents below): leaves, float operators as imported from ONNX,
+ONNX's own QDQ ops, the shift-quantized int8 ops the accelerator runs, layout ops, and `fused`.
+The reference implementations define what every backend must compute; the int8 ones are exact
+integer arithmetic in the order the accelerator's ALU applies it (GEMM into int32, ADD bias, SHR,
+CLIP), so their results are bit-exact. Fusion patterns follow TVM's OpPattern.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Callable
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from .errors import OpError
+from .ir import Node, TensorType
+
+REQUIRED = object()
+INT8_MIN, INT8_MAX = -127, 127  # symmetric: -128 is never produced, so CLIP(dst, 127) suffices
+
+
+class Pattern(IntEnum):
+    """TVM's OpPattern: how an op may fuse. Lower is more fusable."""
+    ELEMWISE = 0  # out[i] = f(in[i])
+    BROADCAST = 1  # out[i] = f(a[i], b[broadcast(i)])
+    INJECTIVE = 2  # each output element reads one input element (reshape, transpose, pad)
+    COMM_REDUCE = 3  # commutative reduction (sum, mean, softmax's max/sum)
+    OUT_ELEMWISE_FUSABLE = 4  # conv/dense: elementwise followers fuse into its output
+    OPAQUE = 8  # never fused
+
+
+@dataclass
+class OpDef:
+    name: str
+    pattern: Pattern
+    infer: Callable[[Node], TensorType]
+    impl: Callable[..., np.ndarray] | None
+    arity: tuple[int, int]
+    attrs: dict = field(default_factory=dict)
+    doc: str = ""
+
+    def check_attrs(self, node: Node, attrs: dict) -> dict:
+        unknown = sorted(set(attrs) - set(self.attrs))
+        if unknown:
+            raise OpError(f"{self.name} '{node.name}': unknown attribute(s) {', '.join(unknown)}; "
+                          f"{self.name} takes {', '.join(self.attrs) or 'none'}")
+        out = {}
+        for k, default in self.attrs.items():
+            if k in attrs:
+                v = attrs[k]
+                out[k] = tuple(v) if isinstance(v, list) else v
+            elif default is REQUIRED:
+                raise OpError(f"{self.name} '{node.name}': missing required attribute {k!r}")
+            else:
+                out[k] = default
+        lo, hi = self.arity
+        if not lo <= len(node.inputs) <= hi:
+            want = str(lo) if lo == hi else f"{lo}..{hi}"
+            raise OpError(f"{self.name} '{node.name}': takes {want} inputs, got {len(node.inputs)}")
+        return out
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(name: str, pattern: Pattern, arity, attrs: dict | None = None, doc: str = ""):
+    """Decorator over a pair (infer, impl) returned by the decorated factory."""
+    def deco(fn):
+        infer, impl = fn()
+        REGISTRY[name] = OpDef(name, pattern, infer, impl, arity if isinstance(arity, tuple) else (arity, arity),
+                               attrs or {}, doc or (fn.__doc__ or "").strip())
+        return fn
+    return deco
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise OpError(f"unknown graph op {name!r}; registered ops are {', '.join(sorted(REGISTRY))}") from None
+
+
+def fail(node: Node, msg: str):
+    raise OpError(f"{node.op} '{node.name}': {msg}")
+
+
+def _t(shape, dtype) -> TensorType:
+    return TensorType(tuple(shape), dtype)
+
+
+def _same_dtype(node: Node) -> str:
+    dts = {i.dtype for i in node.inputs}
+    if len(dts) != 1:
+        fail(node, f"inputs have different dtypes {[i.dtype for i in node.inputs]}")
+    return dts.pop()
+
+
+def _float_input(node: Node, k: int = 0) -> str:
+    dt = node.inputs[k].dtype
+    if not dt.startswith("float"):
+        fail(node, f"input {k} must be float, got {dt}")
+    return dt
+
+
+# ---- leaves ------------------------------------------------------------------------------------
+@register("input", Pattern.OPAQUE, 0, doc="a graph input; its type is given at construction")
+def _input():
+    def infer(n):
+        fail(n, "an input node needs an explicit type")
+    return infer, None
+
+
+@register("const", Pattern.OPAQUE, 0, {"value": REQUIRED}, doc="a constant tensor")
+def _const():
+    def infer(n):
+        v = n.attrs["value"]
+        if not isinstance(v, np.ndarray):
+            fail(n, "value must be a numpy array")
+        return _t(v.shape, str(v.dtype))
+    return infer, lambda a: a["value"]
+
+
+# ---- float elementwise -------------------------------------------------------------------------
+def _unary(name: str, f, attrs=None, floats_only=True, doc=""):
+    def factory():
+        def infer(n):
+            dt = _float_input(n) if floats_only else n.inputs[0].dtype
+            return _t(n.inputs[0].shape, dt)
+
+        def impl(a, x):
+            return np.asarray(f(a, x)).astype(x.dtype, copy=False)
+        return infer, impl
+    register(name, Pattern.ELEMWISE, 1, attrs, doc)(factory)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+_unary("relu", lambda a, x: np.maximum(x, np.zeros((), x.dtype)), floats_only=False,
+       doc="max(x, 0); exact on int8 (the scale is positive)")
+_unary("sigmoid", lambda a, x: 1.0 / (1.0 + np.exp(-x.astype(np.float64))))
+_unary("tanh", lambda a, x: np.tanh(x))
+_unary("exp", lambda a, x: np.exp(x))
+_unary("sqrt", lambda a, x: np.sqrt(x))
+_unary("neg", lambda a, x: -x, floats_only=False)
+_unary("reciprocal", lambda a, x: 1.0 / x)
+_unary("erf", lambda a, x: _erf(x.astype(np.float64)))
+_unary("gelu", lambda a, x: (0.5 * x * (1 + _erf(x.astype(np.float64) / math.sqrt(2))) if a["approximate"] == "none"
+                             else 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x.astype(np.float64) ** 3)))),
+       {"approximate": "none"})
+_unary("leaky_relu", lambda a, x: np.where(x >= 0, x, x * a["alpha"]), {"alpha": 0.01})
+_unary("clip", lambda a, x: np.clip(x, -np.inf if a["min"] is None else a["min"], np.inf if a["max"] is None else a["max"]),
+       {"min": None, "max": None}, floats_only=False)
+
+
+@register("cast", Pattern.ELEMWISE, 1, {"to": REQUIRED}, doc="dtype conversion (ONNX Cast)")
+def _cast():
+    return (lambda n: _t(n.inputs[0].shape, n.attrs["to"]),
+            lambda a, x: x.astype(a["to"]))
+
+
+def _binary(name: str, f):
+    def factory():
+        def infer(n):
+            dt = _same_dtype(n)
+            try:
+                shape = np.broadcast_shapes(*(i.shape for i in n.inputs))
+            except ValueError:
+                fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
+            return _t(shape, dt)
+
+        def impl(a, x, y):
+            return np.asarray(f(x, y)).astype(x.dtype, copy=False)
+        return infer, impl
+    register(name, Pattern.BROADCAST, 2, doc=f"numpy-broadcasting {name}")(factory)
+
+
+_binary("add", np.add)
+_binary("sub", np.subtract)
+_binary("mul", np.multiply)
+_binary("div", np.divide)
+_binary("pow", np.power)
+
+
+# ---- conv / dense --------------------------------------------------------------------------------
+CONV_ATTRS = {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "groups": 1}
+
+
+def conv_out_hw(n: Node, hw, khw, strides, pads, dilations):
+    out = []
+    for k in range(2):
+        eff = (khw[k] - 1) * dilations[k] + 1
+        size = hw[k] + pads[k] + pads[k + 2] - eff
+        if size < 0:
+            fail(n, f"kernel {list(khw)} (dilated {eff}) larger than the padded input {list(hw)}")
+        out.append(size // strides[k] + 1)
+    return out
+
+
+def _conv_infer_common(n: Node, x: TensorType, w: TensorType, packed: bool):
+    a = n.attrs
+    if packed:  # x: N' C' H W bn bc ; w: O' I' KH KW bo bi
+        if x.rank != 6 or w.rank != 6:
+            fail(n, f"packed conv expects 6-d input and weight, got {x} and {w}")
+        if x.shape[1] * x.shape[5] != w.shape[1] * w.shape[5]:
+            fail(n, f"packed input channels {x.shape[1]}x{x.shape[5]} != weight's {w.shape[1]}x{w.shape[5]}")
+        ho, wo = conv_out_hw(n, x.shape[2:4], w.shape[2:4], a["strides"], a["pads"], a["dilations"])
+        return (x.shape[0], w.shape[0], ho, wo, x.shape[4], w.shape[4])
+    if x.rank != 4 or w.rank != 4:
+        fail(n, f"conv2d expects NCHW input and OIHW weight, got {x} and {w}")
+    g = a["groups"]
+    if x.shape[1] != w.shape[1] * g or w.shape[0] % g:
+        fail(n, f"input channels {x.shape[1]} != weight in-channels {w.shape[1]} x groups {g}")
+    ho, wo = conv_out_hw(n, x.shape[2:], w.shape[2:], a["strides"], a["pads"], a["dilations"])
+    return (x.shape[0], w.shape[0], ho, wo)
+
+
+def conv2d_ref(x, w, strides, pads, dilations, groups, acc=np.float64):
+    """Direct conv (NCHW, OIHW) in `acc` precision via a windowed einsum."""
+    pt, pl, pb, pr = pads
+    xp = np.pad(x.astype(acc), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    kh, kw = w.shape[2:]
+    eh, ew = (kh - 1) * dilations[0] + 1, (kw - 1) * dilations[1] + 1
+    win = sliding_window_view(xp, (eh, ew), axis=(2, 3))[:, :, ::strides[0], ::strides[1], ::dilations[0], ::dilations[1]]
+    n, c, ho, wo = win.shape[:4]
+    o = w.shape[0]
+    win = win.reshape(n, groups, c // groups, ho, wo, kh, kw)
+    wg = w.astype(acc).reshape(groups, o // groups, c // groups, kh, kw)
+    y = np.einsum("ngchwkl,gockl->ngohw", win, wg, optimize=True)
+    return y.reshape(n, o, ho, wo)
+
+
+@register("conv2d", Pattern.OUT_ELEMWISE_FUSABLE, (2, 3), CONV_ATTRS, doc="2-D convolution, NCHW x OIHW (+ bias O)")
+def _conv2d():
+    def infer(n):
+        dt = _same_dtype(n)
+        return _t(_conv_infer_common(n, n.inputs[0].type, n.inputs[1].type, False), dt)
+
+    def impl(a, x, w, b=None):
+        y = conv2d_ref(x, w, a["strides"], a["pads"], a["dilations"], a["groups"])
+        if b is not None:
+            y = y + b.reshape(1, -1, 1, 1)
+        return y.astype(x.dtype)
+    return infer, impl
+
+
+@register("conv2d_transpose", Pattern.OUT_ELEMWISE_FUSABLE, (2, 3), {**CONV_ATTRS, "output_padding": (0, 0)},
+          doc="2-D transposed convolution, NCHW x (C, O/groups, KH, KW) (+ bias)")
+def _conv2d_transpose():
+    def infer(n):
+        dt = _same_dtype(n)
+        x, w, a = n.inputs[0].type, n.inputs[1].type, n.attrs
+        if x.rank != 4 or w.rank != 4 or x.shape[1] != w.shape[0]:
+            fail(n, f"expects NCHW input and (C, O/g, KH, KW) weight with matching C, got {x} and {w}")
+        hw = [(x.shape[2 + k] - 1) * a["strides"][k] + (w.shape[2 + k] - 1) * a["dilations"][k] + 1
+              + a["output_padding"][k] - a["pads"][k] - a["pads"][k + 2] for k in range(2)]
+        return _t((x.shape[0], w.shape[1] * a["groups"], *hw), dt)
+
+    def impl(a, x, w, b=None):
+        n_, c, h, wd = x.shape
+        g = a["groups"]
+        _, og, kh, kw = w.shape
+        (sh, sw), (dh, dw), (oph, opw) = a["strides"], a["dilations"], a["output_padding"]
+        hf, wf = (h - 1) * sh + (kh - 1) * dh + 1 + oph, (wd - 1) * sw + (kw - 1) * dw + 1 + opw
+        full = np.zeros((n_, g, og, hf, wf))
+        xg = x.astype(np.float64).reshape(n_, g, c // g, h, wd)
+        wg = w.astype(np.float64).reshape(g, c // g, og, kh, kw)
+        for i in range(kh):
+            for j in range(kw):
+                full[:, :, :, i * dh:i * dh + (h - 1) * sh + 1:sh, j * dw:j * dw + (wd - 1) * sw + 1:sw] += \
+                    np.einsum("ngchw,gco->ngohw", xg, wg[:, :, :, i, j])
+        pt, pl, pb, pr = a["pads"]
+        y = full.reshape(n_, g * og, hf, wf)[:, :, pt:hf - pb, pl:wf - pr]
+        if b is not None:
+            y = y + b.reshape(1, -1, 1, 1)
+        return y.astype(x.dtype)
+    return infer, impl
+
+
+@register("dense", Pattern.OUT_ELEMWISE_FUSABLE, (2, 3), doc="y = x @ w.T (+ b); x (N, K), w (O, K)")
+def _dense():
+    def infer(n):
+        dt = _same_dtype(n)
+        x, w = n.inputs[0].type, n.inputs[1].type
+        if x.rank != 2 or w.rank != 2 or x.shape[1] != w.shape[1]:
+            fail(n, f"expects x (N, K) and w (O, K), got {x} and {w}")
+        return _t((x.shape[0], w.shape[0]), dt)
+
+    def impl(a, x, w, b=None):
+        y = x.astype(np.float64) @ w.astype(np.float64).T
+        return (y if b is None else y + b).astype(x.dtype)
+    return infer, impl
+
+
+@register("matmul", Pattern.OUT_ELEMWISE_FUSABLE, 2, doc="numpy matmul with broadcasting batch dims")
+def _matmul():
+    def infer(n):
+        dt = _same_dtype(n)
+        a, b = n.inputs[0].shape, n.inputs[1].shape
+        if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
+            fail(n, f"cannot multiply {list(a)} by {list(b)}")
+        try:
+            batch = np.broadcast_shapes(a[:-2], b[:-2])
+        except ValueError:
+            fail(n, f"batch dims of {list(a)} and {list(b)} do not broadcast")
+        return _t((*batch, a[-2], b[-1]), dt)
+    return infer, lambda a, x, y: np.matmul(x.astype(np.float64), y.astype(np.float64)).astype(x.dtype)
+
+
+@register("batch_norm", Pattern.BROADCAST, 5, {"epsilon": 1e-5},
+          doc="inference batch norm over axis 1: (x - mean) / sqrt(var + eps) * scale + bias")
+def _batch_norm():
+    def infer(n):
+        return _t(n.inputs[0].shape, _float_input(n))
+
+    def impl(a, x, s, b, m, v):
+        sh = (1, -1) + (1,) * (x.ndim - 2)
+        inv = s.astype(np.float64) / np.sqrt(v.astype(np.float64) + a["epsilon"])
+        return ((x - m.reshape(sh)) * inv.reshape(sh) + b.reshape(sh)).astype(x.dtype)
+    return infer, impl
+
+
+# ---- pooling / reductions -----------------------------------------------------------------------
+POOL_ATTRS = {"kernel": REQUIRED, "strides": (1, 1), "pads": (0, 0, 0, 0), "ceil_mode": 0}
+
+
+def pool_out_hw(n, hw, a):
+    out = []
+    for k in range(2):
+        span = hw[k] + a["pads"][k] + a["pads"][k + 2] - a["kernel"][k]
+        o = (-(-span // a["strides"][k]) if a["ceil_mode"] else span // a["strides"][k]) + 1
+        if a["ceil_mode"] and (o - 1) * a["strides"][k] >= hw[k] + a["pads"][k]:
+            o -= 1  # the last window must start inside the input or its left padding
+        if o < 1:
+            fail(n, f"kernel {list(a['kernel'])} larger than the padded input {list(hw)}")
+        out.append(o)
+    return out
+
+
+def _pool_windows(x, a, fill, out_hw):
+    pt, pl, pb, pr = a["pads"]
+    eb = max(0, (out_hw[0] - 1) * a["strides"][0] + a["kernel"][0] - (x.shape[2] + pt + pb))
+    er = max(0, (out_hw[1] - 1) * a["strides"][1] + a["kernel"][1] - (x.shape[3] + pl + pr))
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb + eb), (pl, pr + er)), constant_values=fill)
+    win = sliding_window_view(xp, tuple(a["kernel"]), axis=(2, 3))[:, :, ::a["strides"][0], ::a["strides"][1]]
+    return win[:, :, :out_hw[0], :out_hw[1]], (eb, er)
+
+
+def _pool_infer(n):
+    x = n.inputs[0].type
+    if x.rank != 4:
+        fail(n, f"expects an NCHW input, got {x}")
+    return _t((*x.shape[:2], *pool_out_hw(n, x.shape[2:], n.attrs)), x.dtype)
+
+
+@register("max_pool2d", Pattern.OUT_ELEMWISE_FUSABLE, 1, POOL_ATTRS, doc="2-D max pooling (exact on int8)")
+def _max_pool():
+    def impl(a, x):
+        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        win, _ = _pool_windows(x, a, fill, pool_out_hw(None, x.shape[2:], a))
+        return win.max(axis=(-2, -1)).astype(x.dtype)
+    return _pool_infer, impl
+
+
+@register("avg_pool2d", Pattern.OUT_ELEMWISE_FUSABLE, 1, {**POOL_ATTRS, "count_include_pad": 0},
+          doc="2-D average pooling")
+def _avg_pool():
+    def impl(a, x):
+        out_hw = pool_out_hw(None, x.shape[2:], a)
+        win, (eb, er) = _pool_windows(x.astype(np.float64), a, 0.0, out_hw)
+        ones = np.ones((1, 1) + x.shape[2:])
+        pt, pl, pb, pr = a["pads"]
+        if a["count_include_pad"]:
+            ones = np.pad(ones, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=1.0)
+            cnt, _ = _pool_windows(ones, {**a, "pads": (0, 0, 0, 0)}, 0.0, out_hw)
+        else:
+            cnt, _ = _pool_windows(ones, a, 0.0, out_hw)
+        return (win.sum(axis=(-2, -1)) / cnt.sum(axis=(-2, -1))).astype(x.dtype)
+    return _pool_infer, impl
+
+
+@register("global_avg_pool", Pattern.OUT_ELEMWISE_FUSABLE, 1, doc="mean over H, W keeping dims")
+def _gap():
+    def infer(n):
+        x = n.inputs[0].type
+        if x.rank < 3:
+            fail(n, f"expects N C spatial..., got {x}")
+        return _t(x.shape[:2] + (1,) * (x.rank - 2), _float_input(n))
+    return infer, lambda a, x: x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=np.float64).astype(x.dtype)
+
+
+def _norm_axes(n, axes, rank):
+    out = []
+    for ax in axes:
+        if not -rank <= ax < rank:
+            fail(n, f"axis {ax} out of range for rank {rank}")
+        out.append(ax % rank)
+    return tuple(sorted(set(out)))
+
+
+@register("reduce_mean", Pattern.COMM_REDUCE, 1, {"axes": None, "keepdims": 1}, doc="mean over axes (None: all)")
+def _reduce_mean():
+    def infer(n):
+        x = n.inputs[0].type
+        axes = tuple(range(x.rank)) if n.attrs["axes"] is None else _norm_axes(n, n.attrs["axes"], x.rank)
+        shape = [1 if k in axes else d for k, d in enumerate(x.shape)] if n.attrs["keepdims"] else \
+            [d for k, d in enumerate(x.shape) if k not in axes]
+        return _t(shape, _float_input(n))
+
+    def impl(a, x):
+        axes = None if a["axes"] is None else tuple(ax % x.ndim for ax in a["axes"])
+        return x.mean(axis=axes, keepdims=bool(a["keepdims"]), dtype=np.float64).astype(x.dtype)
+    return infer, impl
+
+
+@register("softmax", Pattern.OPAQUE, 1, {"axis": -1}, doc="softmax along one axis")
+def _softmax():
+    def infer(n):
+        _norm_axes(n, [n.attrs["axis"]], n.inputs[0].type.rank)
+        return _t(n.inputs[0].shape, _float_input(n))
+
+    def impl(a, x):
+        z = x.astype(np.float64)
+        e = np.exp(z - z.max(axis=a["axis"], keepdims=True))
+        return (e / e.sum(axis=a["axis"], keepdims=True)).astype(x.dtype)
+    return infer, impl
+
+
+@register("layer_norm", Pattern.OPAQUE, (2, 3), {"axis": -1, "epsilon": 1e-5},
+          doc="normalize over axes [axis, rank), then * scale + bias")
+def _layer_norm():
+    def infer(n):
+        _norm_axes(n, [n.attrs["axis"]], n.inputs[0].type.rank)
+        return _t(n.inputs[0].shape, _float_input(n))
+
+    def impl(a, x, s, b=None):
+        axes = tuple(range(a["axis"] % x.ndim, x.ndim))
+        z = x.astype(np.float64)
+        m = z.mean(axis=axes, keepdims=True)
+        v = ((z - m) ** 2).mean(axis=axes, keepdims=True)
+        y = (z - m) / np.sqrt(v + a["epsilon"]) * s
+        return (y if b is None else y + b).astype(x.dtype)
+    return infer, impl
+
+
+# ---- injective ---------------------------------------------------------------------------------
+@register("reshape", Pattern.INJECTIVE, 1, {"shape": REQUIRED}, doc="reshape to a static shape")
+def _reshape():
+    def infer(n):
+        x = n.inputs[0].type
+        shape = tuple(n.attrs["shape"])
+        if int(np.prod(shape, dtype=np.int64)) != x.size:
+            fail(n, f"cannot reshape {x} to {list(shape)}")
+        return _t(shape, x.dtype)
+    return infer, lambda a, x: x.reshape(a["shape"])
+
+
+@register("transpose", Pattern.INJECTIVE, 1, {"perm": REQUIRED}, doc="permute axes")
+def _transpose():
+    def infer(n):
+        x = n.inputs[0].type
+        if sorted(n.attrs["perm"]) != list(range(x.rank)):
+            fail(n, f"perm {list(n.attrs['perm'])} is not a permutation of {x.rank} axes")
+        return _t([x.shape[p] for p in n.attrs["perm"]], x.dtype)
+    return infer, lambda a, x: np.ascontiguousarray(np.transpose(x, a["perm"]))
+
+
+@register("concat", Pattern.INJECTIVE, (1, 1 << 16), {"axis": REQUIRED}, doc="concatenate along one axis")
+def _concat():
+    def infer(n):
+        dt = _same_dtype(n)
+        r = n.inputs[0].type.rank
+        ax = _norm_axes(n, [n.attrs["axis"]], r)[0]
+        shapes = [list(i.shape) for i in n.inputs]
+        for s in shapes:
+            if len(s) != r or any(s[k] != shapes[0][k] for k in range(r) if k != ax):
+                fail(n, f"shapes {shapes} differ outside axis {ax}")
+        out = list(shapes[0])
+        out[ax] = sum(s[ax] for s in shapes)
+        return _t(out, dt)
+    return infer, lambda a, *xs: np.concatenate(xs, axis=a["axis"])
+
+
+def _slice_index(starts, ends, axes, steps, shape):
+    idx = [slice(None)] * len(shape)
+    for s, e, ax, st in zip(starts, ends, axes, steps):
+        idx[ax] = slice(s, None if e < 0 else e, st)  # ends are normalized: -1 means "past index 0"
+    return tuple(idx)
+
+
+@register("slice", Pattern.INJECTIVE, 1, {"starts": REQUIRED, "ends": REQUIRED, "axes": REQUIRED, "steps": REQUIRED},
+          doc="strided slice; starts/ends normalized to [0, dim] (ends may be -1 for negative steps)")
+def _slice():
+    def infer(n):
+        x = n.inputs[0].type
+        a = n.attrs
+        shape = list(x.shape)
+        for s, e, ax, st in zip(a["starts"], a["ends"], a["axes"], a["steps"]):
+            if not 0 <= ax < x.rank or st == 0:
+                fail(n, f"bad axis {ax} or step {st}")
+            shape[ax] = len(range(s, e, st))
+        return _t(shape, x.dtype)
+    return infer, lambda a, x: np.ascontiguousarray(x[_slice_index(a["starts"], a["ends"], a["axes"], a["steps"], x.shape)])
+
+
+@register("pad", Pattern.INJECTIVE, 1, {"pads": REQUIRED, "mode": "constant", "value": 0.0},
+          doc="pads = (begin_0..begin_r-1, end_0..end_r-1) as ONNX; modes constant, reflect, edge")
+def _pad():
+    def infer(n):
+        x = n.inputs[0].type
+        p = n.attrs["pads"]
+        if len(p) != 2 * x.rank or min(p) < 0:
+            fail(n, f"pads {list(p)} must be 2 x rank {x.rank} non-negative values")
+        if n.attrs["mode"] not in ("constant", "reflect", "edge"):
+            fail(n, f"unknown pad mode {n.attrs['mode']!r}; modes are constant, reflect, edge")
+        return _t([d + p[k] + p[k + x.rank] for k, d in enumerate(x.shape)], x.dtype)
+
+    def impl(a, x):
+        r = x.ndim
+        widths = [(a["pads"][k], a["pads"][k + r]) for k in range(r)]
+        if a["mode"] == "constant":
+            return np.pad(x, widths, constant_values=np.asarray(a["value"]).astype(x.dtype))
+        return np.pad(x, widths, mode=a["mode"])
+    return infer, impl
+
+
+# ---- ONNX QDQ (affine, as in the model file) ---------------------------------------------------
+def _qparam_shape(x_ndim, axis, scale):
+    if scale.ndim == 0 or scale.size == 1:
+        return scale.reshape(())
+    sh = [1] * x_ndim
+    sh[axis % x_ndim] = -1
+    return scale.reshape(sh)
+
+
+@register("quantize_linear", Pattern.ELEMWISE, (2, 3), {"axis": 1, "dtype": "uint8"},
+          doc="ONNX QuantizeLinear: saturate(round_half_even(x / scale) + zero_point)")
+def _quantize_linear():
+    def infer(n):
+        dt = n.inputs[2].dtype if len(n.inputs) == 3 else n.attrs["dtype"]
+        return _t(n.inputs[0].shape, dt)
+
+    def impl(a, x, s, zp=None):
+        dt = np.dtype(a["dtype"] if zp is None else zp.dtype)
+        zp = np.zeros((), dt) if zp is None else zp
+        q = np.rint(x.astype(np.float64) / _qparam_shape(x.ndim, a["axis"], s)) + _qparam_shape(x.ndim, a["axis"], zp)
+        info = np.iinfo(dt)
+        return np.clip(q, info.min, info.max).astype(dt)
+    return infer, impl
+
+
+@register("dequantize_linear", Pattern.ELEMWISE, (2, 3), {"axis": 1},
+          doc="ONNX DequantizeLinear: (x - zero_point) * scale")
+def _dequantize_linear():
+    def infer(n):
+        return _t(n.inputs[0].shape, n.inputs[1].dtype)
+
+    def impl(a, x, s, zp=None):
+        z = 0 if zp is None else _qparam_shape(x.ndim, a["axis"], zp).astype(np.float64)
+        return ((x.astype(np.float64) - z) * _qparam_shape(x.ndim, a["axis"], s)).astype(s.dtype)
+    return infer, impl
+
+
+# ---- shift-quantized int8 (what the accelerator computes) --------------------------------------
+def shift_right_round(acc: np.ndarray, s: int) -> np.ndarray:
+    """acc * 2^-s rounded half up, as ADD 2^(s-1) then SHR s (SHR by a negative s shifts left)."""
+    acc = acc.astype(np.int64)
+    if s > 0:
+        return (acc + (1 << (s - 1))) >> s
+    return acc << (-s)
+
+
+def clip_int8(v: np.ndarray) -> np.ndarray:
+    return np.clip(v, INT8_MIN, INT8_MAX).astype(np.int8)
+
+
+def wrap_int32(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.int64).astype(np.int32).astype(np.int64)
+
+
+@register("quantize", Pattern.ELEMWISE, 1, {"shift": REQUIRED},
+          doc="float -> int8: clip(round_half_even(x * 2^shift), -127, 127)")
+def _quantize():
+    return (lambda n: _t(n.inputs[0].shape, "int8"),
+            lambda a, x: clip_int8(np.rint(x.astype(np.float64) * 2.0 ** a["shift"])))
+
+
+@register("dequantize", Pattern.ELEMWISE, 1, {"shift": REQUIRED}, doc="int8 -> float32: q * 2^-shift")
+def _dequantize():
+    return (lambda n: _t(n.inputs[0].shape, "float32"),
+            lambda a, x: (x.astype(np.float64) * 2.0 ** -a["shift"]).astype(np.float32))
+
+
+@register("requantize", Pattern.ELEMWISE, 1, {"in_shift": REQUIRED, "out_shift": REQUIRED},
+          doc="int8 at 2^-in_shift -> int8 at 2^-out_shift (round, SHR, CLIP)")
+def _requantize():
+    return (lambda n: _t(n.inputs[0].shape, "int8"),
+            lambda a, x: clip_int8(shift_right_round(x, a["in_shift"] - a["out_shift"])))
+
+
+QCONV_ATTRS = {**CONV_ATTRS, "in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NCHW"}
+
+
+def requant_shift(a) -> int:
+    return a["in_shift"] + a["w_shift"] - a["out_shift"]
+
+
+def _check_qint(n):
+    x, w, b = (i.dtype for i in n.inputs)
+    if (x, w, b) != ("int8", "int8", "int32"):
+        fail(n, f"expects int8 input, int8 weight, int32 bias; got {x}, {w}, {b}")
+
+
+@register("qconv2d", Pattern.OUT_ELEMWISE_FUSABLE, 3, QCONV_ATTRS,
+          doc="int8 conv: acc = conv(x, w) + b in int32 (b holds the rounding half), "
+              "then SHR (in_shift + w_shift - out_shift), CLIP to [-127, 127]")
+def _qconv2d():
+    def infer(n):
+        _check_qint(n)
+        packed = n.attrs["layout"] == "NCHWnc"
+        return _t(_conv_infer_common(n, n.inputs[0].type, n.inputs[1].type, packed), "int8")
+
+    def impl(a, x, w, b):
+        packed = a["layout"] == "NCHWnc"
+        if packed:
+            bn, bo = x.shape[4], w.shape[4]
+            x, w = unpack_ref(x, None), unpack_ref(w, None)
+        acc = np.rint(conv2d_ref(x, w, a["strides"], a["pads"], a["dilations"], a["groups"])).astype(np.int64)
+        acc = wrap_int32(acc + b.astype(np.int64).reshape(1, -1, 1, 1))
+        y = clip_int8(shift_right_round(acc, requant_shift(a)))
+        return pack_ref(y, (bn, bo)) if packed else y
+    return infer, impl
+
+
+@register("qdense", Pattern.OUT_ELEMWISE_FUSABLE, 3,
+          {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NC"},
+          doc="int8 dense: acc = x @ w.T + b in int32, then SHR, CLIP")
+def _qdense():
+    def infer(n):
+        _check_qint(n)
+        x, w = n.inputs[0].type, n.inputs[1].type
+        if n.attrs["layout"] == "NCnc":
+            if x.rank != 4 or w.rank != 4 or x.shape[1] * x.shape[3] != w.shape[1] * w.shape[3]:
+                fail(n, f"packed dense expects x (N', K', bn, bi), w (O', K', bo, bi), got {x} and {w}")
+            return _t((x.shape[0], w.shape[0], x.shape[2], w.shape[2]), "int8")
+        if x.rank != 2 or w.rank != 2 or x.shape[1] != w.shape[1]:
+            fail(n, f"expects x (N, K) and w (O, K), got {x} and {w}")
+        return _t((x.shape[0], w.shape[0]), "int8")
+
+    def impl(a, x, w, b):
+        packed = a["layout"] == "NCnc"
+        if packed:
+            bn, bo = x.shape[2], w.shape[2]
+            x, w = unpack_ref(x, None), unpack_ref(w, None)
+        acc = np.rint(x.astype(np.float64) @ w.astype(np.float64).T).astype(np.int64)
+        acc = wrap_int32(acc + b.astype(np.int64))
+        y = clip_int8(shift_right_round(acc, requant_shift(a)))
+        return pack_ref(y, (bn, bo)) if packed else y
+    return infer, impl
+
+
+@register("qadd", Pattern.BROADCAST, 2, {"a_shift": REQUIRED, "b_shift": REQUIRED, "out_shift": REQUIRED},
+          doc="int8 + int8: align both to the finer scale by left shifts, ADD, round, SHR, CLIP")
+def _qadd():
+    def infer(n):
+        if [i.dtype for i in n.inputs] != ["int8", "int8"]:
+            fail(n, f"expects two int8 inputs, got {[i.dtype for i in n.inputs]}")
+        try:
+            return _t(np.broadcast_shapes(*(i.shape for i in n.inputs)), "int8")
+        except ValueError:
+            fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
+
+    def impl(a, x, y):
+        m = max(a["a_shift"], a["b_shift"])
+        s = (x.astype(np.int64) << (m - a["a_shift"])) + (y.astype(np.int64) << (m - a["b_shift"]))
+        return clip_int8(shift_right_round(wrap_int32(s), m - a["out_shift"]))
+    return infer, impl
+
+
+# ---- layout ------------------------------------------------------------------------------------
+def packed_shape(shape, block):
+    """(N, C, *rest) -> (ceil(N/b0), ceil(C/b1), *rest, b0, b1)."""
+    b0, b1 = block
+    return (-(-shape[0] // b0), -(-shape[1] // b1), *shape[2:], b0, b1)
+
+
+def pack_ref(x, block):
+    b0, b1 = block
+    n, c = x.shape[:2]
+    rest = x.shape[2:]
+    n2, c2 = -(-n // b0), -(-c // b1)
+    xp = np.zeros((n2 * b0, c2 * b1, *rest), x.dtype)
+    xp[:n, :c] = x
+    r = len(rest)
+    y = xp.reshape(n2, b0, c2, b1, *rest)
+    return np.ascontiguousarray(y.transpose(0, 2, *range(4, 4 + r), 1, 3))
+
+
+def unpack_ref(x, shape):
+    """Inverse of pack_ref; shape=None keeps the padding."""
+    r = x.ndim - 4
+    n2, c2, b0, b1 = x.shape[0], x.shape[1], x.shape[-2], x.shape[-1]
+    rest = x.shape[2:2 + r]
+    y = x.transpose(0, 2 + r, 1, 3 + r, *range(2, 2 + r)).reshape(n2 * b0, c2 * b1, *rest)
+    if shape is not None:
+        y = y[:shape[0], :shape[1]]
+    return np.ascontiguousarray(y)
+
+
+@register("pack", Pattern.INJECTIVE, 1, {"block": REQUIRED},
+          doc="N C ... -> N' C' ... b0 b1 with zero padding to whole blocks (activations NCHWnc, weights OIHWoi)")
+def _pack():
+    def infer(n):
+        x = n.inputs[0].type
+        if x.rank < 2:
+            fail(n, f"needs at least 2 dims, got {x}")
+        return _t(packed_shape(x.shape, n.attrs["block"]), x.dtype)
+    return infer, lambda a, x: pack_ref(x, a["block"])
+
+
+@register("unpack", Pattern.INJECTIVE, 1, {"shape": REQUIRED}, doc="inverse of pack, cropping to `shape`")
+def _unpack():
+    def infer(n):
+        x = n.inputs[0].type
+        shape = tuple(n.attrs["shape"])
+        if x.rank != len(shape) + 2 or packed_shape(shape, x.shape[-2:]) != x.shape:
+            fail(n, f"{x} is not a packing of shape {list(shape)}")
+        return _t(shape, x.dtype)
+    return infer, lambda a, x: unpack_ref(x, a["shape"])
+
+
+# ---- fused groups ------------------------------------------------------------------------------
+@register("fused", Pattern.OPAQUE, (0, 1 << 16), {"body": REQUIRED, "pattern": REQUIRED},
+          doc="a fused group: its body graph's inputs are this node's inputs")
+def _fused():
+    def infer(n):
+        body = n.attrs["body"]
+        if len(body.inputs) != len(n.inputs) or len(body.outputs) != 1:
+            fail(n, f"body has {len(body.inputs)} inputs / {len(body.outputs)} outputs for {len(n.inputs)} inputs")
+        for bi, i in zip(body.inputs, n.inputs):
+            if bi.type != i.type:
+                fail(n, f"body input '{bi.name}' is {bi.type}, given {i.type}")
+        return body.outputs[0].type
+
+    def impl(a, *xs):
+        from .interpret import run
+        return run(a["body"], list(xs))[0]
+    return infer, impl
+
+
+FLOAT_OPS = ("conv2d", "conv2d_transpose", "dense", "matmul", "batch_norm", "add", "sub", "mul", "div")
+QUANT_OPS = ("qconv2d", "qdense", "qadd", "quantize", "dequantize", "requantize")
+
+
+@register("take", Pattern.INJECTIVE, 1, {"indices": REQUIRED, "axis": 0},
+          doc="gather constant indices along one axis (ONNX Gather with constant indices)")
+def _take():
+    def infer(n):
+        x = n.inputs[0].type
+        ax = _norm_axes(n, [n.attrs["axis"]], x.rank)[0]
+        idx = np.asarray(n.attrs["indices"])
+        if idx.size and (idx.min() < -x.shape[ax] or idx.max() >= x.shape[ax]):
+            fail(n, f"indices out of range for axis {ax} of size {x.shape[ax]}")
+        return _t(x.shape[:ax] + idx.shape + x.shape[ax + 1:], x.dtype)
+    return infer, lambda a, x: np.take(x, np.asarray(a["indices"]), axis=a["axis"])

@@ -1,0 +1,81 @@
+"""FuseOps: group ops into fused kernels by TVM's rules on op patterns. A conv/dense/pool
+(OUT_ELEMWISE_FUSABLE) absorbs the elementwise and broadcast ops after it (bias, relu, residual
+add, requantize); chains of injective/elementwise ops fuse together; injective ops fuse into the
+reduction they feed. Only a producer whose single user is the consumer fuses (the conservative
+case of TVM's post-dominator rule), only within one target, and a group has at most one
+conv/dense/pool/reduce. Each group of two or more ops becomes one `fused` node whose body is a
+graph; constants stay outside as its inputs (weights live in their own buffers)."""
+from __future__ import annotations
+
+from ..ir import Graph, Node
+from ..ops import Pattern, get_op
+
+
+def _fusable(group_pattern: Pattern, consumer: Pattern) -> bool:
+    if group_pattern == Pattern.OUT_ELEMWISE_FUSABLE:
+        return consumer <= Pattern.BROADCAST
+    if group_pattern <= Pattern.INJECTIVE:
+        return consumer <= Pattern.INJECTIVE or consumer == Pattern.COMM_REDUCE
+    return False
+
+
+def fuse_ops(graph: Graph) -> Graph:
+    """Fuse ops into `fused` nodes (see module doc); graph.meta['fusion'] lists the groups."""
+    users = graph.users()
+    outputs = {id(o) for o in graph.outputs}
+    group: dict[int, list[Node]] = {}  # id(node) -> its group (a shared list)
+    pattern: dict[int, Pattern] = {}  # id(group list) -> group pattern
+    for n in graph.ops:
+        p = get_op(n.op).pattern
+        joined = None
+        for i in n.inputs:
+            if id(i) not in group or len(users[id(i)]) != 1 or id(i) in outputs or i.target != n.target:
+                continue
+            g = group[id(i)]
+            gp = pattern[id(g)]
+            if g[-1] is not i or not _fusable(gp, p):
+                continue
+            joined = g
+            g.append(n)
+            pattern[id(g)] = max(gp, p)
+            break
+        if joined is None:
+            joined = [n]
+            pattern[id(joined)] = p
+        group[id(n)] = joined
+
+    mapping: dict[int, Node] = {}
+    nodes: list[Node] = []
+    fusion = []
+    for n in graph.nodes:
+        g = group.get(id(n))
+        if g is None or len(g) == 1:
+            m = n if not n.inputs or all(mapping[id(i)] is i for i in n.inputs) else \
+                n.with_inputs([mapping[id(i)] for i in n.inputs])
+            mapping[id(n)] = m
+            nodes.append(m)
+            continue
+        if n is not g[-1]:
+            continue  # built when its group's output node is reached
+        members = {id(m) for m in g}
+        ext: list[Node] = []
+        for m in g:
+            for i in m.inputs:
+                if id(i) not in members and not any(i is e for e in ext):
+                    ext.append(i)
+        params = [Node.input(f"p{k}", e.shape, e.dtype) for k, e in enumerate(ext)]
+        inner: dict[int, Node] = {id(e): p for e, p in zip(ext, params)}
+        body_nodes = list(params)
+        for m in g:
+            b = m.with_inputs([inner[id(i)] for i in m.inputs])
+            inner[id(m)] = b
+            body_nodes.append(b)
+        label = "fused_" + "_".join(m.op for m in g)
+        body = Graph(body_nodes, params, [inner[id(g[-1])]], [n.name], label)
+        f = Node("fused", [mapping[id(e)] for e in ext], {"body": body, "pattern": pattern[id(g)].name},
+                 name=n.name, target=n.target, origin=label)
+        mapping[id(n)] = f
+        nodes.append(f)
+        fusion.append({"name": n.name, "ops": [m.op for m in g], "target": n.target, "pattern": pattern[id(g)].name})
+    return Graph(nodes, [mapping[id(i)] for i in graph.inputs], [mapping[id(o)] for o in graph.outputs],
+                 graph.output_names, graph.name, {**graph.meta, "fusion": fusion})

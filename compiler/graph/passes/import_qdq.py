@@ -1,0 +1,57 @@
+"""ImportQDQ: take a QDQ model's activation scales instead of calibrating. Each
+dequantize_linear(quantize_linear(x)) pair with constant per-tensor scale is removed and x's
+range recorded; the power-of-two shift is floor(-log2(scale)) for symmetric int8 (a step at least
+as fine as the model's, range within 1 bit), else derived from the represented range.
+Weights stored as int8 + DequantizeLinear fold to float constants first (fold_constants)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..ir import Graph, Node, rewrite
+from .quantize import SHIFT_RANGE, Calibration, pow2_shift
+
+
+def _qdq_range(q: Node) -> tuple[float, int] | None:
+    """(absmax, shift) for a quantize_linear with constant per-tensor parameters, else None."""
+    if not all(i.is_const for i in q.inputs[1:]) or q.inputs[1].type.size != 1:
+        return None
+    s = float(q.inputs[1].value.reshape(-1)[0])
+    zp = int(q.inputs[2].value.reshape(-1)[0]) if len(q.inputs) == 3 else 0
+    info = np.iinfo(q.dtype)
+    absmax = max(abs((info.min - zp) * s), abs((info.max - zp) * s))
+    if q.dtype == "int8" and zp == 0:
+        return absmax, max(SHIFT_RANGE[0], min(SHIFT_RANGE[1], math.floor(-math.log2(s))))
+    return absmax, pow2_shift(absmax)
+
+
+def import_qdq(graph: Graph) -> Graph:
+    """Strip activation Q/DQ pairs, recording their scales in graph.meta['qdq']."""
+    cal = Calibration()
+
+    def fn(n: Node, old: Node):
+        if n.op != "dequantize_linear" or n.inputs[0].op != "quantize_linear":
+            return None
+        q = n.inputs[0]
+        r = _qdq_range(q)
+        same = len(n.inputs) == len(q.inputs) and all(
+            a.is_const and b.is_const and np.array_equal(a.value, b.value) for a, b in zip(n.inputs[1:], q.inputs[1:]))
+        if r is None or not same:
+            return None
+        x = q.inputs[0]
+        cal.absmax[x.name], cal.shifts[x.name] = r
+        cal.source[x.name] = "qdq"
+        return x
+    g = rewrite(graph, fn)
+    g.meta["qdq"] = cal
+    return g
+
+
+def rename_range(graph: Graph, old: str, new: str) -> None:
+    """A rewrite that gives tensor `old`'s value to a node named `new` carries its QDQ range along."""
+    cal = graph.meta.get("qdq")
+    if cal is not None and old in cal.shifts and new != old:
+        for d in (cal.absmax, cal.shifts, cal.source):
+            if old in d:
+                d[new] = d[old]

@@ -1,0 +1,77 @@
+"""PackLayout: put accelerator ops in the accelerator's blocked layouts. Activations are N C H W n c
+(blocks BATCH x BLOCK_IN for GEMM inputs, BATCH x BLOCK_OUT for GEMM outputs and ALU ops), weights
+O I H W o i (BLOCK_OUT x BLOCK_IN), channels zero-padded to whole blocks; biases padded to match.
+A pack is inserted before each accelerator op's activation input and an unpack after its output;
+an unpack feeding a pack of the same blocking cancels, so adjacent accelerator layers exchange
+packed tensors directly. Weight packing is done here on the constants (no runtime op).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from accel.isa.config import AccelConfig
+
+from ..ir import Graph, Node
+from ..ops import pack_ref, packed_shape
+from .eliminate_dead_code import eliminate_dead_code
+from .partition import ACCEL, CPU
+
+PACKED_LAYOUT = {"qconv2d": "NCHWnc", "qdense": "NCnc"}
+
+
+def pack_layout(graph: Graph, cfg: AccelConfig) -> Graph:
+    """Blocked layouts for accelerator ops; pack/unpack at boundaries, cancelled between layers."""
+    mapping: dict[int, Node] = {}
+    packed_of: dict[int, Node] = {}  # id(unpack node) -> the packed tensor it unpacks
+    nodes: list[Node] = []
+    pack_cache: dict[tuple, Node] = {}
+    stats = {"cancelled": 0}
+
+    def emit(n: Node) -> Node:
+        nodes.append(n)
+        return n
+
+    def packed(x: Node, block) -> Node:
+        src = packed_of.get(id(x))
+        if src is not None and tuple(src.shape[-2:]) == tuple(block):
+            stats["cancelled"] += 1
+            return src
+        key = (id(x), tuple(block))
+        if key not in pack_cache:
+            pack_cache[key] = emit(Node("pack", [x], {"block": tuple(block)}, name=f"{x.name}/pack", target=CPU))
+        return pack_cache[key]
+
+    def unpacked(y: Node, shape) -> Node:
+        u = emit(Node("unpack", [y], {"shape": tuple(shape)}, name=f"{y.name}/unpack", target=CPU))
+        packed_of[id(u)] = y
+        return u
+
+    def const(value: np.ndarray, name: str) -> Node:
+        return emit(Node.const(value, name=name))
+
+    for old in graph.nodes:
+        ins = [mapping[id(i)] for i in old.inputs]
+        if old.target != ACCEL:
+            n = old if all(a is b for a, b in zip(ins, old.inputs)) else old.with_inputs(ins)
+            mapping[id(old)] = emit(n)
+            continue
+        if old.op in PACKED_LAYOUT:
+            x, w, b = ins
+            blk_x, blk_w = (cfg.batch, cfg.block_in), (cfg.block_out, cfg.block_in)
+            xp = packed(x, blk_x)
+            wp = const(pack_ref(w.value, blk_w), f"{w.name}/packed")
+            o_pad = packed_shape(w.shape, blk_w)[0] * cfg.block_out
+            bp = const(np.pad(b.value, (0, o_pad - b.shape[0])), f"{b.name}/packed")
+            y = emit(old.with_inputs([xp, wp, bp], attrs={**old.attrs, "layout": PACKED_LAYOUT[old.op]}))
+        else:  # ALU elementwise: work on whatever blocking the (first packed) producer has
+            blocks = [tuple(packed_of[id(i)].shape[-2:]) for i in ins if id(i) in packed_of]
+            blk = blocks[0] if blocks else (cfg.batch, cfg.block_out)
+            y = emit(old.with_inputs([i if i.is_const else packed(i, blk) for i in ins]))
+        mapping[id(old)] = unpacked(y, old.shape)
+    outputs = [mapping[id(o)] for o in graph.outputs]
+    g = eliminate_dead_code(Graph(nodes, [mapping[id(i)] for i in graph.inputs], outputs, graph.output_names,
+                                  graph.name, graph.meta))
+    counts = g.op_counts()
+    g.meta["layout"] = {"packs": counts.get("pack", 0), "unpacks": counts.get("unpack", 0),
+                        "cancelled": stats["cancelled"], "block": (cfg.batch, cfg.block_in, cfg.block_out)}
+    return g

@@ -1,0 +1,141 @@
+"""Partition: give every op a target, "accel" or "cpu", with the reason whenever the accelerator
+declines. The rules are data (ACCEL_RULES, the checks below) read against one AccelConfig:
+int8 GEMM layers go to the accelerator unless they are grouped/dilated or their channels fill the
+GEMM core too poorly; int8 elementwise ops (ALU: relu, clip, qadd) go where their producer is, so
+they fuse into an accelerator layer's output; everything else (float ops, pooling, softmax,
+quantize/dequantize, layout transforms) runs on the CPU. `force` maps an op type (graph op name
+or ONNX op type) to a target and overrides soft declines (such as channel waste); it cannot put
+an op on the accelerator that has no accelerator implementation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accel.isa.config import AccelConfig
+
+from ..errors import GraphPassError
+from ..ir import Graph, Node, rewrite
+
+ACCEL, CPU = "accel", "cpu"
+TARGETS = (ACCEL, CPU)
+
+
+@dataclass(frozen=True)
+class AccelRules:
+    """What the partitioner accepts for the accelerator (one place; tests and docs read it)."""
+    #: GEMM layers that would leave more than this fraction of the core's MACs idle go to the CPU.
+    max_gemm_waste: float = 0.5
+    #: int8 ops with an accelerator lowering: GEMM layers and ALU elementwise ops.
+    gemm_ops: tuple[str, ...] = ("qconv2d", "qdense")
+    alu_ops: tuple[str, ...] = ("relu", "clip", "qadd")
+    #: conversions at the accelerator boundary, done by the host.
+    host_ops: tuple[str, ...] = ("quantize", "dequantize", "requantize", "pack", "unpack")
+
+
+ACCEL_RULES = AccelRules()
+
+
+@dataclass
+class Decision:
+    name: str
+    op: str
+    origin: str | None
+    target: str
+    reason: str = ""
+    hard: bool = False  # a hard decline cannot be forced onto the accelerator
+
+
+def gemm_waste(channels: int, block: int) -> float:
+    """Fraction of a GEMM core dimension left idle when `channels` are padded to whole blocks."""
+    padded = -(-channels // block) * block
+    return 1.0 - channels / padded
+
+
+def _label(n: Node) -> str:
+    return f"{n.origin or n.op} '{n.name}'"
+
+
+def _check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> tuple[str, bool] | None:
+    """None if the accelerator takes this int8 GEMM layer, else (reason, hard)."""
+    if n.op == "qconv2d":
+        if n.attrs["groups"] != 1:
+            return f"{_label(n)}: grouped convolution (groups={n.attrs['groups']}) does not map onto the GEMM core", True
+        if tuple(n.attrs["dilations"]) != (1, 1):
+            return f"{_label(n)}: dilated convolution is not supported by the accelerator lowering", True
+        cin, cout = n.inputs[0].shape[1], n.shape[1]
+    else:
+        cin, cout = n.inputs[0].shape[1], n.shape[1]
+    for what, c, block, key in (("input channels", cin, cfg.block_in, "block_in"),
+                                ("output channels", cout, cfg.block_out, "block_out")):
+        w = gemm_waste(c, block)
+        if w > rules.max_gemm_waste:
+            return (f"{_label(n)}: {c} {what} {'<' if c < block else 'padded to'} {key} {block} wastes "
+                    f"{w:.0%} of the GEMM core"), False
+    return None
+
+
+def decide(graph: Graph, cfg: AccelConfig, force: dict[str, str] | None = None,
+           rules: AccelRules = ACCEL_RULES) -> list[Decision]:
+    """A Decision per op node, in order."""
+    force = dict(force or {})
+    bad = {k: v for k, v in force.items() if v not in TARGETS}
+    if bad:
+        raise GraphPassError(f"partition: force targets must be {' or '.join(TARGETS)}, got {bad}")
+    decisions: list[Decision] = []
+    where: dict[int, str] = {}
+    for n in graph.ops:
+        forced = force.get(n.op, force.get(n.origin or ""))
+        d = Decision(n.name, n.op, n.origin, CPU)
+        if n.op in rules.gemm_ops:
+            declined = _check_gemm(n, cfg, rules)
+            if declined is None:
+                d.target = ACCEL
+            else:
+                d.reason, d.hard = declined
+        elif n.op in rules.alu_ops and n.dtype == "int8":
+            producers = [i for i in n.inputs if not i.is_const]
+            if n.op == "qadd" and len({i.shape for i in producers}) != 1:
+                d.reason, d.hard = f"{_label(n)}: broadcasting add has no ALU lowering", True
+            elif any(where.get(id(i)) == ACCEL for i in producers):
+                d.target = ACCEL
+            else:
+                d.reason = f"{_label(n)}: elementwise op not fed by an accelerator layer stays on the CPU"
+        elif n.op in rules.host_ops:
+            d.reason, d.hard = f"{_label(n)}: precision/layout conversion at the accelerator boundary runs on the host", True
+        elif n.dtype.startswith("float") or any(i.dtype.startswith("float") for i in n.inputs):
+            d.reason, d.hard = f"{_label(n)}: float32 op; the accelerator computes int8 only", True
+        else:
+            d.reason, d.hard = f"{_label(n)}: no accelerator implementation of {n.op}", True
+        if forced == CPU and d.target == ACCEL:
+            d.target, d.reason = CPU, f"{_label(n)}: forced to the CPU by the user"
+        elif forced == ACCEL and d.target == CPU:
+            if d.hard:
+                raise GraphPassError(f"partition: cannot force {_label(n)} onto the accelerator: {d.reason}")
+            d.target, d.reason = ACCEL, f"{_label(n)}: forced onto the accelerator by the user ({d.reason})"
+        where[id(n)] = d.target
+        decisions.append(d)
+    return decisions
+
+
+def partition(graph: Graph, cfg: AccelConfig, force: dict[str, str] | None = None,
+              rules: AccelRules = ACCEL_RULES) -> Graph:
+    """Annotate every op's target; the decisions (with reasons) go to graph.meta['partition']."""
+    decisions = iter(decide(graph, cfg, force, rules))
+    table = []
+
+    def fn(n: Node, old: Node):
+        if n.op in ("input", "const"):
+            return None
+        d = next(decisions)
+        table.append(d)
+        return n.with_inputs(n.inputs, target=d.target) if n.target != d.target else n
+    g = rewrite(graph, fn)
+    g.meta["partition"] = table
+    return g
+
+
+def partition_table(graph: Graph) -> str:
+    rows = [f"{'node':28} {'op':12} {'target':6} reason"]
+    for d in graph.meta.get("partition", []):
+        rows.append(f"{d.name[:28]:28} {d.op:12} {d.target:6} {d.reason}")
+    return "\n".join(rows)
