@@ -275,6 +275,64 @@ def _demo(args) -> int:
     return 0
 
 
+# ---- compile-op ----------------------------------------------------------------------------------
+@command("compile-op", "compile one conv2d or dense layer for a config; print its loop nest and instructions")
+def _compile_op_args(p: argparse.ArgumentParser) -> None:
+    _config_arg(p)
+    p.add_argument("op", choices=("conv2d", "dense"), help="operator")
+    p.add_argument("--layer", help="a layer of shared/workloads/resnet18_conv.json (C2..C11) instead of the sizes")
+    p.add_argument("--workloads", default=None, help="workload JSON (default: ../shared/workloads/resnet18_conv.json)")
+    for name, default in (("n", 1), ("c", 16), ("h", 8), ("w", 8), ("o", 16), ("k", 3), ("pad", 1), ("stride", 1),
+                          ("rows", 16)):
+        p.add_argument(f"--{name}", type=int, default=default, help=f"(default: %(default)s)")
+    p.add_argument("--shift", type=int, default=8, help="requantization shift (default: %(default)s)")
+    p.add_argument("--relu", action="store_true", help="clip at 0 instead of -128")
+    p.add_argument("--virtual-threads", type=int, default=2, choices=(1, 2))
+    p.add_argument("--driver", default="fsim", help="executor that runs it for the check (default: %(default)s)")
+    p.add_argument("--max-insns", type=int, default=60, help="instructions to print, 0 for all (default: %(default)s)")
+    p.set_defaults(func=_compile_op)
+
+
+def _compile_op(args) -> int:
+    from accel.isa import disassemble, resolve_config
+    from compiler.accel.conv2d import (Conv2dSpec, Requant, conv2d_reference, loop_nest_text, plan_conv2d,
+                                       run_conv2d)
+    from host_runtime import Device
+    cfg = resolve_config(args.config)
+    if args.layer:
+        wl = Path(args.workloads) if args.workloads else Path(__file__).resolve().parents[2] / "shared" / "workloads" / "resnet18_conv.json"
+        layers = json.loads(wl.read_text())["layers"]
+        if args.layer not in layers:
+            raise CliError(f"--layer {args.layer!r} is not in {wl}; layers are {', '.join(layers)}")
+        spec = Conv2dSpec.from_workload(layers[args.layer], args.layer, n=args.n)
+    elif args.op == "dense":
+        spec = Conv2dSpec.dense(args.rows, args.c, args.o, cfg)
+    else:
+        spec = Conv2dSpec(args.n, args.c, args.h, args.w, args.o, args.k, args.k, (args.pad,) * 4,
+                          (args.stride,) * 2)
+    rq = Requant(args.shift, 0 if args.relu else -128, 127)
+    tiling = plan_conv2d(spec, cfg, args.virtual_threads)
+    print(loop_nest_text(spec, tiling, cfg, rq))
+    rng = np.random.default_rng(0)
+    x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
+    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
+    b = rng.integers(-(1 << 14), 1 << 14, spec.o).astype(np.int32)
+    with Device(cfg, driver=args.driver, dram_bytes=min(1 << cfg.dram_addr_width, 256 << 20)) as dev:
+        y, result, stream = run_conv2d(dev, x, w, b, spec, rq, args.virtual_threads, tiling)
+        insns = stream.last_insns
+    text = disassemble(insns, numbered=True).splitlines()
+    shown = text if not args.max_insns else text[:args.max_insns]
+    print("\n".join(shown))
+    if len(shown) < len(text):
+        print(f"... {len(text) - len(shown)} more (--max-insns 0 prints all)")
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(result.stats.get("insns", {}).items()))
+    print(f"instructions: {len(insns)} ({counts}); GEMM micro-ops {result.stats.get('gemm_uops')}, "
+          f"MACs {result.stats.get('macs')}" + (f", cycles {result.cycles}" if result.cycles else ""))
+    ok = np.array_equal(y, conv2d_reference(x, w, b, spec, rq))
+    print("OK: bit-exact against the numpy reference" if ok else "MISMATCH against the numpy reference")
+    return 0 if ok else 1
+
+
 # ---- entry ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accel", description="Open hardware/software co-design kit for deep "

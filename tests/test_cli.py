@@ -136,3 +136,17 @@ def test_cli_demo_checks_against_numpy(capsys, monkeypatch):
     assert rc == 1 and "MISMATCH" in err
     _error(capsys, "--n must be >= 1", "demo", "--n", "0")
     _error(capsys, "unknown driver", "demo", "--driver", "nope")
+
+
+def test_cli_compile_op_prints_loop_nest_and_instructions(capsys):
+    code, out, _ = _run(capsys, "compile-op", "conv2d", "--config", "tiny", "--c", "8", "--o", "8", "--h", "6",
+                     "--w", "6", "--relu", "--max-insns", "0")
+    assert code == 0
+    assert "for ic0 in range(0, 2, 2)" in out and "gemm: for oh in range(h_a)" in out
+    assert "load inp y_size=6 x_size=6 x_stride=6 y_pad0=1 y_pad1=1 x_pad0=1 x_pad1=1" in out
+    assert "finish pop_next" in out and "OK: bit-exact" in out
+    code, out, _ = _run(capsys, "compile-op", "dense", "--config", "tiny", "--rows", "5", "--c", "9", "--o", "6")
+    assert code == 0 and "OK: bit-exact" in out
+    _error(capsys, "--layer 'C99' is not in", "compile-op", "conv2d", "--layer", "C99")
+    _error(capsys, "cannot be tiled", "compile-op", "conv2d", "--config", "tiny", "--k", "15", "--pad", "7",
+           "--h", "8", "--w", "8", "--c", "4", "--o", "4")

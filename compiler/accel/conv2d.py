@@ -393,3 +393,45 @@ def dense_reference(x, w, bias, requant: Requant = Requant()) -> np.ndarray:
     if bias is not None:
         acc = (acc.astype(np.int64) + bias.astype(np.int64)).astype(np.int32)
     return requant.apply(acc).astype(np.int8)
+
+
+def loop_nest_text(spec: Conv2dSpec, tiling: ConvTiling, cfg: AccelConfig, requant: Requant = Requant(),
+                   bias: bool = True) -> str:
+    """The lowered loop nest emit_conv2d walks, as readable pseudo-IR: tile loops, the DMA and GEMM/ALU
+    intrinsics each iteration issues, buffer slots and token operations."""
+    g, t = _Geom.of(spec, cfg), tiling
+    sh, sw = spec.strides
+    rows, cols = (t.h_t - 1) * sh + spec.kh, (t.w_t - 1) * sw + spec.kw
+    n_ic = _ceil(g.cb, t.ic_t)
+    resident = n_ic == 1
+    S = t.vt
+    ep = ["alu.add(acc[tile], acc[bias])"] if bias else []
+    ep += [f"alu.shr(acc[tile], imm={requant.shift})"] if requant.shift else []
+    ep += ([f"alu.clip(acc[tile], imm={requant.hi})"] if requant.lo == -requant.hi else
+           [f"alu.min(acc[tile], imm={requant.hi})", f"alu.max(acc[tile], imm={requant.lo})"])
+    L = [f"// {spec.name}: N={spec.n} C={spec.c} H={spec.h} W={spec.w} -> O={spec.o} OH={spec.oh} OW={spec.ow}, "
+         f"kernel {spec.kh}x{spec.kw}, strides {spec.strides}, pads {spec.pads}",
+         f"// blocked: {g.nb} batch x {g.cb} in x {g.ob} out blocks of {cfg.batch}x{cfg.block_in}x{cfg.block_out}; "
+         f"tiling {t.describe()}",
+         f"// buffers per slot: inp_buffer {t.ic_t * rows * cols} entries, wgt_buffer {t.o_t * t.ic_t * spec.kh * spec.kw}, "
+         f"acc_buffer {t.o_t * t.h_t * t.w_t} (+{t.o_t} bias); {S} slot(s)",
+         f"for n in range({g.nb}):",
+         f"  for o0 in range(0, {g.ob}, {t.o_t}):            // o_a = min({t.o_t}, {g.ob} - o0)",
+         f"    for h0 in range(0, {spec.oh}, {t.h_t}):        // h_a = min({t.h_t}, {spec.oh} - h0)",
+         f"      for w0 in range(0, {spec.ow}, {t.w_t}):      // w_a = min({t.w_t}, {spec.ow} - w0); tile ti, slot ti % {S}",
+         f"        for ic0 in range(0, {g.cb}, {t.ic_t}):    // iteration j, slot j % {S}",
+         f"          load:    [pop compute->load if j >= {S}]",
+         f"                   for ic in range(ic_a): dma_load inp[n, ic0+ic, h0*{sh}-{spec.pads[0]} .. +rows, "
+         f"w0*{sw}-{spec.pads[2]} .. +cols] -> inp_buffer[slot] (out-of-image rows/cols as LOAD padding)",
+         f"                   {'if first tile of (n, o0): ' if resident else ''}dma_load wgt[o0 .. +o_a, ic0 .. +ic_a, :, :]"
+         f" -> wgt_buffer[{'o-tile % ' + str(S) if resident else 'slot'}]; push load->compute",
+         f"          compute: pop load->compute; if ic0 == 0: [pop store->compute if ti >= {S}]; gemm.reset(acc[tile])",
+         f"                   gemm: for oh in range(h_a): for ow in range(w_a):  // the two affine loop levels",
+         f"                           uops (o, ic, kh, kw): acc[o, oh, ow] += inp[ic, oh*{sh}+kh, ow*{sw}+kw] . "
+         f"wgt[o, ic, kh, kw]   // {t.o_t * t.ic_t * spec.kh * spec.kw} uops",
+         f"                   [push compute->load if j + {S} < iterations]",
+         f"        compute: {'; '.join(ep)}; push compute->store",
+         f"        store:   pop compute->store; for o in range(o_a): dma_store acc[o] -> out[n, o0+o, h0 .. +h_a, "
+         f"w0 .. +w_a]; [push store->compute if ti + {S} < tiles]",
+         "finish: pop store->compute"]
+    return "\n".join(L) + "\n"
