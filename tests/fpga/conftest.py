@@ -1,0 +1,40 @@
+"""Fixtures of the FPGA flow tests: the core's Verilog (the kit's generator when it is present,
+else the stand-in), tool availability marks."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE) not in sys.path:
+    sys.path.append(str(_HERE))
+
+from accel.isa import preset  # noqa: E402
+
+STUB = _HERE / "vivado_stub.tcl"
+
+needs_tclsh = pytest.mark.skipif(shutil.which("tclsh") is None, reason="tclsh not installed (apt-get install tcl)")
+needs_verilator = pytest.mark.skipif(shutil.which("verilator") is None, reason="verilator not installed")
+
+
+def standin_rtl(cfg):
+    from accel.hw.fpga import make_rtl
+    from standin import standin_verilog
+    text, desc = standin_verilog(cfg)
+    return make_rtl(text, desc, origin="tests/fpga/standin.py")
+
+
+@pytest.fixture(scope="session")
+def rtl_of():
+    """config name or AccelConfig -> RtlSource of the stand-in core (cached per config)."""
+    cache = {}
+
+    def get(cfg):
+        cfg = preset(cfg) if isinstance(cfg, str) else cfg
+        if cfg.digest() not in cache:
+            cache[cfg.digest()] = standin_rtl(cfg)
+        return cache[cfg.digest()]
+    return get
