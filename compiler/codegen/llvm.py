@@ -257,41 +257,36 @@ class CodegenLLVM:
         self._loop(s.loop_var, lo_v, None, s, lambda: self.stmt(s.body), hi=hi_v)
         self.st = saved
         self._finish_fn(bst)
-        # worker(task, ntask, closure): unpack, compute the chunk, call the body
+        # worker(task, ntask, closure): unpack, compute its chunk of [min, min+extent), call the body
         i8p = ir.IntType(8).as_pointer()
         i64 = ir.IntType(64)
         wfn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [i32, i32, i8p]), name=name)
         wb = ir.IRBuilder(wfn.append_basic_block("entry"))
         task, ntask, clo = wfn.args
         slots = wb.bitcast(clo, i64.as_pointer())
-        cargs = []
-        n_ext = None
-        for j, t in enumerate([i32] + btys[2:]):
+        unpacked = []
+        for j, t in enumerate([i32, i32] + btys[2:]):
             raw = wb.load(wb.gep(slots, [ir.Constant(i64, j)]))
             if isinstance(t, ir.PointerType):
-                cargs.append(wb.inttoptr(raw, t))
+                unpacked.append(wb.inttoptr(raw, t))
             else:
-                v = wb.trunc(raw, t) if t.width < 64 else raw
-                if j == 0:
-                    n_ext = v
-                else:
-                    cargs.append(v)
+                unpacked.append(wb.trunc(raw, t) if t.width < 64 else raw)
+        n_min, n_ext, cargs = unpacked[0], unpacked[1], unpacked[2:]
         chunk = wb.sdiv(wb.add(n_ext, wb.sub(ntask, ir.Constant(i32, 1))), ntask)
         lo = wb.mul(task, chunk)
         hi = wb.add(lo, chunk)
         hi = wb.select(wb.icmp_signed("<", hi, n_ext), hi, n_ext)
         with wb.if_then(wb.icmp_signed("<", lo, hi)):
-            wb.call(body_fn, [lo, hi] + cargs)
+            wb.call(body_fn, [wb.add(lo, n_min), wb.add(hi, n_min)] + cargs)
         wb.ret_void()
-        # caller: closure = [extent, bufs..., vars...] as i64; the loop min is folded into lo/hi
-        if not E.is_const(s.min, 0):
-            raise CodegenError(f"function '{self.func_name}': parallel loop '{s.loop_var.name}' must start at 0")
+        # caller: closure = [min, extent, bufs..., vars...] as i64 slots
         b = self.b
-        n_slots = 1 + len(cap_bufs) + len(vars_)
+        n_slots = 2 + len(cap_bufs) + len(vars_)
         eb = ir.IRBuilder(self.st.entry)
         clo_mem = eb.alloca(ir.ArrayType(i64, n_slots), name=name + "_closure")
         base = b.bitcast(clo_mem, i64.as_pointer())
-        vals = [self.expr(s.extent)] + [self.st.bufptr[bb] for bb in cap_bufs] + [self.st.env[v] for v in vars_]
+        ext_v = self.expr(s.extent)
+        vals = [self.expr(s.min), ext_v] + [self.st.bufptr[bb] for bb in cap_bufs] + [self.st.env[v] for v in vars_]
         for j, v in enumerate(vals):
             if isinstance(v.type, ir.PointerType):
                 v = b.ptrtoint(v, i64)
@@ -300,7 +295,7 @@ class CodegenLLVM:
             b.store(v, b.gep(base, [ir.Constant(i64, j)]))
         launch_ty = ir.FunctionType(i32, [i8p, i8p, i32])
         launch = self.module.globals.get(PARALLEL_LAUNCH) or ir.Function(self.module, launch_ty, name=PARALLEL_LAUNCH)
-        b.call(launch, [b.bitcast(wfn, i8p), b.bitcast(clo_mem, i8p), self.expr(s.extent)])
+        b.call(launch, [b.bitcast(wfn, i8p), b.bitcast(clo_mem, i8p), ext_v])
 
     def _finish_fn(self, st: _FnState) -> None:
         b = st.builder
