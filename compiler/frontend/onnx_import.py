@@ -30,8 +30,12 @@ def _onnx():
     return onnx
 
 
-def load_model(model) -> "onnx.ModelProto":
-    """A path, bytes or ModelProto -> a checked ModelProto at opset >= 13."""
+def load_model(model, check_ops: bool = True) -> "onnx.ModelProto":
+    """A path, bytes or ModelProto -> a checked ModelProto at opset >= 13.
+
+    Order matters for the errors a user sees: parse (truncated or not ONNX), then the scan for
+    unsupported op types (one error listing them all, even for ops ONNX's checker does not know),
+    then ONNX's checker (malformed), then the opset upgrade."""
     onnx = _onnx()
     from google.protobuf.message import DecodeError
     src = "<bytes>"
@@ -56,6 +60,8 @@ def load_model(model) -> "onnx.ModelProto":
             raise ModelLoadError(f"{src}: cannot parse as an ONNX model (truncated or not ONNX): {e}") from None
     if not model.graph.node and not model.graph.output:
         raise ModelLoadError(f"{src}: the model has no graph (truncated or not ONNX)")
+    if check_ops:
+        check_supported(model)
     try:
         onnx.checker.check_model(model)
     except Exception as e:  # onnx.checker.ValidationError and friends
@@ -71,6 +77,17 @@ def load_model(model) -> "onnx.ModelProto":
                                  f"converter: {e}") from None
         log.info("upgraded %s from opset %d to %d", src, opset, MIN_OPSET)
     return model
+
+
+def check_supported(model) -> None:
+    """Raise UnsupportedOpError listing every op type without a converter, with its node names."""
+    unsupported: dict[str, list[str]] = {}
+    for k, n in enumerate(model.graph.node):
+        op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        if op not in CONVERTERS:
+            unsupported.setdefault(op, []).append(n.name or f"{n.op_type}_{k}")
+    if unsupported:
+        raise UnsupportedOpError(unsupported)
 
 
 def default_opset(model) -> int:
@@ -590,13 +607,6 @@ def from_onnx(model, shapes: dict | None = None, name: str | None = None) -> Gra
     model = load_model(model)
     onnx = _onnx()
     g = model.graph
-    unsupported: dict[str, list[str]] = {}
-    for k, n in enumerate(g.node):
-        op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
-        if op not in CONVERTERS:
-            unsupported.setdefault(op, []).append(n.name or f"{n.op_type}_{k}")
-    if unsupported:
-        raise UnsupportedOpError(unsupported)
 
     ctx = _Ctx(default_opset(model))
     shapes = dict(shapes or {})
