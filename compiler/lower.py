@@ -166,13 +166,13 @@ class _Lowering:
         order = list(reversed(self.stages))
         for st in order:
             info = _StageInfo()
-            self.info[st] = info
             op: ComputeOp = st.op
             if st.attach_type == "root":
                 info.region_min = [E.const(0) for _ in op.axis]
                 info.region_ext = list(op.shape)
             else:
                 self._infer_region(st, info)
+            self.info[st] = info
             for a, m, n in zip(op.axis, info.region_min, info.region_ext):
                 info.ext[a] = n
             for r in op.reduce_axis:
@@ -229,14 +229,15 @@ class _Lowering:
         for d in range(len(op.axis)):
             n = op.shape[d]
             lo = ana.simplify(E.max_expr(mins[d], 0))
-            hi = ana.simplify(E.min_expr(maxs[d], n - 1))
-            ext = ana.simplify(hi - lo + 1)
+            ext = ana.simplify(maxs[d] - mins[d] + 1)
+            if not isinstance(ext, E.IntImm):
+                ext = ana.simplify(E.min_expr(maxs[d], n - 1) - lo + 1)
             if not isinstance(ext, E.IntImm):
                 ub = ana.bound(ext)[1]
                 if ub is None:
                     raise LowerError(f"stage '{st.name}': cannot bound the region of axis {d} "
-                                     f"needed by '{p.name}' at '{ivar.name}' ([{lo}, {hi}])")
-                ext = E.const(min(ub, n))
+                                     f"needed by '{p.name}' at '{ivar.name}' ([{mins[d]}, {maxs[d]}])")
+                ext = E.const(ub)
             info.region_min.append(lo)
             info.region_ext.append(max(1, min(ext.value, n)))
 
