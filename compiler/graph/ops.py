@@ -135,7 +135,7 @@ def _unary(name: str, f, attrs=None, floats_only=True, doc=""):
         def impl(a, x):
             return np.asarray(f(a, x)).astype(x.dtype, copy=False)
         return infer, impl
-    register(name, Pattern.ELEMWISE, 1, attrs, doc)(factory)
+    register(name, Pattern.ELEMWISE, 1, attrs, doc or f"elementwise {name}")(factory)
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])

@@ -13,17 +13,19 @@ from ..ir import Graph, Node, rewrite
 from .quantize import SHIFT_RANGE, Calibration, pow2_shift
 
 
-def _qdq_range(q: Node) -> tuple[float, int] | None:
-    """(absmax, shift) for a quantize_linear with constant per-tensor parameters, else None."""
+def _qdq_range(q: Node) -> tuple[float, int, float, float, bool] | None:
+    """(absmax, shift, lo, hi, symmetric) for a quantize_linear with constant per-tensor
+    parameters, else None. [lo, hi] is the range the Q/DQ pair clamps to."""
     if not all(i.is_const for i in q.inputs[1:]) or q.inputs[1].type.size != 1:
         return None
     s = float(q.inputs[1].value.reshape(-1)[0])
     zp = int(q.inputs[2].value.reshape(-1)[0]) if len(q.inputs) == 3 else 0
     info = np.iinfo(q.dtype)
-    absmax = max(abs((info.min - zp) * s), abs((info.max - zp) * s))
+    lo, hi = (info.min - zp) * s, (info.max - zp) * s
+    absmax = max(abs(lo), abs(hi))
     if q.dtype == "int8" and zp == 0:
-        return absmax, max(SHIFT_RANGE[0], min(SHIFT_RANGE[1], math.floor(-math.log2(s))))
-    return absmax, pow2_shift(absmax)
+        return absmax, max(SHIFT_RANGE[0], min(SHIFT_RANGE[1], math.floor(-math.log2(s)))), lo, hi, True
+    return absmax, pow2_shift(absmax), lo, hi, False
 
 
 def import_qdq(graph: Graph) -> Graph:
@@ -40,9 +42,14 @@ def import_qdq(graph: Graph) -> Graph:
         if r is None or not same:
             return None
         x = q.inputs[0]
-        cal.absmax[x.name], cal.shifts[x.name] = r
-        cal.source[x.name] = "qdq"
-        return x
+        absmax, shift, lo, hi, symmetric = r
+        cal.absmax[x.name], cal.shifts[x.name], cal.source[x.name] = absmax, shift, "qdq"
+        if symmetric:  # clamping to [-128 s, 127 s] only saturates: the int8 CLIP does it again
+            return x
+        # an asymmetric range also clamps (a ReLU folded into the zero point): keep the clamp
+        c = Node("clip", [x], {"min": float(lo), "max": float(hi)}, name=f"{x.name}/qdq_clip", origin=n.origin)
+        cal.absmax[c.name], cal.shifts[c.name], cal.source[c.name] = absmax, shift, "qdq"
+        return c
     g = rewrite(graph, fn)
     g.meta["qdq"] = cal
     return g
