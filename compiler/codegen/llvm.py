@@ -134,8 +134,13 @@ class CodegenLLVM:
         self.stmt(s.body)
 
     def s_LetStmt(self, s: LetStmt):
+        old = self.st.env.get(s.var)
         self.st.env[s.var] = self.expr(s.value)
         self.stmt(s.body)
+        if old is None:
+            del self.st.env[s.var]
+        else:
+            self.st.env[s.var] = old
 
     def s_IfThenElse(self, s: IfThenElse):
         cond = self.expr(s.condition)
@@ -172,8 +177,13 @@ class CodegenLLVM:
             raw = eb.call(malloc, [ir.Constant(ir.IntType(64), nbytes)])
             self.st.heap.append(raw)
             ptr = eb.bitcast(raw, ety.as_pointer())
+        old = self.st.bufptr.get(buf)
         self.st.bufptr[buf] = ptr
         self.stmt(s.body)
+        if old is None:
+            del self.st.bufptr[buf]
+        else:
+            self.st.bufptr[buf] = old
 
     def s_BufferStore(self, s: BufferStore):
         val = self.expr(s.value)
@@ -217,6 +227,8 @@ class CodegenLLVM:
         b.position_at_end(end)
         if old is not None:
             self.st.env[var] = old
+        else:
+            del self.st.env[var]
         if s is not None:
             if old_r is None:
                 self.st.ana.ranges.pop(var, None)

@@ -243,14 +243,17 @@ def _check_body(name: str, body: E.PrimExpr, axis, reduce_axes) -> None:
     top = body
     allowed = {a.var for a in axis} | {r.var for r in reduce_axes}
 
-    def visit(n):
+    def nested(n):
         if isinstance(n, E.Reduce) and n is not top:
             raise ExprError(f"compute '{name}': a reduction must be the whole body of the compute "
                             f"(found {n.combiner}(...) inside a larger expression); compute the "
                             "reduction as its own tensor")
+
+    def visit(n):
         if isinstance(n, E.Var) and n not in allowed:
             raise ExprError(f"compute '{name}': variable '{n.name}' is neither an axis of the "
                             "compute nor a reduction axis of its reduction")
+    post_order_visit(body, nested)
     post_order_visit(body, visit)
     ana = Analyzer()
     for a in list(axis) + list(reduce_axes):

@@ -1,0 +1,241 @@
+"""Compute declarations of elementwise and broadcasting operators, activations, casts and the
+shift-based int8 quantization ops of the quantized flow (compiler.graph.passes.quantize):
+quantize, dequantize, requantize, qadd. Integer results are exact; rounding is spelled out.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import te
+from ..tir import dtype as dt
+from .registry import OpError
+
+INT8_MIN, INT8_MAX = -127, 127   # the quantized flow is symmetric: -128 is never produced
+
+
+def _tag(name):
+    return f"elemwise,{name}"
+
+
+def unary(x, fn, name):
+    return te.compute(x.shape, lambda *i: fn(x[i]), name=name, tag=_tag(name))
+
+
+def _float(x, what):
+    if not dt.is_float(x.dtype):
+        raise OpError(f"{what}: needs a float input, got {x.dtype}")
+
+
+def relu(x):
+    return unary(x, lambda v: te.elem_max(v, te.const(0, x.dtype)), "relu")
+
+
+def leaky_relu(x, alpha=0.01):
+    _float(x, "leaky_relu")
+    a = te.const(alpha, x.dtype)
+    return unary(x, lambda v: te.select(v >= te.const(0, x.dtype), v, v * a), "leaky_relu")
+
+
+def clip(x, min=None, max=None):  # noqa: A002 - ONNX names
+    def f(v):
+        if min is not None:
+            v = te.elem_max(v, te.const(min, x.dtype))
+        if max is not None:
+            v = te.elem_min(v, te.const(max, x.dtype))
+        return v
+    return unary(x, f, "clip")
+
+
+def sigmoid(x):
+    _float(x, "sigmoid")
+    return unary(x, te.sigmoid, "sigmoid")
+
+
+def tanh(x):
+    _float(x, "tanh")
+    return unary(x, te.tanh, "tanh")
+
+
+def exp(x):
+    _float(x, "exp")
+    return unary(x, te.exp, "exp")
+
+
+def sqrt(x):
+    _float(x, "sqrt")
+    return unary(x, te.sqrt, "sqrt")
+
+
+def neg(x):
+    return unary(x, lambda v: -v, "neg")
+
+
+def reciprocal(x):
+    _float(x, "reciprocal")
+    return unary(x, lambda v: te.const(1.0, x.dtype) / v, "reciprocal")
+
+
+def erf_expr(v):
+    """erf(v) for float32: the rational approximation Eigen and XLA use (max error a few ulp),
+    on v clamped to [-4, 4] where erf is +-1 in float32. Vectorizes (no libm call)."""
+    d = v.dtype
+    c = lambda a: te.const(a, d)  # noqa: E731
+    x = te.elem_max(te.elem_min(v, c(4.0)), c(-4.0))
+    x2 = x * x
+    alpha = [-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+             -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02]
+    beta = [-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+            -7.37332916720468e-03, -1.42647390514189e-02]
+    p = c(alpha[0])
+    for a in alpha[1:]:
+        p = p * x2 + c(a)
+    p = p * x
+    q = c(beta[0])
+    for b in beta[1:]:
+        q = q * x2 + c(b)
+    return p / q
+
+
+def erf(x):
+    _float(x, "erf")
+    return unary(x, erf_expr, "erf")
+
+
+def gelu(x, approximate="none"):
+    """0.5 x (1 + erf(x / sqrt 2)), or with approximate='tanh' the tanh form (ONNX Gelu-20)."""
+    _float(x, "gelu")
+    d = x.dtype
+    half, one = te.const(0.5, d), te.const(1.0, d)
+    if approximate == "none":
+        s = te.const(1.0 / math.sqrt(2.0), d)
+        return unary(x, lambda v: half * v * (one + erf_expr(v * s)), "gelu")
+    if approximate == "tanh":
+        k, c = te.const(math.sqrt(2.0 / math.pi), d), te.const(0.044715, d)
+        return unary(x, lambda v: half * v * (one + te.tanh(k * (v + c * v * v * v))), "gelu")
+    raise OpError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def cast(x, to):
+    dt.check(to)
+    return unary(x, lambda v: v.astype(to), "cast")
+
+
+# ---------------------------------------------------------------- broadcasting binary ops
+
+def broadcast_shape(a, b, what="broadcast"):
+    ra, rb = len(a), len(b)
+    r = max(ra, rb)
+    a = (1,) * (r - ra) + tuple(a)
+    b = (1,) * (r - rb) + tuple(b)
+    out = []
+    for d, (x, y) in enumerate(zip(a, b)):
+        if x != y and 1 not in (x, y):
+            raise OpError(f"{what}: shapes {list(a)} and {list(b)} do not broadcast (axis {d}: {x} vs {y})")
+        out.append(max(x, y))
+    return tuple(out)
+
+
+def _bindex(t, idx):
+    """Index of tensor t (right-aligned, size-1 axes read at 0) for output index idx."""
+    off = len(idx) - t.ndim
+    return tuple(0 if t.shape[d] == 1 else idx[off + d] for d in range(t.ndim))
+
+
+def broadcast_binary(a, b, fn, name):
+    if a.dtype != b.dtype:
+        raise OpError(f"{name}: operand dtypes differ ({a.dtype} vs {b.dtype}); cast one")
+    shape = broadcast_shape(a.shape, b.shape, name)
+    return te.compute(shape, lambda *i: fn(a[_bindex(a, i)], b[_bindex(b, i)]), name=name,
+                      tag=f"broadcast,{name}")
+
+
+def add(a, b):
+    return broadcast_binary(a, b, lambda x, y: x + y, "add")
+
+
+def sub(a, b):
+    return broadcast_binary(a, b, lambda x, y: x - y, "sub")
+
+
+def mul(a, b):
+    return broadcast_binary(a, b, lambda x, y: x * y, "mul")
+
+
+def div(a, b):
+    if dt.is_float(a.dtype):
+        return broadcast_binary(a, b, lambda x, y: x / y, "div")
+    # integer division truncates toward zero (numpy // floors; ONNX Div truncates)
+    return broadcast_binary(a, b, lambda x, y: te.select((x < 0) != (y < 0),
+                                                         -((te.abs(x)) // te.abs(y)), x // y), "div")
+
+
+def pow(a, b):  # noqa: A001
+    _float(a, "pow")
+    return broadcast_binary(a, b, lambda x, y: te.power(x, y), "pow")
+
+
+def maximum(a, b):
+    return broadcast_binary(a, b, te.elem_max, "maximum")
+
+
+def minimum(a, b):
+    return broadcast_binary(a, b, te.elem_min, "minimum")
+
+
+# ---------------------------------------------------------------- int8 quantization
+
+def round_half_even(v):
+    """Round a float to the nearest integer, ties to even (numpy rint, ONNX QuantizeLinear)."""
+    d = v.dtype
+    f = te.floor(v)
+    diff = v - f
+    half, one, two = te.const(0.5, d), te.const(1.0, d), te.const(2.0, d)
+    odd = (f - two * te.floor(f / two)) == one
+    up = te.any(diff > half, te.all(diff == half, odd))
+    return te.select(up, f + one, f)
+
+
+def _clip_int8(v):
+    return te.elem_min(te.elem_max(v, te.const(INT8_MIN, v.dtype)), te.const(INT8_MAX, v.dtype)).astype("int8")
+
+
+def shift_right_round(v64, s: int):
+    """v * 2^-s rounded half up (ADD 2^(s-1), arithmetic SHR s); s <= 0 shifts left. v is int64."""
+    if s > 0:
+        return (v64 + te.const(1 << (s - 1), "int64")) >> te.const(s, "int64")
+    if s < 0:
+        return v64 << te.const(-s, "int64")
+    return v64
+
+
+def quantize(x, shift):
+    """float -> int8: clip(round_half_even(x * 2^shift), -127, 127)."""
+    _float(x, "quantize")
+    scale = te.const(2.0 ** shift, x.dtype)
+    lo, hi = te.const(float(INT8_MIN), x.dtype), te.const(float(INT8_MAX), x.dtype)
+    return unary(x, lambda v: te.elem_min(te.elem_max(round_half_even(v * scale), lo), hi).astype("int8"),
+                 "quantize")
+
+
+def dequantize(x, shift):
+    """int8 -> float32: q * 2^-shift."""
+    return unary(x, lambda v: v.astype("float32") * te.const(2.0 ** -shift, "float32"), "dequantize")
+
+
+def requantize(x, in_shift, out_shift):
+    """int (int8 or int32 accumulator) at 2^-in_shift -> int8 at 2^-out_shift: round, SHR, CLIP."""
+    if not dt.is_int(x.dtype):
+        raise OpError(f"requantize: needs an integer input, got {x.dtype}")
+    s = in_shift - out_shift
+    return unary(x, lambda v: _clip_int8(shift_right_round(v.astype("int64"), s)), "requantize")
+
+
+def qadd(a, b, a_shift, b_shift, out_shift):
+    """int8 + int8 at their own scales -> int8: align to the finer scale by left shifts, add (int32
+    wrap, as the accelerator's accumulator), round, SHR, CLIP."""
+    m = max(a_shift, b_shift)
+
+    def f(x, y):
+        s = (x.astype("int32") << te.const(m - a_shift, "int32")) + (y.astype("int32") << te.const(m - b_shift, "int32"))
+        return _clip_int8(shift_right_round(s.astype("int64"), m - out_shift))
+    return broadcast_binary(a, b, f, "qadd")

@@ -1,0 +1,395 @@
+"""Compute declarations (te) of the neural-network operators: conv2d (NCHW, grouped, depthwise,
+dilated; blocked NCHW[x]c), dense and matmul, pooling, softmax, layer and batch norm.
+
+Attribute names follow the graph IR (compiler.graph.ops): pads are (top, left, bottom, right).
+int8 inputs accumulate in int32 (out_dtype); every other dtype accumulates in itself.
+Each compute carries a tag (the op it implements) that schedules look for.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import te
+from ..tir import dtype as dt
+from .registry import OpError
+
+
+def acc_dtype(dtype: str, out_dtype: str | None = None) -> str:
+    """int8/uint8 inputs accumulate in int32; others in their own dtype."""
+    if out_dtype:
+        return out_dtype
+    return "int32" if dtype in ("int8", "uint8") else dtype
+
+
+def _c(x, dtype):
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+def conv_out_size(size: int, k: int, stride: int, pad_lo: int, pad_hi: int, dilation: int) -> int:
+    eff = (k - 1) * dilation + 1
+    span = size + pad_lo + pad_hi - eff
+    if span < 0:
+        raise OpError(f"conv2d: kernel {k} (dilated {eff}) is larger than the padded input {size}+{pad_lo}+{pad_hi}")
+    return span // stride + 1
+
+
+def pad_nchw(data, pads, value=0.0, name="data_pad", axes=(2, 3)):
+    """Pad two spatial axes of `data` by (top, left, bottom, right) with `value` (a select, so
+    the read is guarded)."""
+    pt, pl, pb, pr = pads
+    if not any(pads):
+        return data
+    ya, xa = axes
+    shape = list(data.shape)
+    H, W = shape[ya], shape[xa]
+    shape[ya] += pt + pb
+    shape[xa] += pl + pr
+    val = te.const(value, data.dtype)
+
+    def f(*idx):
+        y, x = idx[ya], idx[xa]
+        src = list(idx)
+        src[ya], src[xa] = y - pt, x - pl
+        conds = []
+        if pt:
+            conds.append(y >= pt)
+        if pb:
+            conds.append(y < H + pt)
+        if pl:
+            conds.append(x >= pl)
+        if pr:
+            conds.append(x < W + pl)
+        return te.select(te.all(*conds), data[tuple(src)], val)
+    return te.compute(tuple(shape), f, name=name, tag="injective,pad")
+
+
+def conv2d(data, weight, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, out_dtype=None):
+    """NCHW x OIHW -> NCHW, any groups (groups == C == O is depthwise)."""
+    N, C, H, W = data.shape
+    O, Cg, KH, KW = weight.shape
+    if C != Cg * groups or O % groups:
+        raise OpError(f"conv2d: input channels {C} != weight in-channels {Cg} x groups {groups} "
+                      f"(or out channels {O} not divisible by groups)")
+    sh, sw = strides
+    dh, dw = dilations
+    OH = conv_out_size(H, KH, sh, pads[0], pads[2], dh)
+    OW = conv_out_size(W, KW, sw, pads[1], pads[3], dw)
+    acc = acc_dtype(data.dtype, out_dtype)
+    dp = pad_nchw(data, pads)
+    og = O // groups
+    rc = te.reduce_axis(Cg, "rc")
+    ry = te.reduce_axis(KH, "ry")
+    rx = te.reduce_axis(KW, "rx")
+    if groups == 1:
+        def f(n, o, y, x):
+            return te.sum(_c(dp[n, rc, y * sh + ry * dh, x * sw + rx * dw], acc) * _c(weight[o, rc, ry, rx], acc),
+                          axis=[rc, ry, rx])
+    else:
+        def f(n, o, y, x):
+            return te.sum(_c(dp[n, (o // og) * Cg + rc, y * sh + ry * dh, x * sw + rx * dw], acc)
+                          * _c(weight[o, rc, ry, rx], acc), axis=[rc, ry, rx])
+    return te.compute((N, O, OH, OW), f, name="conv2d", tag="conv2d_nchw",
+                      attrs={"groups": groups, "depthwise": groups == C == O and Cg == 1})
+
+
+def conv2d_NCHWc(data, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), out_dtype=None):
+    """Blocked conv: data (N, C/ic_bn, H, W, ic_bn) x kernel (O/oc_bn, C/ic_bn, KH, KW, ic_bn, oc_bn)
+    -> (N, O/oc_bn, OH, OW, oc_bn). The reduction over input channels is split into the block
+    index and the lane, so no index needs a division."""
+    N, CO, H, W, icb = data.shape
+    OCO, CO2, KH, KW, icb2, ocb = kernel.shape
+    if CO != CO2 or icb != icb2:
+        raise OpError(f"conv2d_NCHWc: data channel blocks {CO}x{icb} != kernel's {CO2}x{icb2}")
+    sh, sw = strides
+    dh, dw = dilations
+    OH = conv_out_size(H, KH, sh, pads[0], pads[2], dh)
+    OW = conv_out_size(W, KW, sw, pads[1], pads[3], dw)
+    acc = acc_dtype(data.dtype, out_dtype)
+    dp = pad_nchw(data, pads, axes=(2, 3))
+    ico = te.reduce_axis(CO, "ico")
+    ici = te.reduce_axis(icb, "ici")
+    ry = te.reduce_axis(KH, "ry")
+    rx = te.reduce_axis(KW, "rx")
+    return te.compute(
+        (N, OCO, OH, OW, ocb),
+        lambda n, oc, y, x, ob: te.sum(_c(dp[n, ico, y * sh + ry * dh, x * sw + rx * dw, ici], acc)
+                                       * _c(kernel[oc, ico, ry, rx, ici, ob], acc), axis=[ico, ry, rx, ici]),
+        name="conv2d_NCHWc", tag="conv2d_NCHWc")
+
+
+def pack_nchwc(data, bn: int, pads=(0, 0, 0, 0), name="data_vec"):
+    """NCHW -> NCHW[bn]c, with spatial zero padding folded into the copy."""
+    N, C, H, W = data.shape
+    if C % bn:
+        raise OpError(f"pack_nchwc: channels {C} not divisible by the block {bn}")
+    pt, pl, pb, pr = pads
+    zero = te.const(0, data.dtype)
+
+    def f(n, co, y, x, ci):
+        v = data[n, co * bn + ci, y - pt, x - pl] if any(pads) else data[n, co * bn + ci, y, x]
+        if not any(pads):
+            return v
+        return te.select(te.all(y >= pt, y < H + pt, x >= pl, x < W + pl), v, zero)
+    return te.compute((N, C // bn, H + pt + pb, W + pl + pr, bn), f, name=name, tag="injective,pack")
+
+
+def unpack_nchwc(data, name="unpack"):
+    """NCHW[bn]c -> NCHW."""
+    N, CO, H, W, bn = data.shape
+    return te.compute((N, CO * bn, H, W), lambda n, c, y, x: data[n, c // bn, y, x, c % bn],
+                      name=name, tag="injective,unpack")
+
+
+def pack_kernel_oihwio(weight, ic_bn: int, oc_bn: int, name="kernel_vec"):
+    """OIHW -> OIHW[ic_bn]i[oc_bn]o (te)."""
+    O, C, KH, KW = weight.shape
+    return te.compute((O // oc_bn, C // ic_bn, KH, KW, ic_bn, oc_bn),
+                      lambda oo, co, y, x, ci, ob: weight[oo * oc_bn + ob, co * ic_bn + ci, y, x],
+                      name=name, tag="injective,pack")
+
+
+def pack_kernel_np(w, ic_bn: int, oc_bn: int):
+    """OIHW -> OIHW[ic_bn]i[oc_bn]o (numpy), for weights bound at compile time."""
+    O, C, KH, KW = w.shape
+    return w.reshape(O // oc_bn, oc_bn, C // ic_bn, ic_bn, KH, KW).transpose(0, 2, 4, 5, 3, 1).copy()
+
+
+def conv2d_via_nchwc(data, weight, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1,
+                     out_dtype=None, ic_bn=16, oc_bn=16, kernel_packed=False):
+    """NCHW conv2d computed in NCHW[x]c as TVM's x86 conv2d: pack the (padded) input, the kernel
+    unless it comes packed (kernel_packed: weight is already OIHW[i]i[o]o), convolve, unpack."""
+    if groups != 1:
+        raise OpError("conv2d_via_nchwc: groups must be 1")
+    dv = pack_nchwc(data, ic_bn, pads)
+    kv = weight if kernel_packed else pack_kernel_oihwio(weight, ic_bn, oc_bn)
+    conv = conv2d_NCHWc(dv, kv, strides, (0, 0, 0, 0), dilations, out_dtype)
+    return unpack_nchwc(conv, name="conv2d")
+
+
+def dense(data, weight, bias=None, out_dtype=None):
+    """y = x @ w.T (+ b): data (M, K), weight (N, K)."""
+    M, K = data.shape
+    N, K2 = weight.shape
+    if K != K2:
+        raise OpError(f"dense: data has K={K} but weight has K={K2}")
+    acc = acc_dtype(data.dtype, out_dtype)
+    k = te.reduce_axis(K, "k")
+    out = te.compute((M, N), lambda i, j: te.sum(_c(data[i, k], acc) * _c(weight[j, k], acc), axis=k),
+                     name="dense", tag="dense")
+    if bias is not None:
+        out = te.compute((M, N), lambda i, j: out[i, j] + _c(bias[j], acc), name="dense_bias",
+                         tag="injective,bias")
+    return out
+
+
+def pack_dense_weight_np(w, bn: int):
+    """(N, K) -> (ceil(N/bn), K, bn), zero-padded to whole blocks."""
+    import numpy as np
+    N, K = w.shape
+    n2 = -(-N // bn)
+    wp = np.zeros((n2 * bn, K), w.dtype)
+    wp[:N] = w
+    return wp.reshape(n2, bn, K).transpose(0, 2, 1).copy()
+
+
+def dense_packed(data, wpack, n_out: int, bias=None, out_dtype=None):
+    """dense with the weight packed as (N/bn, K, bn): the inner bn outputs are contiguous, so the
+    vectorized loop reads the weight with stride 1. The padded columns are cropped by the
+    output stage (which also adds the bias)."""
+    M, K = data.shape
+    NB, K2, bn = wpack.shape
+    if K != K2:
+        raise OpError(f"dense: data has K={K} but the packed weight has K={K2}")
+    acc = acc_dtype(data.dtype, out_dtype)
+    k = te.reduce_axis(K, "k")
+    cp = te.compute((M, NB, bn), lambda i, jo, ji: te.sum(_c(data[i, k], acc) * _c(wpack[jo, k, ji], acc), axis=k),
+                    name="dense_pack", tag="dense_pack")
+    if bias is None:
+        f = lambda i, j: cp[i, j // bn, j % bn]  # noqa: E731
+    else:
+        f = lambda i, j: cp[i, j // bn, j % bn] + _c(bias[j], acc)  # noqa: E731
+    return te.compute((M, n_out), f, name="dense", tag="injective,unpack")
+
+
+def batch_matmul(a, b, out_dtype=None):
+    """(B, M, K) x (B, K, N) -> (B, M, N); a batch of 1 on either side broadcasts."""
+    Ba, M, K = a.shape
+    Bb, K2, N = b.shape
+    if K != K2 or (Ba != Bb and 1 not in (Ba, Bb)):
+        raise OpError(f"batch_matmul: cannot multiply {list(a.shape)} by {list(b.shape)}")
+    B = max(Ba, Bb)
+    acc = acc_dtype(a.dtype, out_dtype)
+    k = te.reduce_axis(K, "k")
+
+    def f(bb, i, j):
+        ia = bb if Ba > 1 else 0
+        ib = bb if Bb > 1 else 0
+        return te.sum(_c(a[ia, i, k], acc) * _c(b[ib, k, j], acc), axis=k)
+    return te.compute((B, M, N), f, name="batch_matmul", tag="batch_matmul")
+
+
+def matmul(a, b, out_dtype=None):
+    """numpy matmul for 2-d and 3-d operands (batch dims broadcast)."""
+    if a.ndim == 2 and b.ndim == 2:
+        M, K = a.shape
+        K2, N = b.shape
+        if K != K2:
+            raise OpError(f"matmul: cannot multiply {list(a.shape)} by {list(b.shape)}")
+        acc = acc_dtype(a.dtype, out_dtype)
+        k = te.reduce_axis(K, "k")
+        return te.compute((M, N), lambda i, j: te.sum(_c(a[i, k], acc) * _c(b[k, j], acc), axis=k),
+                          name="matmul", tag="matmul")
+    if a.ndim == 3 and b.ndim == 3:
+        return batch_matmul(a, b, out_dtype)
+    raise OpError(f"matmul: supports 2-d x 2-d and 3-d x 3-d, got {list(a.shape)} x {list(b.shape)}")
+
+
+# ---------------------------------------------------------------- pooling
+
+def pool_out_size(size, k, s, lo, hi, ceil_mode):
+    span = size + lo + hi - k
+    o = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (o - 1) * s >= size + lo:
+        o -= 1
+    if o < 1:
+        raise OpError(f"pool: kernel {k} larger than the padded input {size}+{lo}+{hi}")
+    return o
+
+
+def pool2d(data, kernel, strides=(1, 1), pads=(0, 0, 0, 0), ceil_mode=0, pool_type="max",
+           count_include_pad=0):
+    """max/avg pooling over NCHW; out-of-input taps are -inf (max) or excluded from the mean
+    (count_include_pad=0) / counted as zeros up to the explicit padding (count_include_pad=1)."""
+    N, C, H, W = data.shape
+    kh, kw = kernel
+    sh, sw = strides
+    pt, pl, pb, pr = pads
+    OH = pool_out_size(H, kh, sh, pt, pb, ceil_mode)
+    OW = pool_out_size(W, kw, sw, pl, pr, ceil_mode)
+    ry = te.reduce_axis(kh, "ry")
+    rx = te.reduce_axis(kw, "rx")
+    dtype = data.dtype
+
+    def inside(y, x):
+        return te.all(y >= 0, y < H, x >= 0, x < W)
+
+    if pool_type == "max":
+        low = te.min_value(dtype)
+
+        def f(n, c, oy, ox):
+            y, x = oy * sh + ry - pt, ox * sw + rx - pl
+            return te.max(te.select(inside(y, x), data[n, c, y, x], low), axis=[ry, rx])
+        return te.compute((N, C, OH, OW), f, name="max_pool2d", tag="pool_max")
+    if pool_type != "avg":
+        raise OpError(f"pool2d: pool_type must be 'max' or 'avg', got {pool_type!r}")
+    acc = acc_dtype(dtype)
+    zero = te.const(0, acc)
+
+    def s(n, c, oy, ox):
+        y, x = oy * sh + ry - pt, ox * sw + rx - pl
+        return te.sum(te.select(inside(y, x), _c(data[n, c, y, x], acc), zero), axis=[ry, rx])
+    total = te.compute((N, C, OH, OW), s, name="avg_pool2d_sum", tag="pool_sum")
+
+    def count(o, st, k, size, lo, hi):
+        start = o * st - lo
+        if count_include_pad:
+            end = te.elem_min(start + k, size + hi)
+            return end - start
+        return te.elem_min(start + k, size) - te.elem_max(start, 0)
+
+    def avg(n, c, oy, ox):
+        cnt = count(oy, sh, kh, H, pt, pb) * count(ox, sw, kw, W, pl, pr)
+        if dt.is_float(dtype):
+            return total[n, c, oy, ox] / cnt.astype(dtype)
+        return _c(total[n, c, oy, ox] // cnt, dtype)
+    return te.compute((N, C, OH, OW), avg, name="avg_pool2d", tag="injective,pool_avg")
+
+
+def global_pool2d(data, pool_type="avg"):
+    """Mean or max over H, W keeping the dims: (N, C, 1, 1)."""
+    N, C, H, W = data.shape
+    ry = te.reduce_axis(H, "ry")
+    rx = te.reduce_axis(W, "rx")
+    if pool_type == "max":
+        return te.compute((N, C, 1, 1), lambda n, c, a, b: te.max(data[n, c, ry, rx], axis=[ry, rx]),
+                          name="global_max_pool", tag="pool_max")
+    acc = acc_dtype(data.dtype)
+    s = te.compute((N, C, 1, 1), lambda n, c, a, b: te.sum(_c(data[n, c, ry, rx], acc), axis=[ry, rx]),
+                   name="global_pool_sum", tag="pool_sum")
+    if dt.is_float(data.dtype):
+        inv = te.const(1.0 / (H * W), data.dtype)
+        return te.compute((N, C, 1, 1), lambda n, c, a, b: s[n, c, a, b] * inv,
+                          name="global_avg_pool", tag="injective,pool_avg")
+    return te.compute((N, C, 1, 1), lambda n, c, a, b: _c(s[n, c, a, b] // (H * W), data.dtype),
+                      name="global_avg_pool", tag="injective,pool_avg")
+
+
+# ---------------------------------------------------------------- normalization
+
+def _norm_axis(axis, ndim, what):
+    if not -ndim <= axis < ndim:
+        raise OpError(f"{what}: axis {axis} out of range for rank {ndim}")
+    return axis % ndim
+
+
+def softmax(x, axis=-1):
+    """exp(x - max) / sum(exp(x - max)) along one axis."""
+    ax = _norm_axis(axis, x.ndim, "softmax")
+    shape = x.shape
+    red_shape = tuple(1 if d == ax else n for d, n in enumerate(shape))
+
+    def at(idx, r):
+        i = list(idx)
+        i[ax] = r
+        return tuple(i)
+    k1 = te.reduce_axis(shape[ax], "k1")
+    mx = te.compute(red_shape, lambda *i: te.max(x[at(i, k1)], axis=k1), name="softmax_max", tag="softmax_max")
+    k2 = te.reduce_axis(shape[ax], "k2")
+    ex = te.compute(shape, lambda *i: te.exp(x[i] - mx[at(i, 0)]), name="softmax_exp", tag="softmax_exp")
+    sm = te.compute(red_shape, lambda *i: te.sum(ex[at(i, k2)], axis=k2), name="softmax_sum", tag="softmax_sum")
+    return te.compute(shape, lambda *i: ex[i] / sm[at(i, 0)], name="softmax", tag="softmax")
+
+
+def layer_norm(x, scale, bias=None, axis=-1, epsilon=1e-5):
+    """Normalize over axes [axis, rank) (two-pass: mean, then variance), * scale + bias; scale and
+    bias have the normalized axes' shape."""
+    ax = _norm_axis(axis, x.ndim, "layer_norm")
+    inner = x.shape[ax:]
+    if tuple(scale.shape) != tuple(inner):
+        raise OpError(f"layer_norm: scale shape {list(scale.shape)} != normalized shape {list(inner)}")
+    outer = x.shape[:ax]
+    cnt = int(math.prod(inner))
+    dtype = x.dtype
+    inv_n = te.const(1.0 / cnt, dtype)
+
+    def reds(prefix):
+        return [te.reduce_axis(n, f"{prefix}{d}") for d, n in enumerate(inner)]
+    r1 = reds("r")
+    mean = te.compute(outer or (1,), lambda *o: te.sum(x[tuple(o[:len(outer)]) + tuple(r1)], axis=r1),
+                      name="ln_sum", tag="ln_sum")   # the sum; scaled by 1/n where read
+    r2 = reds("q")
+
+    def var_f(*o):
+        oo = tuple(o[:len(outer)])
+        d = x[oo + tuple(r2)] - mean[o] * inv_n
+        return te.sum(d * d, axis=r2)
+    var = te.compute(outer or (1,), var_f, name="ln_var", tag="ln_var")
+    eps = te.const(epsilon, dtype)
+
+    def out_f(*i):
+        o, r = i[:ax], i[ax:]
+        oi = o if outer else (0,)
+        y = (x[i] - mean[oi] * inv_n) * te.rsqrt(var[oi] * inv_n + eps) * scale[r]
+        return y + bias[r] if bias is not None else y
+    return te.compute(x.shape, out_f, name="layer_norm", tag="layer_norm")
+
+
+def batch_norm(x, scale, bias, mean, var, epsilon=1e-5):
+    """Inference batch norm over axis 1: (x - mean) / sqrt(var + eps) * scale + bias."""
+    C = x.shape[1]
+    for t, nm in ((scale, "scale"), (bias, "bias"), (mean, "mean"), (var, "var")):
+        if tuple(t.shape) != (C,):
+            raise OpError(f"batch_norm: {nm} has shape {list(t.shape)}, expected [{C}]")
+    eps = te.const(epsilon, x.dtype)
+    return te.compute(x.shape, lambda *i: (x[i] - mean[i[1]]) * (scale[i[1]] * te.rsqrt(var[i[1]] + eps))
+                      + bias[i[1]], name="batch_norm", tag="injective,batch_norm")

@@ -1,0 +1,140 @@
+"""Compute declarations of data-movement operators: reshape, transpose, concat, pad (constant,
+reflect, edge), strided slice, and the NCHW <-> NCHW[x]c layout transforms. Each output element
+reads one input element (the graph IR's INJECTIVE pattern)."""
+from __future__ import annotations
+
+import math
+
+from .. import te
+from .nn import pack_nchwc, unpack_nchwc
+from .registry import OpError
+
+
+def _unravel(flat, shape):
+    idx = []
+    for n in reversed(shape):
+        idx.append(flat % n if n > 1 else te.const(0))
+        flat = flat // n
+    return tuple(reversed(idx))
+
+
+def reshape(x, shape):
+    shape = tuple(int(s) for s in shape)
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape = tuple(math.prod(x.shape) // known if s == -1 else s for s in shape)
+    if math.prod(shape) != math.prod(x.shape):
+        raise OpError(f"reshape: cannot reshape {list(x.shape)} to {list(shape)}")
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+
+    def f(*i):
+        flat = i[0] * strides[0]
+        for d in range(1, len(i)):
+            flat = flat + i[d] * strides[d]
+        return x[_unravel(flat, x.shape)]
+    return te.compute(shape, f, name="reshape", tag="injective,reshape")
+
+
+def transpose(x, perm):
+    perm = tuple(int(p) for p in perm)
+    if sorted(perm) != list(range(x.ndim)):
+        raise OpError(f"transpose: perm {list(perm)} is not a permutation of {x.ndim} axes")
+    inv = [perm.index(d) for d in range(x.ndim)]
+    return te.compute(tuple(x.shape[p] for p in perm), lambda *i: x[tuple(i[inv[d]] for d in range(x.ndim))],
+                      name="transpose", tag="injective,transpose")
+
+
+def concat(*xs, axis=0):
+    r = xs[0].ndim
+    if not -r <= axis < r:
+        raise OpError(f"concat: axis {axis} out of range for rank {r}")
+    ax = axis % r
+    for t in xs:
+        if t.ndim != r or any(t.shape[d] != xs[0].shape[d] for d in range(r) if d != ax) or t.dtype != xs[0].dtype:
+            raise OpError(f"concat: inputs {[list(t.shape) for t in xs]} {[t.dtype for t in xs]} differ "
+                          f"outside axis {ax}")
+    offs = [0]
+    for t in xs:
+        offs.append(offs[-1] + t.shape[ax])
+    shape = list(xs[0].shape)
+    shape[ax] = offs[-1]
+
+    def f(*i):
+        def read(k):
+            j = list(i)
+            j[ax] = i[ax] - offs[k]
+            return xs[k][tuple(j)]
+        v = read(len(xs) - 1)
+        for k in range(len(xs) - 2, -1, -1):
+            v = te.select(i[ax] < offs[k + 1], read(k), v)
+        return v
+    return te.compute(tuple(shape), f, name="concat", tag="injective,concat")
+
+
+def pad(x, pads, mode="constant", value=0.0):
+    """pads = (begin_0..begin_{r-1}, end_0..end_{r-1}) as ONNX."""
+    r = x.ndim
+    pads = tuple(int(p) for p in pads)
+    if len(pads) != 2 * r or min(pads) < 0:
+        raise OpError(f"pad: pads {list(pads)} must be 2 x rank {r} non-negative values")
+    shape = tuple(x.shape[d] + pads[d] + pads[d + r] for d in range(r))
+    if mode == "constant":
+        val = te.const(value, x.dtype)
+
+        def f(*i):
+            conds, src = [], []
+            for d in range(r):
+                lo, n = pads[d], x.shape[d]
+                src.append(i[d] - lo)
+                if lo:
+                    conds.append(i[d] >= lo)
+                if pads[d + r]:
+                    conds.append(i[d] < lo + n)
+            return te.select(te.all(*conds), x[tuple(src)], val) if conds else x[tuple(src)]
+    elif mode in ("edge", "reflect"):
+        for d in range(r):
+            if mode == "reflect" and (pads[d] >= x.shape[d] or pads[d + r] >= x.shape[d]):
+                raise OpError(f"pad: reflect padding {pads[d]}/{pads[d + r]} must be smaller than axis "
+                              f"{d} of size {x.shape[d]}")
+
+        def f(*i):
+            src = []
+            for d in range(r):
+                n, j = x.shape[d], i[d] - pads[d]
+                if mode == "edge":
+                    j = te.elem_min(te.elem_max(j, 0), n - 1)
+                else:
+                    j = te.abs(j)                       # reflect below 0
+                    j = (n - 1) - te.abs((n - 1) - j)    # reflect above n - 1
+                src.append(j)
+            return x[tuple(src)]
+    else:
+        raise OpError(f"pad: unknown mode {mode!r}; modes are constant, reflect, edge")
+    return te.compute(shape, f, name="pad", tag="injective,pad")
+
+
+def strided_slice(x, starts, ends, axes, steps):
+    """Graph-IR slice: starts/ends normalized to [0, dim] (ends may be -1 for negative steps)."""
+    shape = list(x.shape)
+    begin = [0] * x.ndim
+    step = [1] * x.ndim
+    for s, e, ax, st in zip(starts, ends, axes, steps):
+        if not 0 <= ax < x.ndim or st == 0:
+            raise OpError(f"slice: bad axis {ax} or step {st} for rank {x.ndim}")
+        n = len(range(s, e, st))
+        if n <= 0:
+            raise OpError(f"slice: axis {ax} range({s}, {e}, {st}) is empty")
+        shape[ax], begin[ax], step[ax] = n, s, st
+    return te.compute(tuple(shape), lambda *i: x[tuple(begin[d] + i[d] * step[d] for d in range(x.ndim))],
+                      name="slice", tag="injective,slice")
+
+
+def layout_transform(x, src, dst):
+    """'NCHW' <-> 'NCHW{n}c' (e.g. 'NCHW16c')."""
+    if src == "NCHW" and dst.startswith("NCHW") and dst.endswith("c"):
+        return pack_nchwc(x, int(dst[4:-1]), name="layout_transform")
+    if dst == "NCHW" and src.startswith("NCHW") and src.endswith("c"):
+        if x.ndim != 5 or x.shape[4] != int(src[4:-1]):
+            raise OpError(f"layout_transform: input {list(x.shape)} is not {src}")
+        return unpack_nchwc(x, name="layout_transform")
+    raise OpError(f"layout_transform: {src} -> {dst} is not supported (NCHW <-> NCHW<n>c)")
