@@ -573,6 +573,12 @@ def shift_right_round(acc: np.ndarray, s: int) -> np.ndarray:
     return acc << (-s)
 
 
+def shift_floor(acc: np.ndarray, s: int) -> np.ndarray:
+    """acc * 2^-s rounded down: one SHR by s (a negative s shifts left)."""
+    acc = acc.astype(np.int64)
+    return acc >> s if s >= 0 else acc << (-s)
+
+
 def clip_int8(v: np.ndarray) -> np.ndarray:
     return np.clip(v, INT8_MIN, INT8_MAX).astype(np.int8)
 
@@ -630,7 +636,7 @@ def _qconv2d():
             x, w = unpack_ref(x, None), unpack_ref(w, None)
         acc = np.rint(conv2d_ref(x, w, a["strides"], a["pads"], a["dilations"], a["groups"])).astype(np.int64)
         acc = wrap_int32(acc + b.astype(np.int64).reshape(1, -1, 1, 1))
-        y = clip_int8(shift_right_round(acc, requant_shift(a)))
+        y = clip_int8(shift_floor(acc, requant_shift(a)))  # the rounding half is in b
         return pack_ref(y, (bn, bo)) if packed else y
     return infer, impl
 
@@ -657,7 +663,7 @@ def _qdense():
             x, w = unpack_ref(x, None), unpack_ref(w, None)
         acc = np.rint(x.astype(np.float64) @ w.astype(np.float64).T).astype(np.int64)
         acc = wrap_int32(acc + b.astype(np.int64))
-        y = clip_int8(shift_right_round(acc, requant_shift(a)))
+        y = clip_int8(shift_floor(acc, requant_shift(a)))  # the rounding half is in b
         return pack_ref(y, (bn, bo)) if packed else y
     return infer, impl
 

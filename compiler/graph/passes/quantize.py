@@ -25,6 +25,8 @@ SHR_RANGE = (-32, 31)  # what one SHR of a 32-bit accumulator can do (AluOp.SHR,
 
 #: ops whose int8 result is exact at the input's scale (attrs adjusted by _int8_attrs).
 SCALE_PRESERVING = ("relu", "clip", "max_pool2d", "reshape", "transpose", "slice", "take", "pad")
+#: ops whose output values are a subset of their input's (a missing range is the input's).
+RANGE_PRESERVING = ("reshape", "transpose", "slice", "take", "max_pool2d")
 #: consumers whose range, not the producer's, sets a conv/dense/add output shift (saturating
 #: before them is harmless: they clamp anyway).
 CLAMPING = ("relu", "clip")
@@ -93,17 +95,37 @@ class _Quantizer:
         self.layers: list[dict] = []
 
     def shift_for(self, old: Node, why: str) -> int:
+        src = old
+        while src.name not in self.cal.shifts and src.op in RANGE_PRESERVING:
+            src = src.inputs[0]  # values are a subset of the input's: its scale fits
+        if src.name in self.cal.shifts:
+            return self.cal.shifts[src.name]
         if old.name not in self.cal.shifts:
             raise QuantizeError(f"quantize: no scale for tensor '{old.name}' ({old.op}), needed {why}; "
                                 f"calibrate with sample inputs or give a QDQ model")
         return self.cal.shifts[old.name]
 
     def out_shift(self, old: Node) -> int:
-        """Shift of a conv/dense/add result: its clamping sole consumer's range if it has one."""
-        us = self.users[id(old)]
-        if len(us) == 1 and us[0].op in CLAMPING and not any(old is o for o in self.graph.outputs) \
-                and us[0].name in self.cal.shifts:
-            return self.cal.shifts[us[0].name]
+        """Shift of a conv/dense/add result: the range of a clamping sole consumer (reached
+        through reshapes/transposes) if there is one, else its own, else that of the reshape
+        holding its value (a QDQ model names the tensor after the reshape)."""
+        chain, cur = [], old
+        while len(self.users[id(cur)]) == 1 and not any(cur is o for o in self.graph.outputs):
+            u = self.users[id(cur)][0]
+            if u.op not in CLAMPING + ("reshape", "transpose"):
+                break
+            chain.append(u)
+            if u.op in CLAMPING:
+                break
+            cur = u
+        shifts = self.cal.shifts
+        if chain and chain[-1].op in CLAMPING and chain[-1].name in shifts:
+            return shifts[chain[-1].name]
+        if old.name in shifts:
+            return shifts[old.name]
+        for c in chain:
+            if c.name in shifts:
+                return shifts[c.name]
         return self.shift_for(old, "for its output")
 
     def as_float(self, n: Node) -> Node:

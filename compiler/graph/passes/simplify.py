@@ -1,6 +1,6 @@
 """Simplify: local rewrites that expose fusion and quantization: merge chained reshapes, drop
-no-op reshapes/transposes, and move a constant bias add into the conv/dense before it (also
-through the reshape that the frontend puts around a 3-d MatMul)."""
+no-op reshapes/transposes, turn a matmul by a constant matrix into dense, and move a constant
+bias add into the conv/dense before it (also through the reshape around a 3-d MatMul)."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,6 +19,18 @@ def _bias_vector(b: Node, channels: int, axis: int, rank: int):
     return np.broadcast_to(b.value.reshape(-1), (channels,)).astype(np.float32)
 
 
+def _matmul_to_dense(n: Node) -> Node:
+    """x @ W with constant 2-d W (as QDQ models leave Gemm/MatMul once their weights fold) -> dense."""
+    x, w = n.inputs
+    wt = Node.const(np.ascontiguousarray(w.value.T), name=f"{w.name}/T")
+    if x.type.rank == 2:
+        return Node("dense", [x, wt], name=n.name, origin=n.origin)
+    lead = x.shape[:-1]
+    flat = Node("reshape", [x], {"shape": (int(np.prod(lead)), x.shape[-1])}, name=f"{n.name}/flatten", origin=n.origin)
+    d = Node("dense", [flat, wt], name=f"{n.name}/dense", origin=n.origin)
+    return Node("reshape", [d], {"shape": n.shape}, name=n.name, origin=n.origin)
+
+
 def simplify(graph: Graph) -> Graph:
     """Reshape/transpose cleanup and bias folding into conv2d/dense."""
     users = graph.users()
@@ -34,6 +46,8 @@ def simplify(graph: Graph) -> Graph:
             return n.inputs[0] if n.inputs[0].shape == n.shape else n
         if n.op == "transpose" and list(n.attrs["perm"]) == list(range(n.type.rank)):
             return n.inputs[0]
+        if n.op == "matmul" and n.inputs[1].is_const and n.inputs[1].type.rank == 2:
+            return _matmul_to_dense(n)
         if n.op != "add":
             return None
         for k in (0, 1):

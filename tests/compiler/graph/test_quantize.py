@@ -1,0 +1,170 @@
+"""int8 quantization with power-of-two scales: the shift arithmetic is bit-exact, calibration is
+reported, QDQ models' scales are imported; onnxruntime's own quantizer output is the QDQ oracle."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.frontend import from_onnx, zoo
+from compiler.graph import Graph, Node, QuantizeError, run
+from compiler.graph.passes import Calibration, calibrate, optimize, pow2_shift, quantize
+
+RNG = np.random.default_rng(0)
+
+
+def cosine(a, b):
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def ort_run(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_quantize_pow2_shift_keeps_absmax_representable():
+    assert [pow2_shift(a) for a in (1.0, 127.0, 0.5, 200.0, 0.0, 1.99)] == [6, 0, 7, -1, 0, 5]
+    for a in RNG.uniform(1e-3, 1e3, 50):
+        k = pow2_shift(a)
+        assert a * 2.0 ** k <= 127 < a * 2.0 ** (k + 1)
+
+
+def _qconv_loops(x, w, b, s, pads):
+    """Independent integer reference: loops, Python ints, floor shift (the half is in b)."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pads, pads), (pads, pads)))
+    out = np.zeros((n, o, h + 2 * pads - kh + 1, wd + 2 * pads - kw + 1), np.int64)
+    for oc in range(o):
+        for i in range(out.shape[2]):
+            for j in range(out.shape[3]):
+                acc = int((xp[0, :, i:i + kh, j:j + kw] * w[oc]).sum()) + int(b[oc])
+                out[0, oc, i, j] = min(127, max(-127, acc >> s))
+    return out.astype(np.int8)
+
+
+def test_quantize_qconv2d_reference_is_bit_exact():
+    x = RNG.integers(-127, 128, (1, 3, 5, 5)).astype(np.int8)
+    w = RNG.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8)
+    b = RNG.integers(-5000, 5000, 4).astype(np.int32)
+    attrs = {"pads": (1, 1, 1, 1), "in_shift": 5, "w_shift": 7, "out_shift": 4}
+    xin = Node.input("x", x.shape, "int8")
+    q = Node("qconv2d", [xin, Node.const(w), Node.const(b)], attrs, name="q")
+    got = run(Graph.from_outputs([xin], [q]), [x])[0]
+    np.testing.assert_array_equal(got, _qconv_loops(x, w, b, 5 + 7 - 4, 1))
+    assert got.dtype == np.int8 and got.min() >= -127
+
+
+def test_quantize_qadd_and_quantize_ops_round_and_saturate():
+    a = np.array([100, -100, 3, 127], np.int8)
+    b = np.array([1, -1, 5, 127], np.int8)
+    ai, bi = Node.input("a", (4,), "int8"), Node.input("b", (4,), "int8")
+    s = Node("qadd", [ai, bi], {"a_shift": 4, "b_shift": 6, "out_shift": 3})
+    got = run(Graph.from_outputs([ai, bi], [s]), [a, b])[0]
+    # align to 2^-6: a << 2, then (sum + 4) >> 3
+    want = np.clip(((a.astype(int) << 2) + b + 4) >> 3, -127, 127)
+    np.testing.assert_array_equal(got, want)
+    f = Node.input("f", (4,))
+    q = Node("quantize", [f], {"shift": 4})
+    np.testing.assert_array_equal(run(Graph.from_outputs([f], [q]), [np.array([100., -100., 0.03125, -0.09375])])[0],
+                                  [127, -127, 0, -2])  # round half to even: 0.5 -> 0, -1.5 -> -2
+
+
+def _conv_relu_graph():
+    x = Node.input("x", (1, 4, 6, 6))
+    c = Node("conv2d", [x, Node.const((RNG.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32)),
+                        Node.const((RNG.standard_normal(8) * 0.1).astype(np.float32))], {"pads": (1, 1, 1, 1)}, name="conv")
+    return Graph.from_outputs([x], [Node("relu", [c], name="relu")], ["y"])
+
+
+def test_quantize_conv_relu_uses_relu_range_folds_rounding_into_bias_and_reports():
+    g = _conv_relu_graph()
+    samples = [{"x": RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)} for _ in range(3)]
+    cal = calibrate(g, samples)
+    assert set(cal.shifts) == {"x", "conv", "relu"} and cal.samples == 3
+    table = cal.table()
+    assert table.splitlines()[0].split()[:4] == ["tensor", "source", "absmax", "shift"]
+    assert "relu" in table and "calibration" in table
+    q = quantize(g, cal)
+    assert [n.op for n in q.ops] == ["quantize", "qconv2d", "relu", "dequantize"]
+    qc = q.find("conv")
+    a = qc.attrs
+    assert a["in_shift"] == cal.shifts["x"] and a["out_shift"] == cal.shifts["relu"]
+    s = a["in_shift"] + a["w_shift"] - a["out_shift"]
+    bias_f = g.find("conv").inputs[2].value
+    np.testing.assert_array_equal(qc.inputs[2].value, np.rint(bias_f * 2.0 ** (a["in_shift"] + a["w_shift"])) + (1 << (s - 1)))
+    layer = q.meta["quantize"]["layers"][0]
+    assert layer["name"] == "conv" and layer["shr"] == s
+    for f in samples:
+        assert cosine(run(q, f)[0], run(g, f)[0]) > 0.995
+
+
+def test_quantize_missing_scale_names_the_tensor():
+    g = _conv_relu_graph()
+    with pytest.raises(QuantizeError, match="no scale for tensor 'x' \\(input\\), needed as input of conv2d 'conv'"):
+        quantize(g, Calibration())
+    with pytest.raises(Exception, match="needs calibration_samples"):
+        optimize(g, quantize=True)
+
+
+def _pow2_qdq_conv_model():
+    """x -Q/DQ(2^-5)-> Conv(int8 weights at 2^-7 via DQ) -> Relu -Q/DQ(2^-4)-> y."""
+    w = np.clip(np.rint(RNG.standard_normal((16, 16, 3, 3)) * 20), -127, 127).astype(np.int8)
+    w[0, 0, 0, 0] = 127  # the weight range fills int8, so the data-derived weight shift is the QDQ one
+    inits = [numpy_helper.from_array(np.float32(2 ** -5), "sx"), numpy_helper.from_array(np.int8(0), "zx"),
+             numpy_helper.from_array(w, "wq"), numpy_helper.from_array(np.float32(2 ** -7), "sw"),
+             numpy_helper.from_array(np.int8(0), "zw"),
+             numpy_helper.from_array(np.float32(2 ** -4), "sy"), numpy_helper.from_array(np.int8(0), "zy")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"], name="dqx"),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"], name="dqw"),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("QuantizeLinear", ["r", "sy", "zy"], ["rq"], name="qy"),
+             helper.make_node("DequantizeLinear", ["rq", "sy", "zy"], ["y"], name="dqy")]
+    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 6, 6])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_quantize_imports_pow2_qdq_scales_exactly():
+    m = _pow2_qdq_conv_model()
+    g = optimize(from_onnx(m), quantize=True, accel="default", fuse=False)
+    cal = g.meta["quantize"]["calibration"]
+    assert cal.shifts["x"] == 5 and cal.shifts["relu"] == 4 and cal.source["x"] == "qdq"
+    conv = g.find("conv")
+    assert conv.op == "qconv2d" and conv.target == "accel"
+    assert (conv.attrs["in_shift"], conv.attrs["w_shift"], conv.attrs["out_shift"]) == (5, 7, 4)
+    assert not any(n.op in ("quantize_linear", "dequantize_linear") for n in g.nodes)
+    x = (RNG.standard_normal((1, 16, 6, 6)) * 1.5).astype(np.float32)
+    ref = ort_run(m, {"x": x})[0]
+    got = run(g, {"x": x})[0]
+    # same scales; only the rounding of ties and of the requantization may differ by one step
+    assert np.abs(got - ref).max() <= 2 ** -4 + 1e-6
+    assert cosine(got, ref) > 0.999
+
+
+class _Reader:
+    def __init__(self, feeds):
+        self.it = iter(feeds)
+
+    def get_next(self):
+        return next(self.it, None)
+
+
+@pytest.mark.parametrize("name,symmetric", [("mlp", True), ("residual_block", False), ("transformer_encoder", True)])
+def test_quantize_onnxruntime_qdq_model_imports_close_to_float(tmp_path, name, symmetric):
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    m = zoo.MODELS[name]()
+    onnx.save(m, tmp_path / "m.onnx")
+    feeds = zoo.sample_inputs(m, 5, seed=2)
+    reader = type("Reader", (_Reader, CalibrationDataReader), {})(feeds[:4])
+    quantize_static(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), reader, quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=False,
+                    extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True})
+    qm = onnx.load(tmp_path / "q.onnx")
+    g = optimize(from_onnx(qm), quantize=True, accel="default")  # no samples: the QDQ scales are used
+    assert any(n.target == "accel" and n.op in ("fused", "qdense", "qconv2d") for n in g.nodes)
+    assert g.meta["quantize"]["calibration"].source and set(g.meta["quantize"]["calibration"].source.values()) == {"qdq"}
+    ref = ort_run(m, feeds[4])[0]
+    assert cosine(run(g, feeds[4])[0], ref) >= 0.99
