@@ -1,0 +1,162 @@
+"""Builds the Verilator model of accel_top with the C++ harness (harness.cpp) into a shared library.
+
+    path = build_library(cfg, waves=None | "vcd" | "fst", probes=False)
+
+The Verilog comes from accel.hw.verilog.generate (cached by its source key). The library is
+cached under <cache root>/verilator/<key>/ (ACCEL_CACHE_DIR, default <repo>/.cache), the key
+hashing the Verilog's source key, this harness, the build flags and the Verilator version, and
+the build runs under a file lock so concurrent processes (pytest workers) share one build.
+Needs only `verilator` and a C++ compiler. A build of the tiny config takes about a minute.
+
+Variants: waves adds Verilator's VCD or FST tracing (slower); probes keeps each stage's
+instruction take/retire strobes readable by the harness (for per-instruction traces).
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from accel.isa import AccelConfig, resolve_config
+
+from ..errors import SimError
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+HARNESS = HERE / "harness.cpp"
+TOP = "accel_top"
+LIB_NAME = "libaccel_sim.so"
+WAVE_FORMATS = (None, "vcd", "fst")
+
+# Stage controllers whose strobes the probe build reads (accel/hw/top.py instance names).
+STAGES = ("load", "compute", "store")
+# Amaranth names each StageControl `ctrl` inside its stage; Verilator flattens the hierarchy
+# into members of the root class named <path>__DOT__<signal>.
+PROBE_SIGNALS = {"TAKEN": "cmd__en", "RETIRE": "retire"}
+
+
+class BuildError(SimError):
+    """The Verilator model could not be built (the message carries the tool's output)."""
+
+
+def tools_available() -> str | None:
+    """None if verilator and a C++ compiler are on PATH, else what is missing."""
+    for exe, pkg in (("verilator", "verilator"), ("g++", "g++"), ("make", "make")):
+        if shutil.which(exe) is None:
+            return f"{exe} not found (apt-get install {pkg})"
+    return None
+
+
+def verilator_version() -> str:
+    try:
+        return subprocess.run(["verilator", "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BuildError(f"cannot run verilator: {e}") from None
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], cwd: Path, what: str) -> None:
+    try:
+        p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"{what} timed out: {' '.join(cmd[:4])} ...") from None
+    if p.returncode != 0:
+        raise BuildError(f"{what} failed (exit {p.returncode}):\n{(p.stdout + p.stderr)[-4000:]}")
+
+
+def _flags(waves: str | None, probes: bool) -> list[str]:
+    flags = ["-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert"]
+    if waves == "vcd":
+        flags.append("--trace")
+    elif waves == "fst":
+        flags.append("--trace-fst")
+    return flags
+
+
+def _probe_defines(verilog: str) -> tuple[list[str], str]:
+    """-D macros reading each stage's strobes, and the .vlt lines keeping those signals public."""
+    defines, vlt = [], []
+    for stage in STAGES:
+        module = f"{TOP}.{stage}.ctrl"
+        for kind, sig in PROBE_SIGNALS.items():
+            if f"module \\{module} " not in verilog:
+                raise BuildError(f"probe build: module {module} not found in the generated Verilog")
+            vlt.append(f'public_flat_rd -module "{module}" -var "{sig}"')
+            member = f"{TOP}__DOT__{stage}__DOT__ctrl__DOT__{sig}"
+            defines.append(f"-DACCEL_PROBE_{kind}_{stage.upper()}=(r->{member})")
+    return defines, "`verilator_config\n" + "\n".join(vlt) + "\n"
+
+
+def library_key(cfg: AccelConfig, waves: str | None = None, probes: bool = False) -> str:
+    from accel.hw.verilog import source_key
+    h = hashlib.sha256(source_key(cfg).encode())
+    h.update(HARNESS.read_bytes())
+    h.update(Path(__file__).read_bytes())
+    h.update(json.dumps([waves, probes, _flags(waves, probes)]).encode())
+    h.update(verilator_version().encode())
+    return h.hexdigest()[:16]
+
+
+def build_library(config, waves: str | None = None, probes: bool = False) -> Path:
+    """The shared library for `config` (built once, then from the cache); returns its path."""
+    if waves not in WAVE_FORMATS:
+        raise BuildError(f"waves={waves!r}: formats are {', '.join(map(str, WAVE_FORMATS))}")
+    missing = tools_available()
+    if missing:
+        raise BuildError(f"the rtl driver needs Verilator and a C++ compiler: {missing}")
+    from accel.hw.verilog import LINT_WAIVERS, cache_root, generate
+    cfg = resolve_config(config)
+    key = library_key(cfg, waves, probes)
+    bdir = cache_root() / "verilator" / key
+    lib = bdir / LIB_NAME
+    if lib.exists():
+        return lib
+    with _locked(cache_root() / "verilator" / f"{key}.lock"):
+        if lib.exists():
+            return lib
+        t0 = time.perf_counter()
+        gen = generate(cfg)
+        if bdir.exists():
+            shutil.rmtree(bdir)
+        obj = bdir / "obj"
+        obj.mkdir(parents=True)
+        src = bdir / f"{TOP}.v"
+        shutil.copyfile(gen["verilog"], src)
+        vlts = [LINT_WAIVERS]
+        cflags = ["-fPIC", "-O2"]
+        if probes:
+            defines, vlt = _probe_defines(src.read_text())
+            (bdir / "probes.vlt").write_text(vlt)
+            vlts.append(bdir / "probes.vlt")
+            cflags += ["-DACCEL_PROBES"] + defines
+        cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "--top-module", TOP, "--prefix", "Vtop",
+               "-Mdir", str(obj), "-o", str(lib), "-Wno-fatal", *_flags(waves, probes),
+               "-CFLAGS", " ".join(cflags), "-LDFLAGS", "-shared",
+               *map(str, vlts), str(HARNESS), str(src)]
+        log.info("building the Verilator model of %s for config %s", TOP, cfg.digest())
+        _run(cmd, bdir, f"Verilator build of {TOP}")
+        if not lib.exists():
+            raise BuildError(f"Verilator build of {TOP} finished without {lib}")
+        shutil.rmtree(obj / "obj_dir", ignore_errors=True)
+        (bdir / "build.json").write_text(json.dumps({"config": cfg.to_dict(), "waves": waves, "probes": probes,
+                                                     "seconds": round(time.perf_counter() - t0, 1)}))
+        log.info("built %s in %.1f s", lib, time.perf_counter() - t0)
+    return lib
