@@ -124,6 +124,9 @@ class _Ctx:
     def fail(self, msg: str):
         raise ConversionError(f"{self.onnx_node.op_type} '{self.node_name}': {msg}")
 
+    def used_extra_output(self, k: int, what: str):
+        self.fail(f"output {k} ({what}) is used by the model; only inference outputs are supported")
+
     def input(self, k: int) -> Node | None:
         ins = self.onnx_node.input
         if k >= len(ins) or ins[k] == "":
@@ -575,13 +578,6 @@ def _gather(c):
     idx = c.value(1, "indices")
     ax = int(c.attr("axis", 0)) % x.type.rank
     return c.add("take", [x], {"indices": np.asarray(idx, np.int64), "axis": ax})
-
-
-def _used_extra_output(self, k: int, what: str):
-    self.fail(f"output {k} ({what}) is used by the model; only inference outputs are supported")
-
-
-_Ctx.used_extra_output = _used_extra_output
 
 
 # ---- entry ------------------------------------------------------------------------------------
