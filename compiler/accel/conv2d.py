@@ -84,13 +84,19 @@ class Conv2dSpec:
 
 @dataclass(frozen=True)
 class Requant:
-    """Epilogue on the int32 accumulator: out = clip((acc + bias) >> shift, lo, hi) as int8."""
+    """Epilogue on the int32 accumulator: out = clip(((acc + bias) + half) >> shift, lo, hi) as int8,
+    half = 2^(shift-1) when `round` (round half up), else 0; a negative shift shifts left."""
     shift: int = 0
     lo: int = -128
     hi: int = 127
+    round: bool = False
 
     def apply(self, acc: np.ndarray) -> np.ndarray:
-        return np.clip(acc >> self.shift, self.lo, self.hi)
+        acc = acc.astype(np.int64)
+        if self.round and self.shift > 0:
+            acc = (acc + (1 << (self.shift - 1))).astype(np.int32).astype(np.int64)
+        acc = acc >> self.shift if self.shift >= 0 else (acc << -self.shift).astype(np.int32).astype(np.int64)
+        return np.clip(acc, self.lo, self.hi)
 
 
 @dataclass(frozen=True)
@@ -285,7 +291,12 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
 
 
 def emit_requant(stream, kernel, requant: Requant) -> None:
-    """Shift right then clamp every accumulator entry the kernel walks (ALU SHR, CLIP or MIN+MAX)."""
+    """Round, shift, then clamp every accumulator entry the kernel walks (ALU ADD, SHR, CLIP or MIN+MAX)."""
+    if requant.round and requant.shift > 0:
+        if requant.shift > 15:
+            raise TilingError(f"rounding for shift {requant.shift} needs an immediate 2^{requant.shift - 1} "
+                              f"beyond the 16-bit ALU immediate")
+        stream.push_alu(kernel, AluOp.ADD, 1 << (requant.shift - 1))
     if requant.shift:
         stream.push_alu(kernel, AluOp.SHR, requant.shift)
     if requant.lo == -requant.hi:
