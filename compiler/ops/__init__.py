@@ -1,0 +1,21 @@
+"""Operator library (TVM's TOPI): compute declarations (te) plus schedules per target.
+
+    from compiler import ops
+    compute, schedule = ops.get("conv2d", target="llvm")          # best implementation
+    f = ops.compile_op("conv2d", [(1, 64, 56, 56), (64, 64, 3, 3)],
+                       {"pads": (1, 1, 1, 1)}, "float32", "llvm")
+    y = f(x, w)                                                    # numpy in, numpy out
+    g = ops.compile_op("conv2d", [...], {...}, consts={1: w})     # weight bound (and pre-packed)
+    y = g(x)
+
+Ops and attributes follow the graph IR (compiler.graph.ops); `ops.list_ops()` lists them, and a
+lookup for an unsupported (op, target) raises OpNotSupported with the reason.
+"""
+from . import library as _library  # noqa: F401  (fills the registry)
+from .api import CompiledOp, clear_cache, compile_op, get, list_ops
+from .registry import (DECLINED, IMPLS, OPS, Implementation, OpDef, OpError, OpNotSupported, add_impl,
+                       decline, define, implementations, select)
+
+__all__ = ["get", "compile_op", "list_ops", "clear_cache", "CompiledOp", "OpError", "OpNotSupported",
+           "Implementation", "OpDef", "OPS", "IMPLS", "DECLINED", "add_impl", "decline", "define",
+           "implementations", "select"]

@@ -1,0 +1,291 @@
+"""CPU ("llvm") schedules, as TVM's x86 TOPI schedules.
+
+- injective / elementwise / broadcast: intermediate injective stages inlined; the output's axes
+  fused except the last, split by the vector width and vectorized; outer loop parallel when
+  there is enough work (a launch costs tens of microseconds).
+- conv2d NCHW[x]c: accumulators for a (reg_n x oc_bn) output tile in a local buffer (cache_write)
+  that unrolling + vectorization turn into registers; loops oc, oh, ow-tile outer (fused and
+  parallel), then ic-block, kh, kw, ic-lane, ow-lane (unrolled), oc-lane (vectorized).
+- conv2d NCHW direct (groups, depthwise, dilation): padded input materialized, an ow-tile of
+  accumulators vectorized over ow.
+- dense with a packed weight (N/bn, K, bn): a (mi x bn) tile of accumulators, vectorized over bn.
+- matmul / batch_matmul: (mi x nj) register tiles, vectorized over j.
+- pooling, softmax, norms: one stage per reduction, parallel over the outer axes.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import te
+from ..te.tensor import ComputeOp, PlaceholderOp
+
+#: minimum output elements for a parallel loop to pay for its launch
+PARALLEL_MIN = 1 << 14
+#: vector register width in bytes the schedules block for (AVX-512)
+VECTOR_BYTES = 64
+
+
+def lanes(dtype: str) -> int:
+    from ..tir import dtype as dt
+    return max(1, VECTOR_BYTES // max(1, dt.bits(dtype) // 8))
+
+
+def largest_divisor(n: int, at_most: int) -> int:
+    for d in range(min(n, at_most), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def _is_injective(op) -> bool:
+    return isinstance(op, ComputeOp) and not op.reduce_axis and op.tag.split(",")[0] in (
+        "injective", "elemwise", "broadcast")
+
+
+def _as_list(outs):
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def inline_injective(s, outs, keep=()) -> None:
+    """compute_inline every injective stage that is not an output (TOPI's traverse_inline)."""
+    out_ops = {o.op for o in outs}
+    for st in s.stages:
+        op = st.op
+        if st.is_placeholder or op in out_ops or op in keep or st.attach_type == "inline":
+            continue
+        if _is_injective(op) and "pack" not in op.tag.split(",") and "pad" not in op.tag.split(","):
+            st.compute_inline()
+
+
+def schedule_flat(s, t, vector=True, parallel=True):
+    """Fuse all but the last axis; vectorize the last when a vector width divides it; parallel
+    outermost when the tensor is big enough."""
+    st = s[t]
+    axes = list(st.op.axis)
+    size = math.prod(t.shape)
+    if vector and axes:
+        n = t.shape[-1]
+        vl = lanes(t.dtype)
+        v = next((w for w in (vl, vl // 2, vl // 4) if w >= 4 and n % w == 0), None)
+        if v is not None:
+            lo, li = st.split(axes[-1], v)
+            st.vectorize(li)
+            axes = axes[:-1] + [lo]
+        elif len(axes) > 1 and n >= 4:
+            axes = axes[:-1]    # keep the last axis its own (inner, stride-1) loop: no div/mod per element
+    outer = st.fuse(*axes) if len(axes) > 1 else (axes[0] if axes else None)
+    if parallel and outer is not None and size >= PARALLEL_MIN:
+        st.parallel(outer)
+
+
+def schedule_injective(outs):
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    for st in s.stages:
+        if st.is_placeholder or st.attach_type == "inline":
+            continue
+        schedule_flat(s, st.op.output(0))
+    return s
+
+
+def schedule_reduce(outs):
+    """Generic: every stage at root, parallel over its fused data-parallel axes when big; the
+    last data axis vectorized for injective stages."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    for st in s.stages:
+        if st.is_placeholder or st.attach_type == "inline":
+            continue
+        op = st.op
+        if op.reduce_axis:
+            axes = list(op.axis)
+            size = math.prod(op.shape)
+            outer = st.fuse(*axes) if len(axes) > 1 else axes[0]
+            work = size * math.prod(r.dom.extent.value for r in op.reduce_axis)
+            if work >= PARALLEL_MIN and size > 1:
+                st.parallel(outer)
+        else:
+            schedule_flat(s, op.output(0))
+    return s
+
+
+def _find(s, tag_head: str):
+    for st in s.stages:
+        if not st.is_placeholder and st.op.tag.split(",")[0] == tag_head:
+            return st
+    return None
+
+
+# ---------------------------------------------------------------- conv2d
+
+#: conv2d NCHWc knobs (the benchmark may override): max output-width tile and channel blocks
+CONV_REG_N = 14
+CONV_OC_BN = 32
+CONV_IC_BN = 16
+
+
+def conv_blocks(C: int, O: int, dtype: str = "float32", oc_bn: int | None = None, ic_bn: int | None = None):
+    """(ic_bn, oc_bn) for an NCHWc conv: oc_bn a multiple of the vector width when possible."""
+    ob = oc_bn or CONV_OC_BN
+    oc = largest_divisor(O, ob)
+    ic = largest_divisor(C, ic_bn or CONV_IC_BN)
+    return ic, oc
+
+
+def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    conv = _find(s, "conv2d_NCHWc")
+    for st in s.stages:   # pack / pad / unpack stages: root, parallel, vectorized where possible
+        if st.is_placeholder or st.attach_type == "inline" or st is conv:
+            continue
+        schedule_flat(s, st.op.output(0))
+    C = conv.op.output(0)
+    N, OCO, OH, OW, ocb = C.shape
+    rn = largest_divisor(OW, reg_n or CONV_REG_N)
+    CC = s.cache_write(C, "local")
+    st = s[C]
+    n, oc, oh, ow, ob = st.op.axis
+    owo, owi = st.split(ow, rn)
+    st.reorder(n, oc, oh, owo, owi, ob)
+    fused = st.fuse(n, oc, oh)
+    st.vectorize(ob)
+    st.parallel(fused)
+    s[CC].compute_at(st, owo)
+    cst = s[CC]
+    n, oc, oh, ow, ob = cst.op.axis
+    ico, ry, rx, ici = cst.op.reduce_axis
+    owo2, owi2 = cst.split(ow, rn)
+    cst.reorder(n, oc, oh, owo2, ico, ry, rx, ici, owi2, ob)
+    cst.unroll(owi2)
+    cst.vectorize(ob)
+    return s
+
+
+def schedule_conv2d_nchw(outs):
+    """Direct NCHW conv (any groups): padded input at root; ow tile of accumulators vectorized."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    conv = _find(s, "conv2d_nchw")
+    for st in s.stages:
+        if st.is_placeholder or st.attach_type == "inline" or st is conv:
+            continue
+        schedule_flat(s, st.op.output(0))
+    C = conv.op.output(0)
+    N, O, OH, OW = C.shape
+    vl = lanes(C.dtype)
+    xw = largest_divisor(OW, vl)
+    CC = s.cache_write(C, "local")
+    st = s[C]
+    n, o, y, x = st.op.axis
+    xo, xi = st.split(x, xw)
+    fused = st.fuse(n, o, y)
+    if xw >= 4:
+        st.vectorize(xi)
+    if math.prod(C.shape) >= 1024:
+        st.parallel(fused)
+    s[CC].compute_at(st, xo)
+    cst = s[CC]
+    n, o, y, x = cst.op.axis
+    rc, ry, rx = cst.op.reduce_axis
+    xo2, xi2 = cst.split(x, xw)
+    cst.reorder(n, o, y, xo2, rc, ry, rx, xi2)
+    if xw >= 4:
+        cst.vectorize(xi2)
+    return s
+
+
+# ---------------------------------------------------------------- dense / matmul
+
+def dense_block(M: int, N: int) -> tuple[int, int]:
+    """(mi, bn): rows per register tile and the packed weight's output block."""
+    if M <= 2:
+        return M, 64 if N >= 256 else 16
+    return largest_divisor(M, 8), 16
+
+
+def schedule_dense_pack(outs):
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    cp = _find(s, "dense_pack")
+    for st in s.stages:
+        if st.is_placeholder or st.attach_type == "inline" or st is cp:
+            continue
+        schedule_flat(s, st.op.output(0), parallel=False)
+    C = cp.op.output(0)
+    M, NB, bn = C.shape
+    K = cp.op.reduce_axis[0].dom.extent.value
+    mi = largest_divisor(M, 8)
+    CC = s.cache_write(C, "local")
+    st = s[C]
+    i, jo, ji = st.op.axis
+    io, ii = st.split(i, mi)
+    st.reorder(jo, io, ii, ji)
+    outer = st.fuse(jo, io)
+    st.vectorize(ji)
+    if M * NB * bn * K >= 1 << 16:
+        st.parallel(outer)
+    s[CC].compute_at(st, outer)
+    cst = s[CC]
+    i, jo, ji = cst.op.axis
+    (k,) = cst.op.reduce_axis
+    ko, ki = cst.split(k, 4) if K % 4 == 0 else (k, None)
+    if ki is not None:
+        cst.reorder(i, jo, ko, ki, ji)
+        cst.reorder(jo, ko, ki, i, ji)
+        cst.unroll(ki)
+    else:
+        cst.reorder(jo, k, i, ji)
+    cst.unroll(i)
+    cst.vectorize(ji)
+    return s
+
+
+def schedule_matmul(outs):
+    """matmul / batch_matmul: (mi x nj) register tiles over (i, j), vectorized over j."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    mm = _find(s, "batch_matmul") or _find(s, "matmul")
+    for st in s.stages:
+        if st.is_placeholder or st.attach_type == "inline" or st is mm:
+            continue
+        schedule_flat(s, st.op.output(0))
+    C = mm.op.output(0)
+    M, N = C.shape[-2:]
+    vl = lanes(C.dtype)
+    nj = largest_divisor(N, 2 * vl)
+    mi = largest_divisor(M, 8)
+    K = mm.op.reduce_axis[0].dom.extent.value
+    CC = s.cache_write(C, "local")
+    st = s[C]
+    axes = list(st.op.axis)
+    i, j = axes[-2:]
+    io, jo, ii, ji = st.tile(i, j, mi, nj)
+    outer = st.fuse(*axes[:-2], io) if len(axes) > 2 else io
+    if nj >= 4:
+        st.vectorize(ji)
+    if math.prod(C.shape) * K >= 1 << 16 and math.prod(C.shape[:-1]) // mi > 1:
+        st.parallel(outer)
+    s[CC].compute_at(st, jo)
+    cst = s[CC]
+    caxes = list(cst.op.axis)
+    (k,) = cst.op.reduce_axis
+    cst.reorder(*caxes[:-2], k, caxes[-2], caxes[-1])
+    cst.unroll(caxes[-2])
+    if nj >= 4:
+        cst.vectorize(caxes[-1])
+    return s
+
+
+def schedule_pool(outs):
+    """Pooling: every reduction stage root, parallel over (n, c, oh) fused."""
+    return schedule_reduce(outs)
+
+
+_ = PlaceholderOp
