@@ -1,0 +1,213 @@
+"""LLVM CPU code generation: vector instructions, parallel execution, cross-compiled ARM
+objects, integer semantics, intrinsics, runtime argument checks."""
+import ctypes
+import re
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+from compiler import build, te
+from compiler.codegen import register_extern
+from compiler.codegen import runtime
+from compiler.errors import CodegenError
+from tests.compiler.conftest import run_schedule
+
+
+def vec_add(n=256, lanes=16):
+    A = te.placeholder((n,), name="A")
+    B = te.placeholder((n,), name="B")
+    C = te.compute((n,), lambda i: A[i] * B[i] + 1.0, name="C")
+    s = te.create_schedule(C)
+    xo, xi = s[C].split(C.op.axis[0], lanes)
+    s[C].vectorize(xi)
+    return s, [A, B, C]
+
+
+def elf_header(obj: bytes):
+    assert obj[:4] == b"\x7fELF"
+    ei_class = obj[4]           # 1: 32-bit, 2: 64-bit
+    (e_machine,) = struct.unpack_from("<H", obj, 18)
+    return ei_class, e_machine
+
+
+def test_vectorize_emits_vector_ir_and_simd_asm(rng):
+    s, args = vec_add()
+    mod = build(s, args)
+    ll = mod.get_source("ll")
+    assert "<16 x float>" in ll
+    asm = mod.get_source("asm")
+    assert re.search(r"v(fmadd\w*|mulps|addps)\s.*%(zmm|ymm)", asm), "no packed SIMD arithmetic"
+    a, b = rng.random(256, dtype=np.float32), rng.random(256, dtype=np.float32)
+    c = np.zeros(256, np.float32)
+    mod(a, b, c)
+    np.testing.assert_allclose(c, a * b + 1, rtol=1e-6)
+
+
+def test_unvectorized_schedule_has_no_explicit_vectors_before_llvm():
+    A = te.placeholder((8,), name="A")
+    C = te.compute((8,), lambda i: A[i] + 1.0, name="C")
+    s = te.create_schedule(C)
+    mod = build(s, [A, C], target="llvm -O0")
+    assert "x float>" not in mod.get_source("ll")
+
+
+def test_parallel_matches_serial_and_uses_threads(rng):
+    n = 64
+    A = te.placeholder((n, n), name="A")
+    seen = set()
+
+    @ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)
+    def record(i):
+        seen.add(threading.get_ident())
+        return 0
+    register_extern("kit_test_record_tid", record)
+    B = te.compute((n, n), lambda i, j: A[i, j] * 3.0 + j, name="B")
+    s_ser = te.create_schedule(B)
+    s_par = te.create_schedule(B)
+    s_par[B].parallel(B.op.axis[0])
+    a = rng.random((n, n), dtype=np.float32)
+    ser = run_schedule(s_ser, [A, B], [a])
+    par = run_schedule(s_par, [A, B], [a])
+    np.testing.assert_array_equal(ser, par)
+    mod = build(s_par, [A, B])
+    assert "__kit_parallel_launch" in mod.get_source("ll")
+
+    # an extern call inside the parallel loop records which threads ran the chunks
+    from compiler import tir
+    from compiler.tir import passes
+    from compiler import lower
+    f = lower(s_par, [A, B])
+    body = f.body
+    assert isinstance(body, tir.For) and body.kind == tir.ForKind.PARALLEL
+    probe = tir.For(body.loop_var, body.min, body.extent, tir.ForKind.PARALLEL,
+                    tir.seq(tir.Evaluate(tir.call_extern("int32", "kit_test_record_tid", body.loop_var)), body.body))
+    old = runtime.num_threads()
+    runtime.set_num_threads(4)
+    try:
+        m2 = build(f.with_body(probe), target="llvm")
+        out = np.zeros((n, n), np.float32)
+        m2(a, out)
+    finally:
+        runtime.set_num_threads(old)
+    np.testing.assert_array_equal(out, ser)
+    assert len(seen) >= 2, "the parallel loop ran on one thread only"
+
+
+def test_parallel_loop_with_tail_and_intermediate_buffer(rng):
+    A = te.placeholder((30, 7), name="A")
+    B = te.compute((30, 7), lambda i, j: A[i, j] + 1.0, name="B")
+    C = te.compute((30, 7), lambda i, j: B[i, j] * B[i, j], name="C")
+    s = te.create_schedule(C)
+    io, ii = s[C].split(C.op.axis[0], 4)
+    s[C].parallel(io)
+    s[B].compute_at(s[C], io)
+    a = rng.random((30, 7), dtype=np.float32)
+    np.testing.assert_allclose(run_schedule(s, [A, C], [a]), (a + 1) ** 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("target,ei_class,machine,simd", [
+    ("llvm -mtriple=armv7a-linux-gnueabihf -mcpu=cortex-a9 -mattr=+neon", 1, 40, r"v(mla|mul)\.f32\s+q"),
+    ("pynq", 1, 40, r"v(mla|mul)\.f32\s+q"),
+    ("aarch64-linux-gnu cortex-a53", 2, 183, r"f(mla|mul)\s+v\d+\.4s"),
+    ("ultra96", 2, 183, r"f(mla|mul)\s+v\d+\.4s"),
+])
+def test_cross_compile_arm_objects(target, ei_class, machine, simd, tmp_path):
+    s, args = vec_add(lanes=4)
+    mod = build(s, args, target=target)
+    assert elf_header(mod.object_code) == (ei_class, machine)
+    asm = mod.get_source("asm")
+    assert re.search(simd, asm), "no NEON vector arithmetic in the object"
+    path = tmp_path / "f.o"
+    mod.save(str(path))
+    assert path.read_bytes() == mod.object_code
+    with pytest.raises(CodegenError, match="cannot run on this host"):
+        mod()
+
+
+def test_host_object_is_x86_64():
+    s, args = vec_add()
+    mod = build(s, args, target="llvm")
+    obj = mod.target.target_machine().emit_object(mod._llvm_module)
+    assert elf_header(obj) == (2, 62)
+
+
+def test_integer_floor_division_semantics():
+    A = te.placeholder((1,), "int32", name="A")   # unused input keeps the signature simple
+    D = te.compute((20,), lambda i: (i - 10) // 3 + A[0] * 0, name="D")
+    M = te.compute((20,), lambda i: (i - 10) % 3 + D[i] * 0, name="M")
+    s = te.create_schedule(M)
+    out = run_schedule(s, [A, M], [np.zeros(1, np.int32)])
+    ref = (np.arange(20) - 10) % 3
+    np.testing.assert_array_equal(out, ref)
+    s = te.create_schedule(D)
+    np.testing.assert_array_equal(run_schedule(s, [A, D], [np.zeros(1, np.int32)]), (np.arange(20) - 10) // 3)
+
+
+def test_math_intrinsics(rng):
+    A = te.placeholder((32,), name="A")
+    B = te.compute((32,), lambda i: te.exp(A[i]) + te.log(A[i] + 1.0) + te.tanh(A[i]) + te.sigmoid(A[i]), name="B")
+    s = te.create_schedule(B)
+    xo, xi = s[B].split(B.op.axis[0], 8)
+    s[B].vectorize(xi)
+    a = rng.random(32, dtype=np.float32)
+    ref = np.exp(a) + np.log(a + 1) + np.tanh(a) + 1 / (1 + np.exp(-a))
+    np.testing.assert_allclose(run_schedule(s, [A, B], [a]), ref, rtol=1e-5)
+
+
+def test_large_intermediate_goes_to_heap(rng):
+    n = 200 * 200   # 160 kB of float32, above the stack limit
+    A = te.placeholder((n,), name="A")
+    B = te.compute((n,), lambda i: A[i] * 2.0, name="B")
+    C = te.compute((n,), lambda i: B[i] + 1.0, name="C")
+    s = te.create_schedule(C)
+    mod = build(s, [A, C])
+    assert "@malloc" in mod.get_source("ll") and "@free" in mod.get_source("ll")
+    a = rng.random(n, dtype=np.float32)
+    out = np.zeros(n, np.float32)
+    mod(a, out)
+    np.testing.assert_allclose(out, a * 2 + 1)
+
+
+def test_extern_call_from_generated_code():
+    calls = []
+
+    @ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32)
+    def fill(ptr, n):
+        arr = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n,))
+        arr[:] = 7.0
+        calls.append(n)
+        return 0
+    register_extern("kit_test_fill", fill)
+    from compiler import tir
+    B = tir.Buffer("B", (8,))
+    f = tir.PrimFunc("fill8", [B], tir.Evaluate(tir.call_extern("int32", "kit_test_fill", B.access_ptr(), 8)))
+    mod = build(f, target="llvm")
+    out = np.zeros(8, np.float32)
+    mod(out)
+    assert calls == [8] and (out == 7).all()
+
+
+def test_argument_checks_name_the_parameter():
+    s, args = vec_add()
+    mod = build(s, args)
+    a = np.zeros(256, np.float32)
+    with pytest.raises(CodegenError, match="argument 'B' has shape \\(255,\\), expected \\(256,\\)"):
+        mod(a, np.zeros(255, np.float32), a.copy())
+    with pytest.raises(CodegenError, match="argument 'A' has dtype float64"):
+        mod(np.zeros(256), a.copy(), a.copy())
+    with pytest.raises(CodegenError, match="takes 3 arrays"):
+        mod(a)
+    with pytest.raises(CodegenError, match="not C-contiguous"):
+        mod(np.zeros(512, np.float32)[::2], a.copy(), a.copy())
+
+
+def test_time_and_sources():
+    s, args = vec_add()
+    mod = build(s, args)
+    arrs = [np.ones(256, np.float32) for _ in range(3)]
+    assert mod.time(*arrs, number=2, repeat=1) > 0
+    assert "def main" in mod.get_source("tir")
+    with pytest.raises(CodegenError, match="unknown format"):
+        mod.get_source("ptx")
