@@ -106,6 +106,8 @@ def pad(x, pads, mode="constant", value=0.0):
                 else:
                     j = te.abs(j)                       # reflect below 0
                     j = (n - 1) - te.abs((n - 1) - j)    # reflect above n - 1
+                    # a no-op clamp: te's bound check cannot see through the selects of abs
+                    j = te.elem_min(te.elem_max(j, 0), n - 1)
                 src.append(j)
             return x[tuple(src)]
     else:
