@@ -138,7 +138,7 @@ def test_cli_demo_checks_against_numpy(capsys, monkeypatch):
     _error(capsys, "unknown driver", "demo", "--driver", "nope")
 
 
-def test_cli_compile_op_prints_loop_nest_and_instructions(capsys):
+def test_cli_compile_op_prints_loop_nest_and_instructions(capsys, tmp_path):
     code, out, _ = _run(capsys, "compile-op", "conv2d", "--config", "tiny", "--c", "8", "--o", "8", "--h", "6",
                      "--w", "6", "--relu", "--max-insns", "0")
     assert code == 0
@@ -147,6 +147,10 @@ def test_cli_compile_op_prints_loop_nest_and_instructions(capsys):
     assert "finish pop_next" in out and "OK: bit-exact" in out
     code, out, _ = _run(capsys, "compile-op", "dense", "--config", "tiny", "--rows", "5", "--c", "9", "--o", "6")
     assert code == 0 and "OK: bit-exact" in out
-    _error(capsys, "--layer 'C99' is not in", "compile-op", "conv2d", "--layer", "C99")
+    wl = tmp_path / "wl.json"
+    wl.write_text(json.dumps({"layers": {"L1": [6, 6, 8, 8, 3, 3, 1, 1, 1, 1]}}))
+    code, out, _ = _run(capsys, "compile-op", "conv2d", "--config", "tiny", "--layer", "L1", "--workloads", str(wl))
+    assert code == 0 and "// L1: N=1 C=8 H=6 W=6 -> O=8" in out
+    _error(capsys, "--layer 'C99' is not in", "compile-op", "conv2d", "--layer", "C99", "--workloads", str(wl))
     _error(capsys, "cannot be tiled", "compile-op", "conv2d", "--config", "tiny", "--k", "15", "--pad", "7",
            "--h", "8", "--w", "8", "--c", "4", "--o", "4")
