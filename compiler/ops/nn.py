@@ -117,11 +117,17 @@ def conv2d_NCHWc(data, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 
         name="conv2d_NCHWc", tag="conv2d_NCHWc")
 
 
-def pack_nchwc(data, bn: int, pads=(0, 0, 0, 0), name="data_vec"):
-    """NCHW -> NCHW[bn]c, with spatial zero padding folded into the copy."""
+def pack_nchwc(data, bn: int, pads=(0, 0, 0, 0), name="data_vec", strides=None):
+    """NCHW -> NCHW[bn]c, with spatial zero padding folded into the copy; with strides (only
+    without padding) every stride-th pixel is kept (a 1x1 strided conv reads nothing else)."""
     N, C, H, W = data.shape
     if C % bn:
         raise OpError(f"pack_nchwc: channels {C} not divisible by the block {bn}")
+    if strides is not None and strides != (1, 1):
+        sh, sw = strides
+        return te.compute((N, C // bn, (H - 1) // sh + 1, (W - 1) // sw + 1, bn),
+                          lambda n, co, y, x, ci: data[n, co * bn + ci, y * sh, x * sw],
+                          name=name, tag="injective,pack")
     pt, pl, pb, pr = pads
     zero = te.const(0, data.dtype)
 
@@ -160,9 +166,14 @@ def conv2d_via_nchwc(data, weight, strides=(1, 1), pads=(0, 0, 0, 0), dilations=
     unless it comes packed (kernel_packed: weight is already OIHW[i]i[o]o), convolve, unpack."""
     if groups != 1:
         raise OpError("conv2d_via_nchwc: groups must be 1")
-    dv = pack_nchwc(data, ic_bn, pads)
     kv = weight if kernel_packed else pack_kernel_oihwio(weight, ic_bn, oc_bn)
-    conv = conv2d_NCHWc(dv, kv, strides, (0, 0, 0, 0), dilations, out_dtype)
+    if kv.shape[2:4] == (1, 1) and not any(pads) and tuple(strides) != (1, 1):
+        # 1x1 strided: subsample while packing, then a stride-1 conv over 1/(sh*sw) of the input
+        dv = pack_nchwc(data, ic_bn, strides=tuple(strides))
+        conv = conv2d_NCHWc(dv, kv, (1, 1), (0, 0, 0, 0), dilations, out_dtype)
+    else:
+        dv = pack_nchwc(data, ic_bn, pads)
+        conv = conv2d_NCHWc(dv, kv, strides, (0, 0, 0, 0), dilations, out_dtype)
     return unpack_nchwc(conv, name="conv2d")
 
 

@@ -185,3 +185,11 @@ def test_batch_norm_matches_onnxruntime():
     v = np.abs(rnd(rng, (6,))) + 0.1
     y = ops.compile_op("batch_norm", [x.shape, (6,), (6,), (6,), (6,)], {"epsilon": 1e-3})(x, s, b, m, v)
     close(y, run_onnx("BatchNormalization", [x, s, b, m, v], {"epsilon": 1e-3}, opset=15))
+
+
+def test_conv2d_1x1_strided_subsamples_while_packing():
+    rng = np.random.default_rng(12)
+    x, w = rnd(rng, (1, 16, 9, 8)), rnd(rng, (32, 16, 1, 1))
+    f = ops.compile_op("conv2d", [x.shape, w.shape], {"strides": (2, 3)}, consts={1: w})
+    assert f.impl.name == "conv2d_nchw.nchwc" and f.out_shape == (1, 32, 5, 3)
+    close(f(x), conv2d_ref(x, w, (2, 3), (0, 0, 0, 0), (1, 1), 1))
