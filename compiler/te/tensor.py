@@ -263,8 +263,10 @@ def _check_body(name: str, body: E.PrimExpr, axis, reduce_axes) -> None:
 
 
 def _check_loads(name: str, e, ana: Analyzer) -> None:
-    """Raise ShapeError for reads provably outside a dimension; reads under a select branch or a
-    reduction's `where` are guarded by their condition and are not checked."""
+    """Raise ShapeError for reads the bound analysis cannot prove inside a dimension (generated
+    code has no bounds checks, so an unproven read could touch memory outside the tensor); reads
+    under a select branch or a reduction's `where` are guarded by their condition and not checked.
+    The analysis is an interval over-approximation: clamp an index (min/max) to prove it."""
     if isinstance(e, E.Select):
         _check_loads(name, e.cond, ana)
         return
