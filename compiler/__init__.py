@@ -1,5 +1,22 @@
 """The compiler: tensor expressions and schedules (te), the loop IR (tir) and its passes,
-lowering, code generation (LLVM CPU), and build()."""
+lowering, code generation (LLVM CPU), and build(); graph-level build_model (ONNX -> CompiledModule)."""
 from . import te, tir  # noqa: E402
 from .lower import lower  # noqa: E402
-from .build import build, parse_target, Target, TARGETS  # noqa: E402
+from .build import build as build_te, parse_target, Target, TARGETS  # noqa: E402
+
+
+def build(obj, *args, **kwargs):
+    """A te Schedule or loop-IR PrimFunc -> build_te (like tvm.build); an ONNX model (path, bytes,
+    ModelProto) or a graph IR Graph -> build_model(model, target="accel"|"cpu", config=...)
+    returning a CompiledModule (like relay.build)."""
+    from .te.schedule import Schedule
+    from .tir.stmt import PrimFunc
+    if isinstance(obj, (Schedule, PrimFunc)):
+        return build_te(obj, *args, **kwargs)
+    return build_model(obj, *args, **kwargs)
+
+
+def build_model(model, *args, **kwargs):
+    """See compiler.graph_build.build_model."""
+    from .graph_build import build_model as _build_model
+    return _build_model(model, *args, **kwargs)

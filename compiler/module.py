@@ -1,0 +1,77 @@
+"""CompiledModule: what compiler.build_model returns; saves to one file and loads back.
+
+It is host_runtime's ModuleImage (the data the executor runs: DRAM image with instruction
+programs and weights, step list with buffer assignments, kernel library, input/output names and
+quantization shifts), plus the build's reports. Importing this module registers the graph IR's
+NumPy reference implementations as host ops, the documented fallback for ops without a compiled
+kernel (steps of kind 'numpy', labelled so in the profile).
+
+    mod = compiler.build_model("net.onnx", target="accel", config="default")
+    mod.save("net.accm")                                      # atomic, versioned, config recorded
+    mod = CompiledModule.load("net.accm", config="default")   # refuses another config or version
+    outs, profile = mod.run({"x": x}, driver="fsim")
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from accel.isa.config import AccelConfig, resolve_config
+from host_runtime.executor import (Executor, ModuleFormatError, ModuleImage, format_profile, profile_summary,
+                                   register_host_op)
+
+from .graph.ops import REGISTRY
+
+EXTENSION = ".accm"
+
+
+def _register_graph_ops() -> None:
+    for name, opdef in REGISTRY.items():
+        if opdef.impl is not None and name not in ("input", "const", "fused"):
+            register_host_op(name, opdef.impl)
+
+
+_register_graph_ops()
+
+
+class CompiledModule(ModuleImage):
+    """A compiled model (see module doc). `meta` holds the build reports: compile_s, passes,
+    memory (planned/naive activation bytes), partition (per-op target and reason), fallbacks."""
+
+    @classmethod
+    def load(cls, path: str | Path, config: AccelConfig | str | None = None) -> "CompiledModule":
+        cfg = None if config is None else resolve_config(config)
+        return super().load(path, cfg)
+
+    def executor(self, driver="fsim", **kw) -> Executor:
+        return Executor(self, driver=driver, **kw)
+
+    def run(self, inputs, driver="fsim", **kw):
+        """(outputs by name, profile rows) of one run on `driver`."""
+        with Executor(self, driver=driver, **kw) as ex:
+            outs = ex.run(inputs)
+            return outs, ex.profile
+
+    def summary(self) -> str:
+        m = self.meta
+        lines = [repr(self)]
+        if self.config is not None:
+            c = self.config
+            lines.append(f"config {c.digest()}: {c.batch}x{c.block_in}x{c.block_out}, {c.macs_per_cycle} MACs/cycle "
+                         f"at {c.clock_mhz:g} MHz")
+        mem = m.get("memory")
+        if mem:
+            lines.append(f"activations: planned {mem['planned_bytes']} B vs naive {mem['naive_bytes']} B; "
+                         f"weights {mem['constant_bytes']} B; DRAM image {self.dram_bytes} B")
+        macs = m.get("macs")
+        if macs:
+            total = macs["accel"] + macs["cpu"]
+            lines.append(f"MACs: {total} total, {macs['accel']} offloaded ({macs['accel'] / total:.1%})" if total else
+                         "MACs: none")
+        for f in m.get("fallbacks", []):
+            lines.append(f"fallback: {f}")
+        if "compile_s" in m:
+            lines.append(f"compiled in {m['compile_s']:.2f} s")
+        return "\n".join(lines)
+
+
+__all__ = ["CompiledModule", "ModuleFormatError", "EXTENSION", "format_profile", "profile_summary"]
