@@ -9,7 +9,7 @@ the build runs under a file lock so concurrent processes (pytest workers) share 
 Needs only `verilator` and a C++ compiler. A build of the tiny config takes about a minute.
 
 Variants: waves adds Verilator's VCD or FST tracing (slower); probes keeps each stage's
-instruction take/retire strobes readable by the harness (for per-instruction traces).
+controller's state readable by the harness (for per-instruction traces).
 """
 from __future__ import annotations
 
@@ -36,11 +36,12 @@ TOP = "accel_top"
 LIB_NAME = "libaccel_sim.so"
 WAVE_FORMATS = (None, "vcd", "fst")
 
-# Stage controllers whose strobes the probe build reads (accel/hw/top.py instance names).
+# Stage controllers (accel/hw/top.py instance names) whose FSM state the probe build samples:
+# StageControl's states are encoded in the order they are declared, WAIT 0, EXEC 1, PUSH 2.
+# Verilator flattens the hierarchy into members of the root class named <path>__DOT__<signal>;
+# state registers always survive optimisation.
 STAGES = ("load", "compute", "store")
-# Amaranth names each StageControl `ctrl` inside its stage; Verilator flattens the hierarchy
-# into members of the root class named <path>__DOT__<signal>.
-PROBE_SIGNALS = {"TAKEN": "cmd__en", "RETIRE": "retire"}
+PROBE_SIGNAL = "fsm_state"
 
 
 class BuildError(SimError):
@@ -91,18 +92,15 @@ def _flags(waves: str | None, probes: bool) -> list[str]:
     return flags
 
 
-def _probe_defines(verilog: str) -> tuple[list[str], str]:
-    """-D macros reading each stage's strobes, and the .vlt lines keeping those signals public."""
-    defines, vlt = [], []
-    for stage in STAGES:
+def _probe_header(verilog: str) -> str:
+    """Macros reading each stage controller's FSM state (the harness turns transitions into spans)."""
+    lines = []
+    for i, stage in enumerate(STAGES):
         module = f"{TOP}.{stage}.ctrl"
-        for kind, sig in PROBE_SIGNALS.items():
-            if f"module \\{module} " not in verilog:
-                raise BuildError(f"probe build: module {module} not found in the generated Verilog")
-            vlt.append(f'public_flat_rd -module "{module}" -var "{sig}"')
-            member = f"{TOP}__DOT__{stage}__DOT__ctrl__DOT__{sig}"
-            defines.append(f"-DACCEL_PROBE_{kind}_{stage.upper()}=(r->{member})")
-    return defines, "`verilator_config\n" + "\n".join(vlt) + "\n"
+        if f"module \\{module} " not in verilog:
+            raise BuildError(f"probe build: module {module} not found in the generated Verilog")
+        lines.append(f"#define ACCEL_PROBE_STATE_{i} (r->{TOP}__DOT__{stage}__DOT__ctrl__DOT__{PROBE_SIGNAL})")
+    return "\n".join(lines) + "\n"
 
 
 def library_key(cfg: AccelConfig, waves: str | None = None, probes: bool = False) -> str:
@@ -143,10 +141,8 @@ def build_library(config, waves: str | None = None, probes: bool = False) -> Pat
         vlts = [LINT_WAIVERS]
         cflags = ["-fPIC", "-O2"]
         if probes:
-            defines, vlt = _probe_defines(src.read_text())
-            (bdir / "probes.vlt").write_text(vlt)
-            vlts.append(bdir / "probes.vlt")
-            cflags += ["-DACCEL_PROBES"] + defines
+            (bdir / "probes.h").write_text(_probe_header(src.read_text()))
+            cflags += ["-DACCEL_PROBES", "-include", str(bdir / "probes.h")]
         cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "--top-module", TOP, "--prefix", "Vtop",
                "-Mdir", str(obj), "-o", str(lib), "-Wno-fatal", *_flags(waves, probes),
                "-CFLAGS", " ".join(cflags), "-LDFLAGS", "-shared",

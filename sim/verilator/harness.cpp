@@ -70,7 +70,8 @@ struct WriteBurst {
 
 struct Probe {            // stage instruction boundaries (trace builds only)
     uint64_t cycle;
-    uint32_t stage, kind;  // kind 0 = taken (WAIT -> EXEC), 1 = retired (PUSH -> WAIT)
+    uint32_t stage, kind;  // kind 0 = taken (WAIT -> EXEC), 1 = retired (PUSH -> WAIT); read bursts:
+                           // 2 = AR handshake, 3 = RLAST beat, `stage` = ARID (client)
 };
 
 struct Harness {
@@ -183,7 +184,10 @@ struct Harness {
             if (r_err) axi_error = true;
             b.k++;
             r_ready_from = cycle + 1;
-            if (b.k == b.beats) rq.pop_front();
+            if (b.k == b.beats) {
+                if (probing) probes.push_back({cycle, b.id, 3});
+                rq.pop_front();
+            }
         }
         if (top->m_axi_arvalid && top->m_axi_arready) {
             ReadBurst b;
@@ -193,6 +197,7 @@ struct Harness {
             b.id = top->m_axi_arid;
             b.ar_cycle = cycle;
             rq.push_back(b);
+            if (probing) probes.push_back({cycle, b.id, 2});
         }
         if (top->m_axi_bvalid && top->m_axi_bready) {
             bq.pop_front();
@@ -229,15 +234,19 @@ struct Harness {
         }
     }
 
+    // Stage controllers' FSM state sampled each cycle (WAIT 0, EXEC 1, PUSH 2): WAIT -> EXEC means the
+    // instruction was taken in the previous cycle, PUSH -> WAIT that it retired in the previous cycle.
+    uint8_t stage_state[3] = {0, 0, 0};
     void probe() {
 #ifdef ACCEL_PROBES
-        if (!probing) return;
         auto* r = top->rootp;
-        const uint8_t taken[3] = {ACCEL_PROBE_TAKEN_LOAD, ACCEL_PROBE_TAKEN_COMPUTE, ACCEL_PROBE_TAKEN_STORE};
-        const uint8_t retired[3] = {ACCEL_PROBE_RETIRE_LOAD, ACCEL_PROBE_RETIRE_COMPUTE, ACCEL_PROBE_RETIRE_STORE};
+        const uint8_t now[3] = {(uint8_t)ACCEL_PROBE_STATE_0, (uint8_t)ACCEL_PROBE_STATE_1, (uint8_t)ACCEL_PROBE_STATE_2};
         for (uint32_t s = 0; s < 3; s++) {
-            if (taken[s]) probes.push_back({cycle, s, 0});
-            if (retired[s]) probes.push_back({cycle, s, 1});
+            if (probing && now[s] != stage_state[s]) {
+                if (stage_state[s] == 0 && now[s] == 1) probes.push_back({cycle - 1, s, 0});
+                if (stage_state[s] == 2 && now[s] == 0) probes.push_back({cycle - 1, s, 1});
+            }
+            stage_state[s] = now[s];
         }
 #endif
     }

@@ -42,6 +42,7 @@ class RtlResult:
     wall_s: float
     harness_cycles: int                       # cycles simulated, register accesses included
     stage_spans: list[tuple[int, int, int]] | None = field(default=None)  # (stage, start, end)
+    bursts: list[tuple[int, int, int]] | None = field(default=None)       # (client, AR cycle, RLAST cycle)
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -112,21 +113,27 @@ class VerilatorModel:
                                   f"program without a reachable FINISH")
         if info[2] or info[0] & _STATUS_BUS_ERROR:
             raise RtlRunError(f"rtl: an access outside the {dram.size}-byte DRAM got an AXI error response")
-        spans = self._spans(int(info[3])) if self.probes else None
-        return RtlResult(counters, wall, int(info[1]), spans)
+        spans, bursts = self._spans(int(info[3])) if self.probes else (None, None)
+        return RtlResult(counters, wall, int(info[1]), spans, bursts)
 
-    def _spans(self, start_cycle: int) -> list[tuple[int, int, int]]:
+    def _spans(self, start_cycle: int):
         n = self._lib.accel_probe_count(self._h)
         buf = (ctypes.c_uint64 * (3 * n))()
         n = self._lib.accel_probes(self._h, buf, n)
         ev = np.frombuffer(buf, dtype=np.uint64).reshape(-1, 3)[:n].astype(np.int64)
-        spans, open_ = [], {}
+        spans, open_, bursts, ar = [], {}, [], None
         for cyc, stage, kind in ev.tolist():
+            cyc -= start_cycle
             if kind == 0:
-                open_[stage] = cyc - start_cycle
-            elif stage in open_:
-                spans.append((stage, open_.pop(stage), cyc - start_cycle + 1))
-        return spans
+                open_[stage] = cyc
+            elif kind == 1 and stage in open_:
+                spans.append((stage, open_.pop(stage), cyc + 1))
+            elif kind == 2:
+                ar = (stage, cyc)
+            elif kind == 3 and ar is not None:
+                bursts.append((ar[0], ar[1], cyc))
+                ar = None
+        return spans, bursts
 
     def close(self) -> None:
         if self._h is not None:

@@ -1,0 +1,146 @@
+"""The AXI read path: ReadDMA bursts (accel/hw/dma.py), the round-robin arbiter with one burst in
+flight (accel/hw/axi.py) and the DRAM's read timing (sim/dram.py), one event per burst.
+
+A DMA command (addr, count entries of E bytes) becomes bursts (beat-aligned, at most
+max_burst_beats, never across 4 KiB). A client requests AR from cycle q (the cycle after its
+command, or after the previous burst's RLAST); the arbiter grants in cycle g >= q when no burst is
+in flight, the first requester in round-robin order after the last one granted. Beat k is
+available from g + read_latency + offset(k); it moves when available, not before the cycle after
+beat k-1 moved, and stays on the bus for as many cycles as it carries wanted entries when E < B
+(the DMA emits one entry per cycle and holds the beat). The bus is free from the cycle after RLAST.
+"""
+from __future__ import annotations
+
+from accel.hw.axi import BOUNDARY_BYTES, max_burst_beats
+
+from ..dram import DramModel
+
+ARBITRATE = 1   # event priority: after every other event of the same cycle
+
+
+def plan_bursts(addr: int, count: int, E: int, B: int, maxb: int) -> list[tuple[int, tuple[int, ...] | None]]:
+    """Bursts of a DMA command: (beats, wanted entries per beat or None when E >= B (one beat each
+    of E/B per entry))."""
+    first = addr - addr % B
+    end = addr + count * E
+    total = (end - 1) // B - first // B + 1
+    out = []
+    a = first
+    if E >= B:
+        while total:
+            n = min(total, maxb, BOUNDARY_BYTES // B - (a % BOUNDARY_BYTES) // B)
+            out.append((n, None))
+            a += n * B
+            total -= n
+        return out
+    per = B // E
+    pos = addr
+    while total:
+        n = min(total, maxb, BOUNDARY_BYTES // B - (a % BOUNDARY_BYTES) // B)
+        pk = []
+        for _ in range(n):
+            hi = min(a + B, end)
+            pk.append((hi - max(a, pos)) // E)
+            pos = hi
+            a += B
+        out.append((n, tuple(pk)))
+        total -= n
+    del per
+    return out
+
+
+class ReadBus:
+    """Arbiter + DRAM read timing. Clients are 0 fetch, 1 load, 2 compute (accel/hw/top.py order)."""
+
+    __slots__ = ("loop", "L", "B", "bpc", "throttled", "pending", "free_from", "last", "n", "beats", "log")
+
+    def __init__(self, loop, dram: DramModel, bus_bytes: int, n_clients: int = 3, log: list | None = None):
+        self.loop, self.L, self.B = loop, dram.read_latency, bus_bytes
+        self.bpc = dram.bytes_per_cycle
+        self.throttled = dram.throttled(bus_bytes)
+        self.n = n_clients
+        self.pending: list = [None] * n_clients   # per client: (q, on_grant) or None
+        self.free_from = 0
+        self.last = n_clients - 1
+        self.beats = 0
+        self.log = log                            # (client, grant, rlast) per burst, when tracing
+
+    def request(self, client: int, q: int, on_grant) -> None:
+        """Client requests AR from cycle q; on_grant(g) returns the burst's RLAST cycle."""
+        self.pending[client] = (q, on_grant)
+        self.loop.at(q if q > self.free_from else self.free_from, self._arbitrate, None, ARBITRATE)
+
+    def _arbitrate(self, T: int, _=None) -> None:
+        if self.free_from > T:
+            return
+        pend = self.pending
+        n = self.n
+        for i in range(1, n + 1):
+            c = (self.last + i) % n
+            p = pend[c]
+            if p is not None and p[0] <= T:
+                pend[c] = None
+                self.last = c
+                f = p[1](T)
+                self.free_from = f + 1
+                if self.log is not None:
+                    self.log.append((c, T, f))
+                nxt = None
+                for r in pend:
+                    if r is not None:
+                        q = r[0] if r[0] > f + 1 else f + 1
+                        nxt = q if nxt is None or q < nxt else nxt
+                if nxt is not None:
+                    self.loop.at(nxt, self._arbitrate, None, ARBITRATE)
+                return
+
+    def burst_times(self, g: int, beats: int, per_beat: tuple[int, ...] | None) -> int:
+        """RLAST cycle of a burst granted in cycle g (counts its beats)."""
+        self.beats += beats
+        first = g + self.L
+        if not self.throttled:
+            if per_beat is None:
+                return first + beats - 1
+            return first + sum(per_beat) - 1
+        B, bpc = self.B, self.bpc
+        f = first - 1
+        for k in range(beats):
+            v = first + (k * B) // bpc
+            if v <= f:
+                v = f + 1
+            f = v + (per_beat[k] - 1 if per_beat is not None else 0)
+        return f
+
+    def entry_times(self, g: int, beats: int, per_beat, E: int, k0: int) -> tuple[list[int], int, int]:
+        """Cycles each entry of a burst is emitted (fetch needs them), the RLAST cycle, and the beat
+        index within the current entry after the burst (E >= B: entries may span bursts)."""
+        self.beats += beats
+        B, bpc, thr = self.B, self.bpc, self.throttled
+        first = g + self.L
+        times = []
+        f = first - 1
+        if per_beat is None:
+            per = E // B
+            k = k0
+            for i in range(beats):
+                v = first + ((i * B) // bpc if thr else 0)
+                if v <= f:
+                    v = f + 1
+                f = v
+                k += 1
+                if k == per:
+                    times.append(f)
+                    k = 0
+            return times, f, k
+        for i in range(beats):
+            v = first + ((i * B) // bpc if thr else 0)
+            if v <= f:
+                v = f + 1
+            p = per_beat[i]
+            times.extend(range(v, v + p))
+            f = v + p - 1
+        return times, f, 0
+
+
+def dma_bursts(cfg, addr: int, count: int, E: int):
+    return plan_bursts(addr, count, E, cfg.bus_bytes, max_burst_beats(cfg))

@@ -1,0 +1,367 @@
+"""Tsim: the cycle-accurate timing model of the accelerator (accel/hw), event by event.
+
+Components and the RTL they stand for (each module's docstring gives the timing used here):
+  fetch (fetch.py): refill rule, instruction DMA on the read bus, the instruction buffer, dispatch
+    one instruction per cycle into the load/compute/store command queues;
+  stages (stage.py): WAIT (pop instruction + tokens) -> EXEC (unit) -> PUSH (tokens), with the
+    token queues l2c, c2l, c2s, s2c (queues.py timing, sim/tsim/queues.py);
+  units: TileLoader (load.py) row by row on the read bus, GEMM n+4 and ALU n+3 cycles from the
+    loop bounds (compute.py), the store unit from sim/tsim/store.py;
+  the read bus and DRAM (axi.py, dma.py, sim/dram.py) in sim/tsim/bus.py.
+Cycle 0 is the start pulse (the first cycle the `cycles` counter counts); the run ends in the
+cycle after `finish` is first seen: FINISH retired, load and store idle with empty command
+queues, no instruction DMA in flight.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from accel.isa import AccelConfig, Alu, Finish, Gemm, Insn, Load, MemType, Stage, Store, elem_bytes
+from accel.isa.isa import INSN_BYTES
+
+from ..dram import DramModel
+from ..errors import CycleLimitError, DeadlockError
+from .bus import ReadBus, dma_bursts
+from .events import EventLoop
+from .queues import TimedFifo
+from .store import store_key, store_timing
+
+FETCH, LOAD_CLIENT, COMPUTE_CLIENT = 0, 1, 2
+STAGE_NAMES = ("load", "compute", "store")
+# (stage, flag) -> token queue name; flags naming a missing neighbour are ignored, as in the RTL
+_POP = {Stage.LOAD: {"pop_next": "c2l"}, Stage.COMPUTE: {"pop_prev": "l2c", "pop_next": "s2c"},
+        Stage.STORE: {"pop_prev": "c2s"}}
+_PUSH = {Stage.LOAD: {"push_next": "l2c"}, Stage.COMPUTE: {"push_prev": "c2l", "push_next": "c2s"},
+         Stage.STORE: {"push_prev": "s2c"}}
+
+
+@dataclass
+class TsimStats:
+    """Counters of one run, named as the RTL's (accel/hw/regs.py COUNTERS), plus instruction spans."""
+    cycles: int = 0
+    busy: list = field(default_factory=lambda: [0, 0, 0])
+    stall: list = field(default_factory=lambda: [0, 0, 0])
+    gemm_uops: int = 0
+    alu_uops: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    events: int = 0
+    spans: list | None = None       # (stage, insn index, start, end) when traced
+    bursts: list | None = None      # (client, grant, rlast) when traced
+
+    def counters(self) -> dict[str, int]:
+        out = {"cycles": self.cycles}
+        for i, s in enumerate(STAGE_NAMES):
+            out[f"{s}_busy"] = self.busy[i]
+            out[f"{s}_stall"] = self.stall[i]
+        out.update(gemm_uops=self.gemm_uops, alu_uops=self.alu_uops, bytes_read=self.bytes_read,
+                   bytes_written=self.bytes_written)
+        return out
+
+
+def stage_of(insn: Insn) -> Stage:
+    """Fetch's routing: LOAD of INP/WGT -> load, STORE -> store, the rest -> compute."""
+    if isinstance(insn, Load):
+        return Stage.LOAD if insn.mem_type in (MemType.INP, MemType.WGT) else Stage.COMPUTE
+    if isinstance(insn, Store):
+        return Stage.STORE
+    return Stage.COMPUTE
+
+
+class _Loader:
+    """TileLoader timing: padding entries 1 cycle each, a data row = 1 cycle to start the DMA, then
+    its bursts on the bus; busy ends the cycle after the last entry."""
+
+    __slots__ = ("m", "client", "insn", "E", "tau", "row", "bursts", "bi", "done")
+
+    def __init__(self, model, client):
+        self.m, self.client = model, client
+
+    def start(self, s: int, insn: Load, done) -> None:
+        n_rows = insn.y_pad0 + insn.y_size + insn.y_pad1
+        n_cols = insn.x_pad0 + insn.x_size + insn.x_pad1
+        if n_rows == 0 or n_cols == 0:
+            done(s + 1)
+            return
+        if insn.y_size == 0 or insn.x_size == 0:
+            done(s + 1 + n_rows * n_cols)
+            return
+        self.insn, self.done = insn, done
+        self.E = elem_bytes(self.m.cfg, insn.mem_type)
+        self.tau = s + 1 + insn.y_pad0 * n_cols
+        self.row = 0
+        self._row()
+
+    def _row(self) -> None:
+        insn = self.insn
+        self.tau += insn.x_pad0                          # the DMA starts in cycle tau
+        addr = (insn.dram_base + self.row * insn.x_stride) * self.E
+        self.bursts = dma_bursts(self.m.cfg, addr, insn.x_size, self.E)
+        self.bi = 0
+        self.m.bus.request(self.client, self.tau + 1, self._granted)
+
+    def _granted(self, g: int) -> int:
+        nb, per = self.bursts[self.bi]
+        f = self.m.bus.burst_times(g, nb, per)
+        self.bi += 1
+        if self.bi < len(self.bursts):
+            self.m.bus.request(self.client, f + 1, self._granted)
+            return f
+        insn = self.insn
+        self.tau = f + 1 + insn.x_pad1
+        self.row += 1
+        if self.row < insn.y_size:
+            self._row()
+        else:
+            self.done(self.tau + insn.y_pad1 * (insn.x_pad0 + insn.x_size + insn.x_pad1))
+        return f
+
+
+class _Stage:
+    """StageControl of one stage: WAIT -> EXEC -> PUSH, counters, spans."""
+
+    __slots__ = ("m", "sid", "insns", "cmdq", "k", "w0", "v_cmd", "t_pop", "p", "halted", "unit", "pops",
+                 "pushes", "last_retire", "loader", "spans")
+
+    def __init__(self, model, sid: Stage, insns, cmdq: TimedFifo, tokq: dict, loader):
+        self.m, self.sid, self.insns, self.cmdq = model, int(sid), insns, cmdq
+        self.k = 0
+        self.w0 = 1                  # WAIT from the first cycle after the start pulse's reset
+        self.halted = False
+        self.last_retire = -1
+        self.loader = loader
+        self.pops = [tuple(tokq[q] for f, q in _POP[sid].items() if getattr(insn, f)) for _, insn in insns]
+        self.pushes = [tuple(tokq[q] for f, q in _PUSH[sid].items() if getattr(insn, f)) for _, insn in insns]
+        self.spans = model.stats.spans
+
+    # WAIT: the instruction and its tokens are popped in the first cycle all are visible
+    def try_pop(self, now: int, _=None) -> None:
+        k = self.k
+        if k == len(self.insns) or self.halted:
+            return
+        cq = self.cmdq
+        if len(cq.W) <= k:
+            cq.cons_wait = self.try_pop
+            return
+        v_cmd = cq.visible_at(k)
+        v = v_cmd if v_cmd > self.w0 else self.w0
+        for q in self.pops[k]:
+            j = len(q.R)
+            if len(q.W) <= j:
+                q.cons_wait = self.try_pop
+                return
+            vt = q.visible_at(j)
+            if vt > v:
+                v = vt
+        self.v_cmd = v_cmd
+        self.m.loop.at(v if v > now else now, self._pop)
+
+    def _pop(self, t: int, _=None) -> None:
+        m = self.m
+        ready = self.v_cmd if self.v_cmd > self.w0 else self.w0
+        m.stats.stall[self.sid] += t - ready
+        self.t_pop = t
+        self.cmdq.read(t)
+        for q in self.pops[self.k]:
+            q.read(t)
+        s = t + 1
+        insn = self.insns[self.k][1]
+        if isinstance(insn, Gemm) or isinstance(insn, Alu):
+            n = 0
+            if insn.uop_end > insn.uop_bgn and insn.iter_out and insn.iter_in:
+                n = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
+            if isinstance(insn, Gemm):
+                m.stats.gemm_uops += n
+                self._unit_done(s + (n + 4 if n else 1))
+            else:
+                m.stats.alu_uops += n
+                self._unit_done(s + (n + 3 if n else 1))
+        elif isinstance(insn, Load) and self.loader is not None and insn.mem_type in m.loader_types[self.sid]:
+            self.loader.start(s, insn, self._unit_done)
+        elif isinstance(insn, Store):
+            u, beats = store_timing(store_key(m.cfg, m.dram, insn.y_size, insn.x_size, insn.dram_base,
+                                              insn.x_stride))
+            m.stats.bytes_written += beats * m.cfg.bus_bytes
+            self._unit_done(s + u)
+        else:  # FINISH, and LOADs of buffers this stage does not serve: no-ops
+            self._unit_done(s + 1)
+
+    def _unit_done(self, c: int) -> None:
+        # EXEC ends in cycle c (first cycle the unit is not busy); PUSH from c + 1
+        self.p = c + 1
+        self.m.loop.at(c + 1, self._push)
+
+    def _push(self, now: int, _=None) -> None:
+        for q in self.pushes[self.k]:
+            if not q.can_write(now):
+                r = q.retry_time(now)
+                if r is None:
+                    q.prod_wait = self._push_retry
+                else:
+                    self.m.loop.at(r, self._push)
+                return
+        m = self.m
+        m.stats.busy[self.sid] += self.p - self.t_pop + 1
+        m.stats.stall[self.sid] += now - self.p
+        for q in self.pushes[self.k]:
+            q.write(now)
+        if self.spans is not None:
+            self.spans.append((self.sid, self.insns[self.k][0], self.t_pop, now + 1))
+        insn = self.insns[self.k][1]
+        self.k += 1
+        self.w0 = now + 1
+        self.last_retire = now
+        if isinstance(insn, Finish):
+            self.halted = True
+            m.finish_retired = now
+            return
+        self.try_pop(now)
+
+    def _push_retry(self, r: int) -> None:
+        self.m.loop.at(r + 1, self._push)
+
+
+class _Fetch:
+    """Refill rule, instruction DMA and dispatch (fetch.py)."""
+
+    __slots__ = ("m", "addr", "remaining", "depth", "ibuf", "dest", "dma_busy", "bursts", "bi", "k", "idle_from",
+                 "waiting")
+
+    def __init__(self, model, insn_addr: int, dest: list):
+        self.m = model
+        self.addr, self.remaining = insn_addr, len(dest)
+        self.depth = model.cfg.cmd_queue_depth
+        self.ibuf = TimedFifo("ibuf", self.depth)
+        self.dest = dest             # command queue of each instruction, in program order
+        self.dma_busy = False
+        self.idle_from = 0
+        self.k = 0
+
+    def start(self) -> None:
+        # cycle 1 latches the address and count; the FETCH state decides from cycle 2
+        self.m.loop.at(2, self.refill)
+        self.m.loop.at(2, self.dispatch)
+
+    def refill(self, now: int, _=None) -> None:
+        if self.remaining == 0 or self.dma_busy:
+            return
+        free = self.depth - self.ibuf.level(now)
+        if free < min(self.remaining, self.depth // 2):
+            R = self.ibuf.R
+            if R and R[-1] >= now:        # a dispatch of this cycle frees its slot from the next one
+                self.m.loop.at(now + 1, self.refill)
+            else:
+                self.ibuf.prod_wait = self._refill_later
+            return
+        n = min(self.remaining, free)
+        self.remaining -= n
+        self.bursts = dma_bursts(self.m.cfg, self.addr, n, INSN_BYTES)
+        self.addr += n * INSN_BYTES
+        self.bi, self.k = 0, 0
+        self.dma_busy = True
+        self.m.bus.request(FETCH, now + 1, self._granted)
+
+    def _refill_later(self, r: int) -> None:
+        self.m.loop.at(r + 1, self.refill)
+
+    def _granted(self, g: int) -> int:
+        nb, per = self.bursts[self.bi]
+        times, f, self.k = self.m.bus.entry_times(g, nb, per, INSN_BYTES, self.k)
+        self.bi += 1
+        ib = self.ibuf
+        cb = ib.cons_wait
+        ib.cons_wait = None
+        ib.W.extend(times)
+        if self.bi < len(self.bursts):
+            self.m.bus.request(FETCH, f + 1, self._granted)
+        else:
+            self.dma_busy = False
+            self.idle_from = f + 1
+            self.m.loop.at(f + 1, self.refill)
+        if cb is not None:
+            cb(g)
+        return f
+
+    def dispatch(self, now: int, _=None) -> None:
+        ib = self.ibuf
+        j = len(ib.R)
+        if j == len(self.dest):
+            return
+        if len(ib.W) <= j:
+            ib.cons_wait = self.dispatch
+            return
+        v = ib.visible_at(j)
+        if v > now:
+            self.m.loop.at(v, self.dispatch)
+            return
+        q = self.dest[j]
+        if not q.can_write(now):
+            r = q.retry_time(now)
+            if r is None:
+                q.prod_wait = self._dispatch_later
+            else:
+                self.m.loop.at(r, self.dispatch)
+            return
+        ib.read(now)
+        q.write(now)
+        self.m.loop.at(now + 1, self.dispatch)
+
+    def _dispatch_later(self, r: int) -> None:
+        self.m.loop.at(r + 1, self.dispatch)
+
+
+class Tsim:
+    """Timing model for one AccelConfig and DramModel. run_insns(insns, insn_addr) -> TsimStats."""
+
+    def __init__(self, cfg: AccelConfig, dram: DramModel | None = None):
+        self.cfg = cfg
+        self.dram = dram or DramModel()
+
+    def run_insns(self, insns: list[Insn], insn_addr: int = 0, max_cycles: int = 1 << 62,
+                  trace: bool = False) -> TsimStats:
+        cfg = self.cfg
+        self.stats = stats = TsimStats(spans=[] if trace else None, bursts=[] if trace else None)
+        self.loop = loop = EventLoop()
+        self.bus = ReadBus(loop, self.dram, cfg.bus_bytes, log=stats.bursts)
+        self.finish_retired = None
+        self.loader_types = {int(Stage.LOAD): (MemType.INP, MemType.WGT),
+                             int(Stage.COMPUTE): (MemType.UOP, MemType.ACC), int(Stage.STORE): ()}
+        tokq = {name: TimedFifo(name, cfg.dep_queue_depth) for name in ("l2c", "c2l", "c2s", "s2c")}
+        cmdq = [TimedFifo(f"{s}_cmd", cfg.cmd_queue_depth) for s in STAGE_NAMES]
+        routed = [[], [], []]
+        dest = []
+        for i, insn in enumerate(insns):
+            s = int(stage_of(insn))
+            routed[s].append((i, insn))
+            dest.append(cmdq[s])
+        self.stages = stages = [
+            _Stage(self, Stage.LOAD, routed[0], cmdq[0], tokq, _Loader(self, LOAD_CLIENT)),
+            _Stage(self, Stage.COMPUTE, routed[1], cmdq[1], tokq, _Loader(self, COMPUTE_CLIENT)),
+            _Stage(self, Stage.STORE, routed[2], cmdq[2], tokq, None)]
+        self.fetch = fetch = _Fetch(self, insn_addr, dest)
+        fetch.start()
+        for st in stages:
+            st.try_pop(0)
+        if not loop.run(max_cycles):
+            raise CycleLimitError(f"tsim: the program did not finish within {max_cycles} cycles")
+        stats.events = loop.events
+        if self.finish_retired is None:
+            raise DeadlockError("tsim: " + self._blocked_report())
+        ld, cp, st = stages
+        for s in (ld, st):
+            if s.k < len(s.insns):
+                raise DeadlockError("tsim: " + self._blocked_report())
+        # finish is seen in the first cycle with compute finished (the cycle after FINISH retired), load and
+        # store idle (WAIT, from the cycle after their last retire) with empty command queues, fetch's DMA idle
+        f = max(self.finish_retired + 1, ld.last_retire + 1, st.last_retire + 1, fetch.idle_from)
+        stats.cycles = f + 1
+        stats.bytes_read = self.bus.beats * cfg.bus_bytes
+        return stats
+
+    def _blocked_report(self) -> str:
+        parts = []
+        for s in self.stages:
+            if s.k < len(s.insns) and not s.halted:
+                idx, insn = s.insns[s.k]
+                parts.append(f"{STAGE_NAMES[s.sid]} stage blocked at instruction {idx} ({insn.opcode.name})")
+        return "deadlock: " + ("; ".join(parts) or "FINISH never retired")
