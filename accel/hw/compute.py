@@ -1,0 +1,159 @@
+"""Compute stage: micro-op and accumulator loads, GEMM, ALU and FINISH.
+
+A GEMM/ALU instruction runs the loop i0 < iter_out, i1 < iter_in, u in [uop_bgn, uop_end):
+the cycle after `start` (S0) the first micro-op address goes to the uop buffer, then one per
+cycle with no gaps; S1 adds the loop offsets (kept as running sums, no multipliers) and hands
+the indices to GemmCore (write-back 3 cycles after S1) or TensorAlu (2 cycles after S1). The
+instruction ends when the pipeline has drained: with n micro-ops, busy for n + 4 cycles after
+`start` for GEMM and n + 3 for ALU (n = 0: 1 cycle). LOAD of UOP/ACC tiles uses a TileLoader
+(see load.py). FINISH does nothing but raise `finished` when it retires, after which no more
+instructions are taken. Other opcodes and LOADs of other buffers retire as no-ops.
+Every GEMM/ALU write-back also writes the narrowed value (low out_width bits of each lane)
+to the same index of the output buffer.
+"""
+from __future__ import annotations
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from accel.isa import AccelConfig, MemType, Opcode
+from accel.isa.config import INSN_BITS, OPCODE_BITS
+
+from .alu import TensorAlu
+from .axi import ReadClientSignature
+from .gemm import GemmCore, lanes, read_signature
+from .layouts import decode, uop_layout
+from .load import TileLoader, buffer_write_signature, port_name
+from .queues import QueueReadSignature, QueueWriteSignature
+from .stage import StageControl
+
+
+class ComputeStage(wiring.Component):
+    """cmd: command queue. prev_in / prev_out: tokens from / to load; next_in / next_out: from / to
+    store. dma: read client (uop and acc loads). wr_uop, wr_acc, wr_out: buffer write ports.
+    uop_rd, inp_rd, wgt_rd, acc_rd_a, acc_rd_b: buffer read ports (acc ones write-transparent).
+    finished (Out): FINISH retired. idle, busy_cycle, stall_cycle (Out): as StageControl.
+    gemm_uop / alu_uop (Out): one cycle per micro-op issued.
+    """
+
+    LOAD_TYPES = (MemType.UOP, MemType.ACC)
+
+    def __init__(self, cfg: AccelConfig):
+        self.cfg = cfg
+        acc_bits = cfg.acc_elem_bytes * 8
+        super().__init__({
+            "cmd": Out(QueueReadSignature(INSN_BITS)),
+            "prev_in": Out(QueueReadSignature(1)), "prev_out": Out(QueueWriteSignature(1)),
+            "next_in": Out(QueueReadSignature(1)), "next_out": Out(QueueWriteSignature(1)),
+            "dma": Out(ReadClientSignature(cfg)),
+            "wr_uop": In(buffer_write_signature(cfg, MemType.UOP)),
+            "wr_acc": In(buffer_write_signature(cfg, MemType.ACC)),
+            "wr_out": In(buffer_write_signature(cfg, MemType.OUT)),
+            "uop_rd": In(read_signature(cfg.uop_idx_bits, cfg.uop_bits)),
+            "inp_rd": In(read_signature(cfg.inp_idx_bits, cfg.inp_elem_bytes * 8)),
+            "wgt_rd": In(read_signature(cfg.wgt_idx_bits, cfg.wgt_elem_bytes * 8)),
+            "acc_rd_a": In(read_signature(cfg.acc_idx_bits, acc_bits)),
+            "acc_rd_b": In(read_signature(cfg.acc_idx_bits, acc_bits)),
+            "finished": Out(1), "idle": Out(1), "busy_cycle": Out(1), "stall_cycle": Out(1),
+            "gemm_uop": Out(1), "alu_uop": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+        m.submodules.ctrl = ctrl = StageControl(has_prev=True, has_next=True)
+        m.submodules.loader = loader = TileLoader(cfg, self.LOAD_TYPES)
+        m.submodules.gemm = gemm = GemmCore(cfg)
+        m.submodules.alu = alu = TensorAlu(cfg)
+        for name in ("cmd", "prev_in", "prev_out", "next_in", "next_out"):
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(ctrl, name))
+        wiring.connect(m, wiring.flipped(self.dma), loader.dma)
+        wiring.connect(m, wiring.flipped(self.wr_uop), getattr(loader, port_name(MemType.UOP)))
+
+        insn = ctrl.insn
+        opcode = insn[:OPCODE_BITS]
+        is_gemm, is_alu = opcode == Opcode.GEMM, opcode == Opcode.ALU
+        g, a = decode(cfg, "GEMM", insn), decode(cfg, "ALU", insn)
+        m.d.comb += [loader.start.eq(ctrl.start & (opcode == Opcode.LOAD)), loader.insn.eq(insn)]
+
+        # ---- loop sequencer (S0) -------------------------------------------------------------
+        def pick(field):
+            return Mux(is_gemm, getattr(g, field), getattr(a, field))
+        bgn, end = pick("uop_bgn"), pick("uop_end")
+        iter_out, iter_in = pick("iter_out"), pick("iter_in")
+        sb = cfg.src_idx_bits
+        active = Signal()
+        u = Signal(cfg.uop_idx_bits + 1)
+        i0, i1 = Signal.like(g.iter_out), Signal.like(g.iter_in)
+        d_out, d_in = Signal(cfg.acc_idx_bits), Signal(cfg.acc_idx_bits)
+        s_out, s_in = Signal(sb), Signal(sb)
+        w_out, w_in = Signal(cfg.wgt_idx_bits), Signal(cfg.wgt_idx_bits)
+        dfo, dfi = pick("dst_factor_out"), pick("dst_factor_in")
+        sfo, sfi = pick("src_factor_out"), pick("src_factor_in")
+
+        with m.If(ctrl.start & (is_gemm | is_alu)):
+            m.d.sync += [active.eq((end > bgn) & (iter_out != 0) & (iter_in != 0)), u.eq(bgn), i0.eq(0), i1.eq(0),
+                         d_out.eq(0), d_in.eq(0), s_out.eq(0), s_in.eq(0), w_out.eq(0), w_in.eq(0)]
+        with m.Elif(active):
+            with m.If(u + 1 == end):
+                m.d.sync += u.eq(bgn)
+                with m.If(i1 + 1 == iter_in):
+                    m.d.sync += i1.eq(0)
+                    nd, ns, nw = d_out + dfo, s_out + sfo, w_out + g.wgt_factor_out
+                    m.d.sync += [d_out.eq(nd), d_in.eq(nd), s_out.eq(ns), s_in.eq(ns), w_out.eq(nw), w_in.eq(nw)]
+                    with m.If(i0 + 1 == iter_out):
+                        m.d.sync += active.eq(0)
+                    with m.Else():
+                        m.d.sync += i0.eq(i0 + 1)
+                with m.Else():
+                    m.d.sync += [i1.eq(i1 + 1), d_in.eq(d_in + dfi), s_in.eq(s_in + sfi),
+                                 w_in.eq(w_in + g.wgt_factor_in)]
+            with m.Else():
+                m.d.sync += u.eq(u + 1)
+        m.d.comb += [self.uop_rd.addr.eq(u), self.uop_rd.en.eq(1),
+                     self.gemm_uop.eq(active & is_gemm), self.alu_uop.eq(active & is_alu)]
+
+        # ---- S1: resolve indices -----------------------------------------------------------
+        p1_valid = Signal()
+        p1_d, p1_s, p1_w = Signal.like(d_in), Signal.like(s_in), Signal.like(w_in)
+        m.d.sync += [p1_valid.eq(active), p1_d.eq(d_in), p1_s.eq(s_in), p1_w.eq(w_in)]
+        ul = uop_layout(cfg)
+        uop = data.View(ul, self.uop_rd.data[:ul.size])
+        dst = (uop.acc + p1_d)[:cfg.acc_idx_bits]
+        src = (uop.src + p1_s)[:sb]
+        m.d.comb += [gemm.in_valid.eq(p1_valid & is_gemm), gemm.in_acc.eq(dst), gemm.in_inp.eq(src[:cfg.inp_idx_bits]),
+                     gemm.in_wgt.eq((uop.wgt + p1_w)[:cfg.wgt_idx_bits]), gemm.in_reset.eq(g.reset),
+                     alu.in_valid.eq(p1_valid & is_alu), alu.in_dst.eq(dst), alu.in_src.eq(src[:cfg.acc_idx_bits]),
+                     alu.in_op.eq(a.alu_op), alu.in_use_imm.eq(a.use_imm), alu.in_imm.eq(a.imm)]
+
+        # ---- buffer ports --------------------------------------------------------------------
+        m.d.comb += [self.inp_rd.addr.eq(gemm.inp_rd.addr), self.inp_rd.en.eq(gemm.inp_rd.en),
+                     gemm.inp_rd.data.eq(self.inp_rd.data),
+                     self.wgt_rd.addr.eq(gemm.wgt_rd.addr), self.wgt_rd.en.eq(gemm.wgt_rd.en),
+                     gemm.wgt_rd.data.eq(self.wgt_rd.data),
+                     self.acc_rd_a.addr.eq(Mux(is_gemm, gemm.acc_rd.addr, alu.acc_rd_a.addr)), self.acc_rd_a.en.eq(1),
+                     gemm.acc_rd.data.eq(self.acc_rd_a.data), alu.acc_rd_a.data.eq(self.acc_rd_a.data),
+                     self.acc_rd_b.addr.eq(alu.acc_rd_b.addr), self.acc_rd_b.en.eq(1),
+                     alu.acc_rd_b.data.eq(self.acc_rd_b.data)]
+
+        ld_acc = getattr(loader, port_name(MemType.ACC))
+        wb_valid = gemm.wb_valid | alu.wb_valid
+        wb_idx = Mux(gemm.wb_valid, gemm.wb_idx, alu.wb_idx)
+        wb_data = Mux(gemm.wb_valid, gemm.wb_data, alu.wb_data)
+        m.d.comb += [self.wr_acc.en.eq(ld_acc.en | wb_valid),
+                     self.wr_acc.addr.eq(Mux(ld_acc.en, ld_acc.addr, wb_idx)),
+                     self.wr_acc.data.eq(Mux(ld_acc.en, ld_acc.data, wb_data))]
+        n, aw, ow = cfg.batch * cfg.block_out, cfg.acc_width, cfg.out_width
+        acc_lanes = lanes(wb_data, n, aw, sign=False)
+        m.d.comb += [self.wr_out.en.eq(wb_valid), self.wr_out.addr.eq(wb_idx)]
+        for k in range(n):
+            m.d.comb += self.wr_out.data[k * ow:(k + 1) * ow].eq(acc_lanes[k][:ow])
+
+        # ---- sequencing ----------------------------------------------------------------------
+        finished = Signal()
+        with m.If(ctrl.retire & (opcode == Opcode.FINISH)):
+            m.d.sync += finished.eq(1)
+        m.d.comb += [ctrl.unit_busy.eq(loader.busy | active | p1_valid | gemm.busy | alu.busy),
+                     ctrl.halt.eq(finished), self.finished.eq(finished), self.idle.eq(ctrl.idle),
+                     self.busy_cycle.eq(ctrl.busy_cycle), self.stall_cycle.eq(ctrl.stall_cycle)]
+        return m

@@ -1,0 +1,90 @@
+"""GemmCore: the BATCH x BLOCK_IN x BLOCK_OUT multiply-accumulate pipeline, one micro-op per cycle.
+
+Stages (cycle of the micro-op's indices = S1): S1 presents inp/wgt/acc addresses to the buffers'
+synchronous read ports; S2 multiplies and reduces each dot product (registered) and takes the
+old accumulator value; S3 adds and writes back (wb_*: written at the end of S3, to acc and, by
+compute, narrowed to out). Read-after-write on the same accumulator index: the micro-op right
+behind (in S2 while its predecessor is in S3) takes the S3 result through a bypass; the one two
+behind reads in S1 while S3 writes, which the acc read port's write-transparency covers. So the
+core never stalls; latency S1 -> write-back is 3 cycles.
+"""
+from __future__ import annotations
+
+from amaranth.hdl import Module, Mux, Signal, signed, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.memory import ReadPort
+from amaranth.lib.wiring import In, Out
+
+from accel.isa import AccelConfig
+
+
+def read_signature(addr_width: int, bits: int) -> ReadPort.Signature:
+    return ReadPort.Signature(addr_width=addr_width, shape=unsigned(bits))
+
+
+def lanes(value, count: int, width: int, sign: bool = True) -> list:
+    """Split a packed entry into `count` elements of `width` bits, element 0 in the low bits."""
+    return [value[i * width:(i + 1) * width].as_signed() if sign else value[i * width:(i + 1) * width]
+            for i in range(count)]
+
+
+def tree_sum(values: list):
+    """Balanced adder tree (shallower than a chain of additions)."""
+    while len(values) > 1:
+        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+    return values[0]
+
+
+class GemmCore(wiring.Component):
+    """in_valid / in_acc / in_inp / in_wgt / in_reset (In): a micro-op's resolved indices in S1.
+    inp_rd, wgt_rd, acc_rd (read ports, driven by the core). wb_valid / wb_idx / wb_data (Out):
+    the accumulator entry written this cycle. busy (Out): a micro-op is in S2 or S3.
+    reset micro-ops write zero.
+    """
+
+    def __init__(self, cfg: AccelConfig):
+        self.cfg = cfg
+        self.acc_bits = cfg.batch * cfg.block_out * cfg.acc_width
+        super().__init__({
+            "in_valid": In(1), "in_acc": In(cfg.acc_idx_bits), "in_inp": In(cfg.inp_idx_bits),
+            "in_wgt": In(cfg.wgt_idx_bits), "in_reset": In(1),
+            "inp_rd": In(read_signature(cfg.inp_idx_bits, cfg.inp_elem_bytes * 8)),
+            "wgt_rd": In(read_signature(cfg.wgt_idx_bits, cfg.wgt_elem_bytes * 8)),
+            "acc_rd": In(read_signature(cfg.acc_idx_bits, self.acc_bits)),
+            "wb_valid": Out(1), "wb_idx": Out(cfg.acc_idx_bits), "wb_data": Out(self.acc_bits), "busy": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+        nb, ni, no, aw = cfg.batch, cfg.block_in, cfg.block_out, cfg.acc_width
+
+        # S1: addresses
+        m.d.comb += [self.inp_rd.addr.eq(self.in_inp), self.wgt_rd.addr.eq(self.in_wgt),
+                     self.acc_rd.addr.eq(self.in_acc),
+                     self.inp_rd.en.eq(1), self.wgt_rd.en.eq(1), self.acc_rd.en.eq(1)]
+        p2_valid, p2_idx, p2_reset = Signal(), Signal(cfg.acc_idx_bits), Signal()
+        m.d.sync += [p2_valid.eq(self.in_valid), p2_idx.eq(self.in_acc), p2_reset.eq(self.in_reset)]
+
+        # S3 registers and result (declared first: S2 bypasses from the S3 result)
+        p3_valid, p3_idx, p3_reset = Signal(), Signal(cfg.acc_idx_bits), Signal()
+        dot_w = cfg.inp_width + cfg.wgt_width + max(1, (ni - 1).bit_length())
+        p3_dot = [Signal(signed(dot_w), name=f"dot_{k}") for k in range(nb * no)]
+        p3_acc = Signal(self.acc_bits)
+        result = Signal(self.acc_bits)
+        old = lanes(p3_acc, nb * no, aw)
+        for k in range(nb * no):
+            m.d.comb += result[k * aw:(k + 1) * aw].eq(Mux(p3_reset, 0, old[k] + p3_dot[k]))
+        m.d.comb += [self.wb_valid.eq(p3_valid), self.wb_idx.eq(p3_idx), self.wb_data.eq(result)]
+
+        # S2: products and dot products; accumulator value with the S3 -> S2 bypass
+        inp = lanes(self.inp_rd.data, nb * ni, cfg.inp_width)
+        wgt = lanes(self.wgt_rd.data, no * ni, cfg.wgt_width)
+        for b in range(nb):
+            for o in range(no):
+                prods = [inp[b * ni + i] * wgt[o * ni + i] for i in range(ni)]
+                m.d.sync += p3_dot[b * no + o].eq(tree_sum(prods))
+        bypass = p3_valid & (p3_idx == p2_idx)
+        m.d.sync += [p3_valid.eq(p2_valid), p3_idx.eq(p2_idx), p3_reset.eq(p2_reset),
+                     p3_acc.eq(Mux(bypass, result, self.acc_rd.data))]
+        m.d.comb += self.busy.eq(p2_valid | p3_valid)
+        return m

@@ -1,0 +1,241 @@
+"""Host side of the RTL simulations: builds the accelerator's Verilog for Verilator or Icarus
+(once per config and source hash, cached under .cache/rtl/), runs a batch of programs through
+the cocotb testbench in one simulator process, and returns each program's DRAM and counters.
+
+A build is keyed by the Verilog's source key (accel.hw.verilog.source_key), the simulator and
+the waveform option, and guarded by a file lock so concurrent test processes share it. Every
+run has a simulated-cycle limit per program (a hang is reported as RtlError naming the
+program, not a stuck process) and a wall-clock limit for the simulator process.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from accel.isa import AccelConfig, resolve_config
+
+from ..errors import CycleLimitError, SimError
+
+log = logging.getLogger(__name__)
+
+SIMULATORS = ("verilator", "icarus")
+TOP = "accel_top"
+TB_MODULE = "sim.rtl.tb_accel"
+DEFAULT_MAX_CYCLES = 200_000
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+class RtlError(SimError):
+    """An RTL simulation could not be built or run, or a program hung (names which and why)."""
+
+
+class RtlHang(RtlError, CycleLimitError):
+    """A program did not raise done within its cycle limit."""
+
+
+@dataclass
+class RtlProgram:
+    name: str
+    dram: np.ndarray            # uint8 DRAM image
+    insn_addr: int
+    insn_count: int
+    max_cycles: int = DEFAULT_MAX_CYCLES
+
+
+@dataclass
+class RtlRun:
+    name: str
+    status: str                 # "done" or "hang"
+    dram: np.ndarray | None     # DRAM after the run (None after a hang)
+    counters: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    bus_error: bool = False
+    sim_cycles: int = 0         # clock edges from the start write to irq seen by the bench
+
+    @property
+    def cycles(self) -> int:
+        return self.counters.get("cycles", 0)
+
+
+def simulators_available() -> dict[str, str | None]:
+    """{simulator: None if usable, else why not}."""
+    why = {}
+    try:
+        import cocotb  # noqa: F401
+        missing = None
+    except ImportError as e:
+        missing = f"python package missing ({e.name}); pip install 'cocotb>=1.8,<1.9'"
+    for sim, exe in (("verilator", "verilator"), ("icarus", "iverilog")):
+        why[sim] = missing or (None if shutil.which(exe) else f"{exe} not found (apt-get install {sim})")
+    return why
+
+
+def _cache() -> Path:
+    from accel.hw.verilog import cache_root
+    return cache_root() / "rtl"
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run_cmd(cmd: list[str], cwd: Path, what: str, env=None, timeout=None) -> str:
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RtlError(f"{what}: timed out after {timeout} s: {' '.join(cmd)}") from None
+    if p.returncode != 0:
+        tail = (p.stdout + p.stderr)[-4000:]
+        raise RtlError(f"{what} failed (exit {p.returncode}): {' '.join(cmd[:3])} ...\n{tail}")
+    return p.stdout + p.stderr
+
+
+def build(config, simulator: str = "verilator", waves: bool = False) -> Path:
+    """Build (or reuse) the simulation model for `config`; returns its directory."""
+    import cocotb
+    import cocotb.config
+    from accel.hw.verilog import LINT_WAIVERS, generate
+    if simulator not in SIMULATORS:
+        raise RtlError(f"unknown simulator {simulator!r}; simulators are {', '.join(SIMULATORS)}")
+    cfg = resolve_config(config)
+    gen = generate(cfg)
+    bdir = _cache() / f"{simulator}{'-waves' if waves else ''}" / gen["key"]
+    stamp = bdir / "built.ok"
+    with _locked(_cache() / f"{simulator}-{gen['key']}.lock"):
+        if stamp.exists():
+            return bdir
+        if bdir.exists():
+            shutil.rmtree(bdir)
+        bdir.mkdir(parents=True)
+        t0 = time.perf_counter()
+        src = bdir / f"{TOP}.v"
+        shutil.copyfile(gen["verilog"], src)
+        if simulator == "verilator":
+            vlt = bdir / "waivers.vlt"
+            shutil.copyfile(LINT_WAIVERS, vlt)
+            main_cpp = Path(cocotb.__file__).parent / "share" / "lib" / "verilator" / "verilator.cpp"
+            libs = cocotb.config.libs_dir
+            cmd = [shutil.which("verilator"), "-cc", "--exe", "-Mdir", str(bdir), "-DCOCOTB_SIM=1",
+                   "--top-module", TOP, "--vpi", "--public-flat-rw", "--prefix", "Vtop", "-o", TOP,
+                   "-LDFLAGS", f"-Wl,-rpath,{libs} -L{libs} -lcocotbvpi_verilator",
+                   "--timescale", "1ns/1ps", "-CFLAGS", "-O1"]
+            if waves:
+                cmd += ["--trace-fst", "--trace-structs"]
+            cmd += [str(vlt), str(main_cpp), str(src)]
+            _run_cmd(cmd, bdir, f"verilator build of {TOP}")
+            _run_cmd(["make", "-C", str(bdir), "-f", "Vtop.mk", f"-j{min(2, os.cpu_count() or 1)}"], bdir,
+                     f"C++ build of the Verilator model of {TOP}")
+        else:
+            ts = bdir / "timescale.v"
+            ts.write_text("`timescale 1ns/1ps\n")
+            files = [str(ts), str(src)]
+            tops = ["-s", TOP]
+            if waves:
+                dump = bdir / "waves.v"
+                dump.write_text(f"module accel_waves;\ninitial begin\n  $dumpfile(\"dump.fst\");\n"
+                                f"  $dumpvars(0, {TOP});\nend\nendmodule\n")
+                files.append(str(dump))
+                tops += ["-s", "accel_waves"]
+            _run_cmd(["iverilog", "-o", str(bdir / "sim.vvp"), "-D", "COCOTB_SIM=1", "-g2005", *tops, *files], bdir,
+                     f"iverilog build of {TOP}")
+        stamp.write_text(json.dumps({"config": cfg.to_dict(), "seconds": time.perf_counter() - t0}))
+        log.info("built %s model in %.1f s: %s", simulator, time.perf_counter() - t0, bdir)
+    return bdir
+
+
+def _sim_env(job_dir: Path) -> dict[str, str]:
+    import cocotb
+    import cocotb.config
+    import find_libpython
+    env = dict(os.environ)
+    env.setdefault("LIBPYTHON_LOC", find_libpython.find_libpython())
+    env["PATH"] = env.get("PATH", "") + os.pathsep + cocotb.config.libs_dir
+    env["PYTHONPATH"] = os.pathsep.join([str(_ROOT)] + [p for p in sys.path if p])
+    env["PYTHONHOME"] = sys.prefix
+    env.update({"TOPLEVEL": TOP, "TOPLEVEL_LANG": "verilog", "MODULE": TB_MODULE, "ACCEL_RTL_JOB": str(job_dir),
+                "COCOTB_RESULTS_FILE": str(job_dir / "results.xml"), "COCOTB_REDUCED_LOG_FMT": "1"})
+    return env
+
+
+def run_programs(config, programs: list[RtlProgram], simulator: str = "verilator", *, waves: str | Path | None = None,
+                 stall_seed: int | None = None, read_latency: int | None = None, timeout_s: float | None = 600.0,
+                 check: bool = True) -> list[RtlRun]:
+    """Run `programs` in order on one simulated accelerator (buffers persist between them).
+
+    waves: a path (.fst) to write a waveform of the whole job to. stall_seed: a seed for random
+    stalls on every AXI channel. read_latency: the memory model's (default axi_model.READ_LATENCY).
+    check: raise RtlHang if a program hangs (else status "hang").
+    """
+    import cocotb
+    import cocotb.config
+    cfg: AccelConfig = resolve_config(config)
+    if not programs:
+        return []
+    bdir = build(cfg, simulator, waves=waves is not None)
+    jobs = _cache() / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    job_dir = Path(tempfile.mkdtemp(prefix=f"{simulator}-", dir=jobs))
+    try:
+        dram_bytes = max(p.dram.size for p in programs)
+        spec = {"dram_bytes": dram_bytes, "stall_seed": stall_seed, "read_latency": read_latency, "programs": []}
+        for i, p in enumerate(programs):
+            if p.dram.dtype != np.uint8 or p.dram.ndim != 1:
+                raise RtlError(f"program {p.name!r}: DRAM must be a 1-D uint8 array")
+            fname = f"p{i}.bin"
+            (job_dir / fname).write_bytes(p.dram.tobytes())
+            spec["programs"].append({"name": f"p{i}", "dram": fname, "insn_addr": int(p.insn_addr),
+                                     "insn_count": int(p.insn_count), "max_cycles": int(p.max_cycles)})
+        (job_dir / "job.json").write_text(json.dumps(spec))
+        if simulator == "verilator":
+            cmd = [str(bdir / TOP)]
+        else:
+            cmd = ["vvp", "-M", cocotb.config.libs_dir, "-m", cocotb.config.lib_name("vpi", "icarus"),
+                   str(bdir / "sim.vvp")] + (["-fst"] if waves else [])
+        t0 = time.perf_counter()
+        output = _run_cmd(cmd, job_dir, f"{simulator} simulation of {len(programs)} program(s)", env=_sim_env(job_dir),
+                 timeout=timeout_s)
+        wall = time.perf_counter() - t0
+        res_file = job_dir / "result.json"
+        if not res_file.exists():
+            raise RtlError(f"{simulator} simulation ended without results:\n{output[-4000:]}")
+        res = json.loads(res_file.read_text())
+        runs = []
+        for p, r in zip(programs, res["programs"]):
+            out = job_dir / f"{r['name']}.out.bin"
+            dram = np.frombuffer(out.read_bytes(), dtype=np.uint8).copy() if out.exists() else None
+            runs.append(RtlRun(p.name, r["status"], dram, r["counters"], r["wall_s"], r["bus_error"], r["sim_cycles"]))
+            if check and r["status"] != "done":
+                raise RtlHang(f"{simulator}: program {p.name!r} did not finish within {p.max_cycles} cycles "
+                              f"(STATUS=0x{r['status_reg']:x}, counters {r['counters']})")
+            if check and r["bus_error"]:
+                raise RtlError(f"{simulator}: program {p.name!r} saw an AXI error response")
+            if check and r["protocol_errors"]:
+                raise RtlError(f"{simulator}: program {p.name!r} broke the AXI protocol: {r['protocol_errors'][:3]}")
+        if check and len(runs) < len(programs):
+            raise RtlError(f"{simulator}: only {len(runs)} of {len(programs)} programs ran (see {job_dir})")
+        if waves is not None:
+            shutil.copyfile(job_dir / "dump.fst", waves)
+        log.info("%s ran %d program(s) in %.1f s", simulator, len(runs), wall)
+        return runs
+    finally:
+        if not os.environ.get("ACCEL_RTL_KEEP_JOBS"):
+            shutil.rmtree(job_dir, ignore_errors=True)
