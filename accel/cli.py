@@ -3,7 +3,9 @@
     accel config show [--config C]        accel config validate FILE
     accel asm IN.s -o OUT.accp [--config C] [--data ADDR=FILE] [--symbol NAME=ADDR:DTYPE:SHAPE]
     accel disasm IN.accp                  accel run PROG.accp [--driver fsim] [--dump SYMBOL] [--dump-dram F]
-    accel demo [--config C] [--driver fsim] [--m M --k K --n N]
+    accel compile MODEL.onnx --target accel|cpu [--config C] -o MODEL.accm [--calibration S.npz]
+    accel run MODEL.accm --input x.npy|name=x.npy|in.npz --output y.npy|out.npz [--driver fsim|tsim|rtl] [--profile]
+    accel demo [--config C] [--driver fsim]   (residual CNN end to end; --m M --k K --n N: the matmul demo)
 
 Each add_arguments fills its parser and sets `func`, the handler returning the exit status.
 To add a subcommand, write add_arguments + handler and register it with @command. Errors the
@@ -188,16 +190,21 @@ def _disasm(args) -> int:
 
 
 # ---- run ------------------------------------------------------------------------------------------
-@command("run", "run a program file on a driver")
+@command("run", "run a program file or a compiled model on a driver")
 def _run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="program file (.accp)")
+    p.add_argument("input", help="program file (.accp) or compiled model (.accm, from `accel compile`)")
     p.add_argument("--driver", default="fsim", help="executor (default: %(default)s)")
     p.add_argument("--dump", action="append", default=[], metavar="SYMBOL", help="print a symbol's values after the run")
     p.add_argument("--dump-dram", metavar="FILE", help="write the whole DRAM after the run to FILE")
+    _model_run_args(p)
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
+    if _is_module_file(args.input):
+        return _run_model(args)
+    if args.inputs or args.outputs or args.profile or args.profile_json:
+        raise CliError(f"{args.input} is a program file; --input/--output/--profile apply to compiled models (.accm)")
     from accel.isa import Program
     from host_runtime import get_driver
     prog = Program.load(args.input)
@@ -223,25 +230,33 @@ def _run(args) -> int:
 
 
 # ---- demo -----------------------------------------------------------------------------------------
-@command("demo", "run a blocked int8 matmul on the simulator and check it against numpy")
+@command("demo", "compile a small residual CNN, run it on the simulator, compare with onnxruntime "
+                 "(with --m/--k/--n: a blocked int8 matmul checked against numpy)")
 def _demo_args(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
     p.add_argument("--driver", default="fsim", help="executor (default: %(default)s)")
-    p.add_argument("--m", type=int, default=16, help="rows of A and C (default: %(default)s)")
-    p.add_argument("--k", type=int, default=70, help="columns of A, rows of B (default: %(default)s)")
-    p.add_argument("--n", type=int, default=20, help="columns of B and C (default: %(default)s)")
-    p.add_argument("--shift", type=int, default=8, help="right shift after the bias add (default: %(default)s)")
+    p.add_argument("--matmul", action="store_true", help="the matmul demo (implied by --m, --k or --n)")
+    p.add_argument("--m", type=int, default=None, help="matmul: rows of A and C (default: 16)")
+    p.add_argument("--k", type=int, default=None, help="matmul: columns of A, rows of B (default: 70)")
+    p.add_argument("--n", type=int, default=None, help="matmul: columns of B and C (default: 20)")
+    p.add_argument("--shift", type=int, default=8, help="matmul: right shift after the bias add (default: %(default)s)")
     p.add_argument("--virtual-threads", type=int, default=2, choices=(1, 2),
-                   help="2 double-buffers loads against compute (default: %(default)s)")
+                   help="matmul: 2 double-buffers loads against compute (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="random operands' seed (default: %(default)s)")
+    p.add_argument("--save", metavar="FILE", help="CNN: also save the compiled model (.accm) and the ONNX model next to it")
     p.set_defaults(func=_demo)
 
 
 def _demo(args) -> int:
+    if not (args.matmul or any(getattr(args, k) is not None for k in ("m", "k", "n"))):
+        return _demo_cnn(args)
     from accel.isa import resolve_config
     from host_runtime import Device
     from host_runtime.matmul import matmul, matmul_reference, plan_matmul
     cfg = resolve_config(args.config)
+    for name, default in (("m", 16), ("k", 70), ("n", 20)):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     for name in ("m", "k", "n"):
         if getattr(args, name) < 1:
             raise CliError(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -272,6 +287,324 @@ def _demo(args) -> int:
               f"{c[i, j]} != {ref[i, j]}", file=sys.stderr)
         return 1
     print(f"OK: matches numpy ({c.size} values)")
+    return 0
+
+
+# ---- compiled models: compile, run, the CNN demo ---------------------------------------------------
+class _Progress:
+    """A one-line progress bar on stderr while a terminal watches (silent otherwise)."""
+
+    def __init__(self, what: str, stream=None):
+        self.what, self.stream = what, stream or sys.stderr
+        self.live = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.shown = False
+
+    def __call__(self, *args) -> None:
+        if not self.live:
+            return
+        if len(args) == 3 and isinstance(args[0], str):  # build: (stage, k, n)
+            stage, k, n = args
+            label = stage
+        else:  # run: (k, n, step name)
+            k, n, label = args
+        width = 24
+        done = int(width * k / n) if n else width
+        self.stream.write(f"\r{self.what} [{'#' * done}{' ' * (width - done)}] {k}/{n} {label[:40]:40}")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\r" + " " * 100 + "\r")
+            self.stream.flush()
+
+
+def _is_module_file(path: str) -> bool:
+    from host_runtime.executor import MAGIC
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def _model_run_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("compiled models (.accm)")
+    g.add_argument("--input", dest="inputs", action="append", default=[], metavar="[NAME=]FILE",
+                   help="an input: NAME=x.npy, x.npy (inputs in order), one .npz holding every input by name, or "
+                        "'random' (seeded normal values for every input); repeatable")
+    g.add_argument("--output", dest="outputs", action="append", default=[], metavar="[NAME=]FILE",
+                   help="where outputs go: NAME=y.npy, y.npy (outputs in order), or one .npz of every output")
+    g.add_argument("--profile", action="store_true", help="print the per-step profile (time, instructions, cycles)")
+    g.add_argument("--profile-json", metavar="FILE", help="write the profile and its totals as JSON")
+
+
+def _load_array_file(path: str):
+    try:
+        data = np.load(path, allow_pickle=False)
+        if isinstance(data, np.ndarray):
+            return data
+        with data as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise CliError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _read_inputs(mod, specs: list[str]) -> dict:
+    names = mod.input_names
+    if not specs:
+        shapes = ", ".join(f"{n}: {mod.input_spec(n).dtype}{list(mod.input_spec(n).shape)}" for n in names)
+        raise CliError(f"give the model's inputs with --input ({shapes}), or --input random")
+    feeds, positional = {}, []
+    for spec in specs:
+        if spec == "random":
+            rng = np.random.default_rng(0)
+            for n in names:
+                t = mod.input_spec(n)
+                feeds.setdefault(n, rng.standard_normal(t.shape).astype(t.dtype))
+            continue
+        name, sep, file = spec.partition("=")
+        if not sep:
+            name, file = None, spec
+        if name is not None and name not in names:
+            raise CliError(f"--input {spec!r}: the model has no input {name!r}; inputs are {', '.join(names)}")
+        data = _load_array_file(file)
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(names))
+            if unknown:
+                raise CliError(f"--input {file}: arrays {', '.join(unknown)} are not inputs of the model "
+                               f"(inputs are {', '.join(names)})")
+            feeds.update(data)
+        elif name is not None:
+            feeds[name] = data
+        else:
+            positional.append((file, data))
+    rest = [n for n in names if n not in feeds]
+    if len(positional) > len(rest):
+        raise CliError(f"{len(positional)} unnamed --input file(s) for {len(rest)} remaining input(s) "
+                       f"({', '.join(rest) or 'none'})")
+    for n, (_, data) in zip(rest, positional):
+        feeds[n] = data
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise CliError(f"no --input for {', '.join(missing)}")
+    for n in names:
+        t = mod.input_spec(n)
+        if tuple(np.shape(feeds[n])) != tuple(t.shape):
+            raise CliError(f"input {n!r}: expected shape {list(t.shape)}, got {list(np.shape(feeds[n]))}")
+    return feeds
+
+
+def _write_npy_atomic(path: Path, arrays) -> None:
+    import io
+    buf = io.BytesIO()
+    if isinstance(arrays, dict):
+        np.savez(buf, **arrays)
+    else:
+        np.save(buf, arrays, allow_pickle=False)
+    _write_atomic(path, buf.getvalue())
+
+
+def _write_outputs(outs: dict, specs: list[str]) -> list[str]:
+    names = list(outs)
+    written, positional = [], []
+    plan: list[tuple[Path, object]] = []
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep:
+            name, file = None, spec
+        if name is None and file.endswith(".npz"):
+            plan.append((Path(file), dict(outs)))
+        elif name is not None:
+            if name not in outs:
+                raise CliError(f"--output {spec!r}: the model has no output {name!r}; outputs are {', '.join(names)}")
+            plan.append((Path(file), outs[name]))
+        else:
+            positional.append(file)
+    if len(positional) > len(names):
+        raise CliError(f"{len(positional)} unnamed --output files for {len(names)} output(s) ({', '.join(names)})")
+    plan += [(Path(f), outs[n]) for f, n in zip(positional, names)]
+    for path, data in plan:
+        _write_npy_atomic(path, data)
+        written.append(str(path))
+    return written
+
+
+def _run_model(args) -> int:
+    from compiler.module import CompiledModule
+    from host_runtime.executor import Executor, format_profile, profile_summary
+    if args.dump or args.dump_dram:
+        raise CliError("--dump and --dump-dram apply to program files (.accp); use --output for a model's outputs")
+    mod = CompiledModule.load(args.input)
+    feeds = _read_inputs(mod, args.inputs)
+    bar = _Progress("run")
+    try:
+        with Executor(mod, driver=args.driver) as ex:
+            outs = ex.run(feeds, progress=bar)
+    finally:
+        bar.close()
+    where = f"driver {ex.driver_name}" if ex.driver_name else "the CPU"
+    print(f"{args.input}: {mod.name} ({mod.target}) on {where}, {len(mod.steps)} steps")
+    with np.printoptions(threshold=20, edgeitems=3, linewidth=120, precision=5):
+        for name, y in outs.items():
+            print(f"output {name}: {y.dtype}{list(y.shape)} {np.array2string(y.ravel()[:8])}"
+                  f"{' ...' if y.size > 8 else ''}")
+    for path in _write_outputs(outs, args.outputs):
+        print(f"wrote {path}")
+    if args.profile:
+        print(format_profile(ex.profile, mod.config))
+    if args.profile_json:
+        data = {"model": mod.name, "target": mod.target, "driver": ex.driver_name, "steps": ex.profile,
+                "totals": profile_summary(ex.profile, mod.config)}
+        _write_atomic(Path(args.profile_json), json.dumps(data, indent=2, default=str).encode())
+        print(f"wrote {args.profile_json}")
+    return 0
+
+
+@command("compile", "compile an ONNX model for the accelerator (with CPU fallback) or the CPU into one file")
+def _compile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="ONNX model file")
+    p.add_argument("--target", default="accel", choices=("accel", "cpu"), help="(default: %(default)s)")
+    _config_arg(p)
+    p.add_argument("-o", "--output", required=True, help="compiled model file to write (.accm)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="sample inputs for the int8 scales: an .npz with one array per input name whose first axis "
+                        "counts samples (a .npy for a one-input model); default: 8 seeded random normal inputs "
+                        "(QDQ models bring their own scales)")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=DxDx..",
+                   help="static shape of an input with symbolic dimensions, e.g. x=1x3x224x224; repeatable")
+    p.add_argument("--force", action="append", default=[], metavar="OP=TARGET",
+                   help="put every op of a type on a target (e.g. Conv=cpu); repeatable")
+    p.set_defaults(func=_compile)
+
+
+def _calibration(path: str | None, graph_inputs: list[str]) -> list[dict] | None:
+    if path is None:
+        return None
+    data = _load_array_file(path)
+    if not isinstance(data, dict):
+        if len(graph_inputs) != 1:
+            raise CliError(f"--calibration {path}: a .npy serves one-input models; this one takes "
+                           f"{', '.join(graph_inputs)} (use an .npz by name)")
+        data = {graph_inputs[0]: data}
+    missing = [n for n in graph_inputs if n not in data]
+    if missing:
+        raise CliError(f"--calibration {path}: no samples for input(s) {', '.join(missing)}")
+    counts = {len(v) for v in data.values()}
+    if len(counts) != 1:
+        raise CliError(f"--calibration {path}: inputs have different sample counts {sorted(counts)}")
+    return [{n: data[n][k] for n in graph_inputs} for k in range(counts.pop())]
+
+
+def _compile(args) -> int:
+    import time
+    from compiler.frontend import from_onnx
+    from compiler.graph_build import build_model
+    shapes = {}
+    for spec in args.shape:
+        name, sep, dims = spec.partition("=")
+        try:
+            shapes[name] = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            raise CliError(f"--shape {spec!r}: expected NAME=DxDx.., e.g. x=1x3x224x224") from None
+        if not sep or not name:
+            raise CliError(f"--shape {spec!r}: expected NAME=DxDx..")
+    force = {}
+    for spec in args.force:
+        op, sep, tgt = spec.partition("=")
+        if not sep or tgt not in ("accel", "cpu"):
+            raise CliError(f"--force {spec!r}: expected OP=accel or OP=cpu")
+        force[op] = tgt
+    t0 = time.perf_counter()
+    graph = from_onnx(args.model, shapes=shapes or None)
+    cal = _calibration(args.calibration, [i.name for i in graph.inputs])
+    bar = _Progress("compile")
+    try:
+        mod = build_model(graph, target=args.target, config=args.config if args.target == "accel" else None,
+                          calibration=cal, force_target=force, progress=bar)
+    finally:
+        bar.close()
+    mod.save(args.output)
+    print(mod.summary())
+    for w in mod.meta.get("warnings", []):
+        print(f"warning: {w}")
+    print(f"wrote {args.output} ({Path(args.output).stat().st_size} bytes) in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def demo_model(seed: int = 0):
+    """The demo's residual CNN (onnx.helper): conv-bn-relu stem, a basic residual block, a strided
+    conv, global average pooling and a dense classifier; 1x16x16x16 input."""
+    from compiler.frontend.zoo import ModelBuilder
+    b = ModelBuilder("residual_cnn", seed)
+    x = b.input("image", (1, 16, 16, 16))
+    y = b.op("Relu", [b.bn(b.conv(x, 16, 32, name="stem"), 32, name="stem_bn")], name="stem_relu")
+    r = b.op("Relu", [b.bn(b.conv(y, 32, 32, name="block_conv1"), 32, name="block_bn1")], name="block_relu1")
+    r = b.bn(b.conv(r, 32, 32, name="block_conv2"), 32, name="block_bn2")
+    y = b.op("Relu", [b.op("Add", [r, y], name="residual")], name="block_relu2")
+    y = b.op("Relu", [b.conv(y, 32, 64, stride=2, name="down")], name="down_relu")
+    y = b.op("GlobalAveragePool", [y], name="gap")
+    y = b.op("Flatten", [y], name="flatten", axis=1)
+    y = b.op("Gemm", [y, b.weight((10, 64)), b.init(np.zeros(10, np.float32))], name="classifier", transB=1)
+    return b.build([y])
+
+
+def _demo_cnn(args) -> int:
+    import time
+    from accel.isa import resolve_config
+    from compiler.frontend import zoo
+    from compiler.graph import run as reference_run
+    from compiler.graph_build import build_model
+    from host_runtime import available_drivers
+    from host_runtime.executor import Executor, format_profile
+    cfg = resolve_config(args.config)
+    if args.driver not in available_drivers():
+        raise CliError(f"unknown driver {args.driver!r}; drivers are {', '.join(available_drivers())}")
+    model = demo_model(args.seed)
+    feeds = zoo.sample_inputs(model, 5, seed=args.seed + 1)
+    calib, feed = feeds[:4], feeds[4]
+    t0 = time.perf_counter()
+    bar = _Progress("compile")
+    try:
+        mod = build_model(model, target="accel", config=cfg, calibration=calib, progress=bar)
+    finally:
+        bar.close()
+    t_compile = time.perf_counter() - t0
+    print(f"residual CNN ({len(model.graph.node)} ONNX nodes) compiled for config {args.config!r} "
+          f"({cfg.batch}x{cfg.block_in}x{cfg.block_out}) in {t_compile:.2f} s")
+    print(mod.summary())
+    if args.save:
+        mod.save(args.save)
+        onnx_path = Path(args.save).with_suffix(".onnx")
+        _write_atomic(onnx_path, model.SerializeToString())
+        print(f"wrote {args.save} and {onnx_path}")
+    bar = _Progress("run")
+    try:
+        with Executor(mod, driver=args.driver) as ex:
+            outs = ex.run(feed, progress=bar, keep=True)
+    finally:
+        bar.close()
+    print(format_profile(ex.profile, cfg))
+    got = next(iter(outs.values()))
+    import onnxruntime as ort
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = sess.run(None, feed)[0]
+    _, env = reference_run(mod.graph, feed, keep=True)
+    ints = {n.name: env[id(n)] for n in mod.graph.nodes if id(n) in env and env[id(n)].dtype == np.int8}
+    checked = [k for k in ex.values if k in ints]
+    bad = [k for k in checked if not np.array_equal(ex.values[k], ints[k])]
+    cos = float(got.ravel() @ ref.ravel() / (np.linalg.norm(got) * np.linalg.norm(ref)))
+    with np.printoptions(precision=4, suppress=True, linewidth=120):
+        print(f"logits (accelerator): {got.ravel()}")
+        print(f"logits (onnxruntime): {ref.ravel()}")
+    print(f"vs onnxruntime fp32: cosine {cos:.5f}, max |diff| {np.abs(got - ref).max():.4g}, "
+          f"same class: {bool(got.argmax() == ref.argmax())}")
+    print(f"vs int8 reference: {len(checked) - len(bad)} of {len(checked)} int8 tensors bit-exact")
+    if bad or cos < 0.99:
+        print(f"MISMATCH: {'int8 tensors ' + ', '.join(bad) + ' differ' if bad else ''}"
+              f"{'; ' if bad and cos < 0.99 else ''}{f'cosine {cos:.4f} < 0.99' if cos < 0.99 else ''}", file=sys.stderr)
+        return 1
+    print("OK: bit-exact against the int8 reference and within quantization error of onnxruntime")
     return 0
 
 
