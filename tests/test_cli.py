@@ -154,3 +154,45 @@ def test_cli_compile_op_prints_loop_nest_and_instructions(capsys, tmp_path):
     _error(capsys, "--layer 'C99' is not in", "compile-op", "conv2d", "--layer", "C99", "--workloads", str(wl))
     _error(capsys, "cannot be tiled", "compile-op", "conv2d", "--config", "tiny", "--k", "15", "--pad", "7",
            "--h", "8", "--w", "8", "--c", "4", "--o", "4")
+
+
+# ---- compiled models: compile, run, demo ------------------------------------------------------------
+def test_cli_compile_then_run_model_by_name_and_npz(capsys, tmp_path):
+    from compiler.frontend import zoo
+    m = zoo.residual_block()
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    feeds = zoo.sample_inputs(m, 5, seed=4)
+    np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in feeds[:4]]))
+    np.save(tmp_path / "x.npy", feeds[4]["x"])
+    rc, out, _ = _run(capsys, "compile", str(tmp_path / "m.onnx"), "--target", "accel", "--config", "tiny",
+                      "-o", str(tmp_path / "m.accm"), "--calibration", str(tmp_path / "calib.npz"))
+    assert rc == 0 and "offloaded" in out and (tmp_path / "m.accm").exists()
+    rc, out, _ = _run(capsys, "run", str(tmp_path / "m.accm"), "--input", str(tmp_path / "x.npy"),
+                      "--output", str(tmp_path / "y.npy"), "--driver", "fsim", "--profile",
+                      "--profile-json", str(tmp_path / "p.json"))
+    assert rc == 0 and "qconv2d" in out and "accel" in out and "total:" in out
+    from compiler.module import CompiledModule
+    want = next(iter(CompiledModule.load(tmp_path / "m.accm").run(feeds[4])[0].values()))
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), want)
+    prof = json.loads((tmp_path / "p.json").read_text())
+    assert prof["driver"] == "fsim" and any(r["target"] == "accel" and r["insns"] for r in prof["steps"])
+    np.savez(tmp_path / "in.npz", x=feeds[4]["x"])
+    rc, out, _ = _run(capsys, "run", str(tmp_path / "m.accm"), "--input", str(tmp_path / "in.npz"),
+                      "--output", str(tmp_path / "out.npz"))
+    with np.load(tmp_path / "out.npz") as z:
+        np.testing.assert_array_equal(z[z.files[0]], want)
+    _error(capsys, "no input 'nope'", "run", str(tmp_path / "m.accm"), "--input", f"nope={tmp_path / 'x.npy'}")
+    _error(capsys, "give the model's inputs", "run", str(tmp_path / "m.accm"))
+    _error(capsys, "unknown driver", "run", str(tmp_path / "m.accm"), "--input", "random", "--driver", "warp")
+    rc, out, _ = _run(capsys, "compile", str(tmp_path / "m.onnx"), "--target", "cpu", "-o", str(tmp_path / "c.accm"))
+    assert rc == 0
+    rc, out, _ = _run(capsys, "run", str(tmp_path / "c.accm"), "--input", f"x={tmp_path / 'x.npy'}", "--profile")
+    assert rc == 0 and "llvm" in out and "on the CPU" in out
+    _error(capsys, "cannot read", "compile", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "z.accm"))
+    assert not (tmp_path / "z.accm").exists()
+
+
+def test_cli_demo_runs_residual_cnn_end_to_end(capsys):
+    rc, out, _ = _run(capsys, "demo")
+    assert rc == 0 and "OK: bit-exact against the int8 reference" in out
+    assert "qconv2d" in out and "onnxruntime" in out and "total:" in out

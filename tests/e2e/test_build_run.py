@@ -1,0 +1,195 @@
+"""End to end: ONNX models built with onnx.helper -> compiler.build_model -> file -> host_runtime executor,
+against onnxruntime (the oracle) and the graph interpreter's int8 reference (bit for bit)."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+import compiler
+from compiler.frontend import zoo
+from compiler.graph import run as reference_run
+from compiler.module import CompiledModule, ModuleFormatError
+from host_runtime.executor import FORMAT_VERSION, MAGIC, Executor, ExecutorError, format_profile
+
+NETS = sorted(zoo.MODELS)
+
+
+def cosine(a, b):
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def ort_run(model, feeds):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+@pytest.fixture(scope="module", params=NETS)
+def net(request):
+    m = zoo.MODELS[request.param]()
+    feeds = zoo.sample_inputs(m, 6, seed=11)
+    return request.param, m, feeds[:4], feeds[4:]
+
+
+def test_e2e_cpu_target_matches_onnxruntime(net):
+    name, m, _, tests = net
+    mod = compiler.build(m, target="cpu")
+    assert mod.target == "cpu" and mod.count("llvm") >= 1 and mod.count("accel") == 0
+    for feeds in tests:
+        outs, profile = mod.run(feeds)
+        ref = ort_run(m, feeds)
+        for got, want in zip(outs.values(), ref):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        assert all(r["target"] == "cpu" and r["time_s"] >= 0 for r in profile)
+    assert sum(r["macs"] for r in profile) > 0 or name == "mlp"
+
+
+@pytest.mark.parametrize("config", ["tiny"])
+def test_e2e_accel_target_bit_exact_and_within_quantization_error(net, config):
+    name, m, calib, tests = net
+    mod = compiler.build_model(m, target="accel", config=config, calibration=calib)
+    assert mod.count("accel") >= 1, mod.meta["partition"]
+    for feeds in tests:
+        with Executor(mod, driver="fsim") as ex:
+            outs = ex.run(feeds, keep=True)
+        got = next(iter(outs.values()))
+        ref_out, env = reference_run(mod.graph, feeds, keep=True)
+        # every int8 tensor the module computed equals the int8 reference bit for bit
+        ints = {n.name: env[id(n)] for n in mod.graph.nodes if id(n) in env and env[id(n)].dtype == np.int8}
+        checked = [k for k in ex.values if k in ints]
+        assert len(checked) >= mod.count("accel")
+        for k in checked:
+            np.testing.assert_array_equal(ex.values[k], ints[k], err_msg=f"{name}: int8 tensor {k}")
+        np.testing.assert_allclose(got, ref_out[0], rtol=1e-5, atol=1e-5 * np.abs(ref_out[0]).max())
+        assert cosine(got, ort_run(m, feeds)[0]) >= 0.99
+    accel_rows = [r for r in ex.profile if r["target"] == "accel"]
+    assert accel_rows and all(r["insns"] > 0 and r["driver"] == "fsim" for r in accel_rows)
+    assert sum(r["macs"] for r in accel_rows) == mod.meta["macs"]["accel"] > 0
+    assert "total:" in format_profile(ex.profile, mod.config)
+
+
+class _Reader:
+    def __init__(self, feeds):
+        self.it = iter(feeds)
+
+    def get_next(self):
+        return next(self.it, None)
+
+
+def _ort_qdq(tmp_path, model, feeds):
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    onnx.save(model, tmp_path / "m.onnx")
+    reader = type("Reader", (_Reader, CalibrationDataReader), {})(feeds)
+    quantize_static(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), reader, quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=False,
+                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+    return onnx.load(tmp_path / "q.onnx")
+
+
+def _pow2_scales(qm):
+    """The accelerator requantizes by shifts: round the QDQ model's scales up to powers of two, so
+    onnxruntime's int8 arithmetic and ours use the same scales (ties may round differently)."""
+    scales = {n.input[1] for n in qm.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")}
+    for t in qm.graph.initializer:
+        if t.name in scales and t.data_type == onnx.TensorProto.FLOAT:
+            s = numpy_helper.to_array(t)
+            t.CopyFrom(numpy_helper.from_array((2.0 ** np.ceil(np.log2(s))).astype(np.float32), t.name))
+    return qm
+
+
+def _output_scale(qm) -> float:
+    inits = {t.name: numpy_helper.to_array(t) for t in qm.graph.initializer}
+    out = qm.graph.output[0].name
+    dq = [n for n in qm.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == out]
+    return float(inits[dq[0].input[1]]) if dq else None
+
+
+@pytest.mark.parametrize("name", ["conv_bn_relu_pool", "mlp"])
+def test_e2e_onnxruntime_qdq_model_matches_its_int8_result(tmp_path, name):
+    m = zoo.MODELS[name]()
+    feeds = zoo.sample_inputs(m, 6, seed=2)
+    qm = _pow2_scales(_ort_qdq(tmp_path, m, feeds[:4]))
+    mod = compiler.build_model(qm, target="accel", config="default")  # no calibration: the QDQ scales
+    assert mod.count("accel") >= 1 and not mod.meta["warnings"]
+    unit = _output_scale(qm) or 1.0 / 64  # mlp ends in softmax (float): 1/64 is its last quantized step
+    for f in feeds[4:]:
+        got = next(iter(mod.run(f)[0].values()))
+        want = ort_run(qm, f)[0]
+        assert np.abs(got - want).max() <= unit * (1 + 1e-6), np.abs(got - want).max() / unit
+
+
+def test_e2e_onnxruntime_qdq_model_any_scales_close(tmp_path):
+    m = zoo.residual_block()
+    feeds = zoo.sample_inputs(m, 5, seed=2)
+    qm = _ort_qdq(tmp_path, m, feeds[:4])
+    mod = compiler.build_model(qm, target="accel", config="default")
+    got = next(iter(mod.run(feeds[4])[0].values()))
+    assert cosine(got, ort_run(qm, feeds[4])[0]) >= 0.99 and cosine(got, ort_run(m, feeds[4])[0]) >= 0.99
+
+
+@pytest.fixture(scope="module")
+def built():
+    m = zoo.residual_block()
+    feeds = zoo.sample_inputs(m, 5, seed=3)
+    return m, feeds, compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:4])
+
+
+def test_e2e_save_load_round_trip(tmp_path, built):
+    m, feeds, mod = built
+    path = tmp_path / "m.accm"
+    mod.save(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["m.accm"]  # atomic: no temporary left
+    back = CompiledModule.load(path, config="tiny")
+    assert back.to_bytes() == mod.to_bytes()
+    assert back.input_names == ["x"] and back.output_names == mod.output_names
+    a, _ = mod.run(feeds[4])
+    b, prof = back.run(feeds[4])
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    assert len(prof) == len(back.steps)
+
+
+def test_e2e_load_refuses_other_config_version_or_garbage(tmp_path, built):
+    _, _, mod = built
+    path = tmp_path / "m.accm"
+    mod.save(path)
+    with pytest.raises(ModuleFormatError, match="compiled for config .* recompile"):
+        CompiledModule.load(path, config="default")
+    data = bytearray(path.read_bytes())
+    data[8:12] = (FORMAT_VERSION + 1).to_bytes(4, "little")
+    (tmp_path / "v.accm").write_bytes(bytes(data))
+    with pytest.raises(ModuleFormatError, match="format version"):
+        CompiledModule.load(tmp_path / "v.accm")
+    (tmp_path / "t.accm").write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ModuleFormatError, match="truncated"):
+        CompiledModule.load(tmp_path / "t.accm")
+    (tmp_path / "g.accm").write_bytes(b"hello")
+    with pytest.raises(ModuleFormatError, match="bad magic"):
+        CompiledModule.load(tmp_path / "g.accm")
+    assert path.read_bytes().startswith(MAGIC)
+
+
+def test_e2e_executor_checks_inputs_and_device(built):
+    _, feeds, mod = built
+    from host_runtime import Device
+    with pytest.raises(ExecutorError, match="config"):
+        Executor(mod, device=Device("default", driver="fsim"))
+    with Executor(mod) as ex:
+        with pytest.raises(ExecutorError, match="expected shape"):
+            ex.run({"x": np.zeros((1, 2, 3), np.float32)})
+        with pytest.raises(ExecutorError, match="no input"):
+            ex.run({"y": feeds[0]["x"]})
+        ex.run([feeds[0]["x"]])
+
+
+def test_e2e_untileable_layer_falls_back_to_cpu_with_reason():
+    b = zoo.ModelBuilder("big_kernel", 0)
+    x = b.input("x", (1, 16, 12, 12))
+    y = b.op("Relu", [b.conv(x, 16, 16, k=11, pad=5, name="conv")], name="relu")
+    m = b.build([y])
+    feeds = zoo.sample_inputs(m, 3, seed=1)
+    mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:2])
+    assert mod.count("accel") == 0 and any("conv" in f and "CPU" in f for f in mod.meta["fallbacks"])
+    got = next(iter(mod.run(feeds[2])[0].values()))
+    np.testing.assert_allclose(got, reference_run(mod.graph, feeds[2])[0], rtol=1e-6)
