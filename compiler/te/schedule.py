@@ -206,7 +206,7 @@ class Stage:
             raise self._err(prim, f"axis '{nm}' is not a loop of stage '{parent.name}'{why}; "
                                   f"its loops are: {parent._loops()}")
         consumers = self.schedule._consumers(self)
-        if parent not in consumers:
+        if parent not in self.schedule._consumers_transitive(self):
             names = ", ".join(c.name for c in consumers) or "none (it is an output)"
             raise self._err(prim, f"stage '{parent.name}' does not read '{self.name}'; compute_at "
                                   f"must target a consumer (consumers of '{self.name}': {names})")
@@ -376,6 +376,17 @@ class Schedule:
                 out.extend(x for x in self._consumers(r) if x not in out)
             elif r not in out:
                 out.append(r)
+        return out
+
+    def _consumers_transitive(self, st: Stage) -> list[Stage]:
+        """Stages that read st directly or through other stages (a chain of elementwise stages
+        may all be computed at one loop of the last consumer, as VTA's epilogues are)."""
+        out, todo = [], list(self._consumers(st))
+        while todo:
+            c = todo.pop()
+            if c not in out:
+                out.append(c)
+                todo.extend(self._consumers(c))
         return out
 
     # ------------------------------------------------------------ caches

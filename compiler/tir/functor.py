@@ -101,6 +101,33 @@ class _Substitute(Mutator):
     def visit_Var(self, v):
         return self.vmap.get(v, v)
 
+    def _view(self, buf):
+        """A tensorize view whose offset uses a substituted variable gets a substituted copy."""
+        if buf.base is None:
+            return buf
+        base = self._view(buf.base)
+        off = self.visit(buf.elem_offset)
+        if off is buf.elem_offset and base is buf.base:
+            return buf
+        memo = self.__dict__.setdefault("_views", {})
+        if id(buf) not in memo:
+            nb = copy.copy(buf)
+            nb.elem_offset, nb.base = off, base
+            memo[id(buf)] = nb
+        return memo[id(buf)]
+
+    def visit_BufferLoad(self, e):
+        out = self.generic_visit(e)
+        buf = self._view(e.buffer)
+        if buf is not e.buffer:
+            out = E.BufferLoad(buf, out.indices, lanes=E.dt.lanes(e.dtype) if E.dt.lanes(e.dtype) > 1 else None)
+        return out
+
+    def visit_BufferStore(self, s):
+        out = self.generic_visit(s)
+        buf = self._view(s.buffer)
+        return out if buf is s.buffer else S.BufferStore(buf, out.value, out.indices)
+
 
 def substitute(node, vmap: dict):
     """Replace Vars by expressions (keys are Var objects) in an expression or statement."""
