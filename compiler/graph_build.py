@@ -402,7 +402,8 @@ class _Builder:
     def lower_cpu(self, n: Node) -> None:
         body = n.attrs["body"] if n.op == "fused" else _single_body(n)
         ins = list(n.inputs)
-        self.cpu_body(n.name, body, ins, self.tid[id(n)])
+        anchor = next((o for o in body.ops if node_macs(o)), None)  # a fused conv is named after the conv
+        self.cpu_body(anchor.name if anchor is not None else n.name, body, ins, self.tid[id(n)])
 
     def cpu_body(self, name: str, body: Graph, outer: list, out_tid: int) -> None:
         """Steps computing `body` with inputs `outer` (graph nodes, or tensor ids) into out_tid."""
