@@ -141,23 +141,6 @@ int __kit_parallel_launch(void *fn, void *closure, int n) {
 """
 
 
-_GEMM_ROUNDS: bool | None = None
-
-
-def library_gemm_rounds() -> bool:
-    """Whether the operator library's qconv2d/qdense round the requantizing shift (half up). The
-    graph IR floors (its quantizer puts the rounding half into the int32 bias); when the library
-    rounds, the bound bias is lowered by the half so both compute the same bits. Probed once."""
-    global _GEMM_ROUNDS
-    if _GEMM_ROUNDS is None:
-        from .ops import compile_op
-        f = compile_op("qdense", [(1, 1), (1, 1), (1,)], {"in_shift": 1, "w_shift": 0, "out_shift": 0},
-                       ["int8", "int8", "int32"])
-        y = f(np.ones((1, 1), np.int8), np.ones((1, 1), np.int8), np.zeros(1, np.int32))
-        _GEMM_ROUNDS = bool(y[0, 0] == 1)
-    return _GEMM_ROUNDS
-
-
 class KernelDeclined(Exception):
     """A group has no compiled form (an op the library lacks, or a build failure); says why."""
 
@@ -211,9 +194,6 @@ class _Kernels:
                 p = params[id(i)]
                 if p in consts:
                     arr = consts[p]
-                    if n.op in ("qconv2d", "qdense") and k == 2 and library_gemm_rounds():
-                        sh = requant_shift(n.attrs)
-                        arr = (arr.astype(np.int64) - (1 << (sh - 1) if sh > 0 else 0)).astype(np.int32)
                     if k in impl.prepack:
                         arr, extra = impl.prepack[k](arr, shapes, dtypes, attrs)
                         call_attrs.update(extra)
@@ -222,9 +202,6 @@ class _Kernels:
                     args.append((t, ("c", arr)))
                     ins.append(t)
                 else:
-                    if n.op in ("qconv2d", "qdense") and k == 2 and library_gemm_rounds():
-                        raise KernelDeclined(f"{n.name}: the library rounds the shift; a constant bias absorbs "
-                                             f"the difference, this bias is not constant")
                     if p not in ph:
                         ph[p] = te.placeholder(i.shape, i.dtype, f"p{p}")
                         args.append((ph[p], ("p", p)))

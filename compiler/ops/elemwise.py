@@ -222,12 +222,23 @@ def dequantize(x, shift):
     return unary(x, lambda v: v.astype("float32") * te.const(2.0 ** -shift, "float32"), "dequantize")
 
 
-def requantize(x, in_shift, out_shift):
-    """int (int8 or int32 accumulator) at 2^-in_shift -> int8 at 2^-out_shift: round, SHR, CLIP."""
+def shift_right_floor(v64, s: int):
+    """v * 2^-s rounded down (one arithmetic SHR s); s <= 0 shifts left. v is int64."""
+    if s > 0:
+        return v64 >> te.const(s, "int64")
+    if s < 0:
+        return v64 << te.const(-s, "int64")
+    return v64
+
+
+def requantize(x, in_shift, out_shift, rounding: bool = True):
+    """int (int8 or int32 accumulator) at 2^-in_shift -> int8 at 2^-out_shift: round (unless
+    rounding=False, as for qconv2d/qdense whose int32 bias already holds the half), SHR, CLIP."""
     if not dt.is_int(x.dtype):
         raise OpError(f"requantize: needs an integer input, got {x.dtype}")
     s = in_shift - out_shift
-    return unary(x, lambda v: _clip_int8(shift_right_round(v.astype("int64"), s)), "requantize")
+    shift = shift_right_round if rounding else shift_right_floor
+    return unary(x, lambda v: _clip_int8(shift(v.astype("int64"), s)), "requantize")
 
 
 def qadd(a, b, a_shift, b_shift, out_shift):

@@ -175,13 +175,13 @@ def _qconv(x, w, b, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=
            out_shift=0, layout="NCHW"):
     acc = nn.conv2d(x, w, strides, pads, dilations, groups, "int32")
     acc = _bias_nchw(acc, b)
-    return ew.requantize(acc, in_shift + w_shift, out_shift)
+    return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=False)  # the half is in b
 
 
 def _qconv_nchwc(x, w, b, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, in_shift=0,
                  w_shift=0, out_shift=0, layout="NCHW", kernel_packed=False):
     acc = _conv_nchwc(x, w, b, strides, pads, dilations, groups, "int32", kernel_packed)
-    return ew.requantize(acc, in_shift + w_shift, out_shift)
+    return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=False)  # the half is in b
 
 
 def _q_check(shapes, dtypes, attrs):
@@ -198,7 +198,7 @@ def _qconv_nchwc_check(shapes, dtypes, attrs):
 
 
 define("qconv2d", {**{k: v for k, v in CONV.items() if k != "out_dtype"}, **QSHIFTS, "layout": "NCHW"}, 3,
-       "int8 conv, int32 accumulation + bias, SHR (in_shift + w_shift - out_shift), CLIP [-127, 127]")
+       "int8 conv, int32 accumulation + bias (holding the rounding half), SHR (in_shift + w_shift - out_shift), CLIP [-127, 127]")
 add_impl("qconv2d", "llvm", "qconv2d.nchwc", _qconv_nchwc, cpu.schedule_conv2d_NCHWc, plevel=20,
          check=_qconv_nchwc_check, prepack={1: _conv_prepack})
 add_impl("qconv2d", "llvm", "qconv2d.direct", _qconv, cpu.schedule_conv2d_nchw, check=_q_check)
@@ -206,7 +206,7 @@ add_impl("qconv2d", "llvm", "qconv2d.direct", _qconv, cpu.schedule_conv2d_nchw, 
 
 def _qdense(x, w, b, in_shift=0, w_shift=0, out_shift=0, layout="NC", weight_packed=False, n_out=None):
     acc = _dense_pack(x, w, b, "int32", weight_packed, n_out)
-    return ew.requantize(acc, in_shift + w_shift, out_shift)
+    return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=False)  # the half is in b
 
 
 define("qdense", {**QSHIFTS, "layout": "NC"}, 3, "int8 dense, int32 accumulation + bias, SHR, CLIP")

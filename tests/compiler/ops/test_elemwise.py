@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from compiler import ops
-from compiler.graph.ops import clip_int8, shift_right_round, wrap_int32
+from compiler.graph.ops import clip_int8, shift_floor, shift_right_round, wrap_int32
 from tests.compiler.ops.oracle import close, erf, run_onnx
 
 SETTINGS = settings(max_examples=5, deadline=None, derandomize=True,
@@ -197,7 +197,7 @@ def test_qconv2d_int8_exact(groups, c, o, k, stride, const_weight):
     y = f(x, b) if const_weight else f(x, w, b)
     from tests.compiler.ops.oracle import conv2d_ref
     acc = wrap_int32(conv2d_ref(x, w, a["strides"], a["pads"], (1, 1), groups) + b.reshape(1, -1, 1, 1))
-    np.testing.assert_array_equal(y, clip_int8(shift_right_round(acc, 4 + 6 - 3)))
+    np.testing.assert_array_equal(y, clip_int8(shift_floor(acc, 4 + 6 - 3)))
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 64, 10), (3, 17, 40)])
@@ -211,4 +211,4 @@ def test_qdense_and_int8_dense_exact(m, k, n):
     np.testing.assert_array_equal(y, acc)
     q = ops.compile_op("qdense", [x.shape, w.shape, b.shape], {"in_shift": 3, "w_shift": 7, "out_shift": 2},
                        ["int8", "int8", "int32"], consts={1: w})(x, b)
-    np.testing.assert_array_equal(q, clip_int8(shift_right_round(wrap_int32(acc + b), 8)))
+    np.testing.assert_array_equal(q, clip_int8(shift_floor(wrap_int32(acc + b), 8)))
