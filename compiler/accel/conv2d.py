@@ -84,18 +84,25 @@ class Conv2dSpec:
 
 @dataclass(frozen=True)
 class Requant:
-    """Epilogue on the int32 accumulator: out = clip(((acc + bias) + half) >> shift, lo, hi) as int8,
-    half = 2^(shift-1) when `round` (round half up), else 0; a negative shift shifts left."""
+    """Epilogue on the int32 accumulator: out = clip((acc * mul + half) >> shift, lo, hi) as int8,
+    acc already holding the bias; half = 2^(shift-1) when `round` (round half up), else 0; a
+    negative shift shifts left. Every step wraps at 32 bits like the ALU (MUL, ADD, SHR, CLIP or
+    MIN/MAX); mul is a 16-bit signed immediate (a fixed-point multiplier for non-power-of-two scales)."""
     shift: int = 0
     lo: int = -128
     hi: int = 127
     round: bool = False
+    mul: int = 1
 
     def apply(self, acc: np.ndarray) -> np.ndarray:
+        def wrap(v):
+            return v.astype(np.int64).astype(np.int32).astype(np.int64)
         acc = acc.astype(np.int64)
+        if self.mul != 1:
+            acc = wrap(acc * self.mul)
         if self.round and self.shift > 0:
-            acc = (acc + (1 << (self.shift - 1))).astype(np.int32).astype(np.int64)
-        acc = acc >> self.shift if self.shift >= 0 else (acc << -self.shift).astype(np.int32).astype(np.int64)
+            acc = wrap(acc + (1 << (self.shift - 1)))
+        acc = acc >> self.shift if self.shift >= 0 else wrap(acc << -self.shift)
         return np.clip(acc, self.lo, self.hi)
 
 
@@ -291,7 +298,12 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
 
 
 def emit_requant(stream, kernel, requant: Requant) -> None:
-    """Round, shift, then clamp every accumulator entry the kernel walks (ALU ADD, SHR, CLIP or MIN+MAX)."""
+    """Scale, round, shift, then clamp every accumulator entry the kernel walks (ALU MUL, ADD, SHR,
+    CLIP or MIN+MAX)."""
+    if requant.mul != 1:
+        if not -(1 << 15) <= requant.mul < 1 << 15:
+            raise TilingError(f"requantization multiplier {requant.mul} outside the 16-bit ALU immediate")
+        stream.push_alu(kernel, AluOp.MUL, requant.mul)
     if requant.round and requant.shift > 0:
         if requant.shift > 15:
             raise TilingError(f"rounding for shift {requant.shift} needs an immediate 2^{requant.shift - 1} "
