@@ -456,6 +456,9 @@ class _Builder:
             if head.op in CLAMP_OPS:
                 lo, hi = _clamp(head, lo, hi)
             tail = ops[j - 1]
+            if head.op in ("qconv2d", "qdense") and self.try_fused_residual(n, ops, i, j, env, users, lo, hi):
+                i = self._fused_end
+                continue
             out_tid = self.tid[id(n)] if tail is last else self.scratch(tail.name, tail.type)
             group = ops[i:j]
             try:
@@ -479,6 +482,46 @@ class _Builder:
                 self.cpu_body(head.name, gbody, ext, out_tid)
             env[id(tail)] = out_tid
             i = j
+
+    def try_fused_residual(self, n: Node, ops: list, i: int, j: int, env: dict, users: dict, lo: int,
+                           hi: int) -> bool:
+        """conv/dense (+clamps) followed by a qadd (+clamps) of its result: one accelerator program
+        with the add in the epilogue (compiler.accel.conv2d.ResidualAdd). False when the pattern
+        is absent or the accelerator declines it (then the ops lower one by one)."""
+        from .accel.conv2d import Requant, TilingError
+        body_last = (n.attrs["body"] if n.op == "fused" else _single_body(n)).outputs[0]
+        tail = ops[j - 1]
+        if j >= len(ops) or ops[j].op != "qadd" or tail is body_last or len(users[id(tail)]) != 1:
+            return False
+        add = ops[j]
+        if sum(x is tail for x in add.inputs) != 1:
+            return False
+        k = j + 1
+        lo2, hi2 = -INT8_MAX, INT8_MAX
+        while (k < len(ops) and ops[k].op in CLAMP_OPS and ops[k].inputs[0] is ops[k - 1]
+               and len(users[id(ops[k - 1])]) == 1 and ops[k - 1] is not body_last):
+            lo2, hi2 = _clamp(ops[k], lo2, hi2)
+            k += 1
+        other = add.inputs[1] if add.inputs[0] is tail else add.inputs[0]
+        at = add.attrs
+        m = max(at["a_shift"], at["b_shift"])
+        k_conv, k_other = (m - at["a_shift"], m - at["b_shift"]) if add.inputs[0] is tail else \
+            (m - at["b_shift"], m - at["a_shift"])
+        rq2 = Requant(m - at["out_shift"], lo2, hi2, True)
+        group = ops[i:k]
+        end = ops[k - 1]
+        out_tid = self.tid[id(n)] if end is body_last else self.scratch(end.name, end.type)
+        head = ops[i]
+        try:
+            self.emit_accel(head, [env[id(x)] for x in head.inputs], out_tid, lo, hi,
+                            "+".join(o.op for o in group), sum(self.macs_of(o) for o in group),
+                            residual=(env[id(other)], k_conv, k_other, rq2))
+        except CompilerError as e:
+            log.info("%s: residual add not fused (%s); lowering the ops one by one", head.name, e)
+            return False
+        env[id(end)] = out_tid
+        self._fused_end = k
+        return True
 
     def buf(self, o) -> object:
         return self.tbuf[self.tensor_of(o)]
@@ -504,20 +547,28 @@ class _Builder:
         self.data_bufs.add(buf.addr)
         return buf
 
-    def emit_accel(self, head: Node, ins: list, out_tid: int, lo: int, hi: int, label: str, macs: int) -> None:
-        from .accel.conv2d import Conv2dSpec, Requant, TilingError, emit_conv2d, plan_conv2d
+    def emit_accel(self, head: Node, ins: list, out_tid: int, lo: int, hi: int, label: str, macs: int,
+                   residual: tuple | None = None) -> None:
+        from .accel.conv2d import (Requant, ResidualAdd, TilingError, emit_conv2d, plan_conv2d,
+                                   residual_identity)
         from .accel.eltwise import emit_add, identity_weights
         from .accel.layout import pack_bias
         cfg = self.cfg
         out = self.tbuf[out_tid]
         if head.op in ("qconv2d", "qdense"):
             spec = self.gemm_spec(head)
-            tiling = plan_conv2d(spec, cfg, 2)
+            tiling = plan_conv2d(spec, cfg, 2, residual is not None)
+            fused = None
+            if residual is not None:
+                other, ka, kb, rq2 = residual
+                ident = residual_identity(cfg, ka, kb)  # declines kb - ka > 6 before anything is allocated
+                fused = ResidualAdd(self.buf(other), self.weight_buf(ident, cfg.wgt_elem_bytes,
+                                                                      f"{head.name}.identity"), ka, kb, rq2)
             w = self.weight_buf(ins[1].value, cfg.wgt_elem_bytes, f"{head.name}.wgt")
             b = self.weight_buf(pack_bias(ins[2].value, cfg), cfg.acc_elem_bytes, f"{head.name}.bias")
             rq = Requant(requant_shift(head.attrs), lo, hi, False)
             x = self.buf(ins[0])
-            addr, count = self.program(head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, b, rq))
+            addr, count = self.program(head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, b, rq, fused))
         elif head.op in ("qadd",) + CLAMP_OPS:
             if cfg.block_in != cfg.block_out:
                 raise TilingError(f"{head.name}: the accelerator adds packed tensors only when block_in == block_out "
@@ -542,6 +593,8 @@ class _Builder:
         else:
             raise TilingError(f"{head.name}: no accelerator lowering for {head.op}")
         inputs = [self.tensor_of(o) for o in ins if not (isinstance(o, Node) and o.is_const)]
+        if residual is not None:
+            inputs.append(self.tensor_of(residual[0]))
         self.steps.append(Step(head.name, "accel", label, inputs, out_tid, [], None, {}, addr, count, macs))
 
     def gemm_spec(self, n: Node):

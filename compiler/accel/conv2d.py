@@ -119,6 +119,29 @@ class ConvTiling:
 
 
 @dataclass(frozen=True)
+class ResidualAdd:
+    """A residual add fused into the conv epilogue: out = requant((y << ka) + (r << kb)), y the
+    conv's own requantized result (still in the accumulator), r an int8 tensor in the output's
+    packed layout (N/b, O/bo, OH, OW, b, bo). r enters the input buffer beside the last input
+    chunk of each tile and is summed by a GEMM against an identity tile (2^(kb-ka) I when
+    kb > ka) kept in the weight buffer's last entry. Needs block_in == block_out, kb - ka <= 6."""
+    buf: object
+    ident: object   # DRAM buffer holding residual_identity(cfg, ka, kb)
+    ka: int = 0
+    kb: int = 0
+    requant: Requant = Requant()
+
+
+def residual_identity(cfg: AccelConfig, ka: int, kb: int) -> np.ndarray:
+    """The one weight tile a fused residual add multiplies r by: 2^max(kb - ka, 0) * I."""
+    if cfg.block_in != cfg.block_out:
+        raise TilingError(f"a fused residual add needs block_in == block_out ({cfg.block_in} != {cfg.block_out})")
+    if kb - ka > 6 or min(ka, kb) < 0:
+        raise TilingError(f"a fused residual add needs 0 <= kb - ka <= 6 and shifts >= 0 (ka={ka}, kb={kb})")
+    return (np.eye(cfg.block_out, cfg.block_in, dtype=np.int8) << max(kb - ka, 0))[None].astype(np.int8)
+
+
+@dataclass(frozen=True)
 class _Geom:
     """Blocked sizes of a layer under a config."""
     nb: int
@@ -130,18 +153,19 @@ class _Geom:
         return cls(_ceil(spec.n, cfg.batch), _ceil(spec.c, cfg.block_in), _ceil(spec.o, cfg.block_out))
 
 
-def _needs(spec: Conv2dSpec, t: ConvTiling) -> dict[str, int]:
-    """Buffer entries one tiling needs (all slots)."""
+def _needs(spec: Conv2dSpec, t: ConvTiling, residual: bool = False) -> dict[str, int]:
+    """Buffer entries one tiling needs (all slots; a fused residual adds its tile to each input
+    slot and the identity tile to the weights)."""
     rows_in = (t.h_t - 1) * spec.strides[0] + spec.kh
     cols_in = (t.w_t - 1) * spec.strides[1] + spec.kw
-    return {"inp": t.vt * t.ic_t * rows_in * cols_in,
-            "wgt": t.vt * t.o_t * t.ic_t * spec.kh * spec.kw,
+    return {"inp": t.vt * (t.ic_t * rows_in * cols_in + (t.o_t * t.h_t * t.w_t if residual else 0)),
+            "wgt": t.vt * t.o_t * t.ic_t * spec.kh * spec.kw + (1 if residual else 0),
             "acc": t.vt * (t.o_t * t.h_t * t.w_t + t.o_t),
             "uop": 2 * (t.o_t * t.ic_t * spec.kh * spec.kw + t.o_t + 1)}
 
 
-def _fits(spec, cfg, t) -> bool:
-    n = _needs(spec, t)
+def _fits(spec, cfg, t, residual=False) -> bool:
+    n = _needs(spec, t, residual)
     return (n["inp"] <= cfg.inp_depth and n["wgt"] <= cfg.wgt_depth and n["acc"] <= cfg.acc_depth
             and n["uop"] <= cfg.uop_depth)
 
@@ -172,8 +196,9 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling) -> dict[s
     return {"gemm_uops": uops, "dram_bytes": inp_bytes + wgt_bytes + out_bytes, "cycles": total}
 
 
-def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2) -> ConvTiling:
-    """The cheapest tiling (estimate_cycles) that fits every buffer; TilingError if none does."""
+def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool = False) -> ConvTiling:
+    """The cheapest tiling (estimate_cycles) that fits every buffer (with room for a fused
+    residual add when asked); TilingError if none does."""
     if vt not in (1, 2):
         raise TilingError(f"{spec.name}: virtual threads must be 1 or 2, got {vt}")
     if max(spec.pads) >= 1 << PAD_BITS:
@@ -191,7 +216,7 @@ def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2) -> ConvTiling:
         lo, hi = 0, spec.oh
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if _fits(spec, cfg, ConvTiling(o_t, mid, w_t, ic_t, vt)):
+            if _fits(spec, cfg, ConvTiling(o_t, mid, w_t, ic_t, vt), residual):
                 lo = mid
             else:
                 hi = mid - 1
@@ -203,7 +228,7 @@ def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2) -> ConvTiling:
         if best_cost is None or cost < best_cost:
             best, best_cost = t, cost
     if best is None:
-        need = _needs(spec, ConvTiling(1, 1, 1, 1, vt))
+        need = _needs(spec, ConvTiling(1, 1, 1, 1, vt), residual)
         have = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth, "uop": cfg.uop_depth}
         short = [f"{k} buffer needs {need[k]} entries for the smallest tile, has {have[k]} (short by "
                  f"{need[k] - have[k]})" for k in need if need[k] > have[k]]
@@ -213,11 +238,12 @@ def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2) -> ConvTiling:
 
 
 def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias=None,
-                requant: Requant = Requant()) -> dict[str, int]:
+                requant: Requant = Requant(), residual: ResidualAdd | None = None) -> dict[str, int]:
     """Append a conv2d to a host_runtime CommandStream.
 
     inp: DRAM buffer of the packed input (N/b, C/bi, H, W, b, bi) int8; wgt: (O/bo, I/bi, KH, KW,
-    bo, bi) int8; out: (N/b, O/bo, OH, OW, b, bo) int8; bias: (O/bo, b, bo) int32 or None.
+    bo, bi) int8; out: (N/b, O/bo, OH, OW, b, bo) int8; bias: (O/bo, b, bo) int32 or None;
+    residual: an add fused into the epilogue (the tiling must be planned with residual=True).
     Returns counts (tiles, chunks) for reporting."""
     cfg, t = stream.cfg, tiling
     g = _Geom.of(spec, cfg)
@@ -227,7 +253,15 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     S = t.vt
     rows_max = (t.h_t - 1) * sh + spec.kh
     cols_max = (t.w_t - 1) * sw + spec.kw
-    inp_slot, wgt_slot = t.ic_t * rows_max * cols_max, t.o_t * t.ic_t * khw
+    res_off = t.ic_t * rows_max * cols_max  # a fused residual's tile follows the input chunk
+    inp_slot, wgt_slot = res_off + (t.o_t * t.h_t * t.w_t if residual else 0), t.o_t * t.ic_t * khw
+    ident_idx = cfg.wgt_depth - 1
+    if residual is not None:
+        if cfg.block_in != cfg.block_out:
+            raise TilingError(f"{spec.name}: a fused residual add needs block_in == block_out")
+        if not _fits(spec, cfg, t, True):
+            raise TilingError(f"{spec.name}: tiling {t.describe()} leaves no room for the fused residual; "
+                              f"plan it with residual=True")
     acc_slot = t.o_t * t.h_t * t.w_t + t.o_t
     n_ic = _ceil(g.cb, t.ic_t)
     resident = n_ic == 1  # weights of an output-channel tile stay for all its row/column tiles
@@ -268,6 +302,15 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 stream.load_2d(MemType.WGT, wgt_base, wgt, (o0 * g.cb + ic0) * khw,
                                y_size=o_a, x_size=ic_a * khw, x_stride=g.cb * khw)
             new_group = False
+            last_chunk = ci == n_ic - 1
+            if residual is not None:
+                if j == 0:
+                    stream.load_2d(MemType.WGT, ident_idx, residual.ident, 0, x_size=1)
+                if last_chunk:
+                    for o in range(o_a):
+                        entry = ((n * g.ob + o0 + o) * spec.oh + h0) * spec.ow + w0
+                        stream.load_2d(MemType.INP, inp_base + res_off + o * h_a * w_a, residual.buf, entry,
+                                       y_size=h_a, x_size=w_a, x_stride=spec.ow)
             pipe.after_load()
             # ---- compute stage
             pipe.before_compute()
@@ -278,7 +321,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base, acc_base),
                 lambda k: _build_gemm(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw,
                                       inp_base, wgt_base, acc_base)))
-            pipe.after_chunk(j)
+            if not (residual is not None and last_chunk):
+                pipe.after_chunk(j)  # with a residual, the slot is released after the residual GEMM
             j += 1
         # ---- epilogue on the accumulator tile
         ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
@@ -287,6 +331,18 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
                                           lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)), AluOp.ADD)
         emit_requant(stream, ew, requant)
+        if residual is not None:
+            r = residual
+            res_base = ((j - 1) % S) * inp_slot + res_off
+            res = stream.kernel(("conv.residual", acc_base, res_base, ident_idx, o_a * h_a * w_a),
+                                lambda k: _build_walk(k, o_a * h_a * w_a, acc_base, res_base, ident_idx))
+            if r.ka > r.kb:
+                stream.push_alu(ew, AluOp.SHR, -(r.ka - r.kb))
+            stream.push_gemm(res)
+            if min(r.ka, r.kb):
+                stream.push_alu(ew, AluOp.SHR, -min(r.ka, r.kb))
+            pipe.after_chunk(j - 1)
+            emit_requant(stream, ew, r.requant)
         pipe.after_tile()
         # ---- store stage
         pipe.before_store()
@@ -342,6 +398,12 @@ def _build_gemm(k, o_a, ic_a, kh, kw, rows, cols, h_a, w_a, sh, sw, inp_base, wg
     k.loop_end()
 
 
+def _build_walk(k, n, dst, src, wgt):
+    k.loop_begin(n, dst_factor=1, src_factor=1)
+    k.push(dst, src, wgt)
+    k.loop_end()
+
+
 def _build_bias(k, acc_base, bias_base, o_a, hw):
     k.loop_begin(hw, dst_factor=1, src_factor=0)
     for o in range(o_a):
@@ -369,11 +431,13 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec
 
 
 def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec: Conv2dSpec,
-               requant: Requant = Requant(), vt: int = 2, tiling: ConvTiling | None = None):
-    """Pack NCHW int8 x and OIHW int8 w, run the layer on the device, unpack: (int8 NCHW, RunResult, stream)."""
+               requant: Requant = Requant(), vt: int = 2, tiling: ConvTiling | None = None,
+               residual: tuple[np.ndarray, int, int, Requant] | None = None):
+    """Pack NCHW int8 x and OIHW int8 w, run the layer on the device, unpack: (int8 NCHW, RunResult, stream).
+    residual: (r NCHW int8, ka, kb, requant) to fuse out = requant((y << ka) + (r << kb))."""
     from .layout import pack_activation, pack_bias, pack_weight, unpack_activation
     cfg = device.cfg
-    tiling = tiling or plan_conv2d(spec, cfg, vt)
+    tiling = tiling or plan_conv2d(spec, cfg, vt, residual is not None)
     g = _Geom.of(spec, cfg)
     mem = device.memory
     bufs = [mem.alloc_array(pack_activation(x, cfg.batch, cfg.block_in), align=cfg.inp_elem_bytes,
@@ -384,9 +448,17 @@ def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, sp
                 if bias is not None else None)
     oshape = (g.nb, g.ob, spec.oh, spec.ow, cfg.batch, cfg.block_out)
     out = mem.alloc(int(np.prod(oshape)) * cfg.out_width // 8, align=cfg.out_elem_bytes, name=f"{spec.name}.out")
+    fused = None
+    if residual is not None:
+        r, ka, kb, rq2 = residual
+        rb = mem.alloc_array(pack_activation(r, cfg.batch, cfg.block_out), align=cfg.out_elem_bytes,
+                             name=f"{spec.name}.residual")
+        ib = mem.alloc_array(residual_identity(cfg, ka, kb), align=cfg.wgt_elem_bytes, name=f"{spec.name}.identity")
+        bufs += [rb, ib]
+        fused = ResidualAdd(rb, ib, ka, kb, rq2)
     try:
         stream = device.stream()
-        emit_conv2d(stream, spec, tiling, bufs[0], bufs[1], out, bufs[2], requant)
+        emit_conv2d(stream, spec, tiling, bufs[0], bufs[1], out, bufs[2], requant, fused)
         result = stream.synchronize()
         y = unpack_activation(out.read(np.int8, oshape), spec.n, spec.o)
     finally:

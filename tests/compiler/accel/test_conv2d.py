@@ -107,3 +107,20 @@ def test_layout_pack_unpack_roundtrip(n, c, h, w, b, k):
     wt = x.reshape(n, c, h, w)
     pw = pack_weight(wt, k, b)
     assert np.array_equal(unpack_weight(pw, n, c), wt)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=st.sampled_from([PRESETS["tiny"], PRESETS["default"]]), c=st.integers(1, 40), hw=st.integers(2, 10),
+       o=st.integers(1, 40), k=st.sampled_from([1, 3]), stride=st.integers(1, 2), ka=st.integers(0, 4),
+       d=st.integers(-3, 6), vt=st.sampled_from([1, 2]), seed=st.integers(0, 9))
+def test_conv2d_fused_residual_add(cfg, c, hw, o, k, stride, ka, d, vt, seed):
+    """conv -> requant -> (y << ka) + (r << kb) -> requant in one epilogue equals the two-step reference."""
+    from compiler.accel.eltwise import add_reference
+    kb = max(0, ka + d)
+    spec = Conv2dSpec(1, c, hw, hw, o, k, k, (k // 2,) * 4, (stride, stride))
+    x, w, b = _rand(np.random.default_rng(seed), spec)
+    r = np.random.default_rng(seed + 1).integers(-127, 128, (1, o, spec.oh, spec.ow), dtype=np.int8)
+    rq1, rq2 = Requant(10, -127, 127), Requant(1 + max(ka, kb), 0, 127, True)
+    y, _, stream = run_conv2d(Device(cfg), x, w, b, spec, rq1, vt, residual=(r, ka, kb, rq2))
+    ref = add_reference(conv2d_reference(x, w, b, spec, rq1), r, ka, kb, rq2)
+    assert np.array_equal(y, ref)
