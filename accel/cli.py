@@ -196,12 +196,20 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--driver", default="fsim", help="executor (default: %(default)s)")
     p.add_argument("--dump", action="append", default=[], metavar="SYMBOL", help="print a symbol's values after the run")
     p.add_argument("--dump-dram", metavar="FILE", help="write the whole DRAM after the run to FILE")
+    g = p.add_argument_group("timing drivers (tsim, rtl)")
+    g.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (one track per stage) as JSON")
+    g.add_argument("--timeline", metavar="FILE", help="write a timeline of the stages as a PNG")
+    g.add_argument("--counters", nargs="?", const="-", metavar="FILE",
+                   help="print the cycle counters, or write them as JSON to FILE")
     _model_run_args(p)
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
     if _is_module_file(args.input):
+        if args.trace or args.timeline or args.counters:
+            raise CliError(f"{args.input} is a compiled model; --trace/--timeline/--counters apply to program files "
+                           f"(.accp); use --profile for models")
         return _run_model(args)
     if args.inputs or args.outputs or args.profile or args.profile_json:
         raise CliError(f"{args.input} is a program file; --input/--output/--profile apply to compiled models (.accm)")
@@ -212,11 +220,16 @@ def _run(args) -> int:
         if name not in prog.symbols:
             raise CliError(f"{args.input} has no symbol {name!r}; symbols are {', '.join(prog.symbols) or '(none)'}")
     dram = prog.dram_image()
-    driver = get_driver(args.driver, prog.config)
+    timing = bool(args.trace or args.timeline or args.counters)
+    if timing and args.driver not in ("tsim", "rtl"):
+        raise CliError(f"--trace, --timeline and --counters need a timing driver (tsim or rtl), not {args.driver!r}")
+    driver = get_driver(args.driver, prog.config, **({"trace": True} if args.trace or args.timeline else {}))
     try:
         result = driver.run(dram, prog.insn_addr, len(prog.insns))
     finally:
         driver.close()
+    if timing:
+        _timing_outputs(args, prog, result)
     print(json.dumps({"driver": result.driver, "insns": result.insn_count, "wall_s": round(result.wall_s, 6),
                       "cycles": result.cycles, "stats": result.stats}, indent=2, default=str))
     with np.printoptions(threshold=1 << 16, linewidth=120):
@@ -317,6 +330,24 @@ class _Progress:
         if self.shown:
             self.stream.write("\r" + " " * 100 + "\r")
             self.stream.flush()
+
+
+def _timing_outputs(args, prog, result) -> None:
+    """--trace / --timeline / --counters of `accel run` (sim.trace)."""
+    from sim.trace import write_counters, write_perfetto, write_timeline_png
+    counters, timeline = result.raw.counters, result.raw.timeline
+    if args.trace:
+        write_perfetto(args.trace, prog.config, counters, timeline, prog.insns, result.driver)
+        print(f"wrote {args.trace} ({len(timeline.slices)} instruction slices; open in ui.perfetto.dev)")
+    if args.timeline:
+        write_timeline_png(args.timeline, prog.config, counters, timeline, title=f"{Path(args.input).name} on "
+                           f"{result.driver}: {counters.cycles} cycles")
+        print(f"wrote {args.timeline}")
+    if args.counters == "-":
+        print(counters.table())
+    elif args.counters:
+        write_counters(args.counters, counters, result.driver)
+        print(f"wrote {args.counters}")
 
 
 def _is_module_file(path: str) -> bool:

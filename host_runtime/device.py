@@ -4,7 +4,7 @@ A driver executes an encoded program that already sits in DRAM:
     driver = get_driver("fsim", cfg)
     result = driver.run(dram, insn_addr, insn_count)   # dram: 1-D np.uint8, modified in place
 Drivers register by name with @register_driver("name"); the built-in ones live in
-host_runtime/drivers/ (fsim now; tsim, rtl and board later) and are imported on first lookup.
+host_runtime/drivers/ (fsim, tsim, rtl; board later) and are imported on first lookup.
 """
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ class Driver(abc.ABC):
 _DRIVERS: dict[str, Callable[..., Driver]] = {}
 # Built-in drivers: name -> module that registers it (imported on first lookup, so a driver
 # whose dependencies are missing never breaks the others).
-_BUILTIN: dict[str, str] = {"fsim": "host_runtime.drivers.fsim"}
+_BUILTIN: dict[str, str] = {"fsim": "host_runtime.drivers.fsim", "tsim": "host_runtime.drivers.tsim",
+                            "rtl": "host_runtime.drivers.rtl"}
 
 
 def register_driver(name: str):

@@ -21,11 +21,11 @@ from .errors import SimError
 
 @dataclass(frozen=True)
 class DramModel:
-    """DRAM timing in accelerator clock cycles; the defaults model a DDR controller behind an
-    FPGA HP port (about 160 ns to the first read beat at 100 MHz, full bus bandwidth)."""
+    """DRAM timing in accelerator clock cycles. The defaults are the cocotb bench's memory
+    (sim/rtl/axi_model.py READ_LATENCY, WRITE_LATENCY: same rules), so every executor agrees."""
 
-    read_latency: int = 16     # AR handshake -> first R beat available, cycles (>= 1)
-    write_latency: int = 8     # last W beat -> its B response, cycles (>= 1)
+    read_latency: int = 8      # AR handshake -> first R beat available, cycles (>= 1)
+    write_latency: int = 2     # last W beat -> its B response, cycles (>= 1)
     bytes_per_cycle: int = 0   # sustained bandwidth per direction; 0 = one bus beat per cycle
 
     def __post_init__(self):

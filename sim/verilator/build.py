@@ -151,7 +151,7 @@ def build_library(config, waves: str | None = None, probes: bool = False) -> Pat
         _run(cmd, bdir, f"Verilator build of {TOP}")
         if not lib.exists():
             raise BuildError(f"Verilator build of {TOP} finished without {lib}")
-        shutil.rmtree(obj / "obj_dir", ignore_errors=True)
+        shutil.rmtree(obj, ignore_errors=True)   # keep only the library
         (bdir / "build.json").write_text(json.dumps({"config": cfg.to_dict(), "waves": waves, "probes": probes,
                                                      "seconds": round(time.perf_counter() - t0, 1)}))
         log.info("built %s in %.1f s", lib, time.perf_counter() - t0)
