@@ -122,10 +122,11 @@ class AccelCodegen:
         if c.op == LOAD_2D:
             v = [evaluate(x, env) for x in a[5:]]
             ys, xs, stride, yp0, yp1, xp0, xp1 = v
-            if ys <= 0 and xs <= 0 and not (yp0 or yp1):
+            if (max(ys, 0) + yp0 + yp1) * (max(xs, 0) + xp0 + xp1) == 0:
                 return
             mem = MemType[a[0].value.upper()]
-            self.stream.load_2d(mem, self.base(a[1]) + evaluate(a[2], env), self.dram[a[3]], evaluate(a[4], env),
+            src = self.dram[a[3]] if isinstance(a[3], E.Var) else 0   # 0: padding only, no DRAM read
+            self.stream.load_2d(mem, self.base(a[1]) + evaluate(a[2], env), src, evaluate(a[4], env),
                                 y_size=max(ys, 0), x_size=max(xs, 0), x_stride=max(stride, 1), y_pad0=yp0,
                                 y_pad1=yp1, x_pad0=xp0, x_pad1=xp1)
         elif c.op == STORE_2D:

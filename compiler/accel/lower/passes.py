@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from accel.isa import AluOp, Stage
+from accel.isa.config import PAD_BITS
 
 from ...tir import expr as E
 from ...tir.arith import Analyzer, linear
@@ -168,9 +169,23 @@ class _Lift(Mutator):
                     new = For(p.loop_var, p.min, p.extent, p.kind, new, p.thread_tag, p.annotations) \
                         if isinstance(p, For) else AttrStmt(p.node, p.key, p.value, new)
                 body = new
+        hoist = []
+        if isinstance(body, IfThenElse) and body.else_case is None and s.kind != ForKind.VTHREAD:
+            conj = _conjuncts(body.condition)
+            hoist = [c for c in conj if not _uses(c, {s.loop_var})]
+            if hoist:   # guards that do not depend on this loop move above it
+                rest = [c for c in conj if _uses(c, {s.loop_var})]
+                body = body.then_case if not rest else IfThenElse(E.logical_and(*rest), body.then_case)
         if body is s.body and ext is s.extent:
             return s
-        return For(s.loop_var, s.min, Analyzer().simplify(ext), s.kind, body, s.thread_tag, s.annotations)
+        out = For(s.loop_var, s.min, Analyzer().simplify(ext), s.kind, body, s.thread_tag, s.annotations)
+        return IfThenElse(E.logical_and(*hoist), out) if hoist else out
+
+    def visit_AttrStmt(self, s: AttrStmt):
+        body = self.visit(s.body)
+        if s.key.startswith("pragma_") and isinstance(body, IfThenElse) and body.else_case is None:
+            return IfThenElse(body.condition, AttrStmt(s.node, s.key, s.value, body.then_case))
+        return s if body is s.body else AttrStmt(s.node, s.key, s.value, body)
 
 
 def LiftGuards() -> Pass:
@@ -327,6 +342,8 @@ class _InjectDMA(Mutator):
         if not isinstance(st, BufferStore):
             raise LowerError(f"{where}: expected a perfect loop nest around one store, got `{st}`")
         src, cond = _dma_value(st.value)
+        if src is None and isinstance(st.value, E.IntImm) and st.value.value == 0 and st.buffer.scope in SCOPES:
+            return self._zero_fill(loops, st, where)
         if src is None:
             raise LowerError(f"{where}: `{st.value}` is not a copy (optionally zero-padded)")
         dst = st.buffer
@@ -450,6 +467,49 @@ class _InjectDMA(Mutator):
                     raise LowerError(f"{where}: padding on loop '{lp.loop_var.name}', outside the 2-D transfer")
                 body = For(lp.loop_var, lp.min, lp.extent, ForKind.SERIAL, body)
         return body
+
+
+def _zero_fill(self, loops, st, where):
+    """A region that is all padding (folded to a constant 0): a LOAD of padding only."""
+    sram = st.buffer
+    elems = self.env.entry_elems(sram.scope)
+    entry_loops, (idx,) = _split_lanes(loops, elems, [st.indices[0]], where)
+    si = _entry_index(idx, elems, where)
+    levels = _merge([_Merged([lp], lp.extent, (si.coef_of(lp.loop_var),)) for lp in entry_loops])
+    x = levels[-1] if levels and levels[-1].coefs == (1,) else None
+    rest = levels[:-1] if x is not None else levels
+    xw = x.extent if x is not None else E.const(1)
+    y = rest[-1] if rest and self.ana.can_prove(E.EQ(E.const(rest[-1].coefs[0]), xw)) else None
+    outer = rest[:-1] if y is not None else rest
+    yh = y.extent if y is not None else E.const(1)
+    zero = {lp.loop_var: E.const(0) for m in (x, y) if m is not None for lp in m.loops}
+    off = self.ana.simplify(substitute(si.to_expr(), zero))
+    mem = E.StringImm(self.env.mem_type(sram.scope).name.lower())
+
+    def fill(o, yp, xp):
+        return Evaluate(E.Call("void", LOAD_2D, [mem, sram.data, o, E.const(0), E.const(0), E.const(0), E.const(0),
+                                                  E.const(1), E.const(yp) if isinstance(yp, int) else yp,
+                                                  E.const(0), E.const(xp) if isinstance(xp, int) else xp,
+                                                  E.const(0)]))
+    n = self.ana.simplify(yh * xw)
+    lim = (1 << PAD_BITS) - 1
+    if isinstance(n, E.IntImm):   # pads are PAD_BITS wide: fill in blocks of at most lim x lim
+        fills, rem, at = [], n.value, 0
+        while rem:
+            xp = min(lim, rem)
+            yp = min(lim, rem // xp)
+            fills.append(fill(off + at, yp, xp))
+            at, rem = at + xp * yp, rem - xp * yp
+        body: Stmt = seq(*fills)
+    else:
+        body = fill(off, yh, xw)
+    for m in reversed(outer):
+        for lp in reversed(m.loops):
+            body = For(lp.loop_var, lp.min, lp.extent, ForKind.SERIAL, body)
+    return body
+
+
+_InjectDMA._zero_fill = _zero_fill
 
 
 def InjectDMA(env: AccelEnv) -> Pass:

@@ -1,0 +1,104 @@
+"""conv2d/dense through tensor expressions, a schedule and the accelerator passes, bit-exact on fsim."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from accel.isa import PRESETS
+from compiler.accel import conv2d as template
+from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, dense_reference
+from compiler.accel.lower import lower_conv2d, run_conv2d, run_dense
+from host_runtime import Device
+
+WORKLOADS = Path(__file__).resolve().parents[3].parent / "shared" / "workloads" / "resnet18_conv.json"
+
+
+def _rand(rng, spec, bias=True):
+    x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
+    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
+    b = rng.integers(-20000, 20000, spec.o).astype(np.int32) if bias else None
+    return x, w, b
+
+
+def _check(cfg, spec, rq, vt=2, seed=0, bias=True):
+    x, w, b = _rand(np.random.default_rng(seed), spec, bias)
+    y, res, stream = run_conv2d(Device(cfg, dram_bytes=32 << 20), x, w, b, spec, rq, vt)
+    ref = conv2d_reference(x, w, b, spec, rq)
+    assert y.shape == ref.shape and np.array_equal(y, ref), f"{spec} vt={vt} mismatch"
+    return y, res, stream
+
+
+def _layer(name):
+    if not WORKLOADS.exists():
+        pytest.skip(f"{WORKLOADS} not found")
+    return Conv2dSpec.from_workload(json.loads(WORKLOADS.read_text())["layers"][name], name)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=st.sampled_from([PRESETS["tiny"], PRESETS["default"]]), n=st.integers(1, 2), c=st.integers(1, 40),
+       h=st.integers(1, 10), w=st.integers(1, 10), o=st.integers(1, 40), k=st.sampled_from([1, 2, 3]),
+       pads=st.tuples(*[st.integers(0, 2)] * 4), strides=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       shift=st.integers(-2, 14), relu=st.booleans(), vt=st.sampled_from([1, 2]), seed=st.integers(0, 9))
+def test_lower_conv2d_random_shapes_bit_exact(cfg, n, c, h, w, o, k, pads, strides, shift, relu, vt, seed):
+    if h + pads[0] + pads[1] < k or w + pads[2] + pads[3] < k:
+        return
+    spec = Conv2dSpec(n, c, h, w, o, k, k, pads, strides)
+    rq = Requant(shift, 0 if relu else -127, 127, round=seed % 3 == 0 and 0 < shift <= 15)
+    _check(cfg, spec, rq, vt, seed, bias=seed % 2 == 0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows=st.integers(1, 40), k=st.integers(1, 70), m=st.integers(1, 40), seed=st.integers(0, 99),
+       cfg=st.sampled_from([PRESETS["tiny"], PRESETS["default"]]))
+def test_lower_dense_random_bit_exact(rows, k, m, seed, cfg):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (rows, k), dtype=np.int8)
+    w = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    b = rng.integers(-5000, 5000, m).astype(np.int32)
+    rq = Requant(7, -128, 127)
+    y, _, _ = run_dense(Device(cfg), x, w, b, rq)
+    assert np.array_equal(y, dense_reference(x, w, b, rq))
+
+
+@pytest.mark.parametrize("name", ["C2", "C3", "C4", "C6", "C9", "C11"])
+def test_lower_resnet18_layer_default_bit_exact(name):
+    _check(PRESETS["default"], _layer(name), Requant(11, 0, 127), vt=2)
+
+
+@pytest.mark.parametrize("cfg", [PRESETS["tiny"], PRESETS["default"]], ids=["tiny", "default"])
+def test_lower_virtual_threads_identical_bytes(cfg):
+    spec = Conv2dSpec(1, 24, 14, 14, 20, 3, 3, (1, 1, 1, 1), (1, 1))
+    y1, _, s1 = _check(cfg, spec, Requant(9), vt=1, seed=3)
+    y2, _, s2 = _check(cfg, spec, Requant(9), vt=2, seed=3)
+    assert np.array_equal(y1, y2)
+    assert sum(i.pop_prev or i.pop_next for i in s2.last_insns) > 0
+
+
+def _counts(name, vt):
+    cfg, spec = PRESETS["default"], _layer(name)
+    x, w, b = _rand(np.random.default_rng(0), spec)
+    rq = Requant(11, 0, 127)
+    _, te_res, _ = run_conv2d(Device(cfg, dram_bytes=32 << 20), x, w, b, spec, rq, vt)
+    _, tm_res, _ = template.run_conv2d(Device(cfg, dram_bytes=32 << 20), x, w, b, spec, rq, vt)
+    return te_res.stats, tm_res.stats
+
+
+@pytest.mark.parametrize("name", ["C2", "C5", "C10"])
+def test_lower_instruction_counts_comparable_to_template(name):
+    te_s, tm_s = _counts(name, 2)
+    te_n, tm_n = sum(te_s["insns"].values()), sum(tm_s["insns"].values())
+    print(f"{name}: TE path {te_n} {te_s['insns']}, template {tm_n} {tm_s['insns']}")
+    assert te_n <= 1.5 * tm_n
+    assert te_s["gemm_uops"] == tm_s["gemm_uops"] and te_s["macs"] == tm_s["macs"]
+
+
+def test_lower_conv2d_printable_tir():
+    spec = Conv2dSpec(1, 32, 8, 8, 32, 3, 3, (1, 1, 1, 1), (1, 1), name="conv")
+    text = lower_conv2d(spec, PRESETS["default"], Requant(8, 0, 127), vt=2).script()
+    for want in ("accel.load_2d('inp'", "accel.load_2d('wgt'", "accel.store_2d(", "attr(gemm, 'accel.uop_kernel'",
+                 "alu.shr(imm=8)", "accel.dep_push('load', 'compute')", "accel.dep_pop('compute', 'store')",
+                 "'accel.uop_loop'"):
+        assert want in text, want
+    assert "vthread" not in text and "pragma" not in text
