@@ -8,28 +8,25 @@ from __future__ import annotations
 
 import time
 
-import cocotb
-from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles
 
 from accel.hw.regs import COUNTER_BASE, COUNTERS
 
+from sim.dram import DramModel
+
 from .axi_model import AxiModel
 
-CLOCK_NS = 10
 REG_CTRL, REG_STATUS, REG_INSN_ADDR_LO, REG_INSN_ADDR_HI, REG_INSN_COUNT = 0x00, 0x04, 0x08, 0x0C, 0x10
 CTRL_START, CTRL_IRQ_EN = 1, 2
 STATUS_BUSY, STATUS_DONE, STATUS_BUS_ERROR = 1, 2, 4
 
 
 class TB:
-    """Owns the clock, reset and bus model in front of the DUT (stall_seed: random AXI stalls)."""
+    """Owns reset and the bus model in front of the DUT (stall_seed: random AXI stalls)."""
 
-    def __init__(self, dut, dram_bytes: int, stall_seed: int | None = None, read_latency: int | None = None):
-        self.dut = dut
-        cocotb.start_soon(Clock(dut.clk, CLOCK_NS, units="ns").start())
-        kw = {} if read_latency is None else {"read_latency": read_latency}
-        self.axi = AxiModel(dut, dram_bytes, stall_seed=stall_seed, **kw)
+    def __init__(self, dut, dram_bytes: int, stall_seed: int | None = None, dram: dict | None = None):
+        self.dut = dut   # the testbench top (runner.testbench_top): the clock runs in the simulator
+        self.axi = AxiModel(dut, dram_bytes, DramModel.from_dict(dram), stall_seed=stall_seed)
 
     async def reset(self):
         self.dut.rst.value = 1
@@ -58,13 +55,11 @@ class TB:
         got = await ax.read_reg(REG_INSN_COUNT)
         if got != insn_count:
             raise RuntimeError(f"INSN_COUNT reads back {got}, wrote {insn_count}: register interface broken")
-        t0 = time.perf_counter()
+        t0, cpu0, steps0, sleeps0 = time.perf_counter(), time.process_time(), ax.steps, ax.sleeps
         await ax.write_reg(REG_CTRL, CTRL_START | CTRL_IRQ_EN)
         c0 = ax.cycle
-        while not ax.irq and ax.cycle - c0 < max_cycles:
-            await ax.step()
-        done = bool(ax.irq)
-        wall = time.perf_counter() - t0
+        done = await ax.run_until_irq(max_cycles)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         sim_cycles = ax.cycle - c0
         status = await ax.read_reg(REG_STATUS)
         counters = await self.read_counters()
@@ -72,7 +67,8 @@ class TB:
             await ax.write_reg(REG_STATUS, STATUS_DONE)   # clear done (and the interrupt)
         return {"status": "done" if done else "hang", "counters": counters, "wall_s": wall, "status_reg": status,
                 "bus_error": bool(status & STATUS_BUS_ERROR), "sim_cycles": sim_cycles,
-                "protocol_errors": list(ax.errors)}
+                "protocol_errors": list(ax.errors), "cpu_s": cpu, "steps": ax.steps - steps0,
+                "sleeps": ax.sleeps - sleeps0}
 
     def dram(self, nbytes: int) -> bytes:
         return bytes(self.axi.mem[:nbytes])

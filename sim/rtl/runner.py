@@ -10,6 +10,7 @@ program, not a stuck process) and a wall-clock limit for the simulator process.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -26,12 +27,15 @@ import numpy as np
 
 from accel.isa import AccelConfig, resolve_config
 
+from ..dram import DramModel
 from ..errors import CycleLimitError, SimError
 
 log = logging.getLogger(__name__)
 
 SIMULATORS = ("verilator", "icarus")
 TOP = "accel_top"
+TB_TOP = "accel_tb"       # generated testbench top: clock generator + the accelerator
+CLOCK_NS = 10
 TB_MODULE = "sim.rtl.tb_accel"
 DEFAULT_MAX_CYCLES = 200_000
 _ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +67,8 @@ class RtlRun:
     wall_s: float = 0.0
     bus_error: bool = False
     sim_cycles: int = 0         # clock edges from the start write to irq seen by the bench
+    cpu_s: float = 0.0          # simulator process CPU time of the run (speed figures)
+    steps: int = 0              # cycles the bus model woke up for
 
     @property
     def cycles(self) -> int:
@@ -109,6 +115,32 @@ def _run_cmd(cmd: list[str], cwd: Path, what: str, env=None, timeout=None) -> st
     return p.stdout + p.stderr
 
 
+def testbench_top(description: dict, waves: bool = False) -> str:
+    """Verilog of the simulation top: a free-running clock (the clock runs in the simulator, not
+    in Python, which makes a cocotb cycle several times cheaper), `rst` high until the bench
+    drops it, and every other port of the accelerator as a same-named reg (inputs, driven by
+    cocotb) or wire (outputs)."""
+    lines = ["`timescale 1ns/1ps", f"module {TB_TOP};", "  reg clk = 1'b0;",
+             f"  always #{CLOCK_NS // 2} clk = ~clk;", "  reg rst = 1'b1;"]
+    conns = []
+    for p in description["ports"]:
+        name, width = p["name"], p["width"]
+        conns.append(f".{name}({name})")
+        if name in ("clk", "rst"):
+            continue
+        rng = f"[{width - 1}:0] " if width > 1 else ""
+        lines.append(f"  reg {rng}{name} = 0;" if p["direction"] == "input" else f"  wire {rng}{name};")
+    lines.append(f"  {TOP} dut ({', '.join(conns)});")
+    if waves:
+        lines += ["`ifndef VERILATOR", '  initial begin $dumpfile("dump.fst"); $dumpvars(0, dut); end', "`endif"]
+    return "\n".join(lines + ["endmodule", ""])
+
+
+# Everything below decides the build; its text is part of the build key.
+VERILATOR_FLAGS = ("--timing", "--vpi", "-CFLAGS", "-O1", "-Wno-fatal")
+ICARUS_FLAGS = ("-g2005",)   # not -g2012: with it Icarus never runs Yosys' always @* blocks at time 0
+
+
 def build(config, simulator: str = "verilator", waves: bool = False) -> Path:
     """Build (or reuse) the simulation model for `config`; returns its directory."""
     import cocotb
@@ -118,9 +150,12 @@ def build(config, simulator: str = "verilator", waves: bool = False) -> Path:
         raise RtlError(f"unknown simulator {simulator!r}; simulators are {', '.join(SIMULATORS)}")
     cfg = resolve_config(config)
     gen = generate(cfg)
-    bdir = _cache() / f"{simulator}{'-waves' if waves else ''}" / gen["key"]
+    desc = json.loads(Path(gen["json"]).read_text())
+    tb_text = testbench_top(desc, waves)
+    recipe = hashlib.sha256(repr((gen["key"], tb_text, VERILATOR_FLAGS, ICARUS_FLAGS, waves)).encode()).hexdigest()[:16]
+    bdir = _cache() / f"{simulator}{'-waves' if waves else ''}" / recipe
     stamp = bdir / "built.ok"
-    with _locked(_cache() / f"{simulator}-{gen['key']}.lock"):
+    with _locked(_cache() / f"{simulator}-{recipe}.lock"):
         if stamp.exists():
             return bdir
         if bdir.exists():
@@ -129,34 +164,27 @@ def build(config, simulator: str = "verilator", waves: bool = False) -> Path:
         t0 = time.perf_counter()
         src = bdir / f"{TOP}.v"
         shutil.copyfile(gen["verilog"], src)
+        tb = bdir / f"{TB_TOP}.v"
+        tb.write_text(tb_text)
         if simulator == "verilator":
-            vlt = bdir / "waivers.vlt"
-            shutil.copyfile(LINT_WAIVERS, vlt)
+            vlt = bdir / "build.vlt"
+            # cocotb reaches only the testbench top's signals: making just those public keeps
+            # Verilator free to optimise the design (--public-flat-rw would expose everything).
+            vlt.write_text(Path(LINT_WAIVERS).read_text() + f'public_flat_rw -module "{TB_TOP}" -var "*"\n')
             main_cpp = Path(cocotb.__file__).parent / "share" / "lib" / "verilator" / "verilator.cpp"
             libs = cocotb.config.libs_dir
             cmd = [shutil.which("verilator"), "-cc", "--exe", "-Mdir", str(bdir), "-DCOCOTB_SIM=1",
-                   "--top-module", TOP, "--vpi", "--public-flat-rw", "--prefix", "Vtop", "-o", TOP,
-                   "-LDFLAGS", f"-Wl,-rpath,{libs} -L{libs} -lcocotbvpi_verilator",
-                   "--timescale", "1ns/1ps", "-CFLAGS", "-O1"]
+                   "--top-module", TB_TOP, "--prefix", "Vtop", "-o", TB_TOP,
+                   "-LDFLAGS", f"-Wl,-rpath,{libs} -L{libs} -lcocotbvpi_verilator", *VERILATOR_FLAGS]
             if waves:
                 cmd += ["--trace-fst", "--trace-structs"]
-            cmd += [str(vlt), str(main_cpp), str(src)]
+            cmd += [str(vlt), str(main_cpp), str(tb), str(src)]
             _run_cmd(cmd, bdir, f"verilator build of {TOP}")
             _run_cmd(["make", "-C", str(bdir), "-f", "Vtop.mk", f"-j{min(2, os.cpu_count() or 1)}"], bdir,
                      f"C++ build of the Verilator model of {TOP}")
         else:
-            ts = bdir / "timescale.v"
-            ts.write_text("`timescale 1ns/1ps\n")
-            files = [str(ts), str(src)]
-            tops = ["-s", TOP]
-            if waves:
-                dump = bdir / "waves.v"
-                dump.write_text(f"module accel_waves;\ninitial begin\n  $dumpfile(\"dump.fst\");\n"
-                                f"  $dumpvars(0, {TOP});\nend\nendmodule\n")
-                files.append(str(dump))
-                tops += ["-s", "accel_waves"]
-            _run_cmd(["iverilog", "-o", str(bdir / "sim.vvp"), "-D", "COCOTB_SIM=1", "-g2005", *tops, *files], bdir,
-                     f"iverilog build of {TOP}")
+            _run_cmd(["iverilog", "-o", str(bdir / "sim.vvp"), "-D", "COCOTB_SIM=1", *ICARUS_FLAGS, "-s", TB_TOP,
+                      str(tb), str(src)], bdir, f"iverilog build of {TOP}")
         stamp.write_text(json.dumps({"config": cfg.to_dict(), "seconds": time.perf_counter() - t0}))
         log.info("built %s model in %.1f s: %s", simulator, time.perf_counter() - t0, bdir)
     return bdir
@@ -171,18 +199,18 @@ def _sim_env(job_dir: Path) -> dict[str, str]:
     env["PATH"] = env.get("PATH", "") + os.pathsep + cocotb.config.libs_dir
     env["PYTHONPATH"] = os.pathsep.join([str(_ROOT)] + [p for p in sys.path if p])
     env["PYTHONHOME"] = sys.prefix
-    env.update({"TOPLEVEL": TOP, "TOPLEVEL_LANG": "verilog", "MODULE": TB_MODULE, "ACCEL_RTL_JOB": str(job_dir),
+    env.update({"TOPLEVEL": TB_TOP, "TOPLEVEL_LANG": "verilog", "MODULE": TB_MODULE, "ACCEL_RTL_JOB": str(job_dir),
                 "COCOTB_RESULTS_FILE": str(job_dir / "results.xml"), "COCOTB_REDUCED_LOG_FMT": "1"})
     return env
 
 
 def run_programs(config, programs: list[RtlProgram], simulator: str = "verilator", *, waves: str | Path | None = None,
-                 stall_seed: int | None = None, read_latency: int | None = None, timeout_s: float | None = 600.0,
+                 stall_seed: int | None = None, dram=None, timeout_s: float | None = 600.0,
                  check: bool = True) -> list[RtlRun]:
     """Run `programs` in order on one simulated accelerator (buffers persist between them).
 
     waves: a path (.fst) to write a waveform of the whole job to. stall_seed: a seed for random
-    stalls on every AXI channel. read_latency: the memory model's (default axi_model.READ_LATENCY).
+    stalls on every AXI channel. dram: the memory's timing (sim.dram.DramModel or its dict).
     check: raise RtlHang if a program hangs (else status "hang").
     """
     import cocotb
@@ -196,7 +224,8 @@ def run_programs(config, programs: list[RtlProgram], simulator: str = "verilator
     job_dir = Path(tempfile.mkdtemp(prefix=f"{simulator}-", dir=jobs))
     try:
         dram_bytes = max(p.dram.size for p in programs)
-        spec = {"dram_bytes": dram_bytes, "stall_seed": stall_seed, "read_latency": read_latency, "programs": []}
+        spec = {"dram_bytes": dram_bytes, "stall_seed": stall_seed,
+                "dram": DramModel.from_dict(dram).to_dict(), "programs": []}
         for i, p in enumerate(programs):
             if p.dram.dtype != np.uint8 or p.dram.ndim != 1:
                 raise RtlError(f"program {p.name!r}: DRAM must be a 1-D uint8 array")
@@ -206,7 +235,7 @@ def run_programs(config, programs: list[RtlProgram], simulator: str = "verilator
                                      "insn_count": int(p.insn_count), "max_cycles": int(p.max_cycles)})
         (job_dir / "job.json").write_text(json.dumps(spec))
         if simulator == "verilator":
-            cmd = [str(bdir / TOP)]
+            cmd = [str(bdir / TB_TOP)]
         else:
             cmd = ["vvp", "-M", cocotb.config.libs_dir, "-m", cocotb.config.lib_name("vpi", "icarus"),
                    str(bdir / "sim.vvp")] + (["-fst"] if waves else [])
@@ -214,6 +243,7 @@ def run_programs(config, programs: list[RtlProgram], simulator: str = "verilator
         output = _run_cmd(cmd, job_dir, f"{simulator} simulation of {len(programs)} program(s)", env=_sim_env(job_dir),
                  timeout=timeout_s)
         wall = time.perf_counter() - t0
+        (job_dir / "sim.log").write_text(output)
         res_file = job_dir / "result.json"
         if not res_file.exists():
             raise RtlError(f"{simulator} simulation ended without results:\n{output[-4000:]}")
@@ -222,7 +252,7 @@ def run_programs(config, programs: list[RtlProgram], simulator: str = "verilator
         for p, r in zip(programs, res["programs"]):
             out = job_dir / f"{r['name']}.out.bin"
             dram = np.frombuffer(out.read_bytes(), dtype=np.uint8).copy() if out.exists() else None
-            runs.append(RtlRun(p.name, r["status"], dram, r["counters"], r["wall_s"], r["bus_error"], r["sim_cycles"]))
+            runs.append(RtlRun(p.name, r["status"], dram, r["counters"], r["wall_s"], r["bus_error"], r["sim_cycles"], r["cpu_s"], r["steps"]))
             if check and r["status"] != "done":
                 raise RtlHang(f"{simulator}: program {p.name!r} did not finish within {p.max_cycles} cycles "
                               f"(STATUS=0x{r['status_reg']:x}, counters {r['counters']})")

@@ -1,6 +1,6 @@
 """cocotb test module: runs the job that runner.py wrote (ACCEL_RTL_JOB = job directory).
 
-job.json: {"dram_bytes": N, "stall_seed": seed | null, "read_latency": cycles | null, "programs": [{"name", "dram" (file),
+job.json: {"dram_bytes": N, "stall_seed": seed | null, "dram": DramModel dict | null, "programs": [{"name", "dram" (file),
 "insn_addr", "insn_count", "max_cycles"}]}. For each program, in order, on one DUT (buffers
 persist across programs, as in a Fsim instance): load DRAM, run, write <name>.out.bin (the whole
 DRAM after the run) and append to result.json. A hang stops the job (the DUT is stuck busy).
@@ -21,7 +21,7 @@ from sim.rtl.bench import TB
 async def run_job(dut):
     job_dir = Path(os.environ["ACCEL_RTL_JOB"])
     job = json.loads((job_dir / "job.json").read_text())
-    tb = TB(dut, job["dram_bytes"], stall_seed=job.get("stall_seed"), read_latency=job.get("read_latency"))
+    tb = TB(dut, job["dram_bytes"], stall_seed=job.get("stall_seed"), dram=job.get("dram"))
     await tb.reset()
     results = []
     t_job = time.perf_counter()
