@@ -654,6 +654,8 @@ def _compile_op_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--virtual-threads", type=int, default=2, choices=(1, 2))
     p.add_argument("--driver", default="fsim", help="executor that runs it for the check (default: %(default)s)")
     p.add_argument("--max-insns", type=int, default=60, help="instructions to print, 0 for all (default: %(default)s)")
+    p.add_argument("--template", action="store_true",
+                   help="use the hand-written template (compiler.accel.conv2d) instead of the TE lowering")
     p.set_defaults(func=_compile_op)
 
 
@@ -676,7 +678,12 @@ def _compile_op(args) -> int:
                           (args.stride,) * 2)
     rq = Requant(args.shift, 0 if args.relu else -128, 127)
     tiling = plan_conv2d(spec, cfg, args.virtual_threads)
-    print(loop_nest_text(spec, tiling, cfg, rq))
+    if args.template:
+        print(loop_nest_text(spec, tiling, cfg, rq))
+    else:  # tensor expressions -> schedule -> loop IR -> accelerator passes: print the lowered TIR
+        from compiler.accel.lower import lower_conv2d, run_conv2d
+        print(f"// {spec.name}: tiling {tiling.describe()}")
+        print(lower_conv2d(spec, cfg, rq, args.virtual_threads, tiling=tiling).script())
     rng = np.random.default_rng(0)
     x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
     w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
