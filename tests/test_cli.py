@@ -141,6 +141,10 @@ def test_cli_demo_checks_against_numpy(capsys, monkeypatch):
 def test_cli_compile_op_prints_loop_nest_and_instructions(capsys, tmp_path):
     code, out, _ = _run(capsys, "compile-op", "conv2d", "--config", "tiny", "--c", "8", "--o", "8", "--h", "6",
                      "--w", "6", "--relu", "--max-insns", "0")
+    assert code == 0  # the default: the tensor-expression path, printing the lowered loop IR
+    assert "attr(gemm, 'accel.uop_kernel'" in out and "accel.load_2d('inp'" in out and "OK: bit-exact" in out
+    code, out, _ = _run(capsys, "compile-op", "conv2d", "--template", "--config", "tiny", "--c", "8", "--o", "8",
+                     "--h", "6", "--w", "6", "--relu", "--max-insns", "0")
     assert code == 0
     assert "for ic0 in range(0, 2, 2)" in out and "gemm: for oh in range(h_a)" in out
     assert "load inp y_size=6 x_size=6 x_stride=6 y_pad0=1 y_pad1=1 x_pad0=1 x_pad1=1" in out
@@ -149,7 +153,8 @@ def test_cli_compile_op_prints_loop_nest_and_instructions(capsys, tmp_path):
     assert code == 0 and "OK: bit-exact" in out
     wl = tmp_path / "wl.json"
     wl.write_text(json.dumps({"layers": {"L1": [6, 6, 8, 8, 3, 3, 1, 1, 1, 1]}}))
-    code, out, _ = _run(capsys, "compile-op", "conv2d", "--config", "tiny", "--layer", "L1", "--workloads", str(wl))
+    code, out, _ = _run(capsys, "compile-op", "conv2d", "--template", "--config", "tiny", "--layer", "L1",
+                        "--workloads", str(wl))
     assert code == 0 and "// L1: N=1 C=8 H=6 W=6 -> O=8" in out
     _error(capsys, "--layer 'C99' is not in", "compile-op", "conv2d", "--layer", "C99", "--workloads", str(wl))
     _error(capsys, "cannot be tiled", "compile-op", "conv2d", "--config", "tiny", "--k", "15", "--pad", "7",
