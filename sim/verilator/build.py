@@ -1,6 +1,6 @@
 """Builds the Verilator model of accel_top with the C++ harness (harness.cpp) into a shared library.
 
-    path = build_library(cfg, waves=None | "vcd" | "fst", probes=False)
+    path = build_library(cfg, waves=None | "vcd" | "fst")
 
 The Verilog comes from accel.hw.verilog.generate (cached by its source key). The library is
 cached under <cache root>/verilator/<key>/ (ACCEL_CACHE_DIR, default <repo>/.cache), the key
@@ -8,8 +8,8 @@ hashing the Verilog's source key, this harness, the build flags and the Verilato
 the build runs under a file lock so concurrent processes (pytest workers) share one build.
 Needs only `verilator` and a C++ compiler. A build of the tiny config takes about a minute.
 
-Variants: waves adds Verilator's VCD or FST tracing (slower); probes keeps each stage's
-controller's state readable by the harness (for per-instruction traces).
+Variants: waves adds Verilator's VCD or FST tracing (slower). Every build lets the harness read
+each stage controller's state (probes: per-instruction spans when asked for; negligible cost).
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def _run(cmd: list[str], cwd: Path, what: str) -> None:
         raise BuildError(f"{what} failed (exit {p.returncode}):\n{(p.stdout + p.stderr)[-4000:]}")
 
 
-def _flags(waves: str | None, probes: bool) -> list[str]:
+def _flags(waves: str | None) -> list[str]:
     flags = ["-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert"]
     if waves == "vcd":
         flags.append("--trace")
@@ -103,17 +103,17 @@ def _probe_header(verilog: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def library_key(cfg: AccelConfig, waves: str | None = None, probes: bool = False) -> str:
+def library_key(cfg: AccelConfig, waves: str | None = None) -> str:
     from accel.hw.verilog import source_key
     h = hashlib.sha256(source_key(cfg).encode())
     h.update(HARNESS.read_bytes())
     h.update(Path(__file__).read_bytes())
-    h.update(json.dumps([waves, probes, _flags(waves, probes)]).encode())
+    h.update(json.dumps([waves, _flags(waves)]).encode())
     h.update(verilator_version().encode())
     return h.hexdigest()[:16]
 
 
-def build_library(config, waves: str | None = None, probes: bool = False) -> Path:
+def build_library(config, waves: str | None = None) -> Path:
     """The shared library for `config` (built once, then from the cache); returns its path."""
     if waves not in WAVE_FORMATS:
         raise BuildError(f"waves={waves!r}: formats are {', '.join(map(str, WAVE_FORMATS))}")
@@ -122,7 +122,7 @@ def build_library(config, waves: str | None = None, probes: bool = False) -> Pat
         raise BuildError(f"the rtl driver needs Verilator and a C++ compiler: {missing}")
     from accel.hw.verilog import LINT_WAIVERS, cache_root, generate
     cfg = resolve_config(config)
-    key = library_key(cfg, waves, probes)
+    key = library_key(cfg, waves)
     bdir = cache_root() / "verilator" / key
     lib = bdir / LIB_NAME
     if lib.exists():
@@ -139,12 +139,10 @@ def build_library(config, waves: str | None = None, probes: bool = False) -> Pat
         src = bdir / f"{TOP}.v"
         shutil.copyfile(gen["verilog"], src)
         vlts = [LINT_WAIVERS]
-        cflags = ["-fPIC", "-O2"]
-        if probes:
-            (bdir / "probes.h").write_text(_probe_header(src.read_text()))
-            cflags += ["-DACCEL_PROBES", "-include", str(bdir / "probes.h")]
+        (bdir / "probes.h").write_text(_probe_header(src.read_text()))
+        cflags = ["-fPIC", "-O2", "-DACCEL_PROBES", "-include", str(bdir / "probes.h")]
         cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "--top-module", TOP, "--prefix", "Vtop",
-               "-Mdir", str(obj), "-o", str(lib), "-Wno-fatal", *_flags(waves, probes),
+               "-Mdir", str(obj), "-o", str(lib), "-Wno-fatal", *_flags(waves),
                "-CFLAGS", " ".join(cflags), "-LDFLAGS", "-shared",
                *map(str, vlts), str(HARNESS), str(src)]
         log.info("building the Verilator model of %s for config %s", TOP, cfg.digest())
@@ -152,7 +150,7 @@ def build_library(config, waves: str | None = None, probes: bool = False) -> Pat
         if not lib.exists():
             raise BuildError(f"Verilator build of {TOP} finished without {lib}")
         shutil.rmtree(obj, ignore_errors=True)   # keep only the library
-        (bdir / "build.json").write_text(json.dumps({"config": cfg.to_dict(), "waves": waves, "probes": probes,
+        (bdir / "build.json").write_text(json.dumps({"config": cfg.to_dict(), "waves": waves,
                                                      "seconds": round(time.perf_counter() - t0, 1)}))
         log.info("built %s in %.1f s", lib, time.perf_counter() - t0)
     return lib

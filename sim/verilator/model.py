@@ -78,7 +78,7 @@ class VerilatorModel:
             fmt = {".vcd": "vcd", ".fst": "fst"}.get(self.waves.suffix)
             if fmt is None:
                 raise SimError(f"waveform file {self.waves}: the suffix must be .vcd or .fst")
-        self.lib_path = build_library(self.cfg, waves=fmt, probes=probes)
+        self.lib_path = build_library(self.cfg, waves=fmt)
         self._lib = _load(self.lib_path)
         self.probes = probes
         self._h = self._lib.accel_create(str(self.waves).encode() if self.waves else None)

@@ -1,0 +1,95 @@
+"""fsim, tsim and rtl on the same programs (tiny config): identical DRAM bytes, and tsim's counters equal
+to the RTL's (cycles, per-stage busy/stall, micro-ops, DRAM bytes) on random programs and on conv2d /
+dense layers compiled by compiler.accel.conv2d. Cycle counts are deterministic, so this is a test."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from accel.isa import PRESETS
+from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, run_conv2d, run_dense
+from host_runtime import Device, get_driver
+from sim.verilator.build import tools_available
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from randprog import random_program  # noqa: E402
+
+TINY = PRESETS["tiny"]
+pytestmark = [pytest.mark.rtl,
+              pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")]
+DRAMS = {"default": None, "fast": {"read_latency": 1, "write_latency": 1},
+         "narrow": {"read_latency": 12, "write_latency": 5, "bytes_per_cycle": 3}}
+
+
+def _counters(stats: dict) -> dict:
+    keep = ("cycles", "stages", "gemm_uops", "alu_uops", "macs", "dram_bytes")
+    return {k: stats[k] for k in keep}
+
+
+@pytest.fixture(scope="module")
+def drivers():
+    """One driver per executor and DRAM model for the module (an rtl driver reuses its loaded model)."""
+    made = {}
+
+    def get(name, dram=None):
+        key = (name, str(dram))
+        if key not in made:
+            made[key] = get_driver(name, TINY, **({} if name == "fsim" else {"dram": dram}))
+        return made[key]
+    yield get
+    for d in made.values():
+        d.close()
+
+
+@pytest.mark.parametrize("dram", DRAMS)
+@pytest.mark.parametrize("seed", range(12))
+def test_random_programs_fsim_tsim_rtl(drivers, dram, seed):
+    prog, regions = random_program(TINY, seed)
+    images = {}
+    stats = {}
+    for name in ("fsim", "tsim", "rtl"):
+        images[name] = prog.dram_image()
+        res = drivers(name, DRAMS[dram]).run(images[name], prog.insn_addr, len(prog.insns))
+        stats[name] = res.stats
+    for name in ("tsim", "rtl"):
+        bad = np.flatnonzero(images[name] != images["fsim"])
+        assert bad.size == 0, f"{name}: DRAM differs from fsim at {bad.size} bytes, first {bad[:1]}"
+    assert _counters(stats["tsim"]) == _counters(stats["rtl"])
+
+
+LAYERS = {"conv3x3": Conv2dSpec(1, 8, 8, 8, 8, 3, 3, (1, 1, 1, 1)),
+          "conv3x3_s2": Conv2dSpec(1, 16, 10, 10, 16, 3, 3, (1, 1, 1, 1), (2, 2)),
+          "conv1x1": Conv2dSpec(1, 16, 8, 8, 32, 1, 1)}
+
+
+@pytest.mark.parametrize("vt", [1, 2])
+@pytest.mark.parametrize("layer", LAYERS)
+def test_conv_layers_fsim_tsim_rtl(layer, vt):
+    spec = LAYERS[layer]
+    rng = np.random.default_rng(1)
+    x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
+    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
+    b = rng.integers(-(1 << 14), 1 << 14, spec.o).astype(np.int32)
+    ref = conv2d_reference(x, w, b, spec, Requant(8))
+    dram, stats = {}, {}
+    for name in ("fsim", "tsim", "rtl"):
+        with Device(TINY, driver=name, dram_bytes=4 << 20) as dev:
+            y, res, _ = run_conv2d(dev, x, w, b, spec, Requant(8), vt)
+            dram[name], stats[name] = dev.memory.array.copy(), res.stats
+        assert np.array_equal(y, ref), name
+    assert np.array_equal(dram["tsim"], dram["fsim"]) and np.array_equal(dram["rtl"], dram["fsim"])
+    assert _counters(stats["tsim"]) == _counters(stats["rtl"])
+
+
+def test_dense_layer_tsim_rtl():
+    rng = np.random.default_rng(2)
+    x = rng.integers(-128, 128, (6, 40), dtype=np.int8)
+    w = rng.integers(-128, 128, (24, 40), dtype=np.int8)
+    out = {}
+    for name in ("tsim", "rtl"):
+        with Device(TINY, driver=name, dram_bytes=4 << 20) as dev:
+            y, res, _ = run_dense(dev, x, w, None, Requant(6))
+            out[name] = (y, _counters(res.stats))
+    assert np.array_equal(out["tsim"][0], out["rtl"][0])
+    assert out["tsim"][1] == out["rtl"][1]

@@ -1,0 +1,149 @@
+"""Timing model without the RTL: the queue model against a literal SyncFIFOBuffered, cycle counts
+derived by hand from the RTL's documented timing, DRAM model checks, counters and exports."""
+import json
+import random
+
+import numpy as np
+import pytest
+
+from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Store, encode_program
+from host_runtime import get_driver
+from sim.dram import DramModel
+from sim.errors import DeadlockError, SimError
+from sim.trace import Counters, Timeline, write_counters, write_perfetto, write_timeline_png
+from sim.tsim import Tsim
+from sim.tsim.bus import plan_bursts
+from sim.tsim.queues import TimedFifo
+
+TINY = PRESETS["tiny"]
+
+
+@pytest.mark.parametrize("depth", [2, 4, 8])
+def test_tsim_fifo_matches_syncfifobuffered(depth):
+    """TimedFifo's visibility and space rules against amaranth's SyncFIFOBuffered, register for register."""
+    for trial in range(40):
+        rng = random.Random(trial)
+        inner, out = 0, 0
+        q = TimedFifo("q", depth)
+        pw, pr = rng.random(), rng.random()
+        for t in range(150):
+            w_rdy, r_rdy = inner != depth - 1, bool(out)
+            assert q.can_write(t) == w_rdy, (trial, t)
+            nr = len(q.R)
+            assert (nr < len(q.W) and q.visible_at(nr) <= t) == r_rdy, (trial, t)
+            assert q.level(t) == inner + out
+            if not w_rdy:
+                rt = q.retry_time(t)
+                assert rt is None or rt > t
+            w_en, r_en = rng.random() < pw, rng.random() < pr
+            do_write, do_read = w_en and w_rdy, r_en and r_rdy
+            do_inner = inner != 0 and (not out or r_en)
+            if do_read:
+                q.R.append(t)
+            if do_write:
+                q.W.append(t)
+            inner += do_write - do_inner
+            out = 1 if do_inner else (0 if r_en else out)
+
+
+def _cycles(insns, cfg=TINY, dram=None):
+    return Tsim(cfg, dram or DramModel()).run_insns(insns, 0x1000)
+
+
+@pytest.mark.parametrize("latency", [1, 8, 30])
+def test_tsim_finish_alone(latency):
+    """Start pulse 0, fetch latches 1, DMA command 2, AR 3, beats 3+L and 4+L (16-byte instruction on a
+    64-bit bus), buffer -> visible 6+L, dispatch, visible to compute 8+L, pop 8+L, EXEC 9+L..10+L,
+    retire 11+L, finished 12+L = the cycle finish is seen: 13+L cycles."""
+    st = _cycles([Finish()], dram=DramModel(read_latency=latency))
+    assert st.cycles == 13 + latency
+    assert st.busy == [0, 4, 0] and st.stall == [0, 0, 0]
+    assert st.bytes_read == 16
+
+
+@pytest.mark.parametrize("n_uops,iters,extra", [(1, (1, 1), 4), (3, (2, 5), 4), (0, (1, 1), 1)])
+def test_tsim_gemm_alu_duration_from_loop_bounds(n_uops, iters, extra):
+    """A GEMM's EXEC lasts n + 4 cycles after start (ALU n + 3): busy = n + 4 + 3 for the stage."""
+    n = n_uops * iters[0] * iters[1]
+    g = Gemm(uop_bgn=0, uop_end=n_uops, iter_out=iters[0], iter_in=iters[1])
+    a = Alu(uop_bgn=0, uop_end=n_uops, iter_out=iters[0], iter_in=iters[1], alu_op=AluOp.ADD)
+    base = _cycles([Finish()]).busy[1]
+    assert _cycles([g, Finish()]).busy[1] - base == n + (extra if n else 1) + 3
+    assert _cycles([a, Finish()]).busy[1] - base == n + (extra - 1 if n else 1) + 3
+    assert _cycles([g, Finish()]).gemm_uops == n
+
+
+def test_tsim_bursts_split_at_4k_and_max_len():
+    bursts = plan_bursts(4096 - 64, 40, 16, 8, 256)       # 640 bytes from 64 below a 4 KiB boundary
+    assert [b for b, _ in bursts] == [8, 72]
+    small = plan_bursts(4, 5, 4, 8, 512)                  # 4-byte entries on an 8-byte bus, unaligned
+    assert small == [(3, (1, 2, 2))]
+    assert sum(b for b, _ in plan_bursts(0, 3000, 16, 8, 512)) == 6000
+
+
+def test_tsim_bandwidth_slows_loads():
+    ld = [Load(mem_type=MemType.WGT, dram_base=0x100, y_size=4, x_size=8, x_stride=8, push_next=True),
+          Finish(pop_prev=True)]
+    fast = _cycles(ld).cycles
+    slow = _cycles(ld, dram=DramModel(bytes_per_cycle=2)).cycles
+    # 16 beats a row, each 4 cycles apart instead of 1 after the first: 3 x 15 cycles more per row
+    assert slow >= fast + 4 * 3 * 15
+
+
+def test_tsim_deadlock_is_reported():
+    with pytest.raises(DeadlockError, match="compute stage blocked at instruction 0"):
+        _cycles([Gemm(pop_prev=True), Finish()])
+
+
+def test_dram_model_validation():
+    with pytest.raises(SimError, match="read_latency=0"):
+        DramModel(read_latency=0)
+    with pytest.raises(SimError, match="unknown key"):
+        DramModel.from_dict({"latency": 3})
+    assert DramModel.from_dict({"bytes_per_cycle": 4}).throttled(8)
+
+
+def _program():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from randprog import random_program
+    return random_program(TINY, 3)[0]
+
+
+def test_tsim_driver_counters_and_exports(tmp_path):
+    prog = _program()
+    dram, ref = prog.dram_image(), prog.dram_image()
+    drv = get_driver("tsim", TINY, trace=True)
+    res = drv.run(dram, prog.insn_addr, len(prog.insns))
+    get_driver("fsim", TINY).run(ref, prog.insn_addr, len(prog.insns))
+    assert np.array_equal(dram, ref)
+    c: Counters = res.raw.counters
+    assert res.cycles == c.cycles == res.stats["cycles"] > 0
+    for s in c.stages.values():
+        assert s.busy + s.stall_token + s.stall_queue == c.cycles and min(s.busy, s.stall_token, s.stall_queue) >= 0
+    assert 0 < c.gemm_utilization < 1 and c.gops > 0
+    assert res.stats["insns"] == {k: v for k, v in c.insns.items()}
+    tl: Timeline = res.raw.timeline
+    assert len(tl.slices) == len(prog.insns) and all(s.end > s.start for s in tl.slices)
+    write_perfetto(tmp_path / "t.json", TINY, c, tl, prog.insns, "tsim")
+    trace = json.loads((tmp_path / "t.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert {"load", "compute", "store"} <= names
+    assert sum(e["ph"] == "X" and e["tid"] < 3 for e in trace["traceEvents"]) == len(prog.insns)
+    write_timeline_png(tmp_path / "t.png", TINY, c, tl)
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+    write_counters(tmp_path / "c.json", c, "tsim")
+    assert json.loads((tmp_path / "c.json").read_text())["cycles"] == c.cycles
+
+
+def test_cli_run_timing_outputs(tmp_path, capsys):
+    from accel.cli import main
+    prog = _program()
+    prog.save(tmp_path / "p.accp")
+    rc = main(["run", str(tmp_path / "p.accp"), "--driver", "tsim", "--trace", str(tmp_path / "t.json"),
+               "--timeline", str(tmp_path / "t.png"), "--counters"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "stall_token" in out and (tmp_path / "t.json").exists() and (tmp_path / "t.png").exists()
+    assert main(["run", str(tmp_path / "p.accp"), "--counters"]) == 2
+    assert "need a timing driver" in capsys.readouterr().err

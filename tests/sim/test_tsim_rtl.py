@@ -1,0 +1,115 @@
+"""Timing model against the RTL (Verilator) on micro-benchmarks: every counter must be equal, and the
+per-instruction spans too. Each instruction kind alone, token chains, full queues, DRAM models."""
+import numpy as np
+import pytest
+
+from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Store, encode_program
+from sim.dram import DramModel
+from sim.tsim import Tsim, stage_of
+from sim.verilator.build import tools_available
+
+TINY = PRESETS["tiny"]
+pytestmark = [pytest.mark.rtl,
+              pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")]
+
+DRAMS = {"default": DramModel(), "fast": DramModel(read_latency=1, write_latency=1),
+         "narrow": DramModel(read_latency=5, write_latency=3, bytes_per_cycle=3)}
+
+
+def _agree(insns, dram=DramModel(), cfg=TINY):
+    from sim.verilator.model import VerilatorModel
+    code = encode_program(insns, cfg).reshape(-1)
+    image = np.zeros(1 << 16, np.uint8)
+    image[0x1000:0x1000 + code.size] = code
+    rtl = VerilatorModel(cfg, dram=dram, probes=True).run(image, 0x1000, len(insns))
+    ts = Tsim(cfg, dram).run_insns(insns, 0x1000, trace=True)
+    assert ts.counters() == rtl.counters
+    per = {0: [], 1: [], 2: []}
+    for i, insn in enumerate(insns):
+        per[int(stage_of(insn))].append(i)
+    got = sorted((s, i, a, b) for s, i, a, b in ts.spans)
+    nxt, want = {0: 0, 1: 0, 2: 0}, []
+    for s, a, b in rtl.stage_spans:
+        want.append((s, per[s][nxt[s]], a, b))
+        nxt[s] += 1
+    assert got == sorted(want)
+    assert sorted(ts.bursts) == sorted(rtl.bursts)
+    return rtl.counters["cycles"]
+
+
+FIN = Finish(pop_prev=True)
+LOADS = [dict(y_size=1, x_size=1), dict(y_size=2, x_size=3, x_stride=5),
+         dict(y_size=2, x_size=2, y_pad0=1, y_pad1=2, x_pad0=1, x_pad1=3, x_stride=3),
+         dict(y_size=0, x_size=0, y_pad0=2, x_pad0=1), dict(y_size=3, x_size=3, dram_base=3, x_stride=7),
+         dict(y_size=1, x_size=100, dram_base=250)]          # crosses a 4 KiB boundary
+
+
+@pytest.mark.parametrize("dram", DRAMS)
+@pytest.mark.parametrize("mem", [MemType.INP, MemType.WGT])
+@pytest.mark.parametrize("shape", range(len(LOADS)))
+def test_tsim_rtl_load_alone(dram, mem, shape):
+    kw = dict(LOADS[shape])
+    _agree([Load(mem_type=mem, dram_base=kw.pop("dram_base", 0x100), push_next=True, **kw), FIN], DRAMS[dram])
+
+
+@pytest.mark.parametrize("dram", DRAMS)
+@pytest.mark.parametrize("mem", [MemType.UOP, MemType.ACC])
+@pytest.mark.parametrize("kw", [dict(y_size=1, x_size=1, dram_base=1), dict(y_size=2, x_size=3, x_stride=5, dram_base=3),
+                                dict(y_size=1, x_size=200, dram_base=0x7f)])   # ACC: more than 256 beats
+def test_tsim_rtl_compute_load_alone(dram, mem, kw):
+    kw = dict(kw)
+    _agree([Load(mem_type=mem, dram_base=kw.pop("dram_base"), **kw), Finish()], DRAMS[dram])
+
+
+@pytest.mark.parametrize("insn", [Gemm(uop_end=1), Gemm(uop_bgn=2, uop_end=7, iter_out=3, iter_in=2, reset=True),
+                                  Gemm(), Alu(uop_end=4, iter_out=2, alu_op=AluOp.MAX),
+                                  Alu(uop_end=1, use_imm=True, imm=-3, alu_op=AluOp.SHR), Alu(iter_in=0, uop_end=3)])
+def test_tsim_rtl_gemm_alu_alone(insn):
+    _agree([insn, Finish()])
+
+
+@pytest.mark.parametrize("dram", DRAMS)
+@pytest.mark.parametrize("kw", [dict(y_size=1, x_size=1), dict(y_size=3, x_size=5, x_stride=7, dram_base=1),
+                                dict(y_size=2, x_size=200, x_stride=200, dram_base=1000),   # 4 KiB crossing
+                                dict(y_size=4, x_size=2, x_stride=3, dram_base=3)])
+def test_tsim_rtl_store_alone(dram, kw):
+    kw = dict(kw)
+    _agree([Store(dram_base=kw.pop("dram_base", 0x400), **kw), Finish()], DRAMS[dram])
+
+
+def test_tsim_rtl_token_chain():
+    ld = Load(mem_type=MemType.INP, dram_base=0x100, y_size=2, x_size=4, x_stride=4)
+    st = Store(dram_base=0x800, y_size=1, x_size=4)
+    prog = []
+    for _ in range(3):   # load -> compute -> store -> compute -> load, three times round
+        prog += [ld.with_deps(push_next=True), Gemm(uop_end=2, pop_prev=True, push_next=True),
+                 st.with_deps(pop_prev=True, push_prev=True), Alu(uop_end=3, pop_next=True, push_prev=True),
+                 ld.with_deps(pop_next=True, push_next=True), Gemm(uop_end=1, pop_prev=True)]
+    _agree(prog + [Finish()])
+
+
+@pytest.mark.parametrize("dram", DRAMS)
+def test_tsim_rtl_command_queue_full(dram):
+    """A long GEMM holds compute while 20 more compute instructions queue up behind it (queue of 8):
+    fetch stalls on the full command queue, the load stage's instructions wait behind them."""
+    prog = [Gemm(uop_end=4, iter_out=40)] + [Alu(uop_end=1) for _ in range(20)]
+    prog += [Load(mem_type=MemType.WGT, dram_base=0x40, y_size=1, x_size=2, push_next=True)] * 3
+    prog += [Gemm(uop_end=1, pop_prev=True) for _ in range(3)] + [Finish()]
+    _agree(prog, DRAMS[dram])
+
+
+def test_tsim_rtl_token_queue_full():
+    """The load stage pushes 12 tokens before compute pops any (token queue of 8): PUSH stalls."""
+    prog = [Gemm(uop_end=8, iter_out=20)]
+    prog += [Load(mem_type=MemType.INP, dram_base=0x40, y_size=1, x_size=1, push_next=True) for _ in range(12)]
+    prog += [Gemm(uop_end=1, pop_prev=True) for _ in range(12)] + [Finish()]
+    _agree(prog)
+
+
+def test_tsim_rtl_three_clients_on_the_bus():
+    """Fetch, load and compute DMAs contend for the read bus (round robin, one burst in flight)."""
+    prog = [Load(mem_type=MemType.WGT, dram_base=0x40 + 8 * i, y_size=4, x_size=6, x_stride=9) for i in range(4)]
+    prog += [Load(mem_type=MemType.ACC, dram_base=0x100 + 4 * i, y_size=3, x_size=5, x_stride=7) for i in range(4)]
+    prog += [Load(mem_type=MemType.UOP, dram_base=0x300 + i, y_size=1, x_size=9) for i in range(4)]
+    prog = [prog[i % 3 * 4 + i // 3] for i in range(12)]
+    _agree(prog + [Alu(uop_end=1) for _ in range(12)] + [Finish()])
