@@ -289,3 +289,130 @@ def schedule_pool(outs):
 
 
 _ = PlaceholderOp
+
+
+# ---------------------------------------------------------------- pointwise / depthwise (flat pixels)
+
+#: pointwise conv register tile: output channels x pixel vectors
+PW_OC = 8
+PW_VECS = 3
+
+
+def _flat_pipeline(s, outs, tag):
+    """(flat stage, 4-d output stage whose pixels map 1:1 onto the flat one, or None)."""
+    inline_injective(s, outs)
+    flat = _find(s, tag)
+    out = outs[0]
+    ok = (len(outs) == 1 and len(out.shape) == 4 and out.op is not flat.op
+          and isinstance(out.op, ComputeOp) and not out.op.reduce_axis)
+    return flat, (s[out] if ok else None)
+
+
+def _pixel_tile(P: int, vl: int, vecs: int) -> int:
+    """Pixels per register tile: `vecs` vectors, fewer when the plane is small."""
+    return max(1, min(P, vl * vecs))
+
+
+def schedule_conv2d_pointwise(outs):
+    """1x1 conv over flat pixels: per (pixel tile, output-channel block) an (oc x vecs*lanes)
+    tile of accumulators (local, promoted to registers) reduced over input channels with one
+    broadcast weight per FMA row; the epilogue (bias, clip, residual add) reads the tile in place.
+    The pixel tile loop is outer, so a tile of the input is read once for all output channels."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    flat, ost = _flat_pipeline(s, outs, "conv2d_pointwise")
+    for st in s.stages:
+        if st.is_placeholder or st.attach_type == "inline" or st is flat or st is ost:
+            continue
+        schedule_flat(s, st.op.output(0))
+    F = flat.op.output(0)
+    N, O, P = F.shape
+    C = flat.op.reduce_axis[0].dom.extent.value
+    vl = lanes(F.dtype)
+    ob = largest_divisor(O, PW_OC)
+    pt = _pixel_tile(P, vl, PW_VECS)
+    work = N * O * P * C
+    if ost is None:     # unknown consumer: the flat result at root, tiled the same way
+        ost, tile_stage = flat, None
+        n, o, p = ost.op.axis
+    else:
+        tile_stage = flat
+        n, o, y, x = ost.op.axis
+        p = ost.fuse(y, x)
+    oo, oi = ost.split(o, ob)
+    po, pi = ost.split(p, pt)
+    ost.reorder(n, po, oo, oi, pi)
+    outer = ost.fuse(n, po)
+    pv, pl = ost.split(pi, vl) if pt > vl else (None, pi)
+    if pv is not None:
+        ost.unroll(pv)
+    if pt >= 4:
+        ost.vectorize(pl)
+    if work >= 1 << 16:
+        ost.parallel(outer)
+    if tile_stage is None:
+        return s
+    flat.set_scope("local")
+    flat.compute_at(ost, oo)
+    n, o, p = flat.op.axis
+    (rc,) = flat.op.reduce_axis
+    pv2, pl2 = flat.split(p, vl) if pt > vl else (None, p)
+    if pv2 is not None:
+        flat.reorder(n, rc, o, pv2, pl2)
+        flat.unroll(pv2)
+    else:
+        flat.reorder(n, rc, o, pl2)
+    flat.unroll(o)
+    if pt >= 4:
+        flat.vectorize(pl2)
+    return s
+
+
+def schedule_depthwise_flat(outs):
+    """Depthwise over flat phase planes: per (n, channel) — the parallel loop — the padded phase
+    planes and the flat accumulation live in a per-channel local buffer (L1); the accumulation
+    vectorizes over q with the kernel window unrolled; the epilogue drops the pitch padding."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    flat, ost = _flat_pipeline(s, outs, "depthwise_flat")
+    pad = next((st for st in s.stages if not st.is_placeholder and st.op.name == "data_phase"), None)
+    for st in s.stages:
+        if st.is_placeholder or st.attach_type == "inline" or st in (flat, ost, pad):
+            continue
+        schedule_flat(s, st.op.output(0))
+    F = flat.op.output(0)
+    N, C, Q = F.shape
+    vl = lanes(F.dtype)
+    if ost is None:
+        ost = flat
+        flat = None
+        n, c, q = ost.op.axis
+        outer = ost.fuse(n, c)
+        qo, qi = ost.split(q, vl)
+        ost.vectorize(qi)
+    else:
+        n, c, y, x = ost.op.axis
+        outer = ost.fuse(n, c)
+        OW = ost.op.output(0).shape[3]
+        if OW >= 4:
+            xo, xi = ost.split(x, min(vl, OW))
+            ost.vectorize(xi)
+    if N * C * Q >= 1 << 13:
+        ost.parallel(outer)
+    if flat is not None:
+        flat.set_scope("local")
+        flat.compute_at(ost, outer)
+        n, c, q = flat.op.axis
+        ry, rx = flat.op.reduce_axis
+        qo, qi = flat.split(q, vl)
+        flat.reorder(n, c, qo, ry, rx, qi)
+        flat.unroll(ry)
+        flat.unroll(rx)
+        flat.vectorize(qi)
+    if pad is not None:
+        pad.set_scope("local")
+        pad.compute_at(ost, outer)
+        j = pad.op.axis[-1]
+        jo, ji = pad.split(j, vl)
+        pad.vectorize(ji)
+    return s

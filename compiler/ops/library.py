@@ -64,6 +64,48 @@ def _conv_prepack(w, shapes, dtypes, attrs):
     return nn.pack_kernel_np(w, ic, oc), {"kernel_packed": True}
 
 
+def _float_check(dtypes):
+    if any(d not in ("float32", "float64") for d in dtypes):
+        return f"float inputs only (got {', '.join(dtypes)}); int8 convs take the blocked/direct paths"
+    return None
+
+
+def _conv_pw(data, weight, bias=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1,
+             out_dtype=None, kernel_packed=False):
+    return _bias_nchw(nn.conv2d_pointwise(data, weight, strides, out_dtype), bias)
+
+
+def _conv_pw_check(shapes, dtypes, attrs):
+    w = shapes[1]
+    if attrs["groups"] != 1 or tuple(w[2:]) != (1, 1) or any(attrs["pads"]):
+        return "not a 1x1, unpadded, groups=1 conv"
+    return _float_check(dtypes)
+
+
+def _conv_pw_prepack(w, shapes, dtypes, attrs):
+    return w.reshape(w.shape[0], w.shape[1]), {"kernel_packed": True}
+
+
+def _conv_dw(data, weight, bias=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1,
+             out_dtype=None):
+    return _bias_nchw(nn.depthwise_conv2d_flat(data, weight, strides, pads, out_dtype), bias)
+
+
+def _conv_dw_check(shapes, dtypes, attrs):
+    C, (O, Cg, KH, KW) = shapes[0][1], shapes[1]
+    if not (attrs["groups"] == C == O and Cg == 1):
+        return "not depthwise (groups == channels == outputs)"
+    if tuple(attrs["dilations"]) != (1, 1):
+        return f"dilations {attrs['dilations']} (the flat-plane form needs 1)"
+    if max(attrs["strides"]) > 4:
+        return f"strides {attrs['strides']} (one phase plane per stride^2)"
+    return _float_check(dtypes)
+
+
+add_impl("conv2d", "llvm", "conv2d_nchw.pointwise", _conv_pw, cpu.schedule_conv2d_pointwise, plevel=30,
+         check=_conv_pw_check, prepack={1: _conv_pw_prepack})
+add_impl("conv2d", "llvm", "conv2d_nchw.depthwise", _conv_dw, cpu.schedule_depthwise_flat, plevel=30,
+         check=_conv_dw_check)
 add_impl("conv2d", "llvm", "conv2d_nchw.nchwc", _conv_nchwc, cpu.schedule_conv2d_NCHWc, plevel=20,
          check=_conv_nchwc_check, prepack={1: _conv_prepack})
 add_impl("conv2d", "llvm", "conv2d_nchw.direct", _conv_direct, cpu.schedule_conv2d_nchw, plevel=10)

@@ -404,3 +404,78 @@ def batch_norm(x, scale, bias, mean, var, epsilon=1e-5):
     eps = te.const(epsilon, x.dtype)
     return te.compute(x.shape, lambda *i: (x[i] - mean[i[1]]) * (scale[i[1]] * te.rsqrt(var[i[1]] + eps))
                       + bias[i[1]], name="batch_norm", tag="injective,batch_norm")
+
+
+# ---------------------------------------------------------------- pointwise / depthwise (NCHW, flat pixels)
+
+def conv2d_pointwise(data, weight, strides=(1, 1), out_dtype=None):
+    """1x1 conv as a dense over pixels: data (N, C, H, W) x weight (O, C) (or OIHW with 1x1)
+    -> (N, O, OH, OW). The reduction runs over a flat pixel axis p = y * OW + x ("conv2d_pointwise",
+    (N, O, OH*OW)), so a schedule vectorizes contiguous pixels whatever the width; a strided conv
+    first subsamples the input ("injective,pack")."""
+    N, C, H, W = data.shape
+    w2 = weight if weight.ndim == 2 else None
+    O = weight.shape[0]
+    if weight.shape[1] != C or (weight.ndim == 4 and tuple(weight.shape[2:]) != (1, 1)):
+        raise OpError(f"conv2d_pointwise: weight {list(weight.shape)} does not match {C} input channels, 1x1")
+    sh, sw = strides
+    if (sh, sw) != (1, 1):
+        OH, OW = (H - 1) // sh + 1, (W - 1) // sw + 1
+        data = te.compute((N, C, OH, OW), lambda n, c, y, x: data[n, c, y * sh, x * sw],
+                          name="data_sub", tag="injective,pack")
+    else:
+        OH, OW = H, W
+    acc = acc_dtype(data.dtype, out_dtype)
+    rc = te.reduce_axis(C, "rc")
+
+    def wt(o, c):
+        return w2[o, c] if w2 is not None else weight[o, c, 0, 0]
+    flat = te.compute((N, O, OH * OW), lambda n, o, p: te.sum(
+        _c(data[n, rc, p // OW, p % OW], acc) * _c(wt(o, rc), acc), axis=rc),
+        name="conv2d_pw", tag="conv2d_pointwise")
+    return te.compute((N, O, OH, OW), lambda n, o, y, x: flat[n, o, y * OW + x],
+                      name="conv2d", tag="injective,unflatten")
+
+
+def depthwise_geometry(H, W, KH, KW, strides, pads):
+    """(OH, OW, Hh, P): output size, and the rows / pitch of each of the s*s phase planes."""
+    sh, sw = strides
+    OH = conv_out_size(H, KH, sh, pads[0], pads[2], 1)
+    OW = conv_out_size(W, KW, sw, pads[1], pads[3], 1)
+    Hp, Wp = H + pads[0] + pads[2], W + pads[1] + pads[3]
+    P = max(-(-Wp // sw), OW + (KW - 1) // sw)
+    Hh = max(-(-Hp // sh), OH + (KH - 1) // sh) + 1      # one spare row: garbage columns read past a row
+    return OH, OW, Hh, P
+
+
+def depthwise_conv2d_flat(data, weight, strides=(1, 1), pads=(0, 0, 0, 0), out_dtype=None):
+    """Depthwise conv (groups == C == O, multiplier 1, no dilation), NCHW x (C, 1, KH, KW).
+
+    The padded input is split into s_h x s_w phase planes (space-to-depth; one plane when stride 1)
+    of pitch P, so every tap of every output pixel is one flat, stride-1 offset: the accumulation
+    ("depthwise_flat", (N, C, OH*P)) runs over q = y*P + x and vectorizes over contiguous memory
+    whatever the width; the P - OW columns past each row are computed and dropped."""
+    N, C, H, W = data.shape
+    O, one, KH, KW = weight.shape
+    if O != C or one != 1:
+        raise OpError(f"depthwise_conv2d_flat: weight {list(weight.shape)} is not depthwise for {C} channels")
+    sh, sw = strides
+    OH, OW, Hh, P = depthwise_geometry(H, W, KH, KW, strides, pads)
+    pt, pl = pads[0], pads[1]
+    zero = te.const(0, data.dtype)
+
+    def fpad(n, c, py, px, i, j):
+        y, x = i * sh + py - pt, j * sw + px - pl
+        return te.select(te.all(y >= 0, y < H, x >= 0, x < W), data[n, c, y, x], zero)
+    planes = te.compute((N, C, sh, sw, Hh, P), fpad, name="data_phase", tag="injective,pad")
+    acc = acc_dtype(data.dtype, out_dtype)
+    ry = te.reduce_axis(KH, "ry")
+    rx = te.reduce_axis(KW, "rx")
+
+    def f(n, c, q):
+        r = q + (ry // sh) * P + rx // sw
+        return te.sum(_c(planes[n, c, ry % sh, rx % sw, r // P, r % P], acc) * _c(weight[c, 0, ry, rx], acc),
+                      axis=[ry, rx])
+    flat = te.compute((N, C, OH * P), f, name="depthwise_flat", tag="depthwise_flat")
+    return te.compute((N, C, OH, OW), lambda n, c, y, x: flat[n, c, y * P + x],
+                      name="conv2d", tag="injective,unflatten")

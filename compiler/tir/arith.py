@@ -160,11 +160,25 @@ def _merge_div_mod(lin: Linear) -> None:
     for k, a, c in mods:
         if k not in lin.terms:
             continue
+        m = a.b.value
         dkey = skey(E.FloorDiv(a.a, a.b))
-        if dkey in lin.terms and lin.terms[dkey][1] == c * a.b.value:
+        if dkey in lin.terms and lin.terms[dkey][1] == c * m:
             del lin.terms[k]
             del lin.terms[dkey]
             lin.iadd(linear(a.a), c)
+            continue
+        # the simplifier reduces a mod's operand modulo m ((y*16 + x) % 14 -> (y*2 + x) % 14), so
+        # also merge with a div whose operand d is congruent: (d // m) * m + (d' % m) = d when d = d' (mod m)
+        for dk, (da, dc) in list(lin.terms.items()):
+            if not (isinstance(da, E.FloorDiv) and isinstance(da.b, E.IntImm) and da.b.value == m
+                    and dc == c * m):
+                continue
+            diff = linear(da.a).iadd(linear(a.a), -1)
+            if diff.const % m == 0 and all(cf % m == 0 for _, cf in diff.terms.values()):
+                del lin.terms[k]
+                del lin.terms[dk]
+                lin.iadd(linear(da.a), c)
+                break
 
 
 def _floordiv(a: int, b: int) -> int:

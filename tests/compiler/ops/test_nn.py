@@ -56,12 +56,13 @@ def test_conv2d_fp32_matches_numpy_and_onnxruntime(case, const_weight):
 
 @SETTINGS
 @given(conv_cases(depthwise=True))
-def test_conv2d_depthwise_uses_direct_schedule(case):
+def test_conv2d_depthwise_uses_depthwise_schedule(case):
     rng = np.random.default_rng(1)
     x, w = rnd(rng, case["x"]), rnd(rng, case["w"])
     a = case["attrs"]
     f = ops.compile_op("conv2d", [x.shape, w.shape], a)
-    assert f.impl.name == "conv2d_nchw.direct" or a["groups"] == 1
+    want = "conv2d_nchw.depthwise" if a["dilations"] == (1, 1) else "conv2d_nchw.direct"
+    assert f.impl.name == want or a["groups"] == 1
     close(f(x, w), conv2d_ref(x, w, a["strides"], a["pads"], a["dilations"], a["groups"]))
 
 
@@ -187,9 +188,10 @@ def test_batch_norm_matches_onnxruntime():
     close(y, run_onnx("BatchNormalization", [x, s, b, m, v], {"epsilon": 1e-3}, opset=15))
 
 
-def test_conv2d_1x1_strided_subsamples_while_packing():
+@pytest.mark.parametrize("impl", ["conv2d_nchw.pointwise", "conv2d_nchw.nchwc"])
+def test_conv2d_1x1_strided_subsamples(impl):
     rng = np.random.default_rng(12)
     x, w = rnd(rng, (1, 16, 9, 8)), rnd(rng, (32, 16, 1, 1))
-    f = ops.compile_op("conv2d", [x.shape, w.shape], {"strides": (2, 3)}, consts={1: w})
-    assert f.impl.name == "conv2d_nchw.nchwc" and f.out_shape == (1, 32, 5, 3)
+    f = ops.compile_op("conv2d", [x.shape, w.shape], {"strides": (2, 3)}, consts={1: w}, impl=impl)
+    assert f.impl.name == impl and f.out_shape == (1, 32, 5, 3)
     close(f(x), conv2d_ref(x, w, (2, 3), (0, 0, 0, 0), (1, 1), 1))
