@@ -6,6 +6,7 @@
     accel compile MODEL.onnx --target accel|cpu [--config C] -o MODEL.accm [--calibration S.npz]
     accel run MODEL.accm --input x.npy|name=x.npy|in.npz --output y.npy|out.npz [--driver fsim|tsim|rtl] [--profile]
     accel demo [--config C] [--driver fsim]   (residual CNN end to end; --m M --k K --n N: the matmul demo)
+    accel verilog --config C -o DIR           (accel_top.v, accel_top.json: ports + register map, accel_top.vlt)
 
 Each add_arguments fills its parser and sets `func`, the handler returning the exit status.
 To add a subcommand, write add_arguments + handler and register it with @command. Errors the
@@ -702,6 +703,13 @@ def _compile_op(args) -> int:
     ok = np.array_equal(y, conv2d_reference(x, w, b, spec, rq))
     print("OK: bit-exact against the numpy reference" if ok else "MISMATCH against the numpy reference")
     return 0 if ok else 1
+
+
+# ---- verilog --------------------------------------------------------------------------------------
+@command("verilog", "write the accelerator's Verilog, its port/register description (JSON) and lint waivers")
+def _verilog_args(p: argparse.ArgumentParser) -> None:
+    from accel.hw.verilog import add_arguments  # no Amaranth import until the command runs
+    add_arguments(p)
 
 
 # ---- entry ----------------------------------------------------------------------------------------

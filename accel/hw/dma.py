@@ -78,7 +78,7 @@ class ReadDMA(wiring.Component):
                     m.d.comb += nbytes.eq(self.count << log2(e))
                     if e < B:
                         m.d.comb += first_pos.eq(self.addr[log2(e):lb])
-        end = Signal(aw + nbytes.width + 1)
+        end = Signal(aw + len(nbytes) + 1)
         m.d.comb += end.eq(self.addr + nbytes - 1)
         beats = Signal.like(beats_left)
         m.d.comb += beats.eq((end >> lb) - (self.addr >> lb) + 1)

@@ -48,7 +48,8 @@ def source_key(cfg: AccelConfig) -> str:
 
 
 def port_list(top) -> list[tuple[str, str, int, object]]:
-    """(name, "input"/"output", width, signal) of every top-level port, names joined with "_"."""
+    """(name, "input"/"output", width, signal) of the top level's interface ports, names joined with
+    "_" (the Verilog module also has the `clk` and `rst` inputs of its sync domain)."""
     from amaranth.hdl import Value
     from amaranth.lib import wiring
     ports = []
@@ -63,11 +64,15 @@ def describe(cfg: AccelConfig, top=None) -> dict:
     from .axi import AXI_CACHE_NORMAL, ID_WIDTH, WRITE_ID, max_burst_beats
     from .regs import REG_ADDR_WIDTH, register_map
     from .top import READ_CLIENTS, Accelerator
-    top = top if top is not None else Accelerator(cfg)
+    if top is None:
+        top = Accelerator(cfg)
+        top._MustUse__silence = True   # only its signature is read here, it is not elaborated
     return {
         "top": TOP_NAME,
         "clock": {"name": "clk", "mhz": cfg.clock_mhz}, "reset": {"name": "rst", "active": "high", "sync": True},
-        "ports": [{"name": n, "direction": d, "width": w} for n, d, w, _ in port_list(top)],
+        "ports": [{"name": "clk", "direction": "input", "width": 1},
+                  {"name": "rst", "direction": "input", "width": 1}] +
+                 [{"name": n, "direction": d, "width": w} for n, d, w, _ in port_list(top)],
         "interfaces": {
             "m_axi": {"protocol": "AXI4", "role": "master", "addr_width": cfg.dram_addr_width,
                       "data_width": cfg.bus_width, "max_burst_beats": max_burst_beats(cfg),

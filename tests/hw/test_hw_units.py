@@ -1,0 +1,304 @@
+"""Amaranth-simulator unit tests of the smaller blocks: queues, the GEMM core, the tensor ALU,
+the burst reader and the stage sequencer, each against a reference model."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amaranth.hdl import Elaboratable, Module, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.sim import Simulator
+
+from accel.isa import AccelConfig, AluOp, preset
+from accel.hw.alu import TensorAlu
+from accel.hw.dma import ReadDMA
+from accel.hw.gemm import GemmCore
+from accel.hw.queues import Queue
+from accel.hw.stage import POP_NEXT, POP_PREV, PUSH_NEXT, PUSH_PREV, StageControl
+from sim.fsim import alu_apply
+
+CFG = preset("tiny")
+BATCH2 = AccelConfig(batch=2, block_in=4, block_out=4, uop_buff_bytes=1024, inp_buff_bytes=1024, wgt_buff_bytes=2048,
+                     acc_buff_bytes=4096, out_buff_bytes=1024, cmd_queue_depth=8, dep_queue_depth=8)
+
+
+def pack(values, width: int) -> int:
+    """Element k of the flattened array at bits [k*width, (k+1)*width) (the buffers' layout)."""
+    out = 0
+    for k, v in enumerate(np.asarray(values).reshape(-1).tolist()):
+        out |= (int(v) & ((1 << width) - 1)) << (k * width)
+    return out
+
+
+def unpack(word: int, n: int, width: int) -> np.ndarray:
+    vals = [(word >> (k * width)) & ((1 << width) - 1) for k in range(n)]
+    return np.array([v - (1 << width) if v >> (width - 1) else v for v in vals], dtype=np.int64)
+
+
+def simulate(dut, testbench, vcd=None):
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(testbench)
+    sim.run()
+
+
+# ---- Queue -------------------------------------------------------------------------------------
+def test_queue_holds_depth_entries_in_order_with_two_cycle_latency():
+    q = Queue(8, 4)
+    log = {}
+
+    async def tb(ctx):
+        assert not ctx.get(q.r.rdy)
+        ctx.set(q.w.data, 0xA1)
+        ctx.set(q.w.en, 1)
+        await ctx.tick()
+        ctx.set(q.w.en, 0)
+        log["r1"] = ctx.get(q.r.rdy)                 # cycle t+1: not yet visible
+        await ctx.tick()
+        log["r2"] = ctx.get(q.r.rdy), ctx.get(q.r.data)  # cycle t+2: visible
+        for v in (0xB2, 0xC3, 0xD4):
+            ctx.set(q.w.data, v)
+            ctx.set(q.w.en, 1)
+            await ctx.tick()
+        ctx.set(q.w.en, 0)
+        log["full"] = ctx.get(q.w.rdy), ctx.get(q.level)
+        got = []
+        ctx.set(q.r.en, 1)
+        for _ in range(6):
+            if ctx.get(q.r.rdy):
+                got.append(ctx.get(q.r.data))
+            await ctx.tick()
+        log["got"] = got
+
+    simulate(q, tb)
+    assert log["r1"] == 0 and log["r2"] == (1, 0xA1)
+    assert log["full"] == (0, 4)
+    assert log["got"] == [0xA1, 0xB2, 0xC3, 0xD4]
+
+
+@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
+def test_queue_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="depth >= 2, got width=1, depth=1"):
+        Queue.__new__(Queue).__init__(1, 1)
+
+
+# ---- GEMM core ---------------------------------------------------------------------------------
+class _GemmHarness(Elaboratable):
+    def __init__(self, cfg, inp, wgt, acc):
+        self.cfg, self.core = cfg, GemmCore(cfg)
+        c = cfg
+        self.inp = Memory(shape=unsigned(c.inp_elem_bytes * 8), depth=c.inp_depth,
+                          init=[pack(t, c.inp_width) for t in inp])
+        self.wgt = Memory(shape=unsigned(c.wgt_elem_bytes * 8), depth=c.wgt_depth,
+                          init=[pack(t, c.wgt_width) for t in wgt])
+        self.acc = Memory(shape=unsigned(c.acc_elem_bytes * 8), depth=c.acc_depth,
+                          init=[pack(t, c.acc_width) for t in acc])
+
+    def elaborate(self, platform):
+        m = Module()
+        core = m.submodules.core = self.core
+        m.submodules.inp, m.submodules.wgt, m.submodules.acc = self.inp, self.wgt, self.acc
+        wiring.connect(m, core.inp_rd, self.inp.read_port())
+        wiring.connect(m, core.wgt_rd, self.wgt.read_port())
+        wp = self.acc.write_port()
+        wiring.connect(m, core.acc_rd, self.acc.read_port(transparent_for=(wp,)))
+        m.d.comb += [wp.en.eq(core.wb_valid), wp.addr.eq(core.wb_idx), wp.data.eq(core.wb_data)]
+        return m
+
+
+@pytest.mark.parametrize("cfg", [CFG, BATCH2], ids=["1x4x4", "2x4x4"])
+def test_gemm_core_one_uop_per_cycle_with_back_to_back_hazards(cfg):
+    c = cfg
+    rng = np.random.default_rng(1)
+    n_acc = 8
+    inp = rng.integers(-128, 128, (16, c.batch, c.block_in))
+    wgt = rng.integers(-128, 128, (8, c.block_out, c.block_in))
+    acc0 = rng.integers(-(1 << 31), 1 << 31, (n_acc, c.batch, c.block_out))
+    # dst sequence with distance-1 and distance-2 repeats, and a reset in the middle
+    uops = [(d, int(rng.integers(16)), int(rng.integers(8)), False) for d in (0, 0, 1, 0, 1, 1, 1, 2, 3, 2, 4, 5, 4)]
+    uops.insert(6, (1, 0, 0, True))
+    h = _GemmHarness(cfg, inp, wgt, acc0)
+    final = {}
+
+    async def tb(ctx):
+        core = h.core
+        for d, s, w, r in uops:            # one micro-op per cycle, no gaps
+            ctx.set(core.in_valid, 1)
+            ctx.set(core.in_acc, d)
+            ctx.set(core.in_inp, s)
+            ctx.set(core.in_wgt, w)
+            ctx.set(core.in_reset, r)
+            await ctx.tick()
+        ctx.set(core.in_valid, 0)
+        for _ in range(4):
+            await ctx.tick()
+        assert not ctx.get(core.busy)
+        for i in range(n_acc):
+            final[i] = ctx.get(h.acc.data[i])
+
+    simulate(h, tb)
+    ref = acc0.astype(np.int64).copy()
+    for d, s, w, r in uops:
+        ref[d] = 0 if r else ref[d] + inp[s] @ wgt[w].T
+    ref = ((ref + (1 << 31)) % (1 << 32)) - (1 << 31)
+    for i in range(n_acc):
+        assert unpack(final[i], c.batch * c.block_out, c.acc_width).tolist() == ref[i].reshape(-1).tolist(), i
+
+
+# ---- tensor ALU --------------------------------------------------------------------------------
+class _AluHarness(Elaboratable):
+    def __init__(self, cfg, acc):
+        self.cfg, self.alu = cfg, TensorAlu(cfg)
+        self.acc = Memory(shape=unsigned(cfg.acc_elem_bytes * 8), depth=cfg.acc_depth,
+                          init=[pack(t, cfg.acc_width) for t in acc])
+
+    def elaborate(self, platform):
+        m = Module()
+        alu = m.submodules.alu = self.alu
+        m.submodules.acc = self.acc
+        wp = self.acc.write_port()
+        wiring.connect(m, alu.acc_rd_a, self.acc.read_port(transparent_for=(wp,)))
+        wiring.connect(m, alu.acc_rd_b, self.acc.read_port(transparent_for=(wp,)))
+        m.d.comb += [wp.en.eq(alu.wb_valid), wp.addr.eq(alu.wb_idx), wp.data.eq(alu.wb_data)]
+        return m
+
+
+EDGE = [-(1 << 31), (1 << 31) - 1, -1, 0, 1, 31, 32, -32, -33, 64, 255, -256, 1 << 16]
+
+
+@pytest.mark.parametrize("op", list(AluOp), ids=[o.name for o in AluOp])
+def test_tensor_alu_matches_the_isa_definition(op):
+    c = CFG
+    n = c.batch * c.block_out
+    rng = np.random.default_rng(int(op))
+    vals = np.array(EDGE + rng.integers(-(1 << 31), 1 << 31, 64).tolist() + rng.integers(-40, 40, 32).tolist())
+    pairs = 24
+    a = rng.choice(vals, (pairs, c.batch, c.block_out))
+    b = rng.choice(vals, (pairs, c.batch, c.block_out))
+    imms = [-(1 << 15), (1 << 15) - 1, -1, 0, 5, -33, 31, 40]
+    acc0 = np.concatenate([a, b])                 # acc[i] = a_i, acc[pairs + i] = b_i
+    # micro-ops: register operand for each pair, then immediates; then a dependent chain on acc[0]
+    ops = [(i, pairs + i, False, 0) for i in range(pairs)]
+    ops += [(i, 0, True, imms[i % len(imms)]) for i in range(pairs)]
+    ops += [(0, 0, False, 0), (0, 0, False, 0), (1, 0, False, 0)]   # back to back on the same entries
+    h = _AluHarness(c, acc0)
+    final = {}
+
+    async def tb(ctx):
+        alu = h.alu
+        ctx.set(alu.in_op, op)
+        for d, s, use_imm, imm in ops:
+            ctx.set(alu.in_valid, 1)
+            ctx.set(alu.in_dst, d)
+            ctx.set(alu.in_src, s)
+            ctx.set(alu.in_use_imm, use_imm)
+            ctx.set(alu.in_imm, imm)
+            await ctx.tick()
+        ctx.set(alu.in_valid, 0)
+        for _ in range(3):
+            await ctx.tick()
+        for i in range(2 * pairs):
+            final[i] = ctx.get(h.acc.data[i])
+
+    simulate(h, tb)
+    ref = acc0.astype(np.int64).copy()
+    for d, s, use_imm, imm in ops:
+        bval = np.full(ref[d].shape, imm) if use_imm else ref[s]
+        ref[d] = alu_apply(op, ref[d:d + 1], bval[None], c.acc_width)[0]
+    for i in range(2 * pairs):
+        assert unpack(final[i], n, c.acc_width).tolist() == ref[i].reshape(-1).tolist(), (op.name, i)
+
+
+# ---- burst reader ------------------------------------------------------------------------------
+def _run_dma(cfg, sizes, sel, addr, count, latency=3):
+    """Drive a ReadDMA against a simple memory (bytes = address & 0xFF); returns (entries, bursts, cycles)."""
+    dma = ReadDMA(cfg, sizes)
+    B = cfg.bus_bytes
+    out = {"entries": [], "bursts": []}
+
+    async def tb(ctx):
+        bus = dma.bus
+        ctx.set(dma.start, 1)
+        ctx.set(dma.addr, addr)
+        ctx.set(dma.count, count)
+        ctx.set(dma.sel, sel)
+        await ctx.tick()
+        ctx.set(dma.start, 0)
+        pending, cycle = [], 0
+        while cycle < 4000:
+            ctx.set(bus.ar_ready, 1)
+            beat = pending[0] if pending and pending[0][0] <= cycle else None
+            ctx.set(bus.r_valid, beat is not None)
+            if beat is not None:
+                a = beat[1]
+                ctx.set(bus.r_data, int.from_bytes(bytes((a + j) & 0xFF for j in range(B)), "little"))
+                ctx.set(bus.r_last, beat[2])
+            if ctx.get(dma.out_valid):
+                out["entries"].append(ctx.get(dma.out_data))
+            ar = ctx.get(bus.ar_valid)
+            if ar:
+                a0, n = ctx.get(bus.ar_addr), ctx.get(bus.ar_len) + 1
+                out["bursts"].append((a0, n))
+                pending += [(cycle + latency + k, a0 + k * B, k == n - 1) for k in range(n)]
+            take = beat is not None and ctx.get(bus.r_ready)
+            await ctx.tick()
+            cycle += 1
+            if take:
+                pending.pop(0)
+                for k in range(len(pending)):
+                    pending[k] = (max(pending[k][0], cycle), *pending[k][1:])
+            if not ctx.get(dma.busy) and not pending and cycle > 2:
+                break
+        out["cycles"] = cycle
+
+    simulate(dma, tb)
+    return out
+
+
+@pytest.mark.parametrize("elem,addr,count", [(4, 0x104, 5), (4, 0x100, 4), (16, 0x40, 3), (8, 0x208, 2)])
+def test_read_dma_unpacks_entries_smaller_and_larger_than_a_beat(elem, addr, count):
+    sizes = (4, 8, 16)
+    r = _run_dma(CFG, sizes, sizes.index(elem), addr, count)
+    want = [int.from_bytes(bytes((addr + i * elem + j) & 0xFF for j in range(elem)), "little") for i in range(count)]
+    assert [e & ((1 << (8 * elem)) - 1) for e in r["entries"]] == want
+
+
+def test_read_dma_splits_bursts_at_4k_boundaries_and_256_beats():
+    B = CFG.bus_bytes
+    addr, count = 4096 - 3 * 16, 200        # 16-byte entries: crosses 4 KiB after 6 beats
+    r = _run_dma(CFG, (16,), 0, addr, count)
+    assert r["bursts"][0] == (addr, 6)
+    for a, n in r["bursts"]:
+        assert n <= 256 and (a % 4096) + n * B <= 4096
+    assert sum(n for _, n in r["bursts"]) == count * 16 // B
+    assert len(r["entries"]) == count
+
+
+# ---- stage sequencer ---------------------------------------------------------------------------
+def test_stage_control_pops_tokens_before_and_pushes_after_executing():
+    ctrl = StageControl(has_prev=True, has_next=True)
+    trace = []
+
+    async def tb(ctx):
+        insn = (1 << POP_PREV) | (1 << PUSH_NEXT)    # pop from prev, push to next
+        ctx.set(ctrl.cmd.rdy, 1)
+        ctx.set(ctrl.cmd.data, insn)
+        for cycle in range(14):
+            ctx.set(ctrl.prev_in.rdy, cycle >= 3)      # the token arrives in cycle 3
+            ctx.set(ctrl.next_in.rdy, 0)               # not named by the instruction: never waited on
+            ctx.set(ctrl.next_out.rdy, cycle >= 10)    # space to push from cycle 10
+            ctx.set(ctrl.unit_busy, cycle in (5, 6))
+            trace.append((cycle, ctx.get(ctrl.cmd.en), ctx.get(ctrl.prev_in.en), ctx.get(ctrl.start),
+                          ctx.get(ctrl.next_out.en), ctx.get(ctrl.stall_cycle), ctx.get(ctrl.busy_cycle)))
+            popped = ctx.get(ctrl.cmd.en)
+            await ctx.tick()
+            if popped:
+                ctx.set(ctrl.cmd.rdy, 0)       # a one-entry command queue, now empty
+
+    simulate(ctrl, tb)
+    by = {t[0]: t[1:] for t in trace}
+    assert [c for c in range(14) if by[c][4]] == [0, 1, 2, 8, 9]        # token stalls: pop, then push
+    assert by[3][:2] == (1, 1)                                          # instruction + token popped together
+    assert [c for c in range(14) if by[c][2]] == [4]                    # start: the first EXEC cycle
+    assert [c for c in range(14) if by[c][3]] == [10]                   # pushed once space appeared
+    assert [c for c in range(14) if by[c][5]] == [3, 4, 5, 6, 7, 10]    # busy: pop, EXEC (4..7), push
