@@ -316,7 +316,13 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             pipe.before_compute()
             if ci == 0:
                 pipe.before_tile(ti)
-                stream.push_gemm(_tile_kernel(stream, "reset", acc_base, o_a, h_a, w_a), reset=True)
+                if bias is None:
+                    stream.push_gemm(_tile_kernel(stream, "reset", acc_base, o_a, h_a, w_a), reset=True)
+                else:  # start the sums from the bias: one ALU MOV pass instead of a reset and an ADD
+                    stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
+                    stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
+                                                  lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)),
+                                    AluOp.MOV)
             stream.push_gemm(stream.kernel(
                 ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base, acc_base),
                 lambda k: _build_gemm(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw,
@@ -326,10 +332,6 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             j += 1
         # ---- epilogue on the accumulator tile
         ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
-        if bias is not None:
-            stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
-            stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
-                                          lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)), AluOp.ADD)
         emit_requant(stream, ew, requant)
         if residual is not None:
             r = residual
@@ -500,8 +502,8 @@ def loop_nest_text(spec: Conv2dSpec, tiling: ConvTiling, cfg: AccelConfig, requa
     n_ic = _ceil(g.cb, t.ic_t)
     resident = n_ic == 1
     S = t.vt
-    ep = ["alu.add(acc[tile], acc[bias])"] if bias else []
-    ep += [f"alu.shr(acc[tile], imm={requant.shift})"] if requant.shift else []
+    init = "dma_load acc[bias]; alu.mov(acc[tile], acc[bias])" if bias else "gemm.reset(acc[tile])"
+    ep = [f"alu.shr(acc[tile], imm={requant.shift})"] if requant.shift else []
     ep += ([f"alu.clip(acc[tile], imm={requant.hi})"] if requant.lo == -requant.hi else
            [f"alu.min(acc[tile], imm={requant.hi})", f"alu.max(acc[tile], imm={requant.lo})"])
     L = [f"// {spec.name}: N={spec.n} C={spec.c} H={spec.h} W={spec.w} -> O={spec.o} OH={spec.oh} OW={spec.ow}, "
@@ -520,7 +522,7 @@ def loop_nest_text(spec: Conv2dSpec, tiling: ConvTiling, cfg: AccelConfig, requa
          f"w0*{sw}-{spec.pads[2]} .. +cols] -> inp_buffer[slot] (out-of-image rows/cols as LOAD padding)",
          f"                   {'if first tile of (n, o0): ' if resident else ''}dma_load wgt[o0 .. +o_a, ic0 .. +ic_a, :, :]"
          f" -> wgt_buffer[{'o-tile % ' + str(S) if resident else 'slot'}]; push load->compute",
-         f"          compute: pop load->compute; if ic0 == 0: [pop store->compute if ti >= {S}]; gemm.reset(acc[tile])",
+         f"          compute: pop load->compute; if ic0 == 0: [pop store->compute if ti >= {S}]; {init}",
          f"                   gemm: for oh in range(h_a): for ow in range(w_a):  // the two affine loop levels",
          f"                           uops (o, ic, kh, kw): acc[o, oh, ow] += inp[ic, oh*{sh}+kh, ow*{sw}+kw] . "
          f"wgt[o, ic, kh, kw]   // {t.o_t * t.ic_t * spec.kh * spec.kw} uops",
