@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 from accel.isa import resolve_config  # noqa: E402
 from compiler.accel.conv2d import (Conv2dSpec, Requant, conv2d_reference, estimate_cycles, plan_conv2d,  # noqa: E402
                                    run_conv2d)
+from compiler.accel.tune import tune_conv2d  # noqa: E402
 from host_runtime import Device, available_drivers  # noqa: E402
 
 WORKLOADS = ROOT.parent / "shared" / "workloads" / "resnet18_conv.json"
@@ -34,11 +35,15 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="default")
     ap.add_argument("--driver", default=None, help="timing driver for cycles (default: tsim if available)")
     ap.add_argument("--workloads", default=str(WORKLOADS))
+    ap.add_argument("--no-tune", action="store_true",
+                    help="use the analytical tiling only (default: measure the top candidates on the timing driver)")
+    ap.add_argument("--top", type=int, default=8, help="candidates measured per layer when tuning")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     cfg = resolve_config(args.config)
     timing = args.driver or ("tsim" if "tsim" in available_drivers() else None)
     layers = json.loads(Path(args.workloads).read_text())["layers"]
+    out_dir = Path(args.out)
     rng = np.random.default_rng(0)
     rows = []
     for name, fields in layers.items():
@@ -51,7 +56,11 @@ def main(argv=None) -> int:
         rq = Requant(11, 0, 127)
         ref = conv2d_reference(x, w, b, spec, rq)
         for vt in (1, 2):
-            tiling = plan_conv2d(spec, cfg, vt)
+            tiling, tiling_source = plan_conv2d(spec, cfg, vt), "analytical"
+            if timing and not args.no_tune:
+                tiling, _ = tune_conv2d(spec, cfg, vt, top=args.top, driver=timing,
+                                        log_path=out_dir / "tuning_log.json")
+                tiling_source = f"tuned on {timing}"
             est = estimate_cycles(spec, cfg, tiling)
             t0 = time.perf_counter()
             y, res, stream = run_conv2d(Device(cfg), x, w, b, spec, rq, vt, tiling)
@@ -66,7 +75,8 @@ def main(argv=None) -> int:
             dram = res.stats["bytes_read"] + res.stats["bytes_written"]
             intensity = macs / dram
             bound = min(cfg.macs_per_cycle, intensity * cfg.bus_bytes)
-            rows.append({"layer": name, "vt": vt, "tiling": tiling.describe(), "insns": len(stream.last_insns),
+            rows.append({"layer": name, "vt": vt, "tiling": tiling.describe(), "tiling_source": tiling_source,
+                         "insns": len(stream.last_insns),
                          "gemm_uops": res.stats["gemm_uops"], "macs": macs, "dram_bytes": dram,
                          "cycles": cycles, "cycles_source": source,
                          "macs_per_cycle": macs / cycles, "gemm_utilization": macs / cycles / cfg.macs_per_cycle,

@@ -196,9 +196,10 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling) -> dict[s
     return {"gemm_uops": uops, "dram_bytes": inp_bytes + wgt_bytes + out_bytes, "cycles": total}
 
 
-def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool = False) -> ConvTiling:
-    """The cheapest tiling (estimate_cycles) that fits every buffer (with room for a fused
-    residual add when asked); TilingError if none does."""
+def conv2d_candidates(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool = False
+                      ) -> list[tuple[float, ConvTiling]]:
+    """Every tiling that fits the buffers (for each o_t, ic_t, w_t the tallest balanced h_t), with
+    its estimate_cycles cost, cheapest first; TilingError naming the short buffer if none fits."""
     if vt not in (1, 2):
         raise TilingError(f"{spec.name}: virtual threads must be 1 or 2, got {vt}")
     if max(spec.pads) >= 1 << PAD_BITS:
@@ -210,7 +211,7 @@ def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool 
         s = {n, 1}
         s.update(_ceil(n, k) for k in range(1, min(n, 64) + 1))
         return sorted(s)
-    best, best_cost = None, None
+    found: dict[ConvTiling, float] = {}
     for o_t, ic_t, w_t in itertools.product(cands(g.ob), cands(g.cb), cands(spec.ow)):
         # the largest h_t that fits, found by bisection (needs grow with h_t)
         lo, hi = 0, spec.oh
@@ -224,15 +225,20 @@ def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool 
             continue
         h_t = _ceil(spec.oh, _ceil(spec.oh, lo))  # balance the row tiles
         t = ConvTiling(o_t, h_t, w_t, ic_t, vt)
-        cost = estimate_cycles(spec, cfg, t)["cycles"]
-        if best_cost is None or cost < best_cost:
-            best, best_cost = t, cost
-    if best is None:
+        found[t] = estimate_cycles(spec, cfg, t)["cycles"]
+    if not found:
         need = _needs(spec, ConvTiling(1, 1, 1, 1, vt), residual)
         have = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth, "uop": cfg.uop_depth}
         short = [f"{k} buffer needs {need[k]} entries for the smallest tile, has {have[k]} (short by "
                  f"{need[k] - have[k]})" for k in need if need[k] > have[k]]
         raise TilingError(f"{spec.name}: cannot be tiled into the config with vt={vt}: " + "; ".join(short))
+    return sorted(((c, t) for t, c in found.items()), key=lambda ct: (ct[0], ct[1].describe()))
+
+
+def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool = False) -> ConvTiling:
+    """The cheapest tiling by estimate_cycles that fits every buffer (with room for a fused
+    residual add when asked); TilingError if none does. compiler.accel.tune measures instead."""
+    best = conv2d_candidates(spec, cfg, vt, residual)[0][1]
     log.debug("%s: tiling %s", spec.name, best.describe())
     return best
 

@@ -1,0 +1,76 @@
+"""Tiling by measurement: run the best analytical candidates on the timing model, keep the fastest.
+
+The analytical cost (conv2d.estimate_cycles) ranks tilings; the timing model (driver `tsim`,
+cycle-exact with the RTL) decides among the top few. Results go to a JSON tuning log keyed by
+config digest, layer and virtual threads, so a tuned layer costs one lookup the next time.
+Cycle counts do not depend on the data, so candidates run on zero-filled buffers.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from accel.isa import AccelConfig
+
+from .conv2d import Conv2dSpec, ConvTiling, Requant, _Geom, conv2d_candidates, emit_conv2d
+
+log = logging.getLogger(__name__)
+
+
+def _key(spec: Conv2dSpec, cfg: AccelConfig, vt: int) -> str:
+    return (f"{cfg.digest()}:{spec.n}x{spec.c}x{spec.h}x{spec.w}->{spec.o}:k{spec.kh}x{spec.kw}"
+            f":p{','.join(map(str, spec.pads))}:s{spec.strides[0]},{spec.strides[1]}:vt{vt}")
+
+
+def measure_conv2d(spec: Conv2dSpec, cfg: AccelConfig, tiling: ConvTiling, driver: str = "tsim",
+                   bias: bool = True, requant: Requant = Requant(8, 0, 127)) -> int:
+    """Cycles of one conv2d with this tiling on a timing driver (zero data)."""
+    from host_runtime import Device
+    g = _Geom.of(spec, cfg)
+    sizes = {"inp": g.nb * g.cb * spec.h * spec.w * cfg.inp_elem_bytes,
+             "wgt": g.ob * g.cb * spec.kh * spec.kw * cfg.wgt_elem_bytes,
+             "out": g.nb * g.ob * spec.oh * spec.ow * cfg.out_elem_bytes, "bias": g.ob * cfg.acc_elem_bytes}
+    need = sum(sizes.values()) + (16 << 20)
+    with Device(cfg, driver=driver, dram_bytes=min(1 << cfg.dram_addr_width, need)) as dev:
+        aligns = {"inp": cfg.inp_elem_bytes, "wgt": cfg.wgt_elem_bytes, "out": cfg.out_elem_bytes,
+                  "bias": cfg.acc_elem_bytes}
+        bufs = {k: dev.memory.alloc(v, align=aligns[k], name=k) for k, v in sizes.items()}
+        stream = dev.stream()
+        emit_conv2d(stream, spec, tiling, bufs["inp"], bufs["wgt"], bufs["out"], bufs["bias"] if bias else None,
+                    requant)
+        result = stream.synchronize()
+    if result.cycles is None:
+        raise ValueError(f"driver {driver!r} reports no cycles; tuning needs a timing driver")
+    return int(result.cycles)
+
+
+def tune_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, top: int = 6, driver: str = "tsim",
+                log_path: str | Path | None = None) -> tuple[ConvTiling, dict]:
+    """The fastest of the `top` cheapest analytical tilings, measured on `driver`; with log_path,
+    read and extend a JSON tuning log. Returns (tiling, record)."""
+    key = _key(spec, cfg, vt)
+    book = {}
+    if log_path and Path(log_path).exists():
+        book = json.loads(Path(log_path).read_text())
+        if key in book:
+            return ConvTiling(**book[key]["tiling"]), book[key]
+    cands = conv2d_candidates(spec, cfg, vt)[:top]
+    trials = []
+    for est, t in cands:
+        cycles = measure_conv2d(spec, cfg, t, driver)
+        trials.append({"tiling": asdict(t), "estimate": est, "cycles": cycles})
+        log.info("%s %s: %d cycles (estimate %.0f)", spec.name, t.describe(), cycles, est)
+    best = min(trials, key=lambda r: r["cycles"])
+    record = {"tiling": best["tiling"], "cycles": best["cycles"], "driver": driver, "trials": trials}
+    if log_path:
+        book[key] = record
+        path = Path(log_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(book, indent=1))
+        tmp.replace(path)
+    return ConvTiling(**best["tiling"]), record
