@@ -11,6 +11,8 @@ beat k-1 moved, and stays on the bus for as many cycles as it carries wanted ent
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from accel.hw.axi import BOUNDARY_BYTES, max_burst_beats
 
 from ..dram import DramModel
@@ -20,7 +22,13 @@ ARBITRATE = 1   # event priority: after every other event of the same cycle
 
 def plan_bursts(addr: int, count: int, E: int, B: int, maxb: int) -> list[tuple[int, tuple[int, ...] | None]]:
     """Bursts of a DMA command: (beats, wanted entries per beat or None when E >= B (one beat each
-    of E/B per entry))."""
+    of E/B per entry)). Depends on addr only modulo 4 KiB (memoized on that)."""
+    base = addr - addr % BOUNDARY_BYTES
+    return _plan(addr - base, count, E, B, maxb)
+
+
+@lru_cache(maxsize=1 << 14)
+def _plan(addr: int, count: int, E: int, B: int, maxb: int) -> tuple:
     first = addr - addr % B
     end = addr + count * E
     total = (end - 1) // B - first // B + 1
@@ -32,8 +40,7 @@ def plan_bursts(addr: int, count: int, E: int, B: int, maxb: int) -> list[tuple[
             out.append((n, None))
             a += n * B
             total -= n
-        return out
-    per = B // E
+        return tuple(out)
     pos = addr
     while total:
         n = min(total, maxb, BOUNDARY_BYTES // B - (a % BOUNDARY_BYTES) // B)
@@ -45,7 +52,6 @@ def plan_bursts(addr: int, count: int, E: int, B: int, maxb: int) -> list[tuple[
             a += B
         out.append((n, tuple(pk)))
         total -= n
-    del per
     return out
 
 
@@ -144,3 +150,14 @@ class ReadBus:
 
 def dma_bursts(cfg, addr: int, count: int, E: int):
     return plan_bursts(addr, count, E, cfg.bus_bytes, max_burst_beats(cfg))
+
+
+class BurstPlanner:
+    """plan_bursts with the config's bus fixed (the hot path of the loaders and fetch)."""
+    __slots__ = ("B", "maxb")
+
+    def __init__(self, cfg):
+        self.B, self.maxb = cfg.bus_bytes, max_burst_beats(cfg)
+
+    def __call__(self, addr: int, count: int, E: int):
+        return _plan(addr % BOUNDARY_BYTES, count, E, self.B, self.maxb)

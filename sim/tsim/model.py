@@ -21,7 +21,7 @@ from accel.isa.isa import INSN_BYTES
 
 from ..dram import DramModel
 from ..errors import CycleLimitError, DeadlockError
-from .bus import ReadBus, dma_bursts
+from .bus import BurstPlanner, ReadBus
 from .events import EventLoop
 from .queues import TimedFifo
 from .store import store_key, store_timing
@@ -96,7 +96,7 @@ class _Loader:
         insn = self.insn
         self.tau += insn.x_pad0                          # the DMA starts in cycle tau
         addr = (insn.dram_base + self.row * insn.x_stride) * self.E
-        self.bursts = dma_bursts(self.m.cfg, addr, insn.x_size, self.E)
+        self.bursts = self.m.plan(addr, insn.x_size, self.E)
         self.bi = 0
         self.m.bus.request(self.client, self.tau + 1, self._granted)
 
@@ -255,7 +255,7 @@ class _Fetch:
             return
         n = min(self.remaining, free)
         self.remaining -= n
-        self.bursts = dma_bursts(self.m.cfg, self.addr, n, INSN_BYTES)
+        self.bursts = self.m.plan(self.addr, n, INSN_BYTES)
         self.addr += n * INSN_BYTES
         self.bi, self.k = 0, 0
         self.dma_busy = True
@@ -323,6 +323,7 @@ class Tsim:
         self.stats = stats = TsimStats(spans=[] if trace else None, bursts=[] if trace else None)
         self.loop = loop = EventLoop()
         self.bus = ReadBus(loop, self.dram, cfg.bus_bytes, log=stats.bursts)
+        self.plan = BurstPlanner(cfg)
         self.finish_retired = None
         self.loader_types = {int(Stage.LOAD): (MemType.INP, MemType.WGT),
                              int(Stage.COMPUTE): (MemType.UOP, MemType.ACC), int(Stage.STORE): ()}
