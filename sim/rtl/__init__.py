@@ -5,6 +5,6 @@
     runs = run_programs(cfg, [RtlProgram("p0", dram, insn_addr, insn_count)], simulator="verilator")
     runs[0].dram, runs[0].counters["cycles"]
 """
-from .runner import RtlError, RtlProgram, RtlRun, build, run_programs, simulators_available
+from .runner import RtlError, RtlHang, RtlProgram, RtlRun, build, run_programs, simulators_available
 
-__all__ = ["RtlError", "RtlProgram", "RtlRun", "build", "run_programs", "simulators_available"]
+__all__ = ["RtlError", "RtlHang", "RtlProgram", "RtlRun", "build", "run_programs", "simulators_available"]
