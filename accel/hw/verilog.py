@@ -3,15 +3,18 @@
 generate(cfg, out_dir) writes <TOP>.v (ports named like Vivado's AXI inference expects:
 m_axi_awaddr, s_axil_wdata, ...), <TOP>.json (ports with direction and width, the register
 map, the config and its derived values) and <TOP>.vlt (the justified Verilator lint waivers:
-`verilator --lint-only -Wall accel_top.vlt accel_top.v` passes). Results are cached under .cache/verilog/<key>, the key
-hashing the config, every source file of accel/hw and accel/isa, and the Amaranth version, so
-a second call with the same inputs copies files instead of elaborating. The config is resolved
-and validated before anything is elaborated, so a bad config fails with its ConfigError.
+`verilator --lint-only -Wall accel_top.vlt accel_top.v` passes). Results are cached under
+.cache/verilog/<key>, the key hashing the config, the code of accel/hw and accel/isa (docstrings
+and comments left out: editing documentation keeps every cached build) and the Amaranth
+version, so a second call with the same inputs copies files instead of elaborating. The config
+is resolved and validated before anything is elaborated, so a bad config fails with its
+ConfigError.
 `accel verilog` is add_arguments + run below.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import logging
@@ -35,15 +38,31 @@ def cache_root() -> Path:
     return Path(os.environ.get("ACCEL_CACHE_DIR", _ROOT / ".cache"))
 
 
+def _code_text(path: Path) -> str:
+    """A source file as far as it can change the Verilog: Python without comments and docstrings
+    (so editing documentation does not invalidate every cached build), other files verbatim."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        return text
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
 def source_key(cfg: AccelConfig) -> str:
-    """Hash of everything the Verilog depends on: config, RTL and ISA sources, Amaranth version."""
+    """Hash of everything the Verilog depends on: config, RTL and ISA code, Amaranth version."""
     import amaranth
     h = hashlib.sha256(cfg.to_json(indent=None).encode())
     h.update(amaranth.__version__.encode())
     for d in _SOURCE_DIRS:
         for p in sorted([*d.glob("*.py"), *d.glob("*.vlt")]):
             h.update(p.name.encode())
-            h.update(p.read_bytes())
+            h.update(_code_text(p).encode())
     return h.hexdigest()[:16]
 
 

@@ -46,6 +46,14 @@ def test_generation_is_cached_by_config_and_sources(isolated_cache):
     assert verilog.source_key(other) != first["key"]
 
 
+def test_source_key_ignores_docstrings_and_comments(tmp_path):
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text('"""Doc."""\ndef f(x):\n    """Doc."""\n    return x + 1  # why\n')
+    b.write_text('"""Other doc."""\n\ndef f(x):\n    # a comment\n    return x + 1\n')
+    c.write_text('def f(x):\n    return x + 2\n')
+    assert verilog._code_text(a) == verilog._code_text(b) != verilog._code_text(c)
+
+
 def test_invalid_config_fails_before_elaboration(isolated_cache, monkeypatch):
     bad = isolated_cache / "bad.json"
     bad.write_text(json.dumps({**preset("tiny").to_dict(), "block_in": 3}))
