@@ -53,7 +53,8 @@ def annotate(data, stage, label):
     last = len(leaves) - (2 if vec else 1)
     if last >= 1 and data.draw(st.booleans(), label=f"{label} unroll"):
         stage.unroll(leaves[data.draw(st.integers(1, last), label="unroll at")])
-    if leaves[0].iter_type == IterVar.DATA_PAR and data.draw(st.booleans(), label=f"{label} parallel"):
+    outer_free = not vec or len(leaves) > 1  # a single loop cannot be both vectorized and parallel
+    if outer_free and leaves[0].iter_type == IterVar.DATA_PAR and data.draw(st.booleans(), label=f"{label} parallel"):
         stage.parallel(leaves[0])
 
 
