@@ -38,6 +38,7 @@ TB_TOP = "accel_tb"       # generated testbench top: clock generator + the accel
 CLOCK_NS = 10
 TB_MODULE = "sim.rtl.tb_accel"
 DEFAULT_MAX_CYCLES = 200_000
+WAVES_ENV = "ACCEL_RTL_WAVES"   # a directory: every run_programs call then dumps an FST waveform there
 _ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -73,6 +74,10 @@ class RtlRun:
     @property
     def cycles(self) -> int:
         return self.counters.get("cycles", 0)
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)[:40]
 
 
 def simulators_available() -> dict[str, str | None]:
@@ -209,7 +214,8 @@ def run_programs(config, programs: list[RtlProgram], simulator: str = "verilator
                  check: bool = True) -> list[RtlRun]:
     """Run `programs` in order on one simulated accelerator (buffers persist between them).
 
-    waves: a path (.fst) to write a waveform of the whole job to. stall_seed: a seed for random
+    waves: a path (.fst) to write a waveform of the whole job to (or set ACCEL_RTL_WAVES to a
+    directory to get one for every call, e.g. while running the tests). stall_seed: a seed for random
     stalls on every AXI channel. dram: the memory's timing (sim.dram.DramModel or its dict).
     check: raise RtlHang if a program hangs (else status "hang").
     """
