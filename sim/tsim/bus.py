@@ -58,7 +58,8 @@ def _plan(addr: int, count: int, E: int, B: int, maxb: int) -> tuple:
 class ReadBus:
     """Arbiter + DRAM read timing. Clients are 0 fetch, 1 load, 2 compute (accel/hw/top.py order)."""
 
-    __slots__ = ("loop", "L", "B", "bpc", "throttled", "pending", "free_from", "last", "n", "beats", "log")
+    __slots__ = ("loop", "L", "B", "bpc", "throttled", "pending", "free_from", "last", "n", "beats", "log", "arb_at",
+                 "granting")
 
     def __init__(self, loop, dram: DramModel, bus_bytes: int, n_clients: int = 3, log: list | None = None):
         self.loop, self.L, self.B = loop, dram.read_latency, bus_bytes
@@ -70,15 +71,22 @@ class ReadBus:
         self.last = n_clients - 1
         self.beats = 0
         self.log = log                            # (client, grant, rlast) per burst, when tracing
+        self.arb_at = None                        # cycle of the one live arbitration event
+        self.granting = False
 
     def request(self, client: int, q: int, on_grant) -> None:
         """Client requests AR from cycle q; on_grant(g) returns the burst's RLAST cycle."""
         self.pending[client] = (q, on_grant)
-        self.loop.at(q if q > self.free_from else self.free_from, self._arbitrate, None, ARBITRATE)
+        if not self.granting:
+            t = q if q > self.free_from else self.free_from
+            if self.arb_at is None or t < self.arb_at:
+                self.arb_at = t
+                self.loop.at(t, self._arbitrate, None, ARBITRATE)
 
     def _arbitrate(self, T: int, _=None) -> None:
-        if self.free_from > T:
-            return
+        if T != self.arb_at:
+            return                                # superseded by an earlier arbitration
+        self.arb_at = None
         pend = self.pending
         n = self.n
         for i in range(1, n + 1):
@@ -87,18 +95,22 @@ class ReadBus:
             if p is not None and p[0] <= T:
                 pend[c] = None
                 self.last = c
+                self.granting = True
                 f = p[1](T)
+                self.granting = False
                 self.free_from = f + 1
                 if self.log is not None:
                     self.log.append((c, T, f))
-                nxt = None
-                for r in pend:
-                    if r is not None:
-                        q = r[0] if r[0] > f + 1 else f + 1
-                        nxt = q if nxt is None or q < nxt else nxt
-                if nxt is not None:
-                    self.loop.at(nxt, self._arbitrate, None, ARBITRATE)
-                return
+                break
+        nxt = None
+        ff = self.free_from
+        for r in pend:
+            if r is not None:
+                q = r[0] if r[0] > ff else ff
+                nxt = q if nxt is None or q < nxt else nxt
+        if nxt is not None:
+            self.arb_at = nxt
+            self.loop.at(nxt, self._arbitrate, None, ARBITRATE)
 
     def burst_times(self, g: int, beats: int, per_beat: tuple[int, ...] | None) -> int:
         """RLAST cycle of a burst granted in cycle g (counts its beats)."""
