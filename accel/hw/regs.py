@@ -55,7 +55,8 @@ def register_map(cfg: AccelConfig) -> list[Register]:
         Register(0x00, "CTRL", "rw", "bit 0 start: write 1 to start a run (ignored while busy; reads 0); "
                                      "bit 1 irq_enable"),
         Register(0x04, "STATUS", "ro/w1c", "bit 0 busy (ro); bit 1 done (write 1 to clear); "
-                                           "bit 2 bus_error: an AXI response other than OKAY (write 1 to clear)"),
+                                           "bit 2 bus_error: an AXI response other than OKAY, or with an unexpected ID "
+                                           "(write 1 to clear)"),
         Register(0x08, "INSN_ADDR_LO", "rw", "DRAM byte address of the first instruction, bits 31:0 "
                                              "(a multiple of 16)"),
         Register(0x0C, "INSN_ADDR_HI", "rw", f"bits {cfg.dram_addr_width - 1}:32 of the instruction address"

@@ -307,3 +307,31 @@ def gemm_only(cfg: AccelConfig, n_uops: int = 16, iters: int = 256, seed: int = 
            Finish())
     return b.program()
 
+
+
+def long_rows(cfg: AccelConfig, seed: int = 0) -> Program:
+    """Rows longer than one burst (the 256-beat limit) and rows crossing 4 KiB boundaries, on
+    loads (accumulator tiles) and stores."""
+    b = Builder(cfg, seed, dram_bytes=1 << 16)
+    c = cfg
+    eb_acc, eb_out = c.acc_elem_bytes, c.out_elem_bytes
+    n = min(c.acc_depth, (3 * 256 * c.bus_bytes) // eb_acc)      # about three bursts' worth
+    # accumulator tile placed to start just below a 4 KiB boundary
+    b.top = 4096 * 2 - 3 * eb_acc * 2
+    acc = b.put(b.random_tile(MemType.ACC, n, -100, 100), align=eb_acc)
+    b.emit(Load(mem_type=MemType.ACC, sram_base=0, dram_base=b.ent(acc, MemType.ACC), y_size=1, x_size=n,
+                x_stride=n))
+    b.uops([Uop(acc=0, src=0)], 0)
+    b.emit(Alu(uop_bgn=0, uop_end=1, iter_out=n, dst_factor_out=1, alu_op=AluOp.ADD, use_imm=True, imm=3,
+               push_next=True))
+    # store rows: one long row from just below a 4 KiB boundary, then two rows straddling another
+    b.top = 4096 * 5 - 5 * eb_out
+    out1 = b.noise(n * eb_out, align=eb_out)
+    b.emit(Store(sram_base=0, dram_base=b.ent(out1, MemType.OUT), y_size=1, x_size=n, x_stride=n, pop_prev=True))
+    b.top = 4096 * 7 - 7 * eb_out
+    rows, cols = 2, n // 2 - 1
+    out2 = b.noise((rows * (cols + 3)) * eb_out, align=eb_out)
+    b.emit(Store(sram_base=1, dram_base=b.ent(out2, MemType.OUT), y_size=rows, x_size=cols, x_stride=cols + 3,
+                 push_prev=True))
+    b.emit(Finish(pop_next=True))
+    return b.program()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.rtl.programs import (Builder, alu_ops, every_kind, gemm_only, padding, pipelined_matmul,  # noqa: F401
-                              uop_loops)
+from sim.rtl.programs import (Builder, alu_ops, every_kind, gemm_only, long_rows, padding,  # noqa: F401
+                              pipelined_matmul, uop_loops)
 
 
 def conv_layer(cfg: AccelConfig, seed: int = 0):

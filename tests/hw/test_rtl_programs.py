@@ -18,6 +18,7 @@ DIRECTED = {
     "padding": hp.padding,
     "alu_ops": hp.alu_ops,
     "uop_loops": hp.uop_loops,
+    "long_rows": hp.long_rows,
     "overlapped": lambda cfg: hp.pipelined_matmul(cfg, overlap=True),
     "serialized": lambda cfg: hp.pipelined_matmul(cfg, overlap=False),
     "conv2d": lambda cfg: hp.conv_layer(cfg)[0],
