@@ -98,3 +98,13 @@ def test_every_dimension_comes_from_the_config():
     text, _ = verilog._elaborate(cfg)
     assert f"reg [{cfg.acc_elem_bytes * 8 - 1}:0] acc_buf [{cfg.acc_depth - 1}:0]" in text
     assert f"reg [{cfg.wgt_elem_bytes * 8 - 1}:0] wgt_buf [{cfg.wgt_depth - 1}:0]" in text
+
+
+def test_docs_register_map_matches_the_rtl():
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "hardware.md").read_text()
+    for r in register_map(preset("tiny")):
+        if r.name.endswith("_HI") and r.offset >= 0x40:
+            continue
+        name = r.name[:-3] if r.name.endswith("_LO") and r.offset >= 0x40 else r.name
+        assert f"| 0x{r.offset:02X} | {name} |" in doc, name
