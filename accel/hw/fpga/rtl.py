@@ -104,7 +104,10 @@ def _call_generator(cfg: AccelConfig, out_dir: Path):
 def _normalize_result(result, out_dir: Path):
     """Accept the generator's result as paths, texts, or an object with those attributes."""
     verilog = desc = None
-    if isinstance(result, tuple) and len(result) == 2:
+    if isinstance(result, dict):
+        verilog = result.get("verilog") or result.get("verilog_path")
+        desc = result.get("json") or result.get("description")
+    elif isinstance(result, tuple) and len(result) == 2:
         verilog, desc = result
     elif isinstance(result, (str, Path)):
         verilog = result

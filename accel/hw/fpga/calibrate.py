@@ -1,0 +1,287 @@
+"""Calibrate the resource estimator: synthesize a set of configurations with yosys, keep their
+per-module results, fit the LUT/FF model, and record its error on configurations left out.
+
+    python -m accel.hw.fpga.calibrate run [--family xc7 ecp5] [--pnr] [--only NAME ...]
+    python -m accel.hw.fpga.calibrate fit
+    python -m accel.hw.fpga.calibrate check        # estimator vs the stored yosys results
+
+`run` appends to calibration_data.json (one record per config and family, with the RTL's hash,
+so stale records are visible); `fit` writes estimate_model.json from the CALIBRATION records and
+reports errors on the HOLDOUT records. Synthesis results are cached under
+<cache>/synth/<key> (key: Verilog, family, part, flow options), so a rerun costs nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from accel.hw.boards import default_part
+from accel.isa import PRESETS, AccelConfig, preset
+
+from . import estimate as est
+from .memmap import map_memory
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+DATA_PATH = HERE / "calibration_data.json"
+FLOW_VERSION = "1"  # bump when synth.py changes what a report measures
+
+KiB = 1024
+
+
+def _cfg(**kw) -> AccelConfig:
+    return PRESETS["tiny"].replace(**kw)
+
+
+# Configurations the model is fitted on: each varies a different structural feature of the tiny core.
+CALIBRATION: dict[str, AccelConfig] = {
+    "tiny": PRESETS["tiny"],
+    "b8": _cfg(block_in=8, block_out=8, inp_buff_bytes=8 * KiB, wgt_buff_bytes=32 * KiB, acc_buff_bytes=16 * KiB,
+               out_buff_bytes=4 * KiB, uop_buff_bytes=2 * KiB, cmd_queue_depth=16),
+    "bus128": _cfg(bus_width=128, inp_buff_bytes=4 * KiB, wgt_buff_bytes=8 * KiB, acc_buff_bytes=16 * KiB,
+                   out_buff_bytes=4 * KiB, cmd_queue_depth=32),
+    "batch2": _cfg(batch=2, inp_buff_bytes=2 * KiB, acc_buff_bytes=8 * KiB, out_buff_bytes=2 * KiB),
+    "in4out8": _cfg(block_out=8, wgt_buff_bytes=4 * KiB, acc_buff_bytes=8 * KiB, out_buff_bytes=2 * KiB),
+    "in8w16": _cfg(block_in=8, inp_width=16, wgt_width=16, inp_buff_bytes=4 * KiB, wgt_buff_bytes=8 * KiB),
+    "acc16": _cfg(block_in=8, block_out=8, acc_width=16, bus_width=32, inp_buff_bytes=2 * KiB,
+                  wgt_buff_bytes=8 * KiB, acc_buff_bytes=4 * KiB, out_buff_bytes=2 * KiB, cmd_queue_depth=64),
+}
+# Configurations never used for fitting: the estimator's error is measured on these.
+HOLDOUT: dict[str, AccelConfig] = {
+    "b8bus128": _cfg(block_in=8, block_out=8, bus_width=128, inp_buff_bytes=16 * KiB, wgt_buff_bytes=64 * KiB,
+                     acc_buff_bytes=32 * KiB, out_buff_bytes=8 * KiB, uop_buff_bytes=4 * KiB, cmd_queue_depth=32),
+    "b2in8out4": _cfg(batch=2, block_in=8, block_out=4, inp_buff_bytes=4 * KiB, wgt_buff_bytes=4 * KiB,
+                      acc_buff_bytes=8 * KiB, out_buff_bytes=2 * KiB, dram_addr_width=40),
+    "default": PRESETS["default"],
+}
+ALL = {**CALIBRATION, **HOLDOUT}
+
+
+# ---- synthesis with a cache ---------------------------------------------------------------------------
+def cache_root() -> Path:
+    try:
+        from accel.hw.verilog import cache_root as hw_cache_root
+        return hw_cache_root()
+    except ImportError:
+        return Path(os.environ.get("ACCEL_CACHE_DIR", HERE.parents[2] / ".cache"))
+
+
+def synth_key(verilog: str, family: str, part: str, pnr: bool) -> str:
+    h = hashlib.sha256(verilog.encode())
+    h.update(f"|{family}|{part}|pnr={pnr}|flow={FLOW_VERSION}".encode())
+    return h.hexdigest()[:16]
+
+
+def cached_synthesize(cfg: AccelConfig, family: str, *, part=None, pnr: bool = False, rtl=None,
+                      timeout: float | None = None) -> dict:
+    """The report dict of synthesizing `cfg` for `family`, from the cache when the same Verilog,
+    family, part and options were synthesized before. Adds "cached" and "out_dir"."""
+    from .rtl import rtl_for_config
+    from .synth import synthesize
+    rtl = rtl or rtl_for_config(cfg)
+    p = part or default_part(family)
+    pname = p if isinstance(p, str) else p.name
+    out = cache_root() / "synth" / synth_key(rtl.verilog, family, pname, pnr)
+    rep_path = out / "report.json"
+    if rep_path.exists():
+        rep = json.loads(rep_path.read_text())
+        return dict(rep, cached=True, out_dir=str(out))
+    rep = synthesize(rtl, family, out, part=part, config=cfg, pnr=pnr, bitstream=pnr, timeout=timeout).to_dict()
+    return dict(rep, cached=False, out_dir=str(out))
+
+
+# ---- records ------------------------------------------------------------------------------------------
+def load_data(path: Path = DATA_PATH) -> dict:
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"format": "accel-calibration/1", "runs": []}
+
+
+def save_data(data: dict, path: Path = DATA_PATH) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+def record_of(name: str, cfg: AccelConfig, rep: dict, rtl_sha: str) -> dict:
+    return {"name": name, "family": rep["family"], "part": rep["part"], "config": cfg.to_dict(),
+            "rtl_sha256": rtl_sha, "yosys": rep["tools"]["yosys"]["version"],
+            "seconds": {k: v["seconds"] for k, v in rep["tools"].items()},
+            "utilization": rep["utilization"], "modules": rep["modules"], "timing": rep.get("timing"),
+            "pnr": rep.get("pnr"), "fits": rep["fit"]["fits"]}
+
+
+def run(names: list[str], families: list[str], pnr: bool) -> None:
+    from .rtl import rtl_for_config
+    data = load_data()
+    for name in names:
+        cfg = ALL[name]
+        rtl = rtl_for_config(cfg)
+        for fam in families:
+            t0 = time.monotonic()
+            rep = cached_synthesize(cfg, fam, pnr=pnr and fam == "ecp5", rtl=rtl)
+            rec = record_of(name, cfg, rep, rtl.sha256)
+            data["runs"] = [r for r in data["runs"] if not (r["name"] == name and r["family"] == fam)] + [rec]
+            save_data(data)
+            print(f"{name:>10} {fam}: {rep['utilization']} ({'cached' if rep['cached'] else f'{time.monotonic() - t0:.0f} s'})",
+                  flush=True)
+
+
+# ---- fitting --------------------------------------------------------------------------------------------
+def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
+    """Non-negative least squares (Lawson-Hanson active set), small problems only."""
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    for _ in range(iters):
+        if passive.all() or w[~passive].max(initial=-np.inf) <= 1e-9:
+            break
+        j = np.where(~passive, w, -np.inf).argmax()
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-12
+        w = a.T @ (b - a @ x)
+    return x
+
+
+def _group_targets(rec: dict) -> dict[str, dict[str, float]]:
+    """Per group: yosys LUTs minus the LUT RAM the memory model accounts for exactly, and FFs."""
+    cfg = AccelConfig.from_dict(rec["config"])
+    out: dict[str, dict[str, float]] = {g: {"lut": 0.0, "ff": 0.0} for g, _ in est.GROUPS}
+    for mod, u in rec["modules"].items():
+        g = est.group_of(mod)
+        out[g]["lut"] += u["lut"] - u.get("lutram", 0)
+        out[g]["ff"] += u["ff"]
+    # Memories mapped to flip-flops are estimated exactly too; take them out of their group.
+    for mod, shape in est.memories(cfg):
+        mm = map_memory(shape, rec["family"])
+        if mm.ff_bits:
+            g = est.group_of(mod, "")
+            out[g]["ff"] -= mm.ff_bits
+            out[g]["lut"] -= mm.ff_bits
+    return out
+
+
+def fit(data: dict | None = None, calibration: list[str] | None = None) -> dict:
+    """Fit the model on the CALIBRATION records of `data`; returns the model dict (not written)."""
+    data = data or load_data()
+    calibration = calibration or list(CALIBRATION)
+    xc7 = {r["name"]: r for r in data["runs"] if r["family"] == "xc7"}
+    cal = [xc7[n] for n in calibration if n in xc7]
+    if len(cal) < 3:
+        raise SystemExit(f"need at least 3 calibration records for xc7, have {len(cal)} ({', '.join(xc7)})")
+    groups = {}
+    for g, _ in est.GROUPS:
+        names = list(est.features(AccelConfig.from_dict(cal[0]["config"]))[g])
+        a = np.array([[est.features(AccelConfig.from_dict(r["config"]))[g][k] for k in names] for r in cal], float)
+        coefs = {}
+        for res in ("lut", "ff"):
+            b = np.array([_group_targets(r)[g][res] for r in cal], float)
+            # Scale columns so one large feature does not swamp the others.
+            scale = np.maximum(np.abs(a).max(axis=0), 1e-9)
+            x = nnls(a / scale, b) / scale
+            coefs[res] = {k: float(v) for k, v in zip(names, x)}
+        groups[g] = coefs
+    model = {"format": "accel-estimate-model/1", "families": {"xc7": {"groups": groups}}}
+    # ECP5: ratio of yosys ECP5 logic LUTs/FFs to the 7-series estimate over the ECP5 records.
+    ecp5 = [r for r in data["runs"] if r["family"] == "ecp5" and r["name"] in calibration]
+    lut_r, ff_r = [], []
+    for r in ecp5:
+        cfg = AccelConfig.from_dict(r["config"])
+        e = est.estimate(cfg, "xc7", model=dict(model, families={**model["families"],
+                                                                 "ecp5": {"scale": {"lut": 1, "ff": 1}}}))
+        logic7 = e.utilization["lut"] - e.utilization["lutram"]
+        lutram5 = sum(map_memory(s, "ecp5").lutram_luts for _, s in est.memories(cfg))
+        lut_r.append((r["utilization"]["lut"] - lutram5) / logic7)
+        ff_r.append(r["utilization"]["ff"] / e.utilization["ff"])
+    model["families"]["ecp5"] = {"scale": {"lut": float(np.mean(lut_r)) if lut_r else 1.45,
+                                           "ff": float(np.mean(ff_r)) if ff_r else 1.1},
+                                 "fmax": _fit_fmax(data)}
+    rtl = {r["rtl_sha256"] for r in data["runs"]}
+    model["calibrated_on"] = sorted({r["name"] for r in cal} | {r["name"] for r in ecp5})
+    model["yosys"] = sorted({r["yosys"] for r in data["runs"]})
+    model["rtl_key"] = sorted(rtl)[0][:16] if len(rtl) == 1 else "mixed"
+    model["errors"] = errors(data, model)
+    return model
+
+
+def _fit_fmax(data: dict) -> dict | None:
+    """Path delay = t0 + t_acc * acc_width + t_lanes * log2(lanes), fitted to routed ECP5 runs."""
+    pts = [(AccelConfig.from_dict(r["config"]), r["timing"]["fmax_mhz"]) for r in data["runs"]
+           if r["family"] == "ecp5" and r.get("timing") and r["timing"].get("fmax_mhz")]
+    if not pts:
+        return None
+    delays = np.array([1000.0 / f for _, f in pts])
+    feats = np.array([[1.0, c.acc_width, math.log2(c.batch * c.block_out)] for c, _ in pts])
+    cols = [0] + [i for i in (1, 2) if len(set(feats[:, i])) > 1]
+    x = np.zeros(3)
+    x[cols] = nnls(feats[:, cols], delays)
+    pred = feats @ x
+    err = max(abs(1000.0 / p - f) / f * 100 for p, (_, f) in zip(pred, pts))
+    return {"t0_ns": float(x[0]), "t_acc_ns": float(x[1]), "t_lanes_ns": float(x[2]), "points": len(pts),
+            "max_error_pct": round(err, 1)}
+
+
+def errors(data: dict, model: dict) -> dict:
+    """Per family and record: estimate vs yosys, in percent for LUT/FF, exact match for BRAM/DSP."""
+    out: dict = {}
+    for r in data["runs"]:
+        cfg = AccelConfig.from_dict(r["config"])
+        e = est.estimate(cfg, r["family"], model=model).utilization
+        y = r["utilization"]
+        row = {res: round(100.0 * (e[res] - y[res]) / y[res], 1) for res in ("lut", "ff")}
+        row.update({f"{res}_exact": e[res] == y[res] for res in ("bram", "dsp")})
+        row["set"] = "calibration" if r["name"] in model.get("calibrated_on", CALIBRATION) else "holdout"
+        out.setdefault(r["family"], {})[r["name"]] = row
+    for fam, rows in out.items():
+        for s in ("calibration", "holdout"):
+            sel = [v for v in rows.values() if v["set"] == s]
+            if sel:
+                rows[f"max_abs_{s}"] = {res: max(abs(v[res]) for v in sel) for res in ("lut", "ff")}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m accel.hw.fpga.calibrate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="synthesize configurations and store their results")
+    r.add_argument("--only", nargs="*", default=None, help=f"names among {', '.join(ALL)}")
+    r.add_argument("--family", nargs="*", default=["xc7"], choices=["xc7", "ecp5"])
+    r.add_argument("--pnr", action="store_true", help="also place and route ECP5 runs (Fmax; slow)")
+    sub.add_parser("fit", help="fit estimate_model.json from the stored results")
+    sub.add_parser("check", help="print the estimator's error on every stored result")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.cmd == "run":
+        run(args.only or list(ALL), args.family, args.pnr)
+    elif args.cmd == "fit":
+        model = fit()
+        est.MODEL_PATH.write_text(json.dumps(model, indent=1) + "\n")
+        print(json.dumps(model["errors"], indent=1))
+    else:
+        print(json.dumps(errors(load_data(), est.load_model()), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
