@@ -117,7 +117,7 @@ def _elaborate(cfg: AccelConfig) -> tuple[str, dict]:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")   # per process: parallel test workers
     tmp.write_text(text)
     tmp.replace(path)
 
@@ -144,7 +144,7 @@ def generate(config, out_dir: str | Path | None = None, *, use_cache: bool = Tru
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         for src, name in ((cdir / v_name, v_name), (cdir / j_name, j_name), (LINT_WAIVERS, f"{TOP_NAME}.vlt")):
-            tmp = out / (name + ".tmp")
+            tmp = out / f"{name}.{os.getpid()}.tmp"
             shutil.copyfile(src, tmp)
             tmp.replace(out / name)
     else:
