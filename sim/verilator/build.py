@@ -84,7 +84,9 @@ def _run(cmd: list[str], cwd: Path, what: str) -> None:
 
 
 def _flags(waves: str | None) -> list[str]:
-    flags = ["-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert"]
+    # split the generated C++ so `make -j 2` compiles it in parallel (the default config's model is large)
+    flags = ["-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert", "--output-split", "20000",
+             "--output-split-cfuncs", "20000"]
     if waves == "vcd":
         flags.append("--trace")
     elif waves == "fst":
