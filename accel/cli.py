@@ -7,6 +7,8 @@
     accel run MODEL.accm --input x.npy|name=x.npy|in.npz --output y.npy|out.npz [--driver fsim|tsim|rtl] [--profile]
     accel demo [--config C] [--driver fsim]   (residual CNN end to end; --m M --k K --n N: the matmul demo)
     accel verilog --config C -o DIR           (accel_top.v, accel_top.json: ports + register map, accel_top.vlt)
+    accel build --board pynq-z1|ultra96|zcu104 --config C -o DIR    accel estimate --config C [--board B]
+    accel synth --config C --family xc7|ecp5 [--part P]   (FPGA flow: accel/hw/fpga, docs/fpga.md)
 
 Each add_arguments fills its parser and sets `func`, the handler returning the exit status.
 To add a subcommand, write add_arguments + handler and register it with @command. Errors the
@@ -710,6 +712,25 @@ def _compile_op(args) -> int:
 def _verilog_args(p: argparse.ArgumentParser) -> None:
     from accel.hw.verilog import add_arguments  # no Amaranth import until the command runs
     add_arguments(p)
+
+
+# ---- FPGA flow (accel/hw/fpga/cli.py) --------------------------------------------------------------
+@command("build", "write a Vivado project input (shell, block design, build script, overlay metadata) for a board")
+def _build_args(p: argparse.ArgumentParser) -> None:
+    from accel.hw.fpga.cli import build_add_arguments
+    build_add_arguments(p)
+
+
+@command("synth", "synthesize with yosys (ECP5: place and route with nextpnr, pack a bitstream); report fit and Fmax")
+def _synth_args(p: argparse.ArgumentParser) -> None:
+    from accel.hw.fpga.cli import synth_add_arguments
+    synth_add_arguments(p)
+
+
+@command("estimate", "estimate resources and clock from the config alone (no synthesis)")
+def _estimate_args(p: argparse.ArgumentParser) -> None:
+    from accel.hw.fpga.cli import estimate_add_arguments
+    estimate_add_arguments(p)
 
 
 # ---- entry ----------------------------------------------------------------------------------------
