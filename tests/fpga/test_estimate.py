@@ -1,0 +1,124 @@
+"""The estimator: memory mapping against yosys, DSP splitting, the RTL inventory, and the fitted
+model's error on configurations left out of its calibration."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import needs_yosys
+
+from accel.hw.fpga import calibrate
+from accel.hw.fpga.estimate import Mul, dsp_count, estimate, memories, multipliers, verilog_memories
+from accel.hw.fpga.memmap import MemShape, map_memory
+from accel.hw.fpga.synth import utilization_from_cells
+from accel.isa import AccelConfig, preset
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+# ---- memory mapping ----------------------------------------------------------------------------
+def _probe_records():
+    d = json.loads((DATA / "memprobe_yosys.json").read_text())
+    return d["shapes"]
+
+
+@pytest.mark.parametrize("family", ["xc7", "ecp5"])
+def test_memmap_matches_yosys_on_every_probed_shape(family):
+    wrong = []
+    for name, r in _probe_records().items():
+        m = map_memory(MemShape(name, r["depth"], r["width"], r["read_ports"], r["transparent"]), family)
+        y = r[family]
+        if (m.bram, m.lutram_luts) != (y["bram"], y["lutram_luts"]):
+            wrong.append(f"{name}: model {m.cell} x{m.cells} ({m.bram} BRAM, {m.lutram_luts} LUT) vs yosys {y['cells']}")
+    assert not wrong, "\n".join(wrong)
+    assert len(_probe_records()) >= 250
+
+
+@needs_yosys
+def test_memmap_matches_a_live_yosys_probe(tmp_path):
+    from memprobe import run_probe
+    shapes = [("p_128x7_1", 7, 128, 1, False), ("p_128x63_1", 63, 128, 1, False), ("p_128x128_1", 128, 128, 1, False),
+              ("p_256x512_2t", 512, 256, 2, True), ("p_32x2048_1", 2048, 32, 1, False), ("p_8x31_1", 31, 8, 1, False)]
+    cells = run_probe(shapes, "xc7", tmp_path)
+    for name, d, w, n, t in shapes:
+        u = utilization_from_cells(cells[name], "xc7")
+        m = map_memory(MemShape(name, d, w, n, t), "xc7")
+        assert (m.bram, m.lutram_luts) == (u["bram"], u["lutram"]), (name, cells[name])
+
+
+def test_memmap_small_memories_fall_back_to_flip_flops():
+    m = map_memory(MemShape("tiny", 2, 4), "xc7")
+    assert m.target == "ff" and m.ff_bits == 8 and m.bram == 0
+
+
+# ---- DSPs ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("a,b,y,xc7,ecp5", [(8, 8, 16, 1, 1), (16, 16, 32, 1, 1), (32, 32, 32, 3, 3),
+                                           (16, 16, 16, 1, 1), (25, 18, 43, 1, 2)])
+def test_dsp_count_follows_mul2dsp(a, b, y, xc7, ecp5):
+    m = Mul("x", a, b, y, 1)
+    assert (dsp_count(m, "xc7"), dsp_count(m, "ecp5")) == (xc7, ecp5)
+
+
+def test_multipliers_of_the_tiny_core():
+    muls = {m.module: m for m in multipliers(preset("tiny"))}
+    assert muls["compute.gemm"].count == 16 and muls["compute.alu"].count == 4
+    assert sum(m.count * dsp_count(m, "xc7") for m in muls.values()) == 28
+
+
+# ---- inventory against the RTL -------------------------------------------------------------------
+def test_inventory_matches_the_memories_in_the_generated_verilog():
+    """The estimator's list of memories is the one the RTL generator writes (tiny and another config)."""
+    pytest.importorskip("accel.hw.verilog")
+    from accel.hw.fpga import rtl_for_config
+    for cfg in (preset("tiny"), calibrate.CALIBRATION["bus128"]):
+        found = sorted((d, w, n) for _m, _name, d, w, n in verilog_memories(rtl_for_config(cfg).verilog) if w > 1)
+        model = sorted((s.depth, s.width, s.n_read) for _m, s in memories(cfg))
+        assert found == model
+
+
+# ---- the fitted model ----------------------------------------------------------------------------
+def _records(family):
+    data = calibrate.load_data()
+    return [r for r in data["runs"] if r["family"] == family]
+
+
+def test_estimate_is_within_15_percent_on_held_out_configs():
+    """LUTs within 15% of yosys, BRAM and DSP exact, on configurations the model was not fitted on."""
+    recs = [r for r in _records("xc7") if r["name"] in calibrate.HOLDOUT]
+    if not recs:
+        pytest.skip("no held-out yosys records in calibration_data.json (run: python -m accel.hw.fpga.calibrate run)")
+    for r in recs:
+        e = estimate(AccelConfig.from_dict(r["config"]), "xc7").utilization
+        y = r["utilization"]
+        assert abs(e["lut"] - y["lut"]) <= 0.15 * y["lut"], (r["name"], e["lut"], y["lut"])
+        assert e["bram"] == y["bram"] and e["dsp"] == y["dsp"], (r["name"], e, y)
+
+
+def test_estimate_is_exact_for_bram_and_dsp_on_every_record():
+    recs = _records("xc7") + _records("ecp5")
+    if not recs:
+        pytest.skip("no yosys records")
+    for r in recs:
+        e = estimate(AccelConfig.from_dict(r["config"]), r["family"]).utilization
+        assert (e["bram"], e["dsp"]) == (r["utilization"]["bram"], r["utilization"]["dsp"]), (r["name"], r["family"])
+
+
+def test_estimate_takes_milliseconds_and_reports_fit():
+    cfg = preset("default")
+    estimate(cfg, "xc7")
+    t0 = time.perf_counter()
+    for _ in range(10):
+        e = estimate(cfg, "xc7")
+    assert (time.perf_counter() - t0) / 10 < 0.05
+    assert e.fit["part"] == "xc7z020clg400-1" and set(e.fit["resources"]) == {"lut", "ff", "dsp", "bram"}
+    assert e.to_dict()["source"].startswith("estimate")
+
+
+def test_nnls_recovers_non_negative_coefficients():
+    import numpy as np
+    a = np.array([[1.0, 2.0], [2.0, 1.0], [3.0, 4.0], [1.0, 1.0]])
+    x = calibrate.nnls(a, a @ np.array([2.0, 0.5]))
+    assert np.allclose(x, [2.0, 0.5])
+    assert (calibrate.nnls(a, a @ np.array([2.0, -1.0])) >= 0).all()
