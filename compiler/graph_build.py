@@ -77,19 +77,31 @@ def _true_macs(graph: Graph) -> dict[str, int]:
 
 # ---- the C runtime linked into every kernel library ---------------------------------------------
 RUNTIME_C = r"""
-/* Parallel-loop launcher for generated kernels: worker(task, ntask, closure) for task 0 in the
-   calling thread and the others on a persistent pthread pool. Nested launches run serially. */
+/* Parallel-loop launcher for generated kernels. A launch cuts the loop into up to
+   CHUNKS_PER_THREAD chunks per thread, and the calling thread plus a persistent pthread pool take
+   chunks from an atomic counter until none is left: worker(chunk, nchunk, closure). A thread that
+   is preempted then delays one small chunk, not its whole static share. Nested launches run serially. */
 #include <pthread.h>
+#define CHUNKS_PER_THREAD 4
 typedef void (*kit_worker)(int, int, void *);
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER, launch_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv_start = PTHREAD_COND_INITIALIZER, cv_done = PTHREAD_COND_INITIALIZER;
-static int n_threads = 1, n_started = 0, job_ntask = 0, pending = 0;
+static int n_threads = 1, n_started = 0, job_nchunk = 0, job_helpers = 0, pending = 0;
+static int next_chunk = 0;
 static long generation = 0;
 static kit_worker job_fn;
 static void *job_closure;
 static __thread int in_parallel = 0;
 
 void kit_set_num_threads(int n) { n_threads = n < 1 ? 1 : n; }
+
+static void run_chunks(kit_worker f, void *c, int nchunk) {
+  for (;;) {
+    int t = __atomic_fetch_add(&next_chunk, 1, __ATOMIC_RELAXED);
+    if (t >= nchunk) break;
+    f(t, nchunk, c);
+  }
+}
 
 static void *pool_main(void *arg) {
   int id = (int)(long)arg;
@@ -99,10 +111,10 @@ static void *pool_main(void *arg) {
   for (;;) {
     while (generation == seen) pthread_cond_wait(&cv_start, &mu);
     seen = generation;
-    if (id < job_ntask) {
-      kit_worker f = job_fn; void *c = job_closure; int nt = job_ntask;
+    if (id <= job_helpers) {
+      kit_worker f = job_fn; void *c = job_closure; int nc = job_nchunk;
       pthread_mutex_unlock(&mu);
-      f(id, nt, c);
+      run_chunks(f, c, nc);
       pthread_mutex_lock(&mu);
       if (--pending == 0) pthread_cond_signal(&cv_done);
     }
@@ -112,25 +124,27 @@ static void *pool_main(void *arg) {
 
 int __kit_parallel_launch(void *fn, void *closure, int n) {
   kit_worker f = (kit_worker)fn;
-  int ntask = n < n_threads ? n : n_threads;
-  if (ntask <= 1 || in_parallel) {
-    for (int t = 0; t < 1; t++) f(0, 1, closure);
+  int nthread = n < n_threads ? n : n_threads;
+  if (nthread <= 1 || in_parallel) {
+    f(0, 1, closure);
     return 0;
   }
+  int nchunk = n < nthread * CHUNKS_PER_THREAD ? n : nthread * CHUNKS_PER_THREAD;
   pthread_mutex_lock(&launch_mu);
   pthread_mutex_lock(&mu);
-  while (n_started < ntask - 1) {
+  while (n_started < nthread - 1) {
     pthread_t th;
     if (pthread_create(&th, 0, pool_main, (void *)(long)(n_started + 1)) != 0) break;
     pthread_detach(th);
     n_started++;
   }
-  if (ntask - 1 > n_started) ntask = n_started + 1;
-  job_fn = f; job_closure = closure; job_ntask = ntask; pending = ntask - 1; generation++;
+  if (nthread - 1 > n_started) nthread = n_started + 1;
+  job_fn = f; job_closure = closure; job_nchunk = nchunk; job_helpers = nthread - 1;
+  pending = nthread - 1; next_chunk = 0; generation++;
   pthread_cond_broadcast(&cv_start);
   pthread_mutex_unlock(&mu);
   in_parallel = 1;
-  f(0, ntask, closure);
+  run_chunks(f, closure, nchunk);
   in_parallel = 0;
   pthread_mutex_lock(&mu);
   while (pending > 0) pthread_cond_wait(&cv_done, &mu);
