@@ -208,3 +208,23 @@ def test_build_shell_adapts_to_active_low_reset_no_irq_and_extra_outputs(tmp_pat
     assert proc.returncode == 0, proc.stderr
     proc, _ = run_stub(out, tmp_path)
     assert proc.returncode == 0, proc.stderr
+
+
+@needs_verilator
+@needs_tclsh
+@pytest.mark.parametrize("board_name", ["pynq-z1", "ultra96"])
+def test_build_with_the_kit_generator_lints_and_runs_under_the_stub(tmp_path, board_name):
+    """The real accelerator (accel.hw.verilog) through `accel build`: shell lint and Tcl under the stub."""
+    pytest.importorskip("accel.hw.verilog")
+    from accel.cli import main
+    out = tmp_path / "out"
+    assert main(["build", "--board", board_name, "--config", "tiny", "-o", str(out)]) == 0
+    meta = json.loads((out / "overlay/accel.json").read_text())
+    assert meta["rtl"]["origin"].startswith("accel.hw.verilog") and meta["control"]["registers"]
+    assert meta["estimate"] is None or meta["estimate"]["fit"]["part"] == board(board_name).part.name
+    proc = lint_wrapper(out)
+    assert proc.returncode == 0, proc.stderr
+    proc, calls = run_stub(out, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    irq = ["get_bd_pins", "accel_0/irq"], ["get_bd_pins", f"zynq_ps/{board(board_name).ps.irq_pin}"]
+    assert all(i in calls for i in irq)
