@@ -3,10 +3,10 @@
 A GEMM/ALU instruction runs the loop i0 < iter_out, i1 < iter_in, u in [uop_bgn, uop_end):
 the cycle after `start` (S0) the first micro-op address goes to the uop buffer, then one per
 cycle with no gaps; S1 adds the loop offsets (kept as running sums, no multipliers) and hands
-the indices to GemmCore (write-back 3 cycles after S1) or TensorAlu (2 cycles after S1). The
-instruction ends when the pipeline has drained: with n micro-ops, busy for n + 4 cycles after
-`start` for GEMM and n + 3 for ALU (n = 0: 1 cycle). LOAD of UOP/ACC tiles uses a TileLoader
-(see load.py). FINISH does nothing but raise `finished` when it retires, after which no more
+the indices to GemmCore (write-back 2 cycles after S1) or TensorAlu (1 cycle after S1). The
+instruction ends when the pipeline has drained: with n micro-ops the unit is busy for n + 3
+cycles after `start` for GEMM and n + 2 for ALU (none when n = 0). LOADs of UOP/ACC tiles use
+a TileLoader (see load.py). FINISH does nothing but raise `finished` when it retires, after which no more
 instructions are taken. Other opcodes and LOADs of other buffers retire as no-ops.
 Every GEMM/ALU write-back also writes the narrowed value (low out_width bits of each lane)
 to the same index of the output buffer.

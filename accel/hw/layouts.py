@@ -10,7 +10,6 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data
 
 from accel.isa import AccelConfig, MemType, formats_for, uop_format
-from accel.isa.config import INSN_BITS, MEM_TYPE_BITS, OPCODE_BITS
 from accel.isa.isa import SIGNED_FIELDS
 
 
@@ -34,10 +33,6 @@ def decode(cfg: AccelConfig, kind: str, word) -> data.View:
     return data.View(layout, word[:layout.size])
 
 
-def opcode_of(word):
-    return word[:OPCODE_BITS]
-
-
 def mem_type_of(cfg: AccelConfig, word):
     """mem_type field of a LOAD/STORE word (same position in both formats)."""
     return decode(cfg, "LOAD", word).mem_type
@@ -49,5 +44,4 @@ def idx_bits(cfg: AccelConfig, mem: MemType) -> int:
             MemType.ACC: cfg.acc_idx_bits, MemType.OUT: cfg.acc_idx_bits}[mem]
 
 
-__all__ = ["INSN_BITS", "MEM_TYPE_BITS", "decode", "idx_bits", "insn_layout", "mem_type_of",
-           "opcode_of", "uop_layout"]
+__all__ = ["decode", "idx_bits", "insn_layout", "mem_type_of", "uop_layout"]

@@ -16,7 +16,7 @@ from amaranth.lib.memory import WritePort
 from amaranth.lib.wiring import In, Out
 
 from accel.isa import AccelConfig, MemType, elem_bytes
-from accel.isa.config import INSN_BITS, PAD_BITS, SIZE_BITS
+from accel.isa.config import INSN_BITS, SIZE_BITS
 
 from .axi import ReadClientSignature
 from .dma import ReadDMA, log2

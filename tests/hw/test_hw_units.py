@@ -14,7 +14,7 @@ from accel.hw.alu import TensorAlu
 from accel.hw.dma import ReadDMA
 from accel.hw.gemm import GemmCore
 from accel.hw.queues import Queue
-from accel.hw.stage import POP_NEXT, POP_PREV, PUSH_NEXT, PUSH_PREV, StageControl
+from accel.hw.stage import POP_PREV, PUSH_NEXT, StageControl
 from sim.fsim import alu_apply
 
 CFG = preset("tiny")
