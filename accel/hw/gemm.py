@@ -6,7 +6,7 @@ old accumulator value; S3 adds and writes back (wb_*: written at the end of S3, 
 compute, narrowed to out). Read-after-write on the same accumulator index: the micro-op right
 behind (in S2 while its predecessor is in S3) takes the S3 result through a bypass; the one two
 behind reads in S1 while S3 writes, which the acc read port's write-transparency covers. So the
-core never stalls; latency S1 -> write-back is 3 cycles.
+core never stalls; a micro-op whose indices arrive in cycle t is written back in cycle t+2.
 """
 from __future__ import annotations
 
