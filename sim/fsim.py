@@ -336,7 +336,8 @@ class Fsim:
             self._gemm_grouped(dst, src, wgt, shape, vary)
         else:
             self._gemm_gathered(dst, src, wgt)
-        self.out[np.unique(dst)] = wrap(self.acc[np.unique(dst)], c.out_width)
+        touched = np.unique(dst)
+        self.out[touched] = wrap(self.acc[touched], c.out_width)
 
     def _gemm_separable(self, insn: Gemm, dst, shape) -> bool:
         """The matmul pattern: every micro-op adds into the same dst, the input tile depends on
@@ -378,22 +379,21 @@ class Fsim:
     def _gemm_grouped(self, dst, src, wgt, shape, vary) -> None:
         c = self.cfg
         inp_f, wgt_f = self._floats()
-        # Move the varying dims first, then iterate groups; rows in a group share one weight tile.
+        # Move the loop dims the weight index varies over first: each group of rows shares one
+        # weight tile, and all groups go to BLAS as one stacked (G, rows*batch, block_in) matmul.
         order = [d for d in range(3) if vary[d]] + [d for d in range(3) if not vary[d]]
         nvary = sum(vary)
         d3, s3, w3 = (a.reshape(shape).transpose(order) for a in (dst, src, wgt))
         d3 = d3.reshape(-1, int(np.prod(d3.shape[nvary:])))
         s3 = s3.reshape(d3.shape)
         w3 = w3.reshape(d3.shape)
-        total = np.zeros((d3.size, c.batch, c.block_out), np.int64)
-        tv = total.reshape(d3.shape[0], d3.shape[1], c.batch, c.block_out)
-        for g in range(d3.shape[0]):
-            x = inp_f[s3[g]].reshape(-1, c.block_in)            # (rows*batch, block_in)
-            y = x @ wgt_f[w3[g, 0]].T                          # exact: see gemm_float_dtype
-            tv[g] = y.reshape(-1, c.batch, c.block_out)
-        flat_dst = d3.reshape(-1)
+        groups, rows = d3.shape
+        x = inp_f[s3].reshape(groups, rows * c.batch, c.block_in)
+        w = wgt_f[w3[:, 0]].transpose(0, 2, 1)                 # (G, block_in, block_out)
+        y = np.matmul(x, w)                                    # exact: see gemm_float_dtype
+        total = y.astype(np.int64).reshape(groups * rows, c.batch, c.block_out)
         # Sum contributions per destination in int64, then one wrapped update.
-        self._accumulate_sorted(flat_dst, total)
+        self._accumulate_sorted(d3.reshape(-1), total)
 
     def _accumulate_sorted(self, dst: np.ndarray, contrib: np.ndarray) -> None:
         order = np.argsort(dst, kind="stable")

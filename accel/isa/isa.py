@@ -12,6 +12,7 @@ load <-> compute <-> store (load has no prev, store no next).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 from enum import IntEnum
 from typing import ClassVar
@@ -300,8 +301,14 @@ def decode_program(data: bytes | np.ndarray, cfg: AccelConfig) -> list[Insn]:
     raw = bytes(np.asarray(data, dtype=np.uint8).tobytes()) if not isinstance(data, bytes) else data
     if len(raw) % INSN_BYTES:
         raise EncodingError(f"instruction stream of {len(raw)} bytes is not a multiple of {INSN_BYTES}")
-    return [decode_insn(int.from_bytes(raw[i:i + INSN_BYTES], "little"), cfg, i // INSN_BYTES)
-            for i in range(0, len(raw), INSN_BYTES)]
+    return list(_decode_cached(raw, cfg))
+
+
+@functools.lru_cache(maxsize=32)
+def _decode_cached(raw: bytes, cfg: AccelConfig) -> tuple[Insn, ...]:
+    """Simulators decode the same program on every run; instructions are immutable, so share them."""
+    return tuple(decode_insn(int.from_bytes(raw[i:i + INSN_BYTES], "little"), cfg, i // INSN_BYTES)
+                 for i in range(0, len(raw), INSN_BYTES))
 
 
 def encode_uops(uops: list[Uop] | np.ndarray, cfg: AccelConfig) -> np.ndarray:
