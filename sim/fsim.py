@@ -463,6 +463,9 @@ def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.nda
         r = np.minimum(np.maximum(a, nb), b)
     elif op == AluOp.MOV:
         r = b
+    elif op == AluOp.CLAMP:
+        lo, hi = ((b & 0xFF) ^ 0x80) - 0x80, (((b >> 8) & 0xFF) ^ 0x80) - 0x80
+        r = np.minimum(np.maximum(a, lo), hi)
     else:
         raise SimError(f"unknown ALU op {op!r}")
     return wrap(r, acc_width)

@@ -167,6 +167,8 @@ class ReferenceMachine:
                         r = min(max(a, wrap(-b, w)), b)
                     elif op == AluOp.MOV:
                         r = b
+                    elif op == AluOp.CLAMP:
+                        r = min(max(a, wrap(b & 0xFF, 8)), wrap((b >> 8) & 0xFF, 8))
                     else:
                         raise ReferenceError(f"instruction {idx}: unknown ALU op {op}")
                     self.acc[dst, b_, o] = wrap(r, w)

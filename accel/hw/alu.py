@@ -6,7 +6,7 @@ writes back at the end of S2 (wb_*). The micro-op right behind reads in S1 while
 the read ports' write-transparency resolves back-to-back dependencies; no stall, no bypass.
 Lane semantics (acc_width w, wrapping): MIN, MAX signed; ADD, MUL low w bits; SHR by
 s = signed low log2(w)+1 bits of b (arithmetic right by s, or left by -s when s < 0);
-CLIP min(max(a, -b), b); MOV b.
+CLIP min(max(a, -b), b); MOV b; CLAMP min(max(a, lo), hi), lo/hi = b's bytes 0/1 as signed.
 """
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def alu_lane(m: Module, op, a, b, width: int):
     m.d.comb += neg_b.eq(-b)
     lo = Signal(signed(width))
     m.d.comb += lo.eq(Mux(a < neg_b, neg_b, a))
+    c_lo, c_hi, c_up = Signal(signed(8)), Signal(signed(8)), Signal(signed(width))
+    m.d.comb += [c_lo.eq(b[0:8]), c_hi.eq(b[8:16]), c_up.eq(Mux(a < c_lo, c_lo, a))]
     with m.Switch(op):
         with m.Case(AluOp.MIN):
             m.d.comb += out.eq(Mux(a < b, a, b))
@@ -48,6 +50,8 @@ def alu_lane(m: Module, op, a, b, width: int):
             m.d.comb += out.eq(Mux(lo > b, b, lo))
         with m.Case(AluOp.MOV):
             m.d.comb += out.eq(b)
+        with m.Case(AluOp.CLAMP):
+            m.d.comb += out.eq(Mux(c_up > c_hi, c_hi, c_up))
         with m.Default():   # undefined op codes leave dst unchanged
             m.d.comb += out.eq(a)
     return out

@@ -50,7 +50,8 @@ class AluOp(IntEnum):
     MIN/MAX: min/max(dst, b). ADD: dst + b. MUL: low acc_width bits of dst * b.
     SHR: s = b's low log2(acc_width)+1 bits read as signed; s >= 0 shifts dst right
     arithmetically by s, s < 0 shifts it left by -s (zeros in). CLIP: min(max(dst, -b), b),
-    -b wrapped to acc_width. MOV: b.
+    -b wrapped to acc_width. MOV: b. CLAMP: min(max(dst, lo), hi) with lo = b[7:0] and
+    hi = b[15:8] read as signed bytes: the two-sided int8 clamp (relu + saturation) in one pass.
     """
     MIN = 0
     MAX = 1
@@ -59,6 +60,7 @@ class AluOp(IntEnum):
     MUL = 4
     CLIP = 5
     MOV = 6
+    CLAMP = 7
 
 
 class Stage(IntEnum):

@@ -363,7 +363,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
 
 def emit_requant(stream, kernel, requant: Requant) -> None:
     """Scale, round, shift, then clamp every accumulator entry the kernel walks (ALU MUL, ADD, SHR,
-    CLIP or MIN+MAX)."""
+    then CLIP for a symmetric range, CLAMP for an int8 one, else MIN+MAX)."""
     if requant.mul != 1:
         if not -(1 << 15) <= requant.mul < 1 << 15:
             raise TilingError(f"requantization multiplier {requant.mul} outside the 16-bit ALU immediate")
@@ -377,6 +377,9 @@ def emit_requant(stream, kernel, requant: Requant) -> None:
         stream.push_alu(kernel, AluOp.SHR, requant.shift)
     if requant.lo == -requant.hi:
         stream.push_alu(kernel, AluOp.CLIP, requant.hi)
+    elif -128 <= requant.lo <= requant.hi <= 127:  # both bounds in one pass: CLAMP's imm holds them as bytes
+        imm = ((requant.hi & 0xFF) << 8) | (requant.lo & 0xFF)
+        stream.push_alu(kernel, AluOp.CLAMP, imm - (1 << 16) if imm >= 1 << 15 else imm)
     else:
         stream.push_alu(kernel, AluOp.MIN, requant.hi)
         stream.push_alu(kernel, AluOp.MAX, requant.lo)
@@ -511,6 +514,7 @@ def loop_nest_text(spec: Conv2dSpec, tiling: ConvTiling, cfg: AccelConfig, requa
     init = "dma_load acc[bias]; alu.mov(acc[tile], acc[bias])" if bias else "gemm.reset(acc[tile])"
     ep = [f"alu.shr(acc[tile], imm={requant.shift})"] if requant.shift else []
     ep += ([f"alu.clip(acc[tile], imm={requant.hi})"] if requant.lo == -requant.hi else
+           [f"alu.clamp(acc[tile], lo={requant.lo}, hi={requant.hi})"] if -128 <= requant.lo <= requant.hi <= 127 else
            [f"alu.min(acc[tile], imm={requant.hi})", f"alu.max(acc[tile], imm={requant.lo})"])
     L = [f"// {spec.name}: N={spec.n} C={spec.c} H={spec.h} W={spec.w} -> O={spec.o} OH={spec.oh} OW={spec.ow}, "
          f"kernel {spec.kh}x{spec.kw}, strides {spec.strides}, pads {spec.pads}",

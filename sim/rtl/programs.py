@@ -174,7 +174,8 @@ def padding(cfg: AccelConfig, seed: int = 0) -> Program:
 
 
 IMMEDIATES = {AluOp.MIN: [-5, 300], AluOp.MAX: [-5, 300], AluOp.ADD: [-32768, 12345], AluOp.SHR: [3, -4, 31, -32],
-              AluOp.MUL: [-3, 32767], AluOp.CLIP: [100, -7], AluOp.MOV: [-32768, 77]}
+              AluOp.MUL: [-3, 32767], AluOp.CLIP: [100, -7], AluOp.MOV: [-32768, 77],
+              AluOp.CLAMP: [(100 << 8) | 0xF6, (-3 << 8) | 0x05, 0x7F80]}
 
 
 def alu_ops(cfg: AccelConfig, seed: int = 0) -> Program:

@@ -97,7 +97,7 @@ def test_randprog_covers_the_isa():
         n_load = sum(isinstance(i, Load) and i.mem_type in (MemType.INP, MemType.WGT) for i in prog.insns)
         if n_load and any(i.pop_next for i in prog.insns if isinstance(i, Load)):
             seen.add("load waits on compute")
-    want = {("alu", op, imm) for op in ("MIN", "MAX", "ADD", "SHR", "MUL", "CLIP", "MOV") for imm in (False, True)}
+    want = {("alu", op, imm) for op in ("MIN", "MAX", "ADD", "SHR", "MUL", "CLIP", "MOV", "CLAMP") for imm in (False, True)}
     want |= {(m, p) for m in ("INP", "WGT", "ACC") for p in ("y_pad0", "y_pad1", "x_pad0", "x_pad1")}
     want |= {("gemm", True, True), ("gemm", False, True), "uop restart", "strided store", "load waits on compute"}
     assert want <= seen, f"not covered: {sorted(map(str, want - seen))}"
