@@ -7,7 +7,7 @@ estimator's error on each; the tool run times.
 Every synthesis goes through the cache of accel.hw.fpga.calibrate (keyed by the Verilog, family,
 part and options): a rerun with unchanged RTL costs nothing, and "cached": true marks figures
 whose run times come from the original run. The largest ECP5 configuration is chosen with the
-estimator (most MACs, then the largest buffers that fit in 90% of each resource) and confirmed by
+estimator (most MACs, then the largest buffers; LUTs and FFs within 90% of the part) and confirmed by
 place and route; if the routed design does not fit, the next candidate is tried.
 Writes <out>/synth_report.json and prints a table.
 """
@@ -31,7 +31,8 @@ from accel.isa import PRESETS, AccelConfig, ConfigError, resolve_config  # noqa:
 KiB = 1024
 XC7_CONFIGS = ("tiny", "pynq-z1", "default")
 ECP5_PART = "LFE5U-85F-6BG381C"
-HEADROOM = 0.90  # a candidate must fit in this share of each resource by estimate
+HEADROOM = {"lut": 0.90, "ff": 0.90, "dsp": 1.0, "bram": 1.0}  # share of each resource a candidate may
+# take by estimate: logic keeps 10% for routing; DSPs and block RAMs can be used up
 
 
 def estimator_error(cfg: AccelConfig, family: str, rep: dict) -> dict:
@@ -65,29 +66,31 @@ def ecp5_candidates() -> list[tuple[str, AccelConfig]]:
     shapes = [(1, 16, 16), (1, 16, 8), (1, 8, 16), (2, 8, 8), (1, 8, 8), (1, 8, 4), (1, 4, 4)]
     out = []
     for batch, bi, bo in shapes:
-        cfg = PRESETS["default"].replace(batch=batch, block_in=bi, block_out=bo)
-        scales = [1.0, 0.5, 0.25, 0.125, 0.0625]
-        for s in scales:
+        for s in (1.0, 0.5, 0.25, 0.125, 0.0625):
             try:
-                c = _scaled(cfg, s)
+                c = _scaled(batch, bi, bo, s)
             except ConfigError:
                 continue
             e = estimate(c, "ecp5", p)
-            if all(r["used"] <= HEADROOM * r["available"] for r in e.fit["resources"].values()):
+            if all(r["used"] <= HEADROOM[k] * r["available"] for k, r in e.fit["resources"].items()):
                 out.append((f"{batch}x{bi}x{bo}" + ("" if s == 1.0 else f"-buf{s:g}"), c))
                 break
     return out
 
 
-def _scaled(cfg: AccelConfig, s: float) -> AccelConfig:
+def _scaled(batch: int, bi: int, bo: int, s: float) -> AccelConfig:
+    """The default config with another GEMM shape and its buffer bytes scaled by s (whole entries)."""
+    d = PRESETS["default"].to_dict()
+    d.update(batch=batch, block_in=bi, block_out=bo)
+    inp_e, wgt_e, acc_e, out_e = batch * bi, bo * bi, batch * bo * 4, batch * bo
+
     def sz(v, elem):
         n = max(2, int(v * s) // elem)
         return (1 << (n.bit_length() - 1)) * elem
-    acc = sz(cfg.acc_buff_bytes, cfg.acc_elem_bytes)
-    return cfg.replace(uop_buff_bytes=sz(cfg.uop_buff_bytes, cfg.uop_elem_bytes),
-                       inp_buff_bytes=sz(cfg.inp_buff_bytes, cfg.inp_elem_bytes),
-                       wgt_buff_bytes=sz(cfg.wgt_buff_bytes, cfg.wgt_elem_bytes),
-                       acc_buff_bytes=acc, out_buff_bytes=acc // cfg.acc_elem_bytes * cfg.out_elem_bytes)
+    acc = sz(d["acc_buff_bytes"], acc_e)
+    d.update(uop_buff_bytes=sz(d["uop_buff_bytes"], 4), inp_buff_bytes=sz(d["inp_buff_bytes"], inp_e),
+             wgt_buff_bytes=sz(d["wgt_buff_bytes"], wgt_e), acc_buff_bytes=acc, out_buff_bytes=acc // acc_e * out_e)
+    return AccelConfig.from_dict(d)
 
 
 def main(argv=None) -> int:

@@ -91,7 +91,12 @@ class StandIn(wiring.Component):
 
         beat, idx = Signal(16), Signal(range(depth))
         acc = Signal(32)
-        word = rp.data[:16].as_signed()
+        # Fold the whole word into 16 bits so every stored bit is used (yosys trims unread bits).
+        mix = Signal(16)
+        m.d.comb += mix.eq(rp.data[:16])
+        for i in range(1, cfg.bus_width // 16):
+            mix = mix ^ rp.data[16 * i:16 * (i + 1)]
+        word = mix.as_signed()
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(start):

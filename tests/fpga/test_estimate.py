@@ -49,8 +49,9 @@ def test_memmap_matches_a_live_yosys_probe(tmp_path):
 
 
 def test_memmap_small_memories_fall_back_to_flip_flops():
-    m = map_memory(MemShape("tiny", 2, 4), "xc7")
-    assert m.target == "ff" and m.ff_bits == 8 and m.bram == 0
+    for family in ("xc7", "ecp5"):
+        m = map_memory(MemShape("tiny", 2, 2), family)
+        assert m.target == "ff" and m.ff_bits == 4 and m.bram == 0 and m.lutram_luts == 0
 
 
 # ---- DSPs ----------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ CALIBRATION: dict[str, AccelConfig] = {
     "batch2": _cfg(batch=2, inp_buff_bytes=2 * KiB, acc_buff_bytes=8 * KiB, out_buff_bytes=2 * KiB),
     "in4out8": _cfg(block_out=8, wgt_buff_bytes=4 * KiB, acc_buff_bytes=8 * KiB, out_buff_bytes=2 * KiB),
     "in8w16": _cfg(block_in=8, inp_width=16, wgt_width=16, inp_buff_bytes=4 * KiB, wgt_buff_bytes=8 * KiB),
+    "addr40": _cfg(dram_addr_width=40, cmd_queue_depth=4, uop_buff_bytes=4 * KiB),
     "acc16": _cfg(block_in=8, block_out=8, acc_width=16, bus_width=32, inp_buff_bytes=2 * KiB,
                   wgt_buff_bytes=8 * KiB, acc_buff_bytes=4 * KiB, out_buff_bytes=2 * KiB, cmd_queue_depth=64),
 }
@@ -253,10 +254,12 @@ def errors(data: dict, model: dict) -> dict:
         row["set"] = "calibration" if r["name"] in model.get("calibrated_on", CALIBRATION) else "holdout"
         out.setdefault(r["family"], {})[r["name"]] = row
     for fam, rows in out.items():
+        summary = {}
         for s in ("calibration", "holdout"):
             sel = [v for v in rows.values() if v["set"] == s]
             if sel:
-                rows[f"max_abs_{s}"] = {res: max(abs(v[res]) for v in sel) for res in ("lut", "ff")}
+                summary[f"max_abs_{s}"] = {res: max(abs(v[res]) for v in sel) for res in ("lut", "ff")}
+        rows.update(summary)
     return out
 
 

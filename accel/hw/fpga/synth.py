@@ -87,8 +87,9 @@ def fit_check(used: dict[str, float], p: Part) -> dict:
     res, worst, worst_pct = {}, None, -1.0
     for key, avail in p.capacity().items():
         u = used.get(key, 0)
-        pct = 100.0 * u / avail
-        res[key] = {"used": u, "available": avail, "percent": round(pct, 2), "margin": avail - u}
+        pct = 100.0 * u / avail if avail else (0.0 if not u else math.inf)
+        res[key] = {"used": u, "available": avail, "percent": round(pct, 2) if math.isfinite(pct) else None,
+                    "margin": avail - u}
         if pct > worst_pct:
             worst, worst_pct = key, pct
     return {"part": p.name, "fits": all(r["used"] <= r["available"] for r in res.values()),
@@ -143,7 +144,7 @@ def _failure_summary(cwd: Path, console_log: str, own_log: str | None) -> str:
     for name in filter(None, (own_log, console_log)):
         path = cwd / name
         if path.exists():
-            errors = [l for l in path.read_text(errors="replace").splitlines() if l.startswith("ERROR")]
+            errors = [l.strip() for l in path.read_text(errors="replace").splitlines() if "ERROR" in l]
             if errors:
                 return f"log {path}: " + "; ".join(errors[:3])
     path = cwd / console_log
@@ -263,7 +264,8 @@ def format_table(rep: dict) -> str:
         head += f"{'estimate':>10}"
     lines.append(head)
     for key, r in rep["fit"]["resources"].items():
-        row = f"  {key:<8}{_num(r['used']):>10}{r['available']:>11}{r['percent']:>8.1f}%{_num(r['margin']):>10}"
+        pct = "n/a" if r["percent"] is None else f"{r['percent']:.1f}%"
+        row = f"  {key:<8}{_num(r['used']):>10}{r['available']:>11}{pct:>9}{_num(r['margin']):>10}"
         if placed:
             row += f"{_num(placed.get(key, {}).get('used', 0)):>10}"
         if est:
