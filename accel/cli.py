@@ -55,12 +55,10 @@ def _int(text: str) -> int:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    from accel.isa.files import write_atomic
     try:
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        write_atomic(path, data)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise CliError(f"cannot write {path}: {e.strerror}") from None
 
 

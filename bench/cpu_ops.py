@@ -31,6 +31,7 @@ WORKLOADS = Path(__file__).resolve().parents[1].parent / "shared" / "workloads" 
 
 from compiler import ops  # noqa: E402
 from compiler.codegen import runtime  # noqa: E402
+from accel.isa.files import write_atomic  # noqa: E402
 
 BAR = 2.0
 
@@ -148,9 +149,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "cpu_ops.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(report, indent=2) + "\n")
     print(f"geometric mean ours/onnxruntime = {geo:.2f} (bar <= {BAR}: {'met' if geo <= BAR else 'NOT met'}), "
           f"ours/numpy = {geo_np:.2f}, {args.threads} threads; wrote {path}")
     return 0

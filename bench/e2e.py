@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compiler.frontend.zoo import ModelBuilder  # noqa: E402
+from accel.isa.files import write_atomic  # noqa: E402
 
 CPU_BAR = 2.0
 ACCEL_BAR = 1.15
@@ -250,9 +251,7 @@ def main(argv=None) -> int:
         results["nets"].append(bench_net(name, args.config, args.repeat, not args.no_tsim, log))
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=str))
-    tmp.replace(out)
+    write_atomic(out, json.dumps(results, indent=2, default=str))
     summary = [{k: n.get(k) for k in ("net", "cpu_compile_s", "accel_compile_s", "cpu_vs_ort", "offload_fraction",
                                       "accel_cosine_vs_ort")} | {"accel_vs_ideal": (n.get("accel") or {}).get("vs_ideal"),
                                                                  "planned_vs_naive": n["memory"]["planned_vs_naive"]}

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from accel.isa import resolve_config  # noqa: E402
 from host_runtime import Device  # noqa: E402
 from host_runtime.matmul import matmul, matmul_reference, plan_matmul  # noqa: E402
+from accel.isa.files import write_atomic  # noqa: E402
 
 TARGET_MACS_PER_S = 1e9
 
@@ -87,9 +88,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "fsim_speed.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(report, indent=2) + "\n")
 
     print(f"fsim speed, {m}x{k}x{n} int8 matmul on config {args.config!r} "
           f"({cfg.batch}x{cfg.block_in}x{cfg.block_out}), {result.insn_count} instructions, "

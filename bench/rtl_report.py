@@ -26,6 +26,7 @@ from accel.isa import preset  # noqa: E402
 from sim.fsim import Fsim  # noqa: E402
 from sim.rtl import RtlProgram, build, run_programs, simulators_available  # noqa: E402
 from sim.rtl.programs import gemm_only, pipelined_matmul  # noqa: E402
+from accel.isa.files import write_atomic  # noqa: E402
 
 
 def verilog_figures(name: str) -> dict:
@@ -100,9 +101,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "rtl_report.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(report, indent=2) + "\n")
     for v in report["verilog"]:
         print(f"verilog {v['config']:8s} {v['lines']:7d} lines in {v['seconds']:.2f} s")
     for s in report["simulation_speed"]:

@@ -32,6 +32,7 @@ from compiler.accel.conv2d import Conv2dSpec, Requant, run_conv2d  # noqa: E402
 from host_runtime import Device, Driver, RunResult, get_driver  # noqa: E402
 from sim.trace import program_at  # noqa: E402
 from sim.tsim import Tsim  # noqa: E402
+from accel.isa.files import write_atomic  # noqa: E402
 
 BARS = {"rtl_over_cocotb": 50.0, "tsim_over_rtl": 20.0, "tsim_model_over_rtl": 20.0}
 
@@ -164,9 +165,7 @@ def main(argv=None) -> int:
     doc = {"bench": "sim_speed", "config": cfg.to_dict(), "config_name": args.config,
            "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
            "programs": rows, "summary": summary}
-    tmp = out / "sim_speed.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(out / "sim_speed.json")
+    write_atomic(out / "sim_speed.json", json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out / 'sim_speed.json'}")
     return 0
 

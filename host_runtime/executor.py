@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from accel.isa import AccelConfig
+from accel.isa.files import write_atomic
 
 from .errors import HostRuntimeError
 
@@ -245,12 +246,9 @@ class ModuleImage:
         """Write the module to one file, atomically (a temporary file renamed into place)."""
         path = Path(path)
         data = self.to_bytes()
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            write_atomic(path, data)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             raise ModuleFormatError(f"cannot write module {path}: {e.strerror}") from None
 
     @classmethod
@@ -330,9 +328,7 @@ def load_library(data: bytes, target: dict | None = None) -> ctypes.CDLL:
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"kernels-{digest}.so"
     if not path.exists():
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_atomic(path, data)
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as e:

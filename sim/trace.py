@@ -175,13 +175,10 @@ class TimingRun:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    from accel.isa.files import write_atomic
     try:
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        write_atomic(path, data)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise SimError(f"cannot write {path}: {e.strerror}") from None
 
 

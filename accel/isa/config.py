@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .errors import ConfigError
+from .files import write_atomic
 
 KiB = 1024
 
@@ -255,10 +256,7 @@ class AccelConfig:
         return cls.from_dict(d)
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_json() + "\n")
-        tmp.replace(path)  # no half-written file on failure
+        write_atomic(path, self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "AccelConfig":

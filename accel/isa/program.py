@@ -17,6 +17,7 @@ import numpy as np
 
 from .config import AccelConfig
 from .errors import ConfigError, ProgramFormatError
+from .files import write_atomic
 from .isa import INSN_BYTES, Insn, decode_program, encode_program
 
 MAGIC = b"ACCPROG\0"
@@ -75,11 +76,7 @@ class Program:
         return b"".join(parts)
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        data = self.to_bytes()  # encode first: an encoding error leaves no file
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        write_atomic(path, self.to_bytes())  # encoded first: an encoding error leaves no file
 
     @classmethod
     def from_bytes(cls, data: bytes, config: AccelConfig | None = None, source: str = "program") -> "Program":

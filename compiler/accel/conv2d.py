@@ -480,17 +480,18 @@ def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, sp
 
 
 def run_dense(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, requant: Requant = Requant(),
-              vt: int = 2):
+              vt: int = 2, run_conv=None):
     """int8 (rows x k) @ int8 weights (m x k, as ONNX Gemm with transB) -> (int8 rows x m, RunResult, stream).
 
-    Runs as the 1x1 conv of Conv2dSpec.dense: image n, pixel p holds row p*batch + n."""
+    Runs as the 1x1 conv of Conv2dSpec.dense (image n, pixel p holds row p*batch + n) through
+    run_conv (this module's run_conv2d, or the TE path's)."""
     from .layout import pad_to
     cfg = device.cfg
     rows, k = x.shape
     m = w.shape[0]
     spec = Conv2dSpec.dense(rows, k, m, cfg)
     nchw = pad_to(x, 0, cfg.batch).reshape(spec.w, cfg.batch, k).transpose(1, 2, 0)[:, :, None, :]
-    y, result, stream = run_conv2d(device, nchw, w.reshape(m, k, 1, 1), bias, spec, requant, vt)
+    y, result, stream = (run_conv or run_conv2d)(device, nchw, w.reshape(m, k, 1, 1), bias, spec, requant, vt)
     return y[:, :, 0, :].transpose(2, 0, 1).reshape(-1, m)[:rows], result, stream
 
 

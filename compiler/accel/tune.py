@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from accel.isa import AccelConfig
+from accel.isa.files import write_atomic
 
 from .conv2d import Conv2dSpec, ConvTiling, Requant, _Geom, conv2d_candidates, emit_conv2d
 
@@ -70,7 +71,5 @@ def tune_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, top: int = 6, d
         book[key] = record
         path = Path(log_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(book, indent=1))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(book, indent=1))
     return ConvTiling(**best["tiling"]), record

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import llvmlite.binding as llvm
 import numpy as np
 
+from accel.isa.files import write_atomic
+
 from ..errors import CodegenError
 from ..tir import dtype as dt
 
@@ -202,10 +204,7 @@ class CrossModule:
                            "on this host. save() the object and link it on the board")
 
     def save(self, path: str) -> None:
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(self.object_code)
-        os.replace(tmp, path)
+        write_atomic(path, self.object_code)
 
     def get_source(self, fmt: str = "ll") -> str:
         if fmt == "tir":

@@ -9,7 +9,6 @@ program, not a stuck process) and a wall-clock limit for the simulator process.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -19,13 +18,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from accel.isa import AccelConfig, resolve_config
+from accel.isa.files import file_lock
 
 from ..dram import DramModel
 from ..errors import CycleLimitError, SimError
@@ -98,15 +97,6 @@ def _cache() -> Path:
     return cache_root() / "rtl"
 
 
-@contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _run_cmd(cmd: list[str], cwd: Path, what: str, env=None, timeout=None) -> str:
@@ -160,7 +150,7 @@ def build(config, simulator: str = "verilator", waves: bool = False) -> Path:
     recipe = hashlib.sha256(repr((gen["key"], tb_text, VERILATOR_FLAGS, ICARUS_FLAGS, waves)).encode()).hexdigest()[:16]
     bdir = _cache() / f"{simulator}{'-waves' if waves else ''}" / recipe
     stamp = bdir / "built.ok"
-    with _locked(_cache() / f"{simulator}-{recipe}.lock"):
+    with file_lock(_cache() / f"{simulator}-{recipe}.lock"):
         if stamp.exists():
             return bdir
         if bdir.exists():

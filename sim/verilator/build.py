@@ -13,7 +13,6 @@ each stage controller's state (probes: per-instruction spans when asked for; neg
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -21,10 +20,10 @@ import os
 import shutil
 import subprocess
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from accel.isa import AccelConfig, resolve_config
+from accel.isa.files import file_lock
 
 from ..errors import SimError
 
@@ -63,15 +62,6 @@ def verilator_version() -> str:
         raise BuildError(f"cannot run verilator: {e}") from None
 
 
-@contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> None:
@@ -129,7 +119,7 @@ def build_library(config, waves: str | None = None) -> Path:
     lib = bdir / LIB_NAME
     if lib.exists():
         return lib
-    with _locked(cache_root() / "verilator" / f"{key}.lock"):
+    with file_lock(cache_root() / "verilator" / f"{key}.lock"):
         if lib.exists():
             return lib
         t0 = time.perf_counter()

@@ -102,11 +102,5 @@ def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, sp
 def run_dense(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, requant: Requant = Requant(),
               vt: int = 2):
     """int8 (rows x k) @ int8 (m x k)^T through the TE pipeline, as the 1x1 conv of Conv2dSpec.dense."""
-    from ..layout import pad_to
-    cfg = device.cfg
-    rows, k = x.shape
-    m = w.shape[0]
-    spec = Conv2dSpec.dense(rows, k, m, cfg)
-    nchw = pad_to(x, 0, cfg.batch).reshape(spec.w, cfg.batch, k).transpose(1, 2, 0)[:, :, None, :]
-    y, result, stream = run_conv2d(device, nchw, w.reshape(m, k, 1, 1), bias, spec, requant, vt)
-    return y[:, :, 0, :].transpose(2, 0, 1).reshape(-1, m)[:rows], result, stream
+    from .. import conv2d as template
+    return template.run_dense(device, x, w, bias, requant, vt, run_conv=run_conv2d)
