@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 DATA_PATH = HERE / "calibration_data.json"
-FLOW_VERSION = "1"  # bump when synth.py changes what a report measures
+FLOW_VERSION = {"xc7": "1", "xcup": "1", "ecp5": "2"}  # bump when synth.py changes what a report measures
 
 KiB = 1024
 
@@ -64,6 +64,10 @@ HOLDOUT: dict[str, AccelConfig] = {
     "b2in8out4": _cfg(batch=2, block_in=8, block_out=4, inp_buff_bytes=4 * KiB, wgt_buff_bytes=4 * KiB,
                       acc_buff_bytes=8 * KiB, out_buff_bytes=2 * KiB, dram_addr_width=40),
     "default": PRESETS["default"],
+    # 1x16x8 with half the default buffers: what bench/synth_report.py finds as the largest core for an
+    # LFE5U-85F (152 of its 156 multipliers); its routed ECP5 run is also an Fmax point.
+    "b16x8": PRESETS["default"].replace(block_out=8, uop_buff_bytes=16 * KiB, inp_buff_bytes=16 * KiB,
+                                        wgt_buff_bytes=128 * KiB, acc_buff_bytes=64 * KiB, out_buff_bytes=16 * KiB),
 }
 ALL = {**CALIBRATION, **HOLDOUT}
 
@@ -79,7 +83,7 @@ def cache_root() -> Path:
 
 def synth_key(verilog: str, family: str, part: str, pnr: bool) -> str:
     h = hashlib.sha256(verilog.encode())
-    h.update(f"|{family}|{part}|pnr={pnr}|flow={FLOW_VERSION}".encode())
+    h.update(f"|{family}|{part}|pnr={pnr}|flow={FLOW_VERSION[family]}".encode())
     return h.hexdigest()[:16]
 
 
@@ -116,15 +120,15 @@ def save_data(data: dict, path: Path = DATA_PATH) -> None:
 
 def record_of(name: str, cfg: AccelConfig, rep: dict, rtl_sha: str) -> dict:
     return {"name": name, "family": rep["family"], "part": rep["part"], "config": cfg.to_dict(),
-            "rtl_sha256": rtl_sha, "yosys": rep["tools"]["yosys"]["version"],
+            "rtl_sha256": rtl_sha, "rtl_source_key": est.current_source_key(),
+            "yosys": rep["tools"]["yosys"]["version"],
             "seconds": {k: v["seconds"] for k, v in rep["tools"].items()},
             "utilization": rep["utilization"], "modules": rep["modules"], "timing": rep.get("timing"),
             "pnr": rep.get("pnr"), "fits": rep["fit"]["fits"]}
 
 
-def run(names: list[str], families: list[str], pnr: bool) -> None:
+def run(names: list[str], families: list[str], pnr: bool, path: Path = DATA_PATH) -> None:
     from .rtl import rtl_for_config
-    data = load_data()
     for name in names:
         cfg = ALL[name]
         rtl = rtl_for_config(cfg)
@@ -132,8 +136,9 @@ def run(names: list[str], families: list[str], pnr: bool) -> None:
             t0 = time.monotonic()
             rep = cached_synthesize(cfg, fam, pnr=pnr and fam == "ecp5", rtl=rtl)
             rec = record_of(name, cfg, rep, rtl.sha256)
+            data = load_data(path)  # re-read: another run may have added records meanwhile
             data["runs"] = [r for r in data["runs"] if not (r["name"] == name and r["family"] == fam)] + [rec]
-            save_data(data)
+            save_data(data, path)
             print(f"{name:>10} {fam}: {rep['utilization']} ({'cached' if rep['cached'] else f'{time.monotonic() - t0:.0f} s'})",
                   flush=True)
 
@@ -203,26 +208,48 @@ def fit(data: dict | None = None, calibration: list[str] | None = None) -> dict:
             coefs[res] = {k: float(v) for k, v in zip(names, x)}
         groups[g] = coefs
     model = {"format": "accel-estimate-model/1", "families": {"xc7": {"groups": groups}}}
-    # ECP5: ratio of yosys ECP5 logic LUTs/FFs to the 7-series estimate over the ECP5 records.
+    # ECP5: its logic LUTs and FFs as a combination of the 7-series estimate and the GEMM's product
+    # bits (7-series DSPs absorb pipeline registers and adders that ECP5 multipliers leave to the fabric).
     ecp5 = [r for r in data["runs"] if r["family"] == "ecp5" and r["name"] in calibration]
-    lut_r, ff_r = [], []
+    unit = dict(model, families={**model["families"], "ecp5": {"scale": {}}})
+    rows_l, rows_f, tl, tf = [], [], [], []
     for r in ecp5:
         cfg = AccelConfig.from_dict(r["config"])
-        e = est.estimate(cfg, "xc7", model=dict(model, families={**model["families"],
-                                                                 "ecp5": {"scale": {"lut": 1, "ff": 1}}}))
-        logic7 = e.utilization["lut"] - e.utilization["lutram"]
-        lutram5 = sum(map_memory(s, "ecp5").lutram_luts for _, s in est.memories(cfg))
-        lut_r.append((r["utilization"]["lut"] - lutram5) / logic7)
-        ff_r.append(r["utilization"]["ff"] / e.utilization["ff"])
-    model["families"]["ecp5"] = {"scale": {"lut": float(np.mean(lut_r)) if lut_r else 1.45,
-                                           "ff": float(np.mean(ff_r)) if ff_r else 1.1},
-                                 "fmax": _fit_fmax(data)}
+        e = est.estimate(cfg, "xc7", model=unit)
+        mac_bits = est.features(cfg)["gemm"]["mac_bits"]
+        lutram5 = sum(map_memory(s_, "ecp5").lutram_luts for _, s_ in est.memories(cfg))
+        rows_l.append([e.utilization["lut"] - e.utilization["lutram"], mac_bits])
+        rows_f.append([e.utilization["ff"], mac_bits])
+        tl.append(r["utilization"]["lut"] - lutram5)
+        tf.append(r["utilization"]["ff"])
+    if len(ecp5) >= 2:
+        xl = nnls(np.array(rows_l, float), np.array(tl, float))
+        xf = nnls(np.array(rows_f, float), np.array(tf, float))
+        scale = {"lut": float(xl[0]), "lut_mac_bits": float(xl[1]), "ff": float(xf[0]), "ff_mac_bits": float(xf[1])}
+    else:
+        scale = {"lut": 1.45, "lut_mac_bits": 0.0, "ff": 1.1, "ff_mac_bits": 0.0}
+    model["families"]["ecp5"] = {"scale": scale, "fmax": _fit_fmax(data)}
     rtl = {r["rtl_sha256"] for r in data["runs"]}
     model["calibrated_on"] = sorted({r["name"] for r in cal} | {r["name"] for r in ecp5})
     model["yosys"] = sorted({r["yosys"] for r in data["runs"]})
     model["rtl_key"] = sorted(rtl)[0][:16] if len(rtl) == 1 else "mixed"
     model["errors"] = errors(data, model)
+    model["rtl_source_key"] = _source_key_if_records_current(data)
     return model
+
+
+def _source_key_if_records_current(data: dict) -> str | None:
+    """The RTL source key, if the stored tiny record was synthesized from today's Verilog."""
+    from .rtl import rtl_for_config
+    tiny = next((r for r in data["runs"] if r["name"] == "tiny" and r["family"] == "xc7"), None)
+    try:
+        now = rtl_for_config(PRESETS["tiny"]).sha256
+    except Exception:
+        return None
+    if tiny is None or tiny["rtl_sha256"] != now:
+        log.warning("the stored records predate the current RTL; re-run `calibrate run` before trusting the fit")
+        return None
+    return est.current_source_key()
 
 
 def _fit_fmax(data: dict) -> dict | None:

@@ -54,9 +54,18 @@ def _estimate_or_none(cfg, family, part):
     from .errors import FpgaError
     from .estimate import estimate
     try:
-        return estimate(cfg, family, part)
+        e = estimate(cfg, family, part)
     except FpgaError:
         return None
+    _warn_if_stale()
+    return e
+
+
+def _warn_if_stale() -> None:
+    from .estimate import model_is_current
+    if model_is_current() is False:
+        print("warning: the RTL changed since the estimator was calibrated; LUT/FF estimates may be off "
+              "(python -m accel.hw.fpga.calibrate run && ... fit)", file=sys.stderr)
 
 
 # ---- build ----------------------------------------------------------------------------------------
@@ -151,6 +160,7 @@ def estimate_run(args) -> int:
     p = part(args.part) if args.part else board(args.board).part if args.board else None
     family = args.family or (p.family if p else "xc7")
     e = estimate(cfg, family, p or default_part(family))
+    _warn_if_stale()
     d = e.to_dict()
     if args.json:
         print(json.dumps(d, indent=2))

@@ -244,7 +244,9 @@ def estimate(cfg: AccelConfig, family: str = "xc7", part: Part | None = None,
     ff_mem = sum(mm.ff_bits for _, mm in mems)
     if family == "ecp5":
         sc = model["families"]["ecp5"]["scale"]
-        lut_logic, ff = lut_logic * sc["lut"], ff * sc["ff"]
+        mac_bits = feats["gemm"]["mac_bits"]
+        lut_logic = lut_logic * sc.get("lut", 1.0) + mac_bits * sc.get("lut_mac_bits", 0.0)
+        ff = ff * sc.get("ff", 1.0) + mac_bits * sc.get("ff_mac_bits", 0.0)
     util = {"lut": round(lut_logic + lutram + ff_mem), "ff": round(ff + ff_mem),
             "dsp": sum(dsp_by_module.values()), "bram": sum(mm.bram for _, mm in mems), "lutram": lutram}
     fmax, basis = _fmax(cfg, family, model)
@@ -266,6 +268,23 @@ def _fmax(cfg: AccelConfig, family: str, model: dict) -> tuple[float | None, str
         return round(ecp5, 1), f"fit to nextpnr-ecp5 results (max error {fm.get('max_error_pct', '?')}%)"
     return (round(ecp5 * XILINX_SPEED_FACTOR, 1),
             f"uncalibrated: ECP5 estimate x {XILINX_SPEED_FACTOR} (no open 7-series timing tool; Vivado measures it)")
+
+
+def current_source_key() -> str | None:
+    """Hash of the RTL and ISA sources (accel.hw.verilog's cache key of the tiny config), or None."""
+    try:
+        from accel.hw.verilog import source_key
+        from accel.isa import PRESETS
+        return source_key(PRESETS["tiny"])
+    except Exception:  # no generator in this checkout: nothing to compare with
+        return None
+
+
+def model_is_current(model: dict | None = None) -> bool | None:
+    """False when the RTL sources changed since the model was calibrated (re-run calibrate.py)."""
+    model = model or load_model()
+    now, then = current_source_key(), model.get("rtl_source_key")
+    return None if now is None or then is None else now == then
 
 
 # ---- the RTL's memories as written in its Verilog (for checking the inventory) ----------------------

@@ -322,10 +322,11 @@ def yosys_script(rtl: RtlSource, family: str) -> str:
         return "\n".join([f"read_verilog -defer {rtl.file_name}", f"hierarchy -top {top}",
                            f"synth_xilinx -family {family} -top {top} -noiopad",
                            "tee -q -o stat_core.json stat -json", ""])
-    # ECP5: the core and the harness are synthesized apart (synth_ecp5 flattens, and its ABC9 step
-    # fails on a design that keeps the core as a module in this WebAssembly build), then joined.
+    # ECP5: the core keeps its hierarchy like on xc7 (per-module breakdown; no queue bits dropped
+    # across module boundaries, so memories map as the estimator predicts). The core and the
+    # harness are synthesized apart, then joined and flattened for nextpnr.
     return "\n".join([
-        f"read_verilog {rtl.file_name}", f"synth_ecp5 -top {top}",
+        f"read_verilog {rtl.file_name}", f"synth_ecp5 -top {top} -noflatten",
         "tee -q -o stat_core.json stat -json", "delete =A:blackbox", "write_json core_mapped.json",
         "design -reset",
         f"read_verilog core_blackbox.v {HARNESS}.v", f"synth_ecp5 -top {HARNESS}",
