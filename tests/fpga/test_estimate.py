@@ -123,3 +123,17 @@ def test_nnls_recovers_non_negative_coefficients():
     x = calibrate.nnls(a, a @ np.array([2.0, 0.5]))
     assert np.allclose(x, [2.0, 0.5])
     assert (calibrate.nnls(a, a @ np.array([2.0, -1.0])) >= 0).all()
+
+
+def test_estimate_clock_comes_from_the_ecp5_fit_and_says_so():
+    from accel.hw.fpga.estimate import load_model
+    fm = load_model()["families"]["ecp5"].get("fmax")
+    if not fm:
+        pytest.skip("no routed ECP5 records in the model")
+    e5, e7 = estimate(preset("tiny"), "ecp5"), estimate(preset("tiny"), "xc7")
+    assert 5 < e5.fmax_mhz < 500 and e5.fmax_basis.startswith("fit to nextpnr-ecp5")
+    assert e7.fmax_basis.startswith("uncalibrated")
+    for r in _records("ecp5"):
+        if (r.get("timing") or {}).get("fmax_mhz"):
+            got = estimate(AccelConfig.from_dict(r["config"]), "ecp5").fmax_mhz
+            assert abs(got - r["timing"]["fmax_mhz"]) <= r["timing"]["fmax_mhz"] * (fm["max_error_pct"] + 0.5) / 100

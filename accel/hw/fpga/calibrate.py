@@ -16,7 +16,6 @@ import argparse
 import hashlib
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from accel.hw.boards import default_part
-from accel.isa import PRESETS, AccelConfig, preset
+from accel.isa import PRESETS, AccelConfig
 
 from . import estimate as est
 from .memmap import map_memory
@@ -253,20 +252,26 @@ def _source_key_if_records_current(data: dict) -> str | None:
 
 
 def _fit_fmax(data: dict) -> dict | None:
-    """Path delay = t0 + t_acc * acc_width + t_lanes * log2(lanes), fitted to routed ECP5 runs."""
+    """Critical-path delay = t0 + t_mac * MACs per cycle, fitted to the routed ECP5 runs.
+
+    The routed paths run from the accumulator RAM through the compute write-back into the RAM;
+    16- and 32-bit accumulators routed alike, while larger GEMM cores (more multipliers spread
+    over the die, longer routes) are slower. Few points: a rough model, its error recorded.
+    """
     pts = [(AccelConfig.from_dict(r["config"]), r["timing"]["fmax_mhz"]) for r in data["runs"]
            if r["family"] == "ecp5" and r.get("timing") and r["timing"].get("fmax_mhz")]
     if not pts:
         return None
     delays = np.array([1000.0 / f for _, f in pts])
-    feats = np.array([[1.0, c.acc_width, math.log2(c.batch * c.block_out)] for c, _ in pts])
-    cols = [0] + [i for i in (1, 2) if len(set(feats[:, i])) > 1]
-    x = np.zeros(3)
+    feats = np.array([[1.0, float(c.macs_per_cycle)] for c, _ in pts])
+    cols = [0] + ([1] if len(set(feats[:, 1])) > 1 else [])
+    x = np.zeros(2)
     x[cols] = nnls(feats[:, cols], delays)
     pred = feats @ x
     err = max(abs(1000.0 / p - f) / f * 100 for p, (_, f) in zip(pred, pts))
-    return {"t0_ns": float(x[0]), "t_acc_ns": float(x[1]), "t_lanes_ns": float(x[2]), "points": len(pts),
-            "max_error_pct": round(err, 1)}
+    return {"t0_ns": float(x[0]), "t_mac_ns": float(x[1]), "points": len(pts),
+            "configs": sorted(r["name"] for r in data["runs"] if r["family"] == "ecp5" and (r.get("timing") or {}).get("fmax_mhz")),
+            "max_error_pct": round(float(err), 1)}
 
 
 def errors(data: dict, model: dict) -> dict:

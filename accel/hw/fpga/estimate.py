@@ -11,7 +11,8 @@ What is exact and what is fitted:
   (estimate_model.json records which, and the errors on configurations left out of the fit).
   ECP5 LUTs/FFs are the 7-series logic estimate times fitted ratios, plus exact LUT RAM.
 - Clock: ECP5 Fmax from a fit to nextpnr-ecp5 results (the critical path runs from the
-  accumulator RAM through the ALU back into it, so it depends on acc_width and little else);
+  accumulator RAM through the compute write-back into it; a fixed delay plus a term growing with
+  the MACs per cycle, fitted to few routed runs: rough);
   for Xilinx parts there is no open timing tool here, so the figure is the ECP5 estimate scaled
   by a stated factor and is marked uncalibrated. Vivado's reports/timing.json is the measure.
 """
@@ -29,7 +30,7 @@ from accel.isa import AccelConfig
 from accel.isa.config import INSN_BITS
 
 from .errors import FpgaError
-from .memmap import MemMapping, MemShape, map_memory
+from .memmap import MemShape, map_memory
 
 MODEL_PATH = Path(__file__).resolve().parent / "estimate_model.json"
 XILINX_SPEED_FACTOR = 1.6
@@ -260,9 +261,8 @@ def _fmax(cfg: AccelConfig, family: str, model: dict) -> tuple[float | None, str
     fm = model["families"].get("ecp5", {}).get("fmax")
     if not fm:
         return None, "no Fmax calibration in the model"
-    lanes = cfg.batch * cfg.block_out
-    # Path delay (ns) = fixed part (RAM clock-to-out, routing) + per accumulator bit + per lane doubling.
-    delay = fm["t0_ns"] + fm["t_acc_ns"] * cfg.acc_width + fm["t_lanes_ns"] * math.log2(max(1, lanes))
+    # Path delay (ns) = fixed part (RAM clock-to-out, logic, routing) + a part growing with the GEMM core.
+    delay = fm["t0_ns"] + fm["t_mac_ns"] * cfg.macs_per_cycle
     ecp5 = 1000.0 / delay
     if family == "ecp5":
         return round(ecp5, 1), f"fit to nextpnr-ecp5 results (max error {fm.get('max_error_pct', '?')}%)"

@@ -10,7 +10,7 @@ for on ECP5), so the report has a per-module breakdown. For ECP5 place and route
 in a small harness that feeds its inputs from a shift register and folds its outputs through a
 registered XOR tree into one pin: the AXI ports of the core need more pins than the package has,
 and the harness keeps every input and output live, so nothing is optimized away. The harness'
-own flip-flops and LUTs are counted by construction and reported separately.
+own flip-flops and LUTs are measured (synthesized on their own) and reported separately.
 
 Everything a run produces stays in its output folder: the Verilog, the scripts, each tool's log,
 the netlists, report.json and report.txt. A design that does not fit is a report with fits=false
