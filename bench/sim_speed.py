@@ -2,8 +2,10 @@
 harness), the `tsim` driver (timing model + functional data) and the cocotb path (sim/rtl, the
 same Verilog under Verilator with a cocotb testbench), on the same programs in one run.
 
-Programs: conv2d layers compiled by compiler.accel.conv2d (captured once, then replayed on every
-executor from the same DRAM image) and a few random programs. Each executor must leave the same
+Programs: small conv2d layers compiled by compiler.accel.conv2d, a few random programs, and
+full-size ResNet-18 layers (C2, C6, C10 of shared/workloads; what users simulate), each captured
+once, then replayed on every executor from the same DRAM image. Figures are given per group
+(small programs, where fixed per-run costs weigh; layers) and over all. Each executor must leave the same
 DRAM bytes and tsim's cycle count must equal the RTL's (both are checked and reported); the
 timing model alone (Tsim.run_insns, no data) is timed too, as `tsim_model`.
 Wall time is the run alone (model build and the cocotb process start excluded; rtl and tsim
@@ -68,7 +70,14 @@ def conv_program(cfg, spec: Conv2dSpec, vt: int = 2, dram_bytes: int = 8 << 20):
     return cap.runs[-1]
 
 
-def programs(cfg, quick: bool):
+WORKLOADS = ROOT.parent / "shared" / "workloads" / "resnet18_conv.json"
+#: Full-size ResNet-18 layers (what users simulate): a 3x3, a strided 3x3 and a strided 1x1.
+LAYERS = ("C2", "C6", "C10")
+
+
+def programs(cfg, quick: bool, layers: bool):
+    """Small conv layers and random programs (fixed per-run costs weigh), then, with `layers`,
+    full-size ResNet-18 layers from the shared workload (hundreds of thousands of cycles each)."""
     convs = {"conv3x3 16x16 c32->32": Conv2dSpec(1, 32, 16, 16, 32, 3, 3, (1, 1, 1, 1)),
              "conv3x3/2 16x16 c32->64": Conv2dSpec(1, 32, 16, 16, 64, 3, 3, (1, 1, 1, 1), (2, 2)),
              "conv1x1 14x14 c64->64": Conv2dSpec(1, 64, 14, 14, 64, 1, 1)}
@@ -79,6 +88,12 @@ def programs(cfg, quick: bool):
     for seed in range(1 if quick else 3):
         prog, _ = random_program(cfg, seed)
         out[f"random seed {seed}"] = (prog.dram_image(), prog.insn_addr, len(prog.insns))
+    if layers and not quick:
+        table = json.loads(WORKLOADS.read_text())["layers"]
+        for name in LAYERS:
+            spec = Conv2dSpec.from_workload(table[name], name)
+            out[f"resnet18 {name} {spec.kh}x{spec.kw}/{spec.strides[0]} {spec.h}x{spec.w} c{spec.c}->{spec.o}"] = \
+                conv_program(cfg, spec, dram_bytes=32 << 20)
     return out
 
 
@@ -96,12 +111,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs of rtl and tsim per program; the best is reported")
     ap.add_argument("--no-cocotb", action="store_true", help="skip the cocotb path (it is the slow one)")
     ap.add_argument("--quick", action="store_true", help="one conv layer and one random program")
+    ap.add_argument("--no-layers", action="store_true", help="skip the full-size ResNet-18 layers")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     cfg = resolve_config(args.config)
 
     t0 = time.perf_counter()
-    progs = programs(cfg, args.quick)
+    progs = programs(cfg, args.quick, not args.no_layers)
     print(f"{len(progs)} programs for config {args.config!r} captured in {time.perf_counter() - t0:.1f} s")
     rtl = get_driver("rtl", cfg)
     tsim = get_driver("tsim", cfg)
@@ -145,16 +161,24 @@ def main(argv=None) -> int:
             print(f"{row['program']:<26} cocotb {run.cycles:>9} cycles  {row['cocotb_cycles_per_s']:>10,.0f} c/s  "
                   f"dram== {row['cocotb_dram_equal']}")
 
-    def total(key_cycles, key_s):
-        return sum(r[key_cycles] for r in rows) / sum(r[key_s] for r in rows)
-    summary = {"rtl_cycles_per_s": total("cycles_rtl", "rtl_s"), "tsim_cycles_per_s": total("cycles_tsim", "tsim_s")}
-    summary["tsim_model_cycles_per_s"] = total("cycles_tsim", "tsim_model_s")
-    summary["tsim_over_rtl"] = summary["tsim_cycles_per_s"] / summary["rtl_cycles_per_s"]
-    summary["tsim_model_over_rtl"] = summary["tsim_model_cycles_per_s"] / summary["rtl_cycles_per_s"]
-    if not args.no_cocotb:
-        summary["cocotb_cycles_per_s"] = total("cycles_cocotb", "cocotb_s")
-        summary["rtl_over_cocotb"] = summary["rtl_cycles_per_s"] / summary["cocotb_cycles_per_s"]
-        summary["tsim_over_cocotb"] = summary["tsim_cycles_per_s"] / summary["cocotb_cycles_per_s"]
+    def speeds(sub: list[dict]) -> dict:
+        """Simulated cycles per second of each executor over `sub` (total cycles / total seconds)."""
+        def total(key_s):
+            return sum(r["cycles_rtl"] for r in sub) / sum(r[key_s] for r in sub)
+        g = {"programs": len(sub), "cycles": sum(r["cycles_rtl"] for r in sub),
+             "rtl_cycles_per_s": total("rtl_s"), "tsim_cycles_per_s": total("tsim_s"),
+             "tsim_model_cycles_per_s": total("tsim_model_s")}
+        g["tsim_over_rtl"] = g["tsim_cycles_per_s"] / g["rtl_cycles_per_s"]
+        g["tsim_model_over_rtl"] = g["tsim_model_cycles_per_s"] / g["rtl_cycles_per_s"]
+        if all("cocotb_s" in r for r in sub):
+            g["cocotb_cycles_per_s"] = total("cocotb_s")
+            g["rtl_over_cocotb"] = g["rtl_cycles_per_s"] / g["cocotb_cycles_per_s"]
+            g["tsim_over_cocotb"] = g["tsim_cycles_per_s"] / g["cocotb_cycles_per_s"]
+        return g
+    groups = {"small": [r for r in rows if not r["program"].startswith("resnet18")],
+              "layers": [r for r in rows if r["program"].startswith("resnet18")]}
+    summary = speeds(rows)
+    summary["groups"] = {k: speeds(v) for k, v in groups.items() if v}
     summary["all_cycles_equal"] = all(r["cycles_equal"] for r in rows)
     summary["all_dram_equal"] = all(r["dram_equal"] for r in rows)
     summary["bars"] = {k: {"target": v, "value": summary.get(k), "met": summary.get(k, 0) >= v}

@@ -53,6 +53,21 @@ def gemm_float_dtype(cfg: AccelConfig):
     return None  # fall back to int64 einsum
 
 
+_BLAS = None
+
+
+def single_threaded_blas():
+    """A context running BLAS on one thread. The simulator's matmuls are small (bounded by the
+    on-chip buffers); threaded BLAS on them costs more in hand-offs than it gains, and on a loaded
+    machine a descheduled BLAS thread stalls every call (measured: 4.7x slower bench/fsim_speed.py
+    with a second process busy)."""
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+        _BLAS = ThreadpoolController()
+    return _BLAS.limit(limits=1, user_api="blas")
+
+
 def wrap(x: np.ndarray, bits: int) -> np.ndarray:
     """Two's-complement wrap of integer values to `bits`, as the narrow int dtype."""
     return np.asarray(x).astype(np.int64).astype(_INT[bits])
@@ -115,6 +130,10 @@ class Fsim:
 
     def run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None = None) -> FsimStats:
         """Execute decoded instructions with the decoupled stage/queue model."""
+        with single_threaded_blas():
+            return self._run_insns(dram, insns, max_insns)
+
+    def _run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None) -> FsimStats:
         stats = FsimStats()
         depth, tdepth = self.cfg.cmd_queue_depth, self.cfg.dep_queue_depth
         tokens = {q: 0 for q in QUEUES.values()}
@@ -330,14 +349,68 @@ class Fsim:
         shape = (insn.iter_out, insn.iter_in, nu)
         vary = [insn.wgt_factor_out != 0 and insn.iter_out > 1, insn.wgt_factor_in != 0 and insn.iter_in > 1, nu > 1]
         ngroups = int(np.prod([n for n, v in zip(shape, vary) if v], dtype=np.int64))
+        if self._gemm_clustered(insn, shape):
+            return  # updated acc and out itself
         if self._gemm_separable(insn, dst, shape):
             pass
         elif self._fdt is not None and ngroups * 4 <= dst.size:
             self._gemm_grouped(dst, src, wgt, shape, vary)
         else:
             self._gemm_gathered(dst, src, wgt)
-        touched = np.unique(dst)
+        touched = np.flatnonzero(np.bincount(dst))
         self.out[touched] = wrap(self.acc[touched], c.out_width)
+
+    def _gemm_clustered(self, insn: Gemm, shape) -> bool:
+        """The convolution pattern: weights do not move with the loops, so the micro-ops that
+        share a destination (one output tile: its input channels and kernel taps) are one
+        im2col row block. Per such cluster, ONE (loop rows x K*block_in) @ (K*block_in x
+        block_out) matmul, exact in float32 or float64 by the same bound as gemm_float_dtype
+        with K*block_in terms; clusters with the same input micro-ops share the gathered rows.
+        Sums are added to acc once (plain indexing when every destination is distinct)."""
+        c = self.cfg
+        if insn.wgt_factor_out or insn.wgt_factor_in:
+            return False
+        u = self.uop[insn.uop_bgn:insn.uop_end]
+        heads, inverse = np.unique(u[:, 0], return_inverse=True)
+        counts = np.bincount(inverse)
+        k = int(counts.max())
+        bound = k * c.block_in * (1 << (c.inp_width - 1)) * (1 << (c.wgt_width - 1))
+        fdt = np.float32 if bound <= 1 << 24 else np.float64 if bound <= 1 << 53 else None
+        if fdt is None or len(heads) > 64 or len(heads) * 4 > len(u):
+            return False  # many small clusters: one Python step each costs more than the other paths
+        i0 = np.arange(insn.iter_out, dtype=np.int64)[:, None]
+        i1 = np.arange(insn.iter_in, dtype=np.int64)[None, :]
+        off_d = (i0 * insn.dst_factor_out + i1 * insn.dst_factor_in).reshape(-1)
+        off_s = (i0 * insn.src_factor_out + i1 * insn.src_factor_in).reshape(-1)
+        order = np.argsort(inverse, kind="stable")
+        starts = np.r_[0, np.cumsum(counts)]
+        x_cache: dict[bytes, np.ndarray] = {}
+        dsts, ys = [], []
+        for ci, head in enumerate(heads.tolist()):
+            members = u[order[starts[ci]:starts[ci + 1]]]
+            srcs = members[:, 1]
+            key = srcs.tobytes()
+            x = x_cache.get(key)
+            if x is None:                                  # (rows, batch, K, block_in)
+                x = self.inp[srcs[None, :] + off_s[:, None]].astype(fdt).transpose(0, 2, 1, 3)
+                x = x_cache[key] = x.reshape(off_s.size * c.batch, srcs.size * c.block_in)
+            w = self.wgt[members[:, 2]].astype(fdt)        # (K, block_out, block_in)
+            w = w.transpose(0, 2, 1).reshape(srcs.size * c.block_in, c.block_out)
+            ys.append((x @ w).astype(np.int64).reshape(off_s.size, c.batch, c.block_out))
+            dsts.append(head + off_d)
+        dst = np.concatenate(dsts)
+        y = np.concatenate(ys)
+        if dst.max() >= c.acc_depth:
+            return False  # let the generic path raise the bounds error
+        hits = np.bincount(dst)
+        if hits.max() == 1:
+            self.acc[dst] = wrap(self.acc[dst].astype(np.int64) + y, c.acc_width)
+            self.out[dst] = wrap(self.acc[dst], c.out_width)
+        else:
+            self._accumulate_sorted(dst, y)
+            touched = np.flatnonzero(hits)
+            self.out[touched] = wrap(self.acc[touched], c.out_width)
+        return True
 
     def _gemm_separable(self, insn: Gemm, dst, shape) -> bool:
         """The matmul pattern: every micro-op adds into the same dst, the input tile depends on
@@ -420,10 +493,11 @@ class Fsim:
         stats.alu_uops += dst.size
         # Vectorize unless an element reads or rewrites an accumulator entry that an earlier
         # element of this instruction wrote (then execution order matters).
-        first_write = np.full(c.acc_depth, dst.size, np.int64)
-        first_write[dst[::-1]] = np.arange(dst.size - 1, -1, -1)
-        pos = np.arange(dst.size)
-        hazard = np.unique(dst).size != dst.size or (not insn.use_imm and bool((first_write[src] < pos).any()))
+        hazard = np.bincount(dst).max() > 1
+        if not hazard and not insn.use_imm:
+            first_write = np.full(c.acc_depth, dst.size, np.int64)
+            first_write[dst[::-1]] = np.arange(dst.size - 1, -1, -1)
+            hazard = bool((first_write[src] < np.arange(dst.size)).any())
         if not hazard:
             b = self._alu_operand(insn, src)
             res = alu_apply(insn.alu_op, self.acc[dst], b, c.acc_width)

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, fields
+from functools import cached_property
 from pathlib import Path
 
 from .errors import ConfigError
@@ -133,93 +134,93 @@ class AccelConfig:
                                 f"inp {self.inp_idx_bits}, wgt {self.wgt_idx_bits}, uop {self.uop_idx_bits} bits)")
 
     # ---- derived: element sizes and depths ----------------------------------------------------
-    @property
+    @cached_property
     def inp_elem_bytes(self) -> int:
         """Bytes of one input-buffer entry: a batch x block_in tile."""
         return self.batch * self.block_in * self.inp_width // 8
 
-    @property
+    @cached_property
     def wgt_elem_bytes(self) -> int:
         """Bytes of one weight-buffer entry: a block_out x block_in tile."""
         return self.block_out * self.block_in * self.wgt_width // 8
 
-    @property
+    @cached_property
     def acc_elem_bytes(self) -> int:
         """Bytes of one accumulator entry: a batch x block_out tile of acc_width values."""
         return self.batch * self.block_out * self.acc_width // 8
 
-    @property
+    @cached_property
     def out_elem_bytes(self) -> int:
         """Bytes of one output-buffer entry: a batch x block_out tile of out_width values."""
         return self.batch * self.block_out * self.out_width // 8
 
-    @property
+    @cached_property
     def acc_idx_bits(self) -> int:
         return _clog2(self.acc_buff_bytes // self.acc_elem_bytes)
 
-    @property
+    @cached_property
     def inp_idx_bits(self) -> int:
         return _clog2(self.inp_buff_bytes // self.inp_elem_bytes)
 
-    @property
+    @cached_property
     def wgt_idx_bits(self) -> int:
         return _clog2(self.wgt_buff_bytes // self.wgt_elem_bytes)
 
-    @property
+    @cached_property
     def src_idx_bits(self) -> int:
         """Micro-op source index: an input index for GEMM, an accumulator index for ALU."""
         return max(self.inp_idx_bits, self.acc_idx_bits)
 
-    @property
+    @cached_property
     def uop_bits(self) -> int:
         """Micro-op word width: the three index fields rounded up to 32 or 64 bits."""
         used = self.acc_idx_bits + self.src_idx_bits + self.wgt_idx_bits
         return 32 if used <= 32 else 64
 
-    @property
+    @cached_property
     def uop_elem_bytes(self) -> int:
         return self.uop_bits // 8
 
-    @property
+    @cached_property
     def uop_idx_bits(self) -> int:
         return _clog2(self.uop_depth)
 
-    @property
+    @cached_property
     def uop_depth(self) -> int:
         return self.uop_buff_bytes // self.uop_elem_bytes
 
-    @property
+    @cached_property
     def inp_depth(self) -> int:
         return self.inp_buff_bytes // self.inp_elem_bytes
 
-    @property
+    @cached_property
     def wgt_depth(self) -> int:
         return self.wgt_buff_bytes // self.wgt_elem_bytes
 
-    @property
+    @cached_property
     def acc_depth(self) -> int:
         return self.acc_buff_bytes // self.acc_elem_bytes
 
-    @property
+    @cached_property
     def out_depth(self) -> int:
         return self.out_buff_bytes // self.out_elem_bytes
 
-    @property
+    @cached_property
     def sram_idx_bits(self) -> int:
         """Width of the sram_base field of LOAD/STORE: indexes the deepest buffer."""
         return max(self.uop_idx_bits, self.inp_idx_bits, self.wgt_idx_bits, self.acc_idx_bits)
 
-    @property
+    @cached_property
     def bus_bytes(self) -> int:
         return self.bus_width // 8
 
     # ---- derived: performance ---------------------------------------------------------------
-    @property
+    @cached_property
     def macs_per_cycle(self) -> int:
         """Peak multiply-accumulates per cycle of the GEMM core (one micro-op per cycle)."""
         return self.batch * self.block_in * self.block_out
 
-    @property
+    @cached_property
     def peak_gops(self) -> float:
         """Peak giga-operations per second at clock_mhz (one MAC = two operations)."""
         return 2 * self.macs_per_cycle * self.clock_mhz / 1e3

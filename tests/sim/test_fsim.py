@@ -41,16 +41,67 @@ def test_fsim_float_gemm_paths_exact_at_extremes(cfg):
                  Gemm(uop_bgn=0, uop_end=1, iter_out=4, iter_in=8, dst_factor_out=8, dst_factor_in=1),  # grouped
                  Gemm(uop_bgn=0, uop_end=n, iter_out=2, iter_in=3, dst_factor_out=3, dst_factor_in=1,
                       src_factor_out=1, wgt_factor_in=1)):  # separable matmul
-        sim._gemm(0, insn, type("S", (), {"gemm_uops": 0, "macs": 0})())
-        for i0 in range(insn.iter_out):
-            for i1 in range(insn.iter_in):
-                for u in sim.uop[insn.uop_bgn:insn.uop_end]:
-                    d = u[0] + i0 * insn.dst_factor_out + i1 * insn.dst_factor_in
-                    s = u[1] + i0 * insn.src_factor_out + i1 * insn.src_factor_in
-                    w = u[2] + i0 * insn.wgt_factor_out + i1 * insn.wgt_factor_in
-                    ref[d] += sim.inp[s].astype(np.int64) @ sim.wgt[w].astype(np.int64).T
-        wrapped = ((ref + 2 ** (cfg.acc_width - 1)) % 2 ** cfg.acc_width) - 2 ** (cfg.acc_width - 1)
-        assert (sim.acc == wrapped).all(), insn
+        sim._gemm(0, insn, _Stats())
+        _gemm_per_uop(sim, insn, ref)
+        assert (sim.acc == _wrapped(ref, cfg.acc_width)).all(), insn
+    # the convolution pattern: 2 destinations x 8 taps, every dst distinct across the loops
+    sim.uop[:16] = [(k // 8 * 64, k % 8, k) for k in range(16)]
+    insn = Gemm(uop_bgn=0, uop_end=16, iter_out=4, iter_in=8, dst_factor_out=8, dst_factor_in=1,
+                src_factor_out=9, src_factor_in=1)
+    assert sim._gemm_clustered(insn, (4, 8, 16))
+    _gemm_per_uop(sim, insn, ref)
+    assert (sim.acc == _wrapped(ref, cfg.acc_width)).all()
+
+
+class _Stats:
+    gemm_uops = macs = 0
+
+
+def _wrapped(ref, bits):
+    return ((ref + 2 ** (bits - 1)) % 2 ** bits) - 2 ** (bits - 1)
+
+
+def _gemm_per_uop(sim, insn, ref):
+    """The GEMM's definition, one micro-op at a time in int64, added into `ref`."""
+    for i0 in range(insn.iter_out):
+        for i1 in range(insn.iter_in):
+            for u in sim.uop[insn.uop_bgn:insn.uop_end]:
+                d = u[0] + i0 * insn.dst_factor_out + i1 * insn.dst_factor_in
+                s = u[1] + i0 * insn.src_factor_out + i1 * insn.src_factor_in
+                w = u[2] + i0 * insn.wgt_factor_out + i1 * insn.wgt_factor_in
+                ref[d] += sim.inp[s].astype(np.int64) @ sim.wgt[w].astype(np.int64).T
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_fsim_gemm_every_path_matches_per_uop_definition(data):
+    """Random GEMMs shaped to reach each vectorized path (clustered convolution pattern with
+    distinct or colliding destinations, separable, grouped, gathered): acc equals the per-micro-op
+    definition and out the narrowed acc of every touched entry."""
+    cfg = TINY
+    sim = Fsim(cfg)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1)))
+    sim.inp[:] = rng.integers(-128, 128, sim.inp.shape)
+    sim.wgt[:] = rng.integers(-128, 128, sim.wgt.shape)
+    sim.acc[:] = rng.integers(-2 ** 31, 2 ** 31, sim.acc.shape)
+    heads = data.draw(st.integers(1, 4))
+    taps = data.draw(st.integers(1, 9))
+    nu = heads * taps
+    it_o, it_i = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+    f = st.integers(0, 5)
+    head_gap = data.draw(st.sampled_from([0, 1, 16]))   # 0 and 1 make destinations collide
+    sim.uop[:nu] = [(h * head_gap, int(rng.integers(0, 8)), int(rng.integers(0, 16)))
+                    for h in range(heads) for _ in range(taps)]
+    insn = Gemm(uop_bgn=0, uop_end=nu, iter_out=it_o, iter_in=it_i, dst_factor_out=data.draw(f),
+                dst_factor_in=data.draw(f), src_factor_out=data.draw(f), src_factor_in=data.draw(f),
+                wgt_factor_out=data.draw(st.sampled_from([0, 0, 1])), wgt_factor_in=data.draw(st.sampled_from([0, 0, 1])))
+    ref = sim.acc.astype(np.int64)
+    sim._gemm(0, insn, _Stats())
+    _gemm_per_uop(sim, insn, ref)
+    assert (sim.acc == _wrapped(ref, cfg.acc_width)).all(), insn
+    touched = sorted({int(u[0]) + i0 * insn.dst_factor_out + i1 * insn.dst_factor_in
+                      for u in sim.uop[:nu] for i0 in range(it_o) for i1 in range(it_i)})
+    assert (sim.out[touched] == _wrapped(ref[touched], cfg.out_width)).all()
 
 
 def _py_alu(op, a, b, w):
