@@ -1,7 +1,8 @@
 """Partition: give every op a target, "accel" or "cpu", with the reason whenever the accelerator
 declines. The rules are data (ACCEL_RULES, the checks below) read against one AccelConfig:
-int8 GEMM layers go to the accelerator unless they are grouped/dilated or their channels fill the
-GEMM core too poorly; int8 elementwise ops (ALU: relu, clip, qadd) go where their producer is, so
+int8 GEMM layers go to the accelerator unless they are grouped/dilated, their channels fill the
+GEMM core too poorly, or they are so memory-bound that the core would idle (a batch-1 dense layer
+streams each weight byte for one MAC; VTA likewise leaves the classifier on the CPU); int8 elementwise ops (ALU: relu, clip, qadd) go where their producer is, so
 they fuse into an accelerator layer's output; everything else (float ops, pooling, softmax,
 quantize/dequantize, layout transforms) runs on the CPU. `force` maps an op type (graph op name
 or ONNX op type) to a target and overrides soft declines (such as channel waste); it cannot put
@@ -9,6 +10,7 @@ an op on the accelerator that has no accelerator implementation.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from accel.isa.config import AccelConfig
@@ -25,6 +27,9 @@ class AccelRules:
     """What the partitioner accepts for the accelerator (one place; tests and docs read it)."""
     #: GEMM layers that would leave more than this fraction of the core's MACs idle go to the CPU.
     max_gemm_waste: float = 0.5
+    #: GEMM layers whose DRAM traffic would keep the core busier than this (the roofline bound:
+    #: MACs per byte x bus bytes per cycle / peak MACs per cycle) stay on the accelerator.
+    min_roofline_efficiency: float = 0.25
     #: int8 ops with an accelerator lowering: GEMM layers and ALU elementwise ops.
     gemm_ops: tuple[str, ...] = ("qconv2d", "qdense")
     alu_ops: tuple[str, ...] = ("relu", "clip", "qadd")
@@ -51,6 +56,15 @@ def gemm_waste(channels: int, block: int) -> float:
     return 1.0 - channels / padded
 
 
+def roofline_efficiency(n: Node, cfg: AccelConfig) -> tuple[float, int, int]:
+    """(bound on the GEMM core's busy fraction from DRAM traffic, MACs, bytes) of an int8 GEMM
+    layer that reads its input and weights and writes its output once (the least it can move)."""
+    x, w = n.inputs[0].shape, n.inputs[1].shape
+    macs = math.prod(n.shape) * math.prod(w[1:])
+    nbytes = math.prod(x) + math.prod(w) + math.prod(n.shape) + 4 * n.shape[1]  # int8 data, int32 bias
+    return min(1.0, macs / nbytes * cfg.bus_bytes / cfg.macs_per_cycle), macs, nbytes
+
+
 def _label(n: Node) -> str:
     return f"{n.origin or n.op} '{n.name}'"
 
@@ -71,6 +85,10 @@ def _check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> tuple[str, bool
         if w > rules.max_gemm_waste:
             return (f"{_label(n)}: {c} {what} {'<' if c < block else 'padded to'} {key} {block} wastes "
                     f"{w:.0%} of the GEMM core"), False
+    eff, macs, nbytes = roofline_efficiency(n, cfg)
+    if eff < rules.min_roofline_efficiency:
+        return (f"{_label(n)}: memory-bound, {macs / nbytes:.1f} MACs per DRAM byte keep the GEMM core at most "
+                f"{eff:.0%} busy ({cfg.macs_per_cycle / cfg.bus_bytes:.0f} needed on the {cfg.bus_bytes}-byte bus)"), False
     return None
 
 
