@@ -82,6 +82,7 @@ RUNTIME_C = r"""
    chunks from an atomic counter until none is left: worker(chunk, nchunk, closure). A thread that
    is preempted then delays one small chunk, not its whole static share. Nested launches run serially. */
 #include <pthread.h>
+#include <time.h>
 #define CHUNKS_PER_THREAD 4
 typedef void (*kit_worker)(int, int, void *);
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER, launch_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -103,12 +104,30 @@ static void run_chunks(kit_worker f, void *c, int nchunk) {
   }
 }
 
+/* Wait up to SPIN_NS for *v to leave `old` before sleeping: consecutive kernels launch every few
+   tens of microseconds, and a condition-variable wake-up costs about as much (as onnxruntime's
+   pool, which spins likewise). */
+#define SPIN_NS 200000L
+static long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+#if defined(__x86_64__) || defined(__i386__)
+#define CPU_RELAX() __builtin_ia32_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+#define SPIN_UNTIL(cond) do { long until_ = now_ns() + SPIN_NS; \
+    for (int i_ = 0; !(cond); i_++) { CPU_RELAX(); if ((i_ & 63) == 63 && now_ns() > until_) break; } } while (0)
+
 static void *pool_main(void *arg) {
   int id = (int)(long)arg;
   long seen = 0;
   in_parallel = 1;
-  pthread_mutex_lock(&mu);
   for (;;) {
+    SPIN_UNTIL(__atomic_load_n(&generation, __ATOMIC_ACQUIRE) != seen);
+    pthread_mutex_lock(&mu);
     while (generation == seen) pthread_cond_wait(&cv_start, &mu);
     seen = generation;
     if (id <= job_helpers) {
@@ -116,8 +135,9 @@ static void *pool_main(void *arg) {
       pthread_mutex_unlock(&mu);
       run_chunks(f, c, nc);
       pthread_mutex_lock(&mu);
-      if (--pending == 0) pthread_cond_signal(&cv_done);
+      if (__atomic_sub_fetch(&pending, 1, __ATOMIC_ACQ_REL) == 0) pthread_cond_signal(&cv_done);
     }
+    pthread_mutex_unlock(&mu);
   }
   return 0;
 }
@@ -140,12 +160,14 @@ int __kit_parallel_launch(void *fn, void *closure, int n) {
   }
   if (nthread - 1 > n_started) nthread = n_started + 1;
   job_fn = f; job_closure = closure; job_nchunk = nchunk; job_helpers = nthread - 1;
-  pending = nthread - 1; next_chunk = 0; generation++;
+  pending = nthread - 1; next_chunk = 0;
+  __atomic_store_n(&generation, generation + 1, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&cv_start);
   pthread_mutex_unlock(&mu);
   in_parallel = 1;
   run_chunks(f, closure, nchunk);
   in_parallel = 0;
+  SPIN_UNTIL(__atomic_load_n(&pending, __ATOMIC_ACQUIRE) == 0);
   pthread_mutex_lock(&mu);
   while (pending > 0) pthread_cond_wait(&cv_done, &mu);
   pthread_mutex_unlock(&mu);

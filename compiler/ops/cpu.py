@@ -341,8 +341,12 @@ def schedule_conv2d_pointwise(outs):
         p = ost.fuse(y, x)
     oo, oi = ost.split(o, ob)
     po, pi = ost.split(p, pt)
-    ost.reorder(n, po, oo, oi, pi)
-    outer = ost.fuse(n, po)
+    if -(-P // pt) >= 4:
+        ost.reorder(n, po, oo, oi, pi)
+        outer, at = ost.fuse(n, po), oo
+    else:   # a small plane (7x7: one tile and a sliver) splits over channel blocks instead
+        ost.reorder(n, oo, po, oi, pi)
+        outer, at = ost.fuse(n, oo), po
     pv, pl = ost.split(pi, vl) if pt > vl else (None, pi)
     if pv is not None:
         ost.unroll(pv)
@@ -353,7 +357,7 @@ def schedule_conv2d_pointwise(outs):
     if tile_stage is None:
         return s
     flat.set_scope("local")
-    flat.compute_at(ost, oo)
+    flat.compute_at(ost, at)
     n, o, p = flat.op.axis
     (rc,) = flat.op.reduce_axis
     pv2, pl2 = flat.split(p, vl) if pt > vl else (None, p)
