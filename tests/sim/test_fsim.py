@@ -240,3 +240,18 @@ def test_fsim_gemm_through_dram_end_to_end():
     got = dram[0x4000:0x4000 + 12].view(np.int8).reshape(3, 4)
     ref = np.clip((a.astype(np.int32) @ b.astype(np.int32)) >> 6, -100, 100)
     assert (got == ref).all()
+
+
+def test_fsim_limits_blas_threads_only_while_running():
+    """fsim runs BLAS on one thread (its matmuls are small) and gives the caller's setting back."""
+    from threadpoolctl import threadpool_info
+    before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    seen = []
+    sim = Fsim(TINY)
+    orig = sim._gemm
+    sim._gemm = lambda *a: (seen.append([p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]),
+                            orig(*a))[1]
+    prog = [Gemm(reset=True, uop_bgn=0, uop_end=1, iter_out=1, iter_in=1), Finish()]
+    _run(TINY, prog, sim=sim)
+    assert seen and all(n == 1 for n in seen[0])
+    assert [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"] == before
