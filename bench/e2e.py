@@ -6,7 +6,9 @@ Reports, as JSON (bench/results/e2e.json) and on stdout:
   CPU-target latency against onnxruntime in the same run (bar: at most 2x);
   accelerator cycles from tsim per offloaded layer and the latency they imply at the config's
   clock, against the ideal (offloaded MACs / peak MACs per cycle; bar: at most 1.15x overall);
-  fraction of MACs offloaded; peak activation memory with and without planning.
+  fraction of MACs offloaded; peak activation memory with and without planning; and per layer the
+  lower bounds of the chosen mapping (compute-stage micro-ops, GEMM plus ALU, one per cycle; bus
+  beats each way), which say how much of the gap to the ideal the architecture leaves.
 The accelerator module also runs once on fsim and its output is compared with onnxruntime.
 
     python bench/e2e.py [--config default] [--nets resnet18,mobilenetv2] [--repeat 10] [--no-tsim]
@@ -210,7 +212,8 @@ def bench_net(name: str, cfg_name: str, repeat: int, use_tsim: bool, log) -> dic
                 rows = [x for x in ex.profile if x["target"] == "accel"]
             src = "tsim driver"
             for row in rows:
-                layers.append({"name": row["name"], "op": row["op"], "macs": row["macs"], "cycles": row["cycles"]})
+                layers.append({k: row[k] for k in ("name", "op", "macs", "cycles", "gemm_uops", "alu_uops",
+                                                    "bytes_read", "bytes_written")})
         else:
             src = "sim.tsim on the decoded programs (no tsim driver registered)"
             for s in acc.steps:
@@ -221,6 +224,12 @@ def bench_net(name: str, cfg_name: str, repeat: int, use_tsim: bool, log) -> dic
         for L in layers:
             L["ideal_cycles"] = L["macs"] / cfg.macs_per_cycle
             L["vs_ideal"] = L["cycles"] / L["ideal_cycles"] if L["ideal_cycles"] else None
+            if "gemm_uops" in L:
+                # lower bounds of this mapping: the compute stage issues one GEMM or ALU micro-op per
+                # cycle, the read and the write channel move one bus beat per cycle each
+                L["compute_bound_cycles"] = L["gemm_uops"] + L["alu_uops"]
+                L["memory_bound_cycles"] = max(L["bytes_read"], L["bytes_written"]) / cfg.bus_bytes
+                L["bound_cycles"] = max(L["compute_bound_cycles"], L["memory_bound_cycles"])
         gemm = [L for L in layers if L["macs"]]
         cycles = sum(L["cycles"] for L in layers)
         ideal = sum(L["ideal_cycles"] for L in layers)
@@ -229,6 +238,16 @@ def bench_net(name: str, cfg_name: str, repeat: int, use_tsim: bool, log) -> dic
                       "gemm_layers_vs_ideal": sum(L["cycles"] for L in gemm) / ideal if ideal else None,
                       "latency_s": cycles / (cfg.clock_mhz * 1e6), "ideal_latency_s": ideal / (cfg.clock_mhz * 1e6),
                       "bar": ACCEL_BAR, "meets_bar": bool(ideal and cycles / ideal <= ACCEL_BAR), "layers": layers}
+        if all("bound_cycles" in L for L in layers):
+            bound = sum(L["bound_cycles"] for L in layers)
+            r["accel"].update(
+                bound_cycles=bound, bound_vs_ideal=bound / ideal if ideal else None, cycles_vs_bound=cycles / bound,
+                compute_bound_vs_ideal=sum(L["compute_bound_cycles"] for L in layers) / ideal if ideal else None,
+                gemm_uop_vs_ideal=sum(L["gemm_uops"] for L in layers) / ideal if ideal else None)
+            log(f"{name}: per-layer lower bounds of this mapping (max of compute-stage micro-ops and bus beats): "
+                f"{bound:.0f} cycles = {r['accel']['bound_vs_ideal']:.3f}x ideal (GEMM micro-ops alone "
+                f"{r['accel']['gemm_uop_vs_ideal']:.3f}x, GEMM+ALU {r['accel']['compute_bound_vs_ideal']:.3f}x); "
+                f"tsim reaches {r['accel']['cycles_vs_bound']:.3f}x the bound")
         log(f"{name}: tsim {cycles} cycles = {r['accel']['latency_s'] * 1e3:.2f} ms at {cfg.clock_mhz:g} MHz; ideal "
             f"{ideal:.0f} -> {r['accel']['vs_ideal']:.3f}x (bar {ACCEL_BAR}x) [{r['tsim_s']:.0f} s]")
     return r

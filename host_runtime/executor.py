@@ -11,8 +11,10 @@ in order and exchange tensors only through the arena:
   numpy   a fallback for an op with no compiled kernel: a host op registered by name
           (register_host_op; compiler.module registers the graph IR's NumPy references).
 Executor(module, driver="fsim").run(inputs) -> {output name: array}; `profile` then holds one row
-per step: name, op, target, impl, time_s, MACs, and for accelerator steps instructions, cycles and
-utilization (when the driver reports cycles) and the latency they imply at the config's clock.
+per step: name, op, target, impl, time_s, MACs, and for accelerator steps instructions, GEMM and ALU
+micro-ops, DRAM bytes read and written (fsim: the data moved; tsim and rtl: bus bytes, instruction
+fetch and whole beats included), cycles and utilization (when the driver reports cycles) and the
+latency they imply at the config's clock.
 
 File layout (little endian): magic b"ACCMODL\\0", u32 format version, u32 header length, UTF-8
 JSON header, then the blobs the header lists (name, offset, size) back to back. Loading checks the
@@ -493,8 +495,10 @@ class Executor:
             if s.note:
                 row["note"] = s.note
             if s.kind == "accel":
-                row.update(insns=r.insn_count, cycles=r.cycles, driver=r.driver,
-                           gemm_uops=r.stats.get("gemm_uops"))
+                dram = r.stats.get("dram_bytes", {})   # the counter schema nests them; fsim's stats do not
+                row.update(insns=r.insn_count, cycles=r.cycles, driver=r.driver, gemm_uops=r.stats.get("gemm_uops"),
+                           alu_uops=r.stats.get("alu_uops"), bytes_read=r.stats.get("bytes_read", dram.get("read")),
+                           bytes_written=r.stats.get("bytes_written", dram.get("written")))
                 if r.cycles:
                     row["latency_s"] = r.cycles / (cfg.clock_mhz * 1e6)
                     row["utilization"] = s.macs / (r.cycles * cfg.macs_per_cycle) if s.macs else 0.0
