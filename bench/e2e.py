@@ -99,12 +99,13 @@ NETS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2}
 # ---- measurements -------------------------------------------------------------------------------
 def timeit_pair(fa, fb, repeat: int, rounds: int = 3) -> tuple[float, float]:
     """Median seconds of fa and fb, measured in alternating blocks (so load from other processes
-    hits both alike), each block after one untimed call: onnxruntime's pool spin-waits after a run,
-    and timing the other side right after it would charge that spinning to the other side."""
+    hits both alike), each block after a pause and one untimed call: onnxruntime's pool spin-waits
+    after a run, and timing the other side right after it would charge that spinning to it."""
     ta, tb = [], []
     per = max(1, -(-repeat // rounds))
     for _ in range(rounds):
         for f, ts in ((fa, ta), (fb, tb)):
+            time.sleep(0.1)
             f()
             for _ in range(per):
                 t0 = time.perf_counter()
