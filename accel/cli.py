@@ -507,6 +507,9 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="static shape of an input with symbolic dimensions, e.g. x=1x3x224x224; repeatable")
     p.add_argument("--force", action="append", default=[], metavar="OP=TARGET",
                    help="put every op of a type on a target (e.g. Conv=cpu); repeatable")
+    p.add_argument("--tune", nargs="?", const=True, default=None, metavar="LOG",
+                   help="measure the best few tilings of each accelerator layer on the timing model and keep "
+                        "the fastest; with LOG, read and extend that JSON tuning log")
     p.set_defaults(func=_compile)
 
 
@@ -553,7 +556,7 @@ def _compile(args) -> int:
     bar = _Progress("compile")
     try:
         mod = build_model(graph, target=args.target, config=args.config if args.target == "accel" else None,
-                          calibration=cal, force_target=force, progress=bar)
+                          calibration=cal, force_target=force, tune=args.tune, progress=bar)
     finally:
         bar.close()
     mod.save(args.output)

@@ -11,7 +11,7 @@ Reports, as JSON (bench/results/e2e.json) and on stdout:
   beats each way), which say how much of the gap to the ideal the architecture leaves.
 The accelerator module also runs once on fsim and its output is compared with onnxruntime.
 
-    python bench/e2e.py [--config default] [--nets resnet18,mobilenetv2] [--repeat 10] [--no-tsim]
+    python bench/e2e.py [--config default] [--nets resnet18,mobilenetv2] [--repeat 10] [--no-tsim] [--tune [LOG]]
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def tsim_cycles(mod, step) -> tuple[int, str]:
     return Tsim(mod.config).run_insns(insns, step.insn_addr).cycles, "sim.tsim"
 
 
-def bench_net(name: str, cfg_name: str, repeat: int, use_tsim: bool, log) -> dict:
+def bench_net(name: str, cfg_name: str, repeat: int, use_tsim: bool, log, tune=None) -> dict:
     import onnxruntime as ort
 
     from accel.isa import resolve_config
@@ -177,7 +177,7 @@ def bench_net(name: str, cfg_name: str, repeat: int, use_tsim: bool, log) -> dic
 
     # accelerator target
     t0 = time.perf_counter()
-    acc = build_model(graph, target="accel", config=cfg, calibration=feeds[:2])
+    acc = build_model(graph, target="accel", config=cfg, calibration=feeds[:2], tune=tune)
     r["accel_compile_s"] = time.perf_counter() - t0
     mem = acc.meta["memory"]
     r["memory"] = {"activation_planned_bytes": mem["planned_bytes"], "activation_naive_bytes": mem["naive_bytes"],
@@ -260,6 +260,8 @@ def main(argv=None) -> int:
     p.add_argument("--nets", default="resnet18,mobilenetv2")
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--no-tsim", action="store_true", help="skip the timing model (slow on whole networks)")
+    p.add_argument("--tune", nargs="?", const=True, default=None, metavar="LOG",
+                   help="tilings measured on tsim (build_model(tune=...)); with LOG, a tuning log")
     p.add_argument("-o", "--output", default=str(Path(__file__).parent / "results" / "e2e.json"))
     args = p.parse_args(argv)
     from accel.isa import resolve_config
@@ -272,7 +274,7 @@ def main(argv=None) -> int:
                "machine": platform.machine(), "cpus": len(os.sched_getaffinity(0)),
                "python": platform.python_version(), "nets": []}
     for name in args.nets.split(","):
-        results["nets"].append(bench_net(name, args.config, args.repeat, not args.no_tsim, log))
+        results["nets"].append(bench_net(name, args.config, args.repeat, not args.no_tsim, log, args.tune))
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(results, indent=2, default=str))

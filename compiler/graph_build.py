@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 TARGETS = ("accel", "cpu")
 #: DRAM reserved while building (the module records only what it uses)
 BUILD_DRAM_BYTES = 1 << 30
+#: tilings measured per layer when tuning (the analytical ranking's best few)
+TUNE_TOP = 6
 #: ops the runtime executes itself (layout conversions at the accelerator boundary)
 NATIVE_OPS = ("pack", "unpack")
 #: ALU ops folded into the requantization clamp of the accelerator operation before them
@@ -333,8 +335,11 @@ def _clamp(n: Node, lo: int, hi: int) -> tuple[int, int]:
 
 
 class _Builder:
-    def __init__(self, graph: Graph, cfg: AccelConfig | None, true_macs: dict[str, int], progress=None):
+    def __init__(self, graph: Graph, cfg: AccelConfig | None, true_macs: dict[str, int], progress=None,
+                 tune=None):
         self.g, self.cfg, self.true_macs, self.progress = graph, cfg, true_macs, progress
+        self.tune = tune  # None: analytical tilings; True or a tuning-log path: measured on tsim
+        self.tuning: dict[str, dict] = {}
         if cfg is not None:
             from host_runtime import Device
             self.dev = Device(cfg, driver=None, dram_bytes=min(BUILD_DRAM_BYTES, 1 << cfg.dram_addr_width))
@@ -593,7 +598,7 @@ class _Builder:
         out = self.tbuf[out_tid]
         if head.op in ("qconv2d", "qdense"):
             spec = self.gemm_spec(head)
-            tiling = plan_conv2d(spec, cfg, 2, residual is not None)
+            tiling = self.tiling(spec, residual is not None)
             fused = None
             if residual is not None:
                 other, ka, kb, rq2 = residual
@@ -632,6 +637,18 @@ class _Builder:
         if residual is not None:
             inputs.append(self.tensor_of(residual[0]))
         self.steps.append(Step(head.name, "accel", label, inputs, out_tid, [], None, {}, addr, count, macs))
+
+    def tiling(self, spec, residual: bool):
+        """The layer's tiling: the analytical best, or with `tune` the fastest of the best few on tsim."""
+        from .accel.conv2d import plan_conv2d
+        if not self.tune:
+            return plan_conv2d(spec, self.cfg, 2, residual)
+        from .accel.tune import tune_conv2d
+        log_path = None if self.tune is True else self.tune
+        tiling, record = tune_conv2d(spec, self.cfg, 2, TUNE_TOP, "tsim", log_path, residual)
+        self.tuning[spec.name] = {"tiling": tiling.describe(), "cycles": record["cycles"],
+                                  "candidates": len(record.get("trials", []))}
+        return tiling
 
     def gemm_spec(self, n: Node):
         from .accel.conv2d import Conv2dSpec, TilingError
@@ -718,7 +735,7 @@ def _random_calibration(graph: Graph, n: int, seed: int = 0) -> list[dict]:
 
 def build_model(model, target: str = "accel", config: AccelConfig | str | None = None, *,
                 calibration: list | None = None, shapes: dict | None = None, name: str | None = None,
-                fuse: bool = True, force_target: dict | None = None,
+                fuse: bool = True, force_target: dict | None = None, tune: bool | str | Path | None = None,
                 progress: Callable[[str, int, int], None] | None = None) -> CompiledModule:
     """Compile `model` (ONNX path, bytes, ModelProto, or a compiler.graph Graph) for `target`.
 
@@ -726,7 +743,10 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
     default "default") with CPU fallback; calibration is a list of feeds (dicts by input name) for
     the int8 scales; a QDQ model brings its own; without either, seeded random normal inputs are
     used (and meta['warnings'] says so). target "cpu": float32 (int8 for QDQ models) on this
-    host's CPU; `config` is recorded if given. progress(stage, k, n) reports long work."""
+    host's CPU; `config` is recorded if given. tune: True or a JSON tuning-log path measures the
+    best few tilings of each accelerator conv/dense on the timing model and keeps the fastest
+    (compiler.accel.tune; the log makes a rebuild a lookup); meta['tuning'] lists the choices.
+    progress(stage, k, n) reports long work."""
     from .graph.passes import GraphOptions, optimize
     t0 = time.perf_counter()
     if target not in TARGETS:
@@ -750,9 +770,10 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
     if progress:
         progress("optimize", 0, 1)
     q = optimize(g, opts)
-    b = _Builder(q, cfg if target == "accel" else None, true_macs, progress)
+    b = _Builder(q, cfg if target == "accel" else None, true_macs, progress, tune if target == "accel" else None)
     b.lower()
-    mod = b.finish(name or g.name, target, g, t0, {"warnings": warnings, "graph_ops": len(q.ops)})
+    mod = b.finish(name or g.name, target, g, t0, {"warnings": warnings, "graph_ops": len(q.ops),
+                                                   "tuning": b.tuning})
     if cfg is not None and target == "cpu":
         mod.config = cfg
     mod.graph = q  # the optimized graph (not saved; for inspection and reference runs)

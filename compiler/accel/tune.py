@@ -22,9 +22,10 @@ from .conv2d import Conv2dSpec, ConvTiling, Requant, _Geom, conv2d_candidates, e
 log = logging.getLogger(__name__)
 
 
-def _key(spec: Conv2dSpec, cfg: AccelConfig, vt: int) -> str:
+def _key(spec: Conv2dSpec, cfg: AccelConfig, vt: int, residual: bool = False) -> str:
     return (f"{cfg.digest()}:{spec.n}x{spec.c}x{spec.h}x{spec.w}->{spec.o}:k{spec.kh}x{spec.kw}"
-            f":p{','.join(map(str, spec.pads))}:s{spec.strides[0]},{spec.strides[1]}:vt{vt}")
+            f":p{','.join(map(str, spec.pads))}:s{spec.strides[0]},{spec.strides[1]}:vt{vt}"
+            + (":residual" if residual else ""))
 
 
 def measure_conv2d(spec: Conv2dSpec, cfg: AccelConfig, tiling: ConvTiling, driver: str = "tsim",
@@ -50,16 +51,18 @@ def measure_conv2d(spec: Conv2dSpec, cfg: AccelConfig, tiling: ConvTiling, drive
 
 
 def tune_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, top: int = 6, driver: str = "tsim",
-                log_path: str | Path | None = None) -> tuple[ConvTiling, dict]:
+                log_path: str | Path | None = None, residual: bool = False) -> tuple[ConvTiling, dict]:
     """The fastest of the `top` cheapest analytical tilings, measured on `driver`; with log_path,
-    read and extend a JSON tuning log. Returns (tiling, record)."""
-    key = _key(spec, cfg, vt)
+    read and extend a JSON tuning log. Returns (tiling, record). With `residual`, only tilings
+    that leave room for a fused residual add compete; they are measured without it (the add is
+    one identity GEMM micro-op per output entry whatever the tiling)."""
+    key = _key(spec, cfg, vt, residual)
     book = {}
     if log_path and Path(log_path).exists():
         book = json.loads(Path(log_path).read_text())
         if key in book:
             return ConvTiling(**book[key]["tiling"]), book[key]
-    cands = conv2d_candidates(spec, cfg, vt)[:top]
+    cands = conv2d_candidates(spec, cfg, vt, residual)[:top]
     trials = []
     for est, t in cands:
         cycles = measure_conv2d(spec, cfg, t, driver)
