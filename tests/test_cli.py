@@ -188,6 +188,13 @@ def test_cli_compile_then_run_model_by_name_and_npz(capsys, tmp_path):
         np.testing.assert_array_equal(z[z.files[0]], want)
     _error(capsys, "no input 'nope'", "run", str(tmp_path / "m.accm"), "--input", f"nope={tmp_path / 'x.npy'}")
     _error(capsys, "give the model's inputs", "run", str(tmp_path / "m.accm"))
+    # --tune LOG: same bytes out, the log written, the choices in the module's meta
+    rc, out, _ = _run(capsys, "compile", str(tmp_path / "m.onnx"), "--target", "accel", "--config", "tiny",
+                      "-o", str(tmp_path / "t.accm"), "--calibration", str(tmp_path / "calib.npz"),
+                      "--tune", str(tmp_path / "tuning.json"))
+    tuned = CompiledModule.load(tmp_path / "t.accm")
+    assert rc == 0 and (tmp_path / "tuning.json").exists() and tuned.meta["tuning"]
+    np.testing.assert_array_equal(next(iter(tuned.run(feeds[4])[0].values())), want)
     _error(capsys, "unknown driver", "run", str(tmp_path / "m.accm"), "--input", "random", "--driver", "warp")
     rc, out, _ = _run(capsys, "compile", str(tmp_path / "m.onnx"), "--target", "cpu", "-o", str(tmp_path / "c.accm"))
     assert rc == 0
