@@ -81,12 +81,12 @@ def pack_blocked(x: np.ndarray, block) -> np.ndarray:
 
 
 def unpack_blocked(x: np.ndarray, shape) -> np.ndarray:
-    """Inverse of pack_blocked, cropping to `shape`."""
+    """Inverse of pack_blocked, cropping to `shape` (None keeps the padding)."""
     r = x.ndim - 4
     n2, c2, b0, b1 = x.shape[0], x.shape[1], x.shape[-2], x.shape[-1]
     rest = x.shape[2:2 + r]
     y = x.transpose(0, 2 + r, 1, 3 + r, *range(2, 2 + r)).reshape(n2 * b0, c2 * b1, *rest)
-    return y[:shape[0], :shape[1]]
+    return y if shape is None else y[:shape[0], :shape[1]]
 
 
 NATIVE_OPS: dict[str, Callable[..., np.ndarray]] = {
@@ -340,6 +340,7 @@ def load_library(data: bytes, target: dict | None = None) -> ctypes.CDLL:
 
 
 def default_num_threads() -> int:
+    """Threads for CPU kernels: $KIT_NUM_THREADS, else the CPUs this process may run on."""
     env = os.environ.get("KIT_NUM_THREADS")
     if env:
         return max(1, int(env))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from accel.isa.files import write_atomic
+from host_runtime.executor import default_num_threads
 
 from ..errors import CodegenError
 from ..tir import dtype as dt
@@ -32,16 +32,6 @@ _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _num_threads: int | None = None
 _workers: dict = {}
-
-
-def default_num_threads() -> int:
-    env = os.environ.get("KIT_NUM_THREADS")
-    if env:
-        return max(1, int(env))
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
 
 
 def num_threads() -> int:

@@ -17,6 +17,8 @@ from typing import Callable
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from host_runtime.executor import pack_blocked, unpack_blocked
+
 from .errors import OpError
 from .ir import Node, TensorType
 
@@ -694,26 +696,13 @@ def packed_shape(shape, block):
 
 
 def pack_ref(x, block):
-    b0, b1 = block
-    n, c = x.shape[:2]
-    rest = x.shape[2:]
-    n2, c2 = -(-n // b0), -(-c // b1)
-    xp = np.zeros((n2 * b0, c2 * b1, *rest), x.dtype)
-    xp[:n, :c] = x
-    r = len(rest)
-    y = xp.reshape(n2, b0, c2, b1, *rest)
-    return np.ascontiguousarray(y.transpose(0, 2, *range(4, 4 + r), 1, 3))
+    """N C ... -> N' C' ... b0 b1 with zero padding (the runtime's own packing, contiguous)."""
+    return np.ascontiguousarray(pack_blocked(x, block))
 
 
 def unpack_ref(x, shape):
     """Inverse of pack_ref; shape=None keeps the padding."""
-    r = x.ndim - 4
-    n2, c2, b0, b1 = x.shape[0], x.shape[1], x.shape[-2], x.shape[-1]
-    rest = x.shape[2:2 + r]
-    y = x.transpose(0, 2 + r, 1, 3 + r, *range(2, 2 + r)).reshape(n2 * b0, c2 * b1, *rest)
-    if shape is not None:
-        y = y[:shape[0], :shape[1]]
-    return np.ascontiguousarray(y)
+    return np.ascontiguousarray(unpack_blocked(x, shape))
 
 
 @register("pack", Pattern.INJECTIVE, 1, {"block": REQUIRED},

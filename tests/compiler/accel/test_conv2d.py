@@ -1,7 +1,4 @@
 """conv2d / dense on the accelerator through the functional simulator, bit-exact against numpy."""
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -11,38 +8,20 @@ from compiler.accel.conv2d import (Conv2dSpec, Requant, TilingError, conv2d_refe
                                    plan_conv2d, run_conv2d, run_dense)
 from compiler.accel.layout import pack_activation, pack_weight, unpack_activation, unpack_weight
 from host_runtime import Device
+from conv_cases import check_conv, rand_conv, resnet_layer
 
-WORKLOADS = Path(__file__).resolve().parents[3].parent / "shared" / "workloads" / "resnet18_conv.json"
 ODD = AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024,
                   inp_buff_bytes=8 * 1024, wgt_buff_bytes=32 * 1024)
-
-
-def _rand(rng, spec, bias=True):
-    x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
-    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
-    b = rng.integers(-20000, 20000, spec.o).astype(np.int32) if bias else None
-    return x, w, b
+_rand = rand_conv
 
 
 def _check(cfg, spec, rq, vt=2, seed=0, bias=True):
-    x, w, b = _rand(np.random.default_rng(seed), spec, bias)
-    y, res, _ = run_conv2d(Device(cfg, dram_bytes=32 << 20), x, w, b, spec, rq, vt)
-    ref = conv2d_reference(x, w, b, spec, rq)
-    assert y.shape == ref.shape and np.array_equal(y, ref), f"{spec} mismatch"
-    return res
-
-
-def _resnet_layers():
-    if not WORKLOADS.exists():
-        pytest.skip(f"{WORKLOADS} not found")
-    layers = json.loads(WORKLOADS.read_text())["layers"]
-    return [(k, v) for k, v in layers.items() if k != "C1"]
+    return check_conv(run_conv2d, cfg, spec, rq, vt, seed, bias)[1]
 
 
 @pytest.mark.parametrize("name", [f"C{i}" for i in range(2, 12)])
 def test_conv2d_resnet18_layer_default_config_bit_exact(name):
-    fields = dict(_resnet_layers())[name]
-    spec = Conv2dSpec.from_workload(fields, name)
+    spec = resnet_layer(name)
     res = _check(PRESETS["default"], spec, Requant(shift=11, lo=0, hi=127))
     assert res.stats["macs"] >= spec.macs  # padded channels only add work
 

@@ -1,39 +1,21 @@
 """conv2d/dense through tensor expressions, a schedule and the accelerator passes, bit-exact on fsim."""
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from accel.isa import PRESETS
 from compiler.accel import conv2d as template
-from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, dense_reference
+from compiler.accel.conv2d import Conv2dSpec, Requant, dense_reference
 from compiler.accel.lower import lower_conv2d, run_conv2d, run_dense
 from host_runtime import Device
+from conv_cases import check_conv, rand_conv, resnet_layer
 
-WORKLOADS = Path(__file__).resolve().parents[3].parent / "shared" / "workloads" / "resnet18_conv.json"
-
-
-def _rand(rng, spec, bias=True):
-    x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
-    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
-    b = rng.integers(-20000, 20000, spec.o).astype(np.int32) if bias else None
-    return x, w, b
+_rand = rand_conv
+_layer = resnet_layer
 
 
 def _check(cfg, spec, rq, vt=2, seed=0, bias=True):
-    x, w, b = _rand(np.random.default_rng(seed), spec, bias)
-    y, res, stream = run_conv2d(Device(cfg, dram_bytes=32 << 20), x, w, b, spec, rq, vt)
-    ref = conv2d_reference(x, w, b, spec, rq)
-    assert y.shape == ref.shape and np.array_equal(y, ref), f"{spec} vt={vt} mismatch"
-    return y, res, stream
-
-
-def _layer(name):
-    if not WORKLOADS.exists():
-        pytest.skip(f"{WORKLOADS} not found")
-    return Conv2dSpec.from_workload(json.loads(WORKLOADS.read_text())["layers"][name], name)
+    return check_conv(run_conv2d, cfg, spec, rq, vt, seed, bias)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

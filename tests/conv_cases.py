@@ -1,0 +1,38 @@
+"""Shared conv2d test cases: random int8 operands, ResNet-18 layers from the shared workload, and
+a bit-exact check of any conv2d runner (the template's or the TE path's) against the numpy reference."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compiler.accel.conv2d import Conv2dSpec, conv2d_reference
+from host_runtime import Device
+
+WORKLOADS = Path(__file__).resolve().parents[1].parent / "shared" / "workloads" / "resnet18_conv.json"
+
+
+def resnet_layers() -> dict[str, list[int]]:
+    if not WORKLOADS.exists():
+        pytest.skip(f"{WORKLOADS} not found")
+    return json.loads(WORKLOADS.read_text())["layers"]
+
+
+def resnet_layer(name: str) -> Conv2dSpec:
+    return Conv2dSpec.from_workload(resnet_layers()[name], name)
+
+
+def rand_conv(rng, spec, bias=True):
+    x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
+    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
+    b = rng.integers(-20000, 20000, spec.o).astype(np.int32) if bias else None
+    return x, w, b
+
+
+def check_conv(run_conv2d, cfg, spec, rq, vt=2, seed=0, bias=True):
+    """run_conv2d(device, x, w, b, spec, rq, vt) -> (y, result, stream) must equal the reference."""
+    x, w, b = rand_conv(np.random.default_rng(seed), spec, bias)
+    y, res, stream = run_conv2d(Device(cfg, dram_bytes=32 << 20), x, w, b, spec, rq, vt)
+    ref = conv2d_reference(x, w, b, spec, rq)
+    assert y.shape == ref.shape and np.array_equal(y, ref), f"{spec} vt={vt} mismatch"
+    return y, res, stream
