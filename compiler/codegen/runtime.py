@@ -107,7 +107,20 @@ def register_extern(name: str, func) -> None:
     llvm.add_symbol(name, addr)
 
 
-class Module:
+class _Sources:
+    """The loop IR, LLVM IR or assembly a compiled function came from (func, _ir, target, _llvm_module)."""
+
+    def get_source(self, fmt: str = "ll") -> str:
+        if fmt == "tir":
+            return self.func.script()
+        if fmt == "ll":
+            return self._ir
+        if fmt in ("asm", "s"):
+            return self.target.target_machine().emit_assembly(self._llvm_module)
+        raise CodegenError(f"get_source: unknown format {fmt!r}; use 'tir', 'll' or 'asm'")
+
+
+class Module(_Sources):
     """A JIT-compiled function: call it with numpy arrays in the order of `args`.
 
     mod(a, b, c) checks each array's shape, dtype and layout (C-contiguous) and names the
@@ -167,20 +180,11 @@ class Module:
             best = min(best, (time.perf_counter() - t0) / number)
         return best
 
-    def get_source(self, fmt: str = "ll") -> str:
-        if fmt == "tir":
-            return self.func.script()
-        if fmt == "ll":
-            return self._ir
-        if fmt in ("asm", "s"):
-            return self.target.target_machine().emit_assembly(self._llvm_module)
-        raise CodegenError(f"get_source: unknown format {fmt!r}; use 'tir', 'll' or 'asm'")
-
     def __repr__(self):
         return f"Module({self.name}, target={self.target})"
 
 
-class CrossModule:
+class CrossModule(_Sources):
     """Code for another machine (an ARM board): the object file and its sources, not callable."""
 
     def __init__(self, func, llvm_module, target, ir_text: str):
@@ -196,11 +200,3 @@ class CrossModule:
     def save(self, path: str) -> None:
         write_atomic(path, self.object_code)
 
-    def get_source(self, fmt: str = "ll") -> str:
-        if fmt == "tir":
-            return self.func.script()
-        if fmt == "ll":
-            return self._ir
-        if fmt in ("asm", "s"):
-            return self.target.target_machine().emit_assembly(self._llvm_module)
-        raise CodegenError(f"get_source: unknown format {fmt!r}; use 'tir', 'll' or 'asm'")
