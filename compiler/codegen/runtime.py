@@ -199,4 +199,3 @@ class CrossModule(_Sources):
 
     def save(self, path: str) -> None:
         write_atomic(path, self.object_code)
-
