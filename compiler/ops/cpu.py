@@ -126,6 +126,23 @@ CONV_OC_BN = 32
 CONV_IC_BN = 16
 
 
+def _begin(outs, *tags):
+    """(outs as a list, their schedule with injective ops inlined, the stage of the first tag found)."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    main = next((st for st in (_find(s, t) for t in tags) if st is not None), None)
+    return outs, s, main
+
+
+def _schedule_rest(s, keep, **flat):
+    """Every stage but `keep` (pack, pad, unpack, epilogues) at root, flat: parallel, vectorized."""
+    for st in s.stages:
+        if st.is_placeholder or st.attach_type == "inline" or any(st is k for k in keep):
+            continue
+        schedule_flat(s, st.op.output(0), **flat)
+
+
 def conv_blocks(C: int, O: int, dtype: str = "float32", oc_bn: int | None = None, ic_bn: int | None = None):
     """(ic_bn, oc_bn) for an NCHWc conv: oc_bn a multiple of the vector width when possible."""
     ob = oc_bn or CONV_OC_BN
@@ -135,14 +152,8 @@ def conv_blocks(C: int, O: int, dtype: str = "float32", oc_bn: int | None = None
 
 
 def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
-    outs = _as_list(outs)
-    s = te.create_schedule([o.op for o in outs])
-    inline_injective(s, outs)
-    conv = _find(s, "conv2d_NCHWc")
-    for st in s.stages:   # pack / pad / unpack stages: root, parallel, vectorized where possible
-        if st.is_placeholder or st.attach_type == "inline" or st is conv:
-            continue
-        schedule_flat(s, st.op.output(0))
+    outs, s, conv = _begin(outs, "conv2d_NCHWc")
+    _schedule_rest(s, (conv,))
     C = conv.op.output(0)
     N, OCO, OH, OW, ocb = C.shape
     rn = largest_divisor(OW, reg_n or CONV_REG_N)
@@ -167,14 +178,8 @@ def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
 
 def schedule_conv2d_nchw(outs):
     """Direct NCHW conv (any groups): padded input at root; ow tile of accumulators vectorized."""
-    outs = _as_list(outs)
-    s = te.create_schedule([o.op for o in outs])
-    inline_injective(s, outs)
-    conv = _find(s, "conv2d_nchw")
-    for st in s.stages:
-        if st.is_placeholder or st.attach_type == "inline" or st is conv:
-            continue
-        schedule_flat(s, st.op.output(0))
+    outs, s, conv = _begin(outs, "conv2d_nchw")
+    _schedule_rest(s, (conv,))
     C = conv.op.output(0)
     N, O, OH, OW = C.shape
     vl = lanes(C.dtype)
@@ -209,14 +214,8 @@ def dense_block(M: int, N: int) -> tuple[int, int]:
 
 
 def schedule_dense_pack(outs):
-    outs = _as_list(outs)
-    s = te.create_schedule([o.op for o in outs])
-    inline_injective(s, outs)
-    cp = _find(s, "dense_pack")
-    for st in s.stages:
-        if st.is_placeholder or st.attach_type == "inline" or st is cp:
-            continue
-        schedule_flat(s, st.op.output(0), parallel=False)
+    outs, s, cp = _begin(outs, "dense_pack")
+    _schedule_rest(s, (cp,), parallel=False)
     C = cp.op.output(0)
     M, NB, bn = C.shape
     K = cp.op.reduce_axis[0].dom.extent.value
@@ -248,14 +247,8 @@ def schedule_dense_pack(outs):
 
 def schedule_matmul(outs):
     """matmul / batch_matmul: (mi x nj) register tiles over (i, j), vectorized over j."""
-    outs = _as_list(outs)
-    s = te.create_schedule([o.op for o in outs])
-    inline_injective(s, outs)
-    mm = _find(s, "batch_matmul") or _find(s, "matmul")
-    for st in s.stages:
-        if st.is_placeholder or st.attach_type == "inline" or st is mm:
-            continue
-        schedule_flat(s, st.op.output(0))
+    outs, s, mm = _begin(outs, "batch_matmul", "matmul")
+    _schedule_rest(s, (mm,))
     C = mm.op.output(0)
     M, N = C.shape[-2:]
     vl = lanes(C.dtype)
@@ -321,10 +314,7 @@ def schedule_conv2d_pointwise(outs):
     outs = _as_list(outs)
     s = te.create_schedule([o.op for o in outs])
     flat, ost = _flat_pipeline(s, outs, "conv2d_pointwise")
-    for st in s.stages:
-        if st.is_placeholder or st.attach_type == "inline" or st is flat or st is ost:
-            continue
-        schedule_flat(s, st.op.output(0))
+    _schedule_rest(s, (flat, ost))
     F = flat.op.output(0)
     N, O, P = F.shape
     C = flat.op.reduce_axis[0].dom.extent.value
@@ -380,10 +370,7 @@ def schedule_depthwise_flat(outs):
     s = te.create_schedule([o.op for o in outs])
     flat, ost = _flat_pipeline(s, outs, "depthwise_flat")
     pad = next((st for st in s.stages if not st.is_placeholder and st.op.name == "data_phase"), None)
-    for st in s.stages:
-        if st.is_placeholder or st.attach_type == "inline" or st in (flat, ost, pad):
-            continue
-        schedule_flat(s, st.op.output(0))
+    _schedule_rest(s, (flat, ost, pad))
     F = flat.op.output(0)
     N, C, Q = F.shape
     vl = lanes(F.dtype)
