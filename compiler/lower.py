@@ -14,12 +14,12 @@ import logging
 from typing import Sequence
 
 from .errors import LowerError, ScheduleError, TensorizeError
-from .te.schedule import Fuse, Schedule, Split, Stage
-from .te.tensor import ComputeOp, IterVar, PlaceholderOp, Tensor
+from .te.schedule import ProducerMutator, Schedule, Split, Stage
+from .te.tensor import ComputeOp, IterVar, Tensor
 from .te.tensorize import match_bodies
 from .tir import dtype as dt
 from .tir import expr as E
-from .tir.arith import Analyzer, Linear, linear, skey
+from .tir.arith import Analyzer, Linear, linear
 from .tir.functor import Mutator, post_order_visit, substitute
 from .tir.stmt import (Allocate, AttrStmt, Buffer, BufferStore, For, ForKind, IfThenElse, PrimFunc,
                        Stmt, seq)
@@ -44,25 +44,16 @@ class _StageInfo:
         self.buffer: Buffer | None = None
 
 
-class _Inliner(Mutator):
+class _Inliner(ProducerMutator):
     def __init__(self, low: "_Lowering"):
         self.low = low
 
-    def visit_ProducerLoad(self, e):
-        idx = tuple(self.visit(i) for i in e.indices)
+    def rewrite_load(self, e, idx):
         st = self.low.stage_of(e.producer)
         if st.attach_type == "inline":
             body = self.low.eff_body(st)
             return substitute(body, {a.var: i for a, i in zip(st.op.axis, idx)})
-        if any(a is not b for a, b in zip(idx, e.indices)):
-            return E.ProducerLoad(e.producer, idx)
-        return e
-
-    def visit_Reduce(self, e):
-        src, cond = self.visit(e.source), self.visit(e.condition)
-        if src is e.source and cond is e.condition:
-            return e
-        return E.Reduce(e.combiner, src, e.axis, cond)
+        return super().rewrite_load(e, idx)
 
 
 class _ToBuffer(Mutator):
@@ -455,7 +446,6 @@ class _Lowering:
         # stage body in intrinsic variables
         svmap = {}
         for r in list(op.axis) + list(op.reduce_axis):
-            absb = info.abs[r] if r not in base else None
             off = info.region_min[op.axis.index(r)] if r in op.axis else r.dom.min
             b = base[r]
             e = b if r not in imap else b + imap[r]

@@ -300,14 +300,14 @@ class Stage:
         self.iter_attrs.setdefault(iv, IterAttr()).pragmas.append((key, value))
 
 
-class _ReplaceLoads(Mutator):
-    def __init__(self, old: set, new: Tensor):
-        self.old, self.new = old, new
+class ProducerMutator(Mutator):
+    """A Mutator that also walks tensor-expression loads and reductions, rebuilding a node only
+    when a child changed; subclasses rewrite a load with its visited indices in rewrite_load."""
 
     def visit_ProducerLoad(self, e):
-        idx = tuple(self.visit(i) for i in e.indices)
-        if e.producer in self.old:
-            return E.ProducerLoad(self.new, idx)
+        return self.rewrite_load(e, tuple(self.visit(i) for i in e.indices))
+
+    def rewrite_load(self, e, idx):
         if any(a is not b for a, b in zip(idx, e.indices)):
             return E.ProducerLoad(e.producer, idx)
         return e
@@ -317,6 +317,16 @@ class _ReplaceLoads(Mutator):
         if src is e.source and cond is e.condition:
             return e
         return E.Reduce(e.combiner, src, e.axis, cond)
+
+
+class _ReplaceLoads(ProducerMutator):
+    def __init__(self, old: set, new: Tensor):
+        self.old, self.new = old, new
+
+    def rewrite_load(self, e, idx):
+        if e.producer in self.old:
+            return E.ProducerLoad(self.new, idx)
+        return super().rewrite_load(e, idx)
 
 
 class Schedule:
