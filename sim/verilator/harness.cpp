@@ -271,68 +271,48 @@ struct Harness {
     }
 
     // ---- AXI4-Lite master (one access at a time) ----------------------------------------------
+    // Up to 64 cycles; seen() samples the handshake after each clk-low eval. True once it fired.
+    template <class F> bool cycles_until(F seen) {
+        for (int i = 0; i < 64; i++) {
+            drive_memory();
+            top->clk = 0;
+            top->eval();
+            bool fired = seen();
+            tick_after_eval();
+            if (fired) return true;
+        }
+        return false;
+    }
     bool axil_write(uint32_t addr, uint32_t data) {
         top->s_axil_awaddr = addr;
         top->s_axil_wdata = data;
         top->s_axil_wstrb = 0xF;
         top->s_axil_awvalid = 1;
         top->s_axil_wvalid = 1;
-        for (int i = 0; i < 64; i++) {
-            drive_memory();
-            top->clk = 0;
-            top->eval();
+        bool accepted = cycles_until([&] {
             bool fire = top->s_axil_awready && top->s_axil_wready;
             if (fire) last_axil_write = cycle;
-            tick_after_eval();
-            if (fire) {
-                top->s_axil_awvalid = 0;
-                top->s_axil_wvalid = 0;
-                top->s_axil_bready = 1;
-                for (int j = 0; j < 64; j++) {
-                    drive_memory();
-                    top->clk = 0;
-                    top->eval();
-                    bool b = top->s_axil_bvalid;
-                    tick_after_eval();
-                    if (b) {
-                        top->s_axil_bready = 0;
-                        return true;
-                    }
-                }
-                return false;
-            }
-        }
-        return false;
+            return fire;
+        });
+        if (!accepted) return false;
+        top->s_axil_awvalid = 0;
+        top->s_axil_wvalid = 0;
+        top->s_axil_bready = 1;
+        if (!cycles_until([&] { return (bool)top->s_axil_bvalid; })) return false;
+        top->s_axil_bready = 0;
+        return true;
     }
     bool axil_read(uint32_t addr, uint32_t* out) {
         top->s_axil_araddr = addr;
         top->s_axil_arvalid = 1;
-        for (int i = 0; i < 64; i++) {
-            drive_memory();
-            top->clk = 0;
-            top->eval();
-            bool fire = top->s_axil_arready;
-            tick_after_eval();
-            if (fire) {
-                top->s_axil_arvalid = 0;
-                top->s_axil_rready = 1;
-                for (int j = 0; j < 64; j++) {
-                    drive_memory();
-                    top->clk = 0;
-                    top->eval();
-                    bool v = top->s_axil_rvalid;
-                    uint32_t d = top->s_axil_rdata;
-                    tick_after_eval();
-                    if (v) {
-                        top->s_axil_rready = 0;
-                        *out = d;
-                        return true;
-                    }
-                }
-                return false;
-            }
-        }
-        return false;
+        if (!cycles_until([&] { return (bool)top->s_axil_arready; })) return false;
+        top->s_axil_arvalid = 0;
+        top->s_axil_rready = 1;
+        uint32_t d = 0;
+        if (!cycles_until([&] { d = top->s_axil_rdata; return (bool)top->s_axil_rvalid; })) return false;
+        top->s_axil_rready = 0;
+        *out = d;
+        return true;
     }
     // The rest of tick() once the clk-low eval has been done by the caller.
     void tick_after_eval() {
