@@ -255,19 +255,7 @@ struct Harness {
         drive_memory();
         top->clk = 0;
         top->eval();
-#if VM_TRACE
-        if (tfp) tfp->dump(sim_time);
-#endif
-        sim_time += 5;
-        step_memory();
-        probe();
-        top->clk = 1;
-        top->eval();
-#if VM_TRACE
-        if (tfp) tfp->dump(sim_time);
-#endif
-        sim_time += 5;
-        cycle++;
+        tick_after_eval();
     }
 
     // ---- AXI4-Lite master (one access at a time) ----------------------------------------------
@@ -314,7 +302,7 @@ struct Harness {
         *out = d;
         return true;
     }
-    // The rest of tick() once the clk-low eval has been done by the caller.
+    // The rest of a cycle once the clk-low eval is done: dump, sample handshakes, clk-high eval.
     void tick_after_eval() {
 #if VM_TRACE
         if (tfp) tfp->dump(sim_time);
