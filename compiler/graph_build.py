@@ -529,7 +529,7 @@ class _Builder:
         """conv/dense (+clamps) followed by a qadd (+clamps) of its result: one accelerator program
         with the add in the epilogue (compiler.accel.conv2d.ResidualAdd). False when the pattern
         is absent or the accelerator declines it (then the ops lower one by one)."""
-        from .accel.conv2d import Requant, TilingError
+        from .accel.conv2d import Requant
         body_last = (n.attrs["body"] if n.op == "fused" else _single_body(n)).outputs[0]
         tail = ops[j - 1]
         if j >= len(ops) or ops[j].op != "qadd" or tail is body_last or len(users[id(tail)]) != 1:
@@ -590,8 +590,7 @@ class _Builder:
 
     def emit_accel(self, head: Node, ins: list, out_tid: int, lo: int, hi: int, label: str, macs: int,
                    residual: tuple | None = None) -> None:
-        from .accel.conv2d import (Requant, ResidualAdd, TilingError, emit_conv2d, plan_conv2d,
-                                   residual_identity)
+        from .accel.conv2d import Requant, ResidualAdd, TilingError, emit_conv2d, residual_identity
         from .accel.eltwise import emit_add, identity_weights
         from .accel.layout import pack_bias
         cfg = self.cfg
@@ -770,6 +769,12 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
     if progress:
         progress("optimize", 0, 1)
     q = optimize(g, opts)
+    if target == "accel" and tune not in (None, False, True):
+        from .accel.tune import read_tuning_log
+        try:
+            read_tuning_log(tune)   # a broken log stops the build (a layer's tiling error falls back)
+        except CompilerError as e:
+            raise BuildError(str(e)) from None
     b = _Builder(q, cfg if target == "accel" else None, true_macs, progress, tune if target == "accel" else None)
     b.lower()
     mod = b.finish(name or g.name, target, g, t0, {"warnings": warnings, "graph_ops": len(q.ops),

@@ -12,12 +12,10 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from accel.isa import AccelConfig
 from accel.isa.files import write_atomic
 
-from .conv2d import Conv2dSpec, ConvTiling, Requant, _Geom, conv2d_candidates, emit_conv2d
+from .conv2d import Conv2dSpec, ConvTiling, Requant, TilingError, _Geom, conv2d_candidates, emit_conv2d
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +48,22 @@ def measure_conv2d(spec: Conv2dSpec, cfg: AccelConfig, tiling: ConvTiling, drive
     return int(result.cycles)
 
 
+def read_tuning_log(path: str | Path) -> dict:
+    """The records of a JSON tuning log ({} when the file does not exist yet); TilingError naming
+    the file when it is not one."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        book = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TilingError(f"tuning log {path}: cannot read it as JSON ({e}); fix or delete it") from None
+    if not isinstance(book, dict) or not all(isinstance(r, dict) and "tiling" in r for r in book.values()):
+        raise TilingError(f"tuning log {path}: expected a JSON object of tuning records "
+                          "(key -> {\"tiling\": ..., \"cycles\": ...}); fix or delete it")
+    return book
+
+
 def tune_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, top: int = 6, driver: str = "tsim",
                 log_path: str | Path | None = None, residual: bool = False) -> tuple[ConvTiling, dict]:
     """The fastest of the `top` cheapest analytical tilings, measured on `driver`; with log_path,
@@ -57,11 +71,9 @@ def tune_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, top: int = 6, d
     that leave room for a fused residual add compete; they are measured without it (the add is
     one identity GEMM micro-op per output entry whatever the tiling)."""
     key = _key(spec, cfg, vt, residual)
-    book = {}
-    if log_path and Path(log_path).exists():
-        book = json.loads(Path(log_path).read_text())
-        if key in book:
-            return ConvTiling(**book[key]["tiling"]), book[key]
+    book = read_tuning_log(log_path) if log_path else {}
+    if key in book:
+        return ConvTiling(**book[key]["tiling"]), book[key]
     cands = conv2d_candidates(spec, cfg, vt, residual)[:top]
     trials = []
     for est, t in cands:

@@ -9,6 +9,7 @@ from onnx import numpy_helper
 import compiler
 from compiler.frontend import zoo
 from compiler.graph import run as reference_run
+from compiler.graph_build import BuildError
 from compiler.module import CompiledModule, ModuleFormatError
 from host_runtime.executor import FORMAT_VERSION, MAGIC, Executor, ExecutorError, format_profile
 
@@ -218,3 +219,14 @@ def test_e2e_tuned_build_same_bytes_never_slower(tmp_path):
     assert sum(runs["tuned"][1].values()) <= sum(runs["plain"][1].values())
     again = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:2], tune=log_path)
     assert again.meta["tuning"] == tuned.meta["tuning"]
+
+
+def test_e2e_broken_tuning_log_stops_the_build(tmp_path):
+    log_path = tmp_path / "tuning.json"
+    log_path.write_text("{not json")
+    m = zoo.conv_bn_relu_pool()
+    with pytest.raises(BuildError, match=r"tuning log .*tuning.json: cannot read it as JSON"):
+        compiler.build_model(m, target="accel", config="tiny", tune=log_path)
+    log_path.write_text('{"k": 3}')
+    with pytest.raises(BuildError, match="expected a JSON object of tuning records"):
+        compiler.build_model(m, target="accel", config="tiny", tune=log_path)
