@@ -399,9 +399,7 @@ class Fsim:
             ys.append((x @ w).astype(np.int64).reshape(off_s.size, c.batch, c.block_out))
             dsts.append(head + off_d)
         dst = np.concatenate(dsts)
-        y = np.concatenate(ys)
-        if dst.max() >= c.acc_depth:
-            return False  # let the generic path raise the bounds error
+        y = np.concatenate(ys)        # indices were bounds-checked by _loop_indices
         hits = np.bincount(dst)
         if hits.max() == 1:
             self.acc[dst] = wrap(self.acc[dst].astype(np.int64) + y, c.acc_width)
