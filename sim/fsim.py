@@ -535,8 +535,10 @@ def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.nda
         r = np.minimum(np.maximum(a, nb), b)
     elif op == AluOp.MOV:
         r = b
-    elif op == AluOp.CLAMP:
+    elif op in (AluOp.CLAMP, AluOp.REQUANT):
         lo, hi = ((b & 0xFF) ^ 0x80) - 0x80, (((b >> 8) & 0xFF) ^ 0x80) - 0x80
+        if op == AluOp.REQUANT and acc_width >= 21:
+            a = a >> ((b >> 16) & 31)
         r = np.minimum(np.maximum(a, lo), hi)
     else:
         raise SimError(f"unknown ALU op {op!r}")

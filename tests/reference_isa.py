@@ -169,6 +169,9 @@ class ReferenceMachine:
                         r = b
                     elif op == AluOp.CLAMP:
                         r = min(max(a, wrap(b & 0xFF, 8)), wrap((b >> 8) & 0xFF, 8))
+                    elif op == AluOp.REQUANT:
+                        s = (b >> 16) & 31 if w >= 21 else 0
+                        r = min(max(a >> s, wrap(b & 0xFF, 8)), wrap((b >> 8) & 0xFF, 8))
                     else:
                         raise ReferenceError(f"instruction {idx}: unknown ALU op {op}")
                     self.acc[dst, b_, o] = wrap(r, w)

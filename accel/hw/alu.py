@@ -6,7 +6,8 @@ writes back at the end of S2 (wb_*). The micro-op right behind reads in S1 while
 the read ports' write-transparency resolves back-to-back dependencies; no stall, no bypass.
 Lane semantics (acc_width w, wrapping): MIN, MAX signed; ADD, MUL low w bits; SHR by
 s = signed low log2(w)+1 bits of b (arithmetic right by s, or left by -s when s < 0);
-CLIP min(max(a, -b), b); MOV b; CLAMP min(max(a, lo), hi), lo/hi = b's bytes 0/1 as signed.
+CLIP min(max(a, -b), b); MOV b; CLAMP min(max(a, lo), hi), lo/hi = b's bytes 0/1 as signed;
+REQUANT the CLAMP of a >> b[20:16] (no shift when w < 21).
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def alu_lane(m: Module, op, a, b, width: int):
     m.d.comb += lo.eq(Mux(a < neg_b, neg_b, a))
     c_lo, c_hi, c_up = Signal(signed(8)), Signal(signed(8)), Signal(signed(width))
     m.d.comb += [c_lo.eq(b[0:8]), c_hi.eq(b[8:16]), c_up.eq(Mux(a < c_lo, c_lo, a))]
+    rq_a, rq_up = Signal(signed(width)), Signal(signed(width))   # REQUANT: the clamp of a >> b[20:16]
+    m.d.comb += rq_a.eq(a >> b[16:21] if width >= 21 else a)
+    m.d.comb += rq_up.eq(Mux(rq_a < c_lo, c_lo, rq_a))
     with m.Switch(op):
         with m.Case(AluOp.MIN):
             m.d.comb += out.eq(Mux(a < b, a, b))
@@ -52,6 +56,8 @@ def alu_lane(m: Module, op, a, b, width: int):
             m.d.comb += out.eq(b)
         with m.Case(AluOp.CLAMP):
             m.d.comb += out.eq(Mux(c_up > c_hi, c_hi, c_up))
+        with m.Case(AluOp.REQUANT):
+            m.d.comb += out.eq(Mux(rq_up > c_hi, c_hi, rq_up))
         with m.Default():   # undefined op codes leave dst unchanged
             m.d.comb += out.eq(a)
     return out

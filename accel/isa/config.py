@@ -28,7 +28,7 @@ MEM_TYPE_BITS = 3
 SIZE_BITS = 16  # y_size, x_size, x_stride of LOAD/STORE
 PAD_BITS = 4  # each of the four paddings of LOAD
 LOOP_ITER_BITS = 14  # iter_out, iter_in of GEMM/ALU
-ALU_OPCODE_BITS = 3
+ALU_OPCODE_BITS = 4
 ALU_IMM_BITS = 16
 
 

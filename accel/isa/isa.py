@@ -52,6 +52,9 @@ class AluOp(IntEnum):
     arithmetically by s, s < 0 shifts it left by -s (zeros in). CLIP: min(max(dst, -b), b),
     -b wrapped to acc_width. MOV: b. CLAMP: min(max(dst, lo), hi) with lo = b[7:0] and
     hi = b[15:8] read as signed bytes: the two-sided int8 clamp (relu + saturation) in one pass.
+    REQUANT: CLAMP(dst >> s) with s = b[20:16] (0 when acc_width < 21): a requantization epilogue
+    (shift, relu, saturation) in one pass; its operand needs 21 bits, so it reads a register
+    (an accumulator entry holding s, hi, lo in every lane), not the 16-bit immediate.
     """
     MIN = 0
     MAX = 1
@@ -61,6 +64,7 @@ class AluOp(IntEnum):
     CLIP = 5
     MOV = 6
     CLAMP = 7
+    REQUANT = 8
 
 
 class Stage(IntEnum):

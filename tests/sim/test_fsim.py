@@ -115,6 +115,9 @@ def _py_alu(op, a, b, w):
     if op == AluOp.MOV: return b
     if op == AluOp.CLIP: return min(max(a, wr(-b)), b)
     if op == AluOp.CLAMP: return min(max(a, ((b & 255) ^ 128) - 128), (((b >> 8) & 255) ^ 128) - 128)
+    if op == AluOp.REQUANT:
+        a >>= (b >> 16) & 31 if w >= 21 else 0
+        return min(max(a, ((b & 255) ^ 128) - 128), (((b >> 8) & 255) ^ 128) - 128)
     sb = w.bit_length()
     s = b & ((1 << sb) - 1)
     s = s - (1 << sb) if s >= 1 << (sb - 1) else s
