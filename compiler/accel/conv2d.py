@@ -153,6 +153,11 @@ class _Geom:
         return cls(_ceil(spec.n, cfg.batch), _ceil(spec.c, cfg.block_in), _ceil(spec.o, cfg.block_out))
 
 
+#: accumulator entries per tile slot after the bias entries that hold REQUANT operands (one for
+#: the conv's requantization, one for a fused residual's)
+PARAM_ENTRIES = 2
+
+
 def _needs(spec: Conv2dSpec, t: ConvTiling, residual: bool = False) -> dict[str, int]:
     """Buffer entries one tiling needs (all slots; a fused residual adds its tile to each input
     slot and the identity tile to the weights)."""
@@ -160,8 +165,8 @@ def _needs(spec: Conv2dSpec, t: ConvTiling, residual: bool = False) -> dict[str,
     cols_in = (t.w_t - 1) * spec.strides[1] + spec.kw
     return {"inp": t.vt * (t.ic_t * rows_in * cols_in + (t.o_t * t.h_t * t.w_t if residual else 0)),
             "wgt": t.vt * t.o_t * t.ic_t * spec.kh * spec.kw + (1 if residual else 0),
-            "acc": t.vt * (t.o_t * t.h_t * t.w_t + t.o_t),
-            "uop": 2 * (t.o_t * t.ic_t * spec.kh * spec.kw + t.o_t + 1)}
+            "acc": t.vt * (t.o_t * t.h_t * t.w_t + t.o_t + PARAM_ENTRIES),
+            "uop": 2 * (t.o_t * t.ic_t * spec.kh * spec.kw + t.o_t + 1 + 2 * PARAM_ENTRIES)}
 
 
 def _fits(spec, cfg, t, residual=False) -> bool:
@@ -268,7 +273,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
         if not _fits(spec, cfg, t, True):
             raise TilingError(f"{spec.name}: tiling {t.describe()} leaves no room for the fused residual; "
                               f"plan it with residual=True")
-    acc_slot = t.o_t * t.h_t * t.w_t + t.o_t
+    acc_slot = t.o_t * t.h_t * t.w_t + t.o_t + PARAM_ENTRIES
     n_ic = _ceil(g.cb, t.ic_t)
     resident = n_ic == 1  # weights of an output-channel tile stay for all its row/column tiles
 
@@ -282,10 +287,15 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
         o_a, h_a, w_a = min(t.o_t, g.ob - o0), min(t.h_t, spec.oh - h0), min(t.w_t, spec.ow - w0)
         acc_base = (ti % S) * acc_slot
         bias_base = acc_base + t.o_t * t.h_t * t.w_t
+        param_base = bias_base + t.o_t   # REQUANT operands, set when the slot is first used
         r0, c0 = h0 * sh - pt, w0 * sw - pl
         rows, cols = (h_a - 1) * sh + spec.kh, (w_a - 1) * sw + spec.kw
         y0, y1 = max(r0, 0), min(r0 + rows, spec.h)
         x0, x1 = max(c0, 0), min(c0 + cols, spec.w)
+        # padding above/left of the image rows/cols the tile reads, then below/right; a tile may lie
+        # wholly in the padding (pads wider than the kernel reaches), then it loads only zeros
+        yp0, xp0 = min(y0 - r0, rows), min(x0 - c0, cols)
+        yp1, xp1 = rows - yp0 - max(0, y1 - y0), cols - xp0 - max(0, x1 - x0)
         if (n, o0) != last_group:
             group, last_group = group + 1, (n, o0)
             new_group = True
@@ -302,8 +312,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 entry = ((n * g.cb + ic0 + ic) * spec.h + y0) * spec.w + x0
                 stream.load_2d(MemType.INP, inp_base + ic * rows * cols, inp, entry,
                                y_size=max(0, y1 - y0), x_size=max(0, x1 - x0), x_stride=spec.w,
-                               y_pad0=y0 - r0, y_pad1=r0 + rows - max(y1, y0), x_pad0=x0 - c0,
-                               x_pad1=c0 + cols - max(x1, x0))
+                               y_pad0=yp0, y_pad1=yp1, x_pad0=xp0, x_pad1=xp1)
             if new_group or not resident:
                 stream.load_2d(MemType.WGT, wgt_base, wgt, (o0 * g.cb + ic0) * khw,
                                y_size=o_a, x_size=ic_a * khw, x_stride=g.cb * khw)
@@ -322,6 +331,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             pipe.before_compute()
             if ci == 0:
                 pipe.before_tile(ti)
+                if ti < S:
+                    set_requant_operand(stream, param_base, requant)
+                    if residual is not None:
+                        set_requant_operand(stream, param_base + 1, residual.requant)
                 if bias is None:
                     stream.push_gemm(_tile_kernel(stream, "reset", acc_base, o_a, h_a, w_a), reset=True)
                 else:  # start the sums from the bias: one ALU MOV pass instead of a reset and an ADD
@@ -338,7 +351,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             j += 1
         # ---- epilogue on the accumulator tile
         ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
-        emit_requant(stream, ew, requant)
+        emit_requant(stream, ew, requant, _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
         if residual is not None:
             r = residual
             res_base = ((j - 1) % S) * inp_slot + res_off
@@ -350,7 +363,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             if min(r.ka, r.kb):
                 stream.push_alu(ew, AluOp.SHR, -min(r.ka, r.kb))
             pipe.after_chunk(j - 1)
-            emit_requant(stream, ew, r.requant)
+            emit_requant(stream, ew, r.requant, _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
         pipe.after_tile()
         # ---- store stage
         pipe.before_store()
@@ -361,9 +374,44 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     return {"tiles": len(tiles), "chunks": n_loads}
 
 
-def emit_requant(stream, kernel, requant: Requant) -> None:
-    """Scale, round, shift, then clamp every accumulator entry the kernel walks (ALU MUL, ADD, SHR,
-    then CLIP for a symmetric range, CLAMP for an int8 one, else MIN+MAX)."""
+def requant_operand(requant: Requant, acc_width: int) -> int | None:
+    """The 32-bit lane value of a REQUANT operand (shift in bits 20:16, hi and lo as bytes) when
+    one ALU pass can do this requantization (no multiplier or rounding, int8 bounds), else None."""
+    if (requant.mul != 1 or (requant.round and requant.shift > 0) or not 0 < requant.shift < 32
+            or not -128 <= requant.lo <= requant.hi <= 127 or acc_width < 21):
+        return None
+    return (requant.shift << 16) | ((requant.hi & 0xFF) << 8) | (requant.lo & 0xFF)
+
+
+def set_requant_operand(stream, idx: int, requant: Requant) -> None:
+    """Every lane of accumulator entry idx := the REQUANT operand (MOV, SHL 16, ADD of immediates)."""
+    v = requant_operand(requant, stream.cfg.acc_width)
+    if v is None:
+        return
+    low = (v & 0xFFFF) - (1 << 16 if v & 0x8000 else 0)   # the immediate sign-extends
+    one = stream.kernel(("conv.entry", idx), lambda k: k.push(idx))
+    stream.push_alu(one, AluOp.MOV, (v - low) >> 16)
+    stream.push_alu(one, AluOp.SHR, -16)
+    stream.push_alu(one, AluOp.ADD, low)
+
+
+def _operand_kernel(stream, acc_base: int, n: int, operand: int):
+    """One micro-op walking n accumulator entries from acc_base, every one reading `operand`."""
+    def build(k):
+        k.loop_begin(n, dst_factor=1, src_factor=0)
+        k.push(acc_base, operand)
+        k.loop_end()
+    return stream.kernel(("conv.operand", acc_base, n, operand), build)
+
+
+def emit_requant(stream, kernel, requant: Requant, operand_kernel=None) -> None:
+    """Scale, round, shift, then clamp every accumulator entry the kernel walks: one REQUANT pass
+    when operand_kernel (the same walk, reading an entry set by set_requant_operand) is given and
+    the requantization fits it, else ALU MUL, ADD, SHR, then CLIP for a symmetric range, CLAMP for
+    an int8 one, MIN+MAX otherwise."""
+    if operand_kernel is not None and requant_operand(requant, stream.cfg.acc_width) is not None:
+        stream.push_alu(operand_kernel, AluOp.REQUANT)
+        return
     if requant.mul != 1:
         if not -(1 << 15) <= requant.mul < 1 << 15:
             raise TilingError(f"requantization multiplier {requant.mul} outside the 16-bit ALU immediate")

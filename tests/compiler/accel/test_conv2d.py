@@ -103,3 +103,11 @@ def test_conv2d_fused_residual_add(cfg, c, hw, o, k, stride, ka, d, vt, seed):
     y, _, stream = run_conv2d(Device(cfg), x, w, b, spec, rq1, vt, residual=(r, ka, kb, rq2))
     ref = add_reference(conv2d_reference(x, w, b, spec, rq1), r, ka, kb, rq2)
     assert np.array_equal(y, ref)
+
+
+def test_conv2d_tiles_wholly_in_the_padding():
+    """Pads wider than the kernel reaches (1x1 kernel, pads 3): whole output rows and columns read
+    only padding, and their tiles load zeros (found by the random-shape test)."""
+    spec = Conv2dSpec(1, 1, 9, 12, 25, 1, 1, (3, 3, 2, 3))
+    for cfg in (PRESETS["tiny"], PRESETS["default"]):
+        _check(cfg, spec, Requant(4, -127, 127))
