@@ -475,7 +475,6 @@ class Fsim:
         self.acc[uniq] = wrap(self.acc[uniq].astype(np.int64) + summed, self.cfg.acc_width)
 
     def _gemm_gathered(self, dst, src, wgt) -> None:
-        c = self.cfg
         if self._fdt is not None:
             inp_f, wgt_f = self._floats()
             prod = np.matmul(inp_f[src], wgt_f[wgt].transpose(0, 2, 1)).astype(np.int64)
@@ -537,8 +536,10 @@ def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.nda
         r = b
     elif op in (AluOp.CLAMP, AluOp.REQUANT):
         lo, hi = ((b & 0xFF) ^ 0x80) - 0x80, (((b >> 8) & 0xFF) ^ 0x80) - 0x80
-        if op == AluOp.REQUANT and acc_width >= 21:
-            a = a >> ((b >> 16) & 31)
+        if op == AluOp.REQUANT and acc_width >= 22:
+            s = (b >> 16) & 31
+            half = np.where(((b >> 21) & 1) & (s > 0), np.left_shift(1, np.maximum(s - 1, 0)), 0)
+            a = wrap(a + half, acc_width).astype(np.int64) >> s
         r = np.minimum(np.maximum(a, lo), hi)
     else:
         raise SimError(f"unknown ALU op {op!r}")

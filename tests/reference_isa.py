@@ -170,8 +170,9 @@ class ReferenceMachine:
                     elif op == AluOp.CLAMP:
                         r = min(max(a, wrap(b & 0xFF, 8)), wrap((b >> 8) & 0xFF, 8))
                     elif op == AluOp.REQUANT:
-                        s = (b >> 16) & 31 if w >= 21 else 0
-                        r = min(max(a >> s, wrap(b & 0xFF, 8)), wrap((b >> 8) & 0xFF, 8))
+                        s = (b >> 16) & 31 if w >= 22 else 0
+                        half = 1 << (s - 1) if s > 0 and (b >> 21) & 1 else 0
+                        r = min(max(wrap(a + half, w) >> s, wrap(b & 0xFF, 8)), wrap((b >> 8) & 0xFF, 8))
                     else:
                         raise ReferenceError(f"instruction {idx}: unknown ALU op {op}")
                     self.acc[dst, b_, o] = wrap(r, w)

@@ -7,11 +7,11 @@ the read ports' write-transparency resolves back-to-back dependencies; no stall,
 Lane semantics (acc_width w, wrapping): MIN, MAX signed; ADD, MUL low w bits; SHR by
 s = signed low log2(w)+1 bits of b (arithmetic right by s, or left by -s when s < 0);
 CLIP min(max(a, -b), b); MOV b; CLAMP min(max(a, lo), hi), lo/hi = b's bytes 0/1 as signed;
-REQUANT the CLAMP of a >> b[20:16] (no shift when w < 21).
+REQUANT the CLAMP of (a + r) >> s, s = b[20:16], r = 2^(s-1) when b[21] (neither when w < 22).
 """
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.hdl import Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -36,8 +36,15 @@ def alu_lane(m: Module, op, a, b, width: int):
     m.d.comb += lo.eq(Mux(a < neg_b, neg_b, a))
     c_lo, c_hi, c_up = Signal(signed(8)), Signal(signed(8)), Signal(signed(width))
     m.d.comb += [c_lo.eq(b[0:8]), c_hi.eq(b[8:16]), c_up.eq(Mux(a < c_lo, c_lo, a))]
-    rq_a, rq_up = Signal(signed(width)), Signal(signed(width))   # REQUANT: the clamp of a >> b[20:16]
-    m.d.comb += rq_a.eq(a >> b[16:21] if width >= 21 else a)
+    rq_a, rq_up = Signal(signed(width)), Signal(signed(width))   # REQUANT: the clamp of (a + r) >> s
+    if width >= 22:
+        rq_s = b[16:21]
+        rq_half = Signal(width)
+        m.d.comb += rq_half.eq(Mux(b[21], (Const(1, 33) << rq_s)[1:width + 1], 0))   # 2^(s-1), 0 for s = 0
+        rq_sum = Signal(signed(width))
+        m.d.comb += [rq_sum.eq(a + rq_half), rq_a.eq(rq_sum >> rq_s)]
+    else:
+        m.d.comb += rq_a.eq(a)
     m.d.comb += rq_up.eq(Mux(rq_a < c_lo, c_lo, rq_a))
     with m.Switch(op):
         with m.Case(AluOp.MIN):

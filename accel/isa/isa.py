@@ -52,9 +52,10 @@ class AluOp(IntEnum):
     arithmetically by s, s < 0 shifts it left by -s (zeros in). CLIP: min(max(dst, -b), b),
     -b wrapped to acc_width. MOV: b. CLAMP: min(max(dst, lo), hi) with lo = b[7:0] and
     hi = b[15:8] read as signed bytes: the two-sided int8 clamp (relu + saturation) in one pass.
-    REQUANT: CLAMP(dst >> s) with s = b[20:16] (0 when acc_width < 21): a requantization epilogue
-    (shift, relu, saturation) in one pass; its operand needs 21 bits, so it reads a register
-    (an accumulator entry holding s, hi, lo in every lane), not the 16-bit immediate.
+    REQUANT: CLAMP((dst + r) >> s) with s = b[20:16] and r = 2^(s-1) if b[21] and s > 0 else 0
+    (the sum wraps like ADD; s = r = 0 when acc_width < 22): a requantization epilogue (round,
+    shift, relu, saturation) in one pass; its operand needs 22 bits, so it reads a register (an
+    accumulator entry holding it in every lane), not the 16-bit immediate.
     """
     MIN = 0
     MAX = 1

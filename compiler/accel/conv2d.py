@@ -375,12 +375,12 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
 
 
 def requant_operand(requant: Requant, acc_width: int) -> int | None:
-    """The 32-bit lane value of a REQUANT operand (shift in bits 20:16, hi and lo as bytes) when
-    one ALU pass can do this requantization (no multiplier or rounding, int8 bounds), else None."""
-    if (requant.mul != 1 or (requant.round and requant.shift > 0) or not 0 < requant.shift < 32
-            or not -128 <= requant.lo <= requant.hi <= 127 or acc_width < 21):
+    """The lane value of a REQUANT operand (round in bit 21, shift in bits 20:16, hi and lo as
+    bytes) when one ALU pass can do this requantization (no multiplier, int8 bounds), else None."""
+    if (requant.mul != 1 or not 0 < requant.shift < 32 or not -128 <= requant.lo <= requant.hi <= 127
+            or acc_width < 22):
         return None
-    return (requant.shift << 16) | ((requant.hi & 0xFF) << 8) | (requant.lo & 0xFF)
+    return (int(requant.round) << 21) | (requant.shift << 16) | ((requant.hi & 0xFF) << 8) | (requant.lo & 0xFF)
 
 
 def set_requant_operand(stream, idx: int, requant: Requant) -> None:
@@ -582,7 +582,7 @@ def loop_nest_text(spec: Conv2dSpec, tiling: ConvTiling, cfg: AccelConfig, requa
          f"                   {'if first tile of (n, o0): ' if resident else ''}dma_load wgt[o0 .. +o_a, ic0 .. +ic_a, :, :]"
          f" -> wgt_buffer[{'o-tile % ' + str(S) if resident else 'slot'}]; push load->compute",
          f"          compute: pop load->compute; if ic0 == 0: [pop store->compute if ti >= {S}]; {init}",
-         f"                   gemm: for oh in range(h_a): for ow in range(w_a):  // the two affine loop levels",
+         "                   gemm: for oh in range(h_a): for ow in range(w_a):  // the two affine loop levels",
          f"                           uops (o, ic, kh, kw): acc[o, oh, ow] += inp[ic, oh*{sh}+kh, ow*{sw}+kw] . "
          f"wgt[o, ic, kh, kw]   // {t.o_t * t.ic_t * spec.kh * spec.kw} uops",
          f"                   [push compute->load if j + {S} < iterations]",

@@ -116,7 +116,8 @@ def _py_alu(op, a, b, w):
     if op == AluOp.CLIP: return min(max(a, wr(-b)), b)
     if op == AluOp.CLAMP: return min(max(a, ((b & 255) ^ 128) - 128), (((b >> 8) & 255) ^ 128) - 128)
     if op == AluOp.REQUANT:
-        a >>= (b >> 16) & 31 if w >= 21 else 0
+        s = (b >> 16) & 31 if w >= 22 else 0
+        a = wr(a + (1 << (s - 1) if s > 0 and (b >> 21) & 1 else 0)) >> s
         return min(max(a, ((b & 255) ^ 128) - 128), (((b >> 8) & 255) ^ 128) - 128)
     sb = w.bit_length()
     s = b & ((1 << sb) - 1)
