@@ -351,7 +351,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             j += 1
         # ---- epilogue on the accumulator tile
         ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
-        emit_requant(stream, ew, requant, _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
+        emit_requant(stream, ew, requant, lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
         if residual is not None:
             r = residual
             res_base = ((j - 1) % S) * inp_slot + res_off
@@ -363,7 +363,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             if min(r.ka, r.kb):
                 stream.push_alu(ew, AluOp.SHR, -min(r.ka, r.kb))
             pipe.after_chunk(j - 1)
-            emit_requant(stream, ew, r.requant, _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
+            emit_requant(stream, ew, r.requant,
+                         lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
         pipe.after_tile()
         # ---- store stage
         pipe.before_store()
@@ -406,11 +407,12 @@ def _operand_kernel(stream, acc_base: int, n: int, operand: int):
 
 def emit_requant(stream, kernel, requant: Requant, operand_kernel=None) -> None:
     """Scale, round, shift, then clamp every accumulator entry the kernel walks: one REQUANT pass
-    when operand_kernel (the same walk, reading an entry set by set_requant_operand) is given and
-    the requantization fits it, else ALU MUL, ADD, SHR, then CLIP for a symmetric range, CLAMP for
-    an int8 one, MIN+MAX otherwise."""
+    when operand_kernel is given and the requantization fits it (operand_kernel() records the same
+    walk reading an entry set by set_requant_operand; called only then, so no unused micro-ops
+    land in DRAM), else ALU MUL, ADD, SHR, then CLIP for a symmetric range, CLAMP for an int8 one,
+    MIN+MAX otherwise."""
     if operand_kernel is not None and requant_operand(requant, stream.cfg.acc_width) is not None:
-        stream.push_alu(operand_kernel, AluOp.REQUANT)
+        stream.push_alu(operand_kernel(), AluOp.REQUANT)
         return
     if requant.mul != 1:
         if not -(1 << 15) <= requant.mul < 1 << 15:

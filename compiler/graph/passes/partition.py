@@ -2,7 +2,8 @@
 declines. The rules are data (ACCEL_RULES, the checks below) read against one AccelConfig:
 int8 GEMM layers go to the accelerator unless they are grouped/dilated, their channels fill the
 GEMM core too poorly, or they are so memory-bound that the core would idle (a batch-1 dense layer
-streams each weight byte for one MAC; VTA likewise leaves the classifier on the CPU); int8 elementwise ops (ALU: relu, clip, qadd) go where their producer is, so
+streams each weight byte for one MAC; VTA likewise leaves the classifier on the CPU); int8
+elementwise ops (ALU: relu, clip, qadd) go where their producer is, so
 they fuse into an accelerator layer's output; everything else (float ops, pooling, softmax,
 quantize/dequantize, layout transforms) runs on the CPU. `force` maps an op type (graph op name
 or ONNX op type) to a target and overrides soft declines (such as channel waste); it cannot put
