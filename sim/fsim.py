@@ -541,9 +541,19 @@ def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.nda
             half = np.where(((b >> 21) & 1) & (s > 0), np.left_shift(1, np.maximum(s - 1, 0)), 0)
             a = wrap(a + half, acc_width).astype(np.int64) >> s
         r = np.minimum(np.maximum(a, lo), hi)
+    elif op == AluOp.SCALE:
+        r = scale_fixed(a, b & ((1 << acc_width) - 1), acc_width)
     else:
         raise SimError(f"unknown ALU op {op!r}")
     return wrap(r, acc_width)
+
+
+def scale_fixed(a: np.ndarray, b_unsigned: np.ndarray, acc_width: int) -> np.ndarray:
+    """AluOp.SCALE: sat((a * M + 2^(k-1)) >> k), M = b[23:0], k = b[29:24]. a * M < 2^55: int64 is exact."""
+    m, k = b_unsigned & ((1 << 24) - 1), (b_unsigned >> 24) & 63
+    half = np.where(k > 0, np.left_shift(1, np.maximum(k - 1, 0)), 0)
+    v = (a * m + half) >> k
+    return np.clip(v, -(1 << (acc_width - 1)), (1 << (acc_width - 1)) - 1)
 
 
 def run_program(cfg: AccelConfig, dram: np.ndarray, insn_addr: int, insn_count: int) -> FsimStats:

@@ -173,6 +173,11 @@ class ReferenceMachine:
                         s = (b >> 16) & 31 if w >= 22 else 0
                         half = 1 << (s - 1) if s > 0 and (b >> 21) & 1 else 0
                         r = min(max(wrap(a + half, w) >> s, wrap(b & 0xFF, 8)), wrap((b >> 8) & 0xFF, 8))
+                    elif op == AluOp.SCALE:
+                        bu = b % (1 << w)
+                        k = (bu >> 24) & 63
+                        r = (a * (bu & 0xFFFFFF) + (1 << (k - 1) if k else 0)) >> k
+                        r = min(max(r, -(1 << (w - 1))), (1 << (w - 1)) - 1)
                     else:
                         raise ReferenceError(f"instruction {idx}: unknown ALU op {op}")
                     self.acc[dst, b_, o] = wrap(r, w)

@@ -7,7 +7,8 @@ the read ports' write-transparency resolves back-to-back dependencies; no stall,
 Lane semantics (acc_width w, wrapping): MIN, MAX signed; ADD, MUL low w bits; SHR by
 s = signed low log2(w)+1 bits of b (arithmetic right by s, or left by -s when s < 0);
 CLIP min(max(a, -b), b); MOV b; CLAMP min(max(a, lo), hi), lo/hi = b's bytes 0/1 as signed;
-REQUANT the CLAMP of (a + r) >> s, s = b[20:16], r = 2^(s-1) when b[21] (neither when w < 22).
+REQUANT the CLAMP of (a + r) >> s, s = b[20:16], r = 2^(s-1) when b[21] (neither when w < 22);
+SCALE sat((a * M + 2^(k-1)) >> k), M = b[23:0], k = b[29:24] (b unsigned; a w+24-bit product).
 """
 from __future__ import annotations
 
@@ -46,6 +47,15 @@ def alu_lane(m: Module, op, a, b, width: int):
     else:
         m.d.comb += rq_a.eq(a)
     m.d.comb += rq_up.eq(Mux(rq_a < c_lo, c_lo, rq_a))
+    # SCALE: the fixed-point multiply, saturated to width bits
+    sc_m = b.as_unsigned()[:min(24, width)]
+    sc_k = b.as_unsigned()[24:30] if width > 24 else Const(0, 1)
+    sc_half = Signal(63)   # 2^(k-1) for every k < 64: the sum must not lose it, even past the product's width
+    m.d.comb += sc_half.eq(Mux(sc_k != 0, (Const(1, 64) << sc_k)[1:64], 0))
+    sc_v = Signal(signed(max(width + 26, 65)))
+    m.d.comb += sc_v.eq((a * sc_m + sc_half) >> sc_k)
+    top, bottom = (1 << (width - 1)) - 1, -(1 << (width - 1))
+    sc_out = Mux(sc_v > top, top, Mux(sc_v < bottom, bottom, sc_v[:width]))
     with m.Switch(op):
         with m.Case(AluOp.MIN):
             m.d.comb += out.eq(Mux(a < b, a, b))
@@ -65,6 +75,8 @@ def alu_lane(m: Module, op, a, b, width: int):
             m.d.comb += out.eq(Mux(c_up > c_hi, c_hi, c_up))
         with m.Case(AluOp.REQUANT):
             m.d.comb += out.eq(Mux(rq_up > c_hi, c_hi, rq_up))
+        with m.Case(AluOp.SCALE):
+            m.d.comb += out.eq(sc_out)
         with m.Default():   # undefined op codes leave dst unchanged
             m.d.comb += out.eq(a)
     return out

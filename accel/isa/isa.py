@@ -56,6 +56,11 @@ class AluOp(IntEnum):
     (the sum wraps like ADD; s = r = 0 when acc_width < 22): a requantization epilogue (round,
     shift, relu, saturation) in one pass; its operand needs 22 bits, so it reads a register (an
     accumulator entry holding it in every lane), not the 16-bit immediate.
+    SCALE: (dst * M + r) >> k with M = b[23:0] (unsigned), k = b[29:24], r = 2^(k-1) if k > 0,
+    the product and sum exact (64 bits), the result saturated to acc_width (not wrapped): a
+    fixed-point multiply by M * 2^-k, rounded half up, for scales that are not powers of two
+    (b is read as an unsigned acc_width-bit value, so narrower accumulators see k = 0); it reads a
+    register operand like REQUANT.
     """
     MIN = 0
     MAX = 1
@@ -66,6 +71,7 @@ class AluOp(IntEnum):
     MOV = 6
     CLAMP = 7
     REQUANT = 8
+    SCALE = 9
 
 
 class Stage(IntEnum):

@@ -115,6 +115,11 @@ def _py_alu(op, a, b, w):
     if op == AluOp.MOV: return b
     if op == AluOp.CLIP: return min(max(a, wr(-b)), b)
     if op == AluOp.CLAMP: return min(max(a, ((b & 255) ^ 128) - 128), (((b >> 8) & 255) ^ 128) - 128)
+    if op == AluOp.SCALE:
+        bu = b % (1 << w)
+        k = (bu >> 24) & 63
+        v = (a * (bu & 0xFFFFFF) + (1 << (k - 1) if k else 0)) >> k
+        return min(max(v, -(1 << (w - 1))), (1 << (w - 1)) - 1)
     if op == AluOp.REQUANT:
         s = (b >> 16) & 31 if w >= 22 else 0
         a = wr(a + (1 << (s - 1) if s > 0 and (b >> 21) & 1 else 0)) >> s
@@ -130,7 +135,9 @@ def _py_alu(op, a, b, w):
 def test_fsim_alu_matches_python_integers(op, w, data):
     lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
     vals = st.one_of(st.integers(lo, hi), st.sampled_from([lo, hi, 0, -1, 1, 31, 32, -32, 33]))
-    a, b = data.draw(vals), data.draw(vals)
+    scale_operands = st.builds(lambda k, m: (((k << 24) | m) - lo) % (1 << w) + lo,  # SCALE's fields, wrapped
+                               st.integers(0, 63), st.integers(0, (1 << 24) - 1))
+    a, b = data.draw(vals), data.draw(st.one_of(vals, scale_operands))
     got = int(alu_apply(op, np.array([a], dtype=np.int64), np.array([b], dtype=np.int64), w)[0])
     assert got == _py_alu(op, a, b, w), (op, a, b)
 
