@@ -346,7 +346,17 @@ class _InjectDMA(Mutator):
             return self._zero_fill(loops, st, where)
         if src is None:
             raise LowerError(f"{where}: `{st.value}` is not a copy (optionally zero-padded)")
+        # a conjunct that no copy loop appears in decides for the whole tile (a tile lying wholly
+        # in the padding): the copy runs under it, a zero fill of the region otherwise
+        tile_preds, kept = [], []
+        for c in (_conjuncts(cond) if cond is not None else []):
+            whole = isinstance(c, E.CmpOp) and E.dt.is_int(c.a.dtype) and \
+                not any(linear(E.Sub(c.a, c.b)).coef_of(lp.loop_var) for lp in loops)
+            (tile_preds if whole else kept).append(c)
+        cond = E.logical_and(*kept) if kept else None
         dst = st.buffer
+        if tile_preds and not (dst.scope in SCOPES and src.buffer.scope == "global"):
+            raise LowerError(f"{where}: a condition on the whole tile (`{tile_preds[0]}`) outside a LOAD")
         if dst.scope in SCOPES and src.buffer.scope == "global":
             load, sram, dram = True, dst, src.buffer
             sram_idx, dram_idx = st.indices[0], src.indices[0]
@@ -466,6 +476,9 @@ class _InjectDMA(Mutator):
                 if lp.loop_var in bounds:
                     raise LowerError(f"{where}: padding on loop '{lp.loop_var.name}', outside the 2-D transfer")
                 body = For(lp.loop_var, lp.min, lp.extent, ForKind.SERIAL, body)
+        if tile_preds:
+            zeros = BufferStore(st.buffer, E.const(0, st.buffer.dtype), st.indices)
+            body = IfThenElse(E.logical_and(*tile_preds), body, self._zero_fill(loops, zeros, where))
         return body
 
 

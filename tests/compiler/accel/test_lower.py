@@ -31,6 +31,13 @@ def test_lower_conv2d_random_shapes_bit_exact(cfg, n, c, h, w, o, k, pads, strid
     _check(cfg, spec, rq, vt, seed, bias=seed % 2 == 0)
 
 
+def test_lower_conv2d_tile_wholly_in_padding():
+    """Pads wider than a 1x1 kernel reaches: a row tile that lies wholly in the padding loads
+    zeros (its copy runs under a condition on the tile alone; found by the random-shape test)."""
+    spec = Conv2dSpec(1, 13, 1, 10, 37, 1, 1, (0, 2, 0, 1), (1, 1))
+    _check(PRESETS["tiny"], spec, Requant(0, -127, 127), 2, 0, bias=True)
+
+
 @settings(max_examples=10, deadline=None)
 @given(rows=st.integers(1, 40), k=st.integers(1, 70), m=st.integers(1, 40), seed=st.integers(0, 99),
        cfg=st.sampled_from([PRESETS["tiny"], PRESETS["default"]]))
