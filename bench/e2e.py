@@ -8,7 +8,9 @@ Reports, as JSON (bench/results/e2e.json) and on stdout:
   clock, against the ideal (offloaded MACs / peak MACs per cycle; bar: at most 1.15x overall);
   fraction of MACs offloaded; peak activation memory with and without planning; and per layer the
   lower bounds of the chosen mapping (compute-stage micro-ops, GEMM plus ALU, one per cycle; bus
-  beats each way), which say how much of the gap to the ideal the architecture leaves.
+  beats each way), which say how much of the gap to the ideal the architecture leaves, and a floor
+  no layer-by-layer mapping can beat (the ideal, or the layer's activations read and its result
+  written once over the bus, whichever is slower).
 The accelerator module also runs once on fsim and its output is compared with onnxruntime.
 
     python bench/e2e.py [--config default] [--nets resnet18,mobilenetv2] [--repeat 10] [--no-tsim] [--tune [LOG]]
@@ -222,8 +224,16 @@ def bench_net(name: str, cfg_name: str, repeat: int, use_tsim: bool, log, tune=N
                     cyc, _ = tsim_cycles(acc, s)
                     layers.append({"name": s.name, "op": s.op, "macs": s.macs, "cycles": cyc})
         r["tsim_s"] = time.perf_counter() - t0
+        steps = {s.name: s for s in acc.steps if s.kind == "accel"}
         for L in layers:
             L["ideal_cycles"] = L["macs"] / cfg.macs_per_cycle
+            st = steps.get(L["name"])
+            if st is not None:
+                # what any mapping of this layer must move: its activations in once (read channel)
+                # and its result out once (write channel), one bus beat per cycle each (weights not counted)
+                L["dram_floor_cycles"] = max(L["ideal_cycles"],
+                                             sum(acc.tensors[t].nbytes for t in st.inputs) / cfg.bus_bytes,
+                                             acc.tensors[st.output].nbytes / cfg.bus_bytes)
             L["vs_ideal"] = L["cycles"] / L["ideal_cycles"] if L["ideal_cycles"] else None
             if "gemm_uops" in L:
                 # lower bounds of this mapping: the compute stage issues one GEMM or ALU micro-op per
@@ -239,6 +249,11 @@ def bench_net(name: str, cfg_name: str, repeat: int, use_tsim: bool, log, tune=N
                       "gemm_layers_vs_ideal": sum(L["cycles"] for L in gemm) / ideal if ideal else None,
                       "latency_s": cycles / (cfg.clock_mhz * 1e6), "ideal_latency_s": ideal / (cfg.clock_mhz * 1e6),
                       "bar": ACCEL_BAR, "meets_bar": bool(ideal and cycles / ideal <= ACCEL_BAR), "layers": layers}
+        if all("dram_floor_cycles" in L for L in layers) and ideal:
+            floor = sum(L["dram_floor_cycles"] for L in layers)
+            r["accel"].update(dram_floor_cycles=floor, dram_floor_vs_ideal=floor / ideal)
+            log(f"{name}: floor of any layer-by-layer mapping (max of the ideal and the layer's activations in "
+                f"and out once on the {cfg.bus_bytes}-byte bus): {floor / ideal:.3f}x ideal")
         if all("bound_cycles" in L for L in layers):
             bound = sum(L["bound_cycles"] for L in layers)
             r["accel"].update(
