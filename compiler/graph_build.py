@@ -34,7 +34,7 @@ from host_runtime.executor import Step, TensorSpec
 
 from .errors import CompilerError
 from .graph.ir import Graph, Node, format_graph
-from .graph.ops import INT8_MAX, Pattern, get_op, requant_shift
+from .graph.ops import INT8_MAX, Pattern, get_op, is_fixed_point, requant_shift
 from .module import CompiledModule
 
 log = logging.getLogger(__name__)
@@ -545,6 +545,8 @@ class _Builder:
             k += 1
         other = add.inputs[1] if add.inputs[0] is tail else add.inputs[0]
         at = add.attrs
+        if at.get("a_mul"):  # fixed-point scales: the epilogue aligns by shifts only
+            return False
         m = max(at["a_shift"], at["b_shift"])
         k_conv, k_other = (m - at["a_shift"], m - at["b_shift"]) if add.inputs[0] is tail else \
             (m - at["b_shift"], m - at["a_shift"])
@@ -606,7 +608,8 @@ class _Builder:
                                                                       f"{head.name}.identity"), ka, kb, rq2)
             w = self.weight_buf(ins[1].value, cfg.wgt_elem_bytes, f"{head.name}.wgt")
             b = self.weight_buf(pack_bias(ins[2].value, cfg), cfg.acc_elem_bytes, f"{head.name}.bias")
-            rq = Requant(requant_shift(head.attrs), lo, hi, False)
+            at = head.attrs
+            rq = Requant(requant_shift(at), lo, hi, is_fixed_point(at), at.get("mul", 1))
             x = self.buf(ins[0])
             addr, count = self.program(head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, b, rq, fused))
         elif head.op in ("qadd",) + CLAMP_OPS:

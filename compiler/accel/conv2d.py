@@ -21,6 +21,7 @@ from accel.isa import AccelConfig, AluOp, MemType
 from accel.isa.config import PAD_BITS
 
 from ..errors import CompilerError
+from ..graph.ops import shift_right_round
 from .pipeline import TokenPipeline
 
 log = logging.getLogger(__name__)
@@ -84,22 +85,27 @@ class Conv2dSpec:
 
 @dataclass(frozen=True)
 class Requant:
-    """Epilogue on the int32 accumulator: out = clip((acc * mul + half) >> shift, lo, hi) as int8,
-    acc already holding the bias; half = 2^(shift-1) when `round` (round half up), else 0; a
-    negative shift shifts left. Every step wraps at 32 bits like the ALU (MUL, ADD, SHR, CLIP or
-    MIN/MAX); mul is a 16-bit signed immediate (a fixed-point multiplier for non-power-of-two scales)."""
+    """Epilogue on the int32 accumulator: out = clip((acc + half) >> shift, lo, hi) as int8, acc
+    already holding the bias; half = 2^(shift-1) when `round` (round half up), else 0; a negative
+    shift shifts left. With a fixed-point multiplier (mul != 1, for scales that are not powers of
+    two: compiler.graph.ops.fixed_multiplier) it is clip(sat((acc * mul + 2^(shift-1)) >> shift)),
+    the ALU's SCALE then a clamp. Every other step wraps at 32 bits like the ALU."""
     shift: int = 0
     lo: int = -128
     hi: int = 127
     round: bool = False
     mul: int = 1
 
+    @property
+    def fixed_point(self) -> bool:
+        return self.mul != 1
+
     def apply(self, acc: np.ndarray) -> np.ndarray:
         def wrap(v):
             return v.astype(np.int64).astype(np.int32).astype(np.int64)
         acc = acc.astype(np.int64)
-        if self.mul != 1:
-            acc = wrap(acc * self.mul)
+        if self.fixed_point:
+            return np.clip(shift_right_round(acc * self.mul, self.shift), self.lo, self.hi)  # as SCALE, then clamp
         if self.round and self.shift > 0:
             acc = wrap(acc + (1 << (self.shift - 1)))
         acc = acc >> self.shift if self.shift >= 0 else wrap(acc << -self.shift)
@@ -376,10 +382,14 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
 
 
 def requant_operand(requant: Requant, acc_width: int) -> int | None:
-    """The lane value of a REQUANT operand (round in bit 21, shift in bits 20:16, hi and lo as
-    bytes) when one ALU pass can do this requantization (no multiplier, int8 bounds), else None."""
-    if (requant.mul != 1 or not 0 < requant.shift < 32 or not -128 <= requant.lo <= requant.hi <= 127
-            or acc_width < 22):
+    """The lane value of the epilogue's register operand, or None when there is none: for a
+    fixed-point requantization SCALE's (shift in bits 29:24, multiplier in 23:0; acc_width >= 30),
+    else REQUANT's when one pass can do the rounding shift and clamp (round in bit 21, shift in
+    bits 20:16, hi and lo as bytes)."""
+    if requant.fixed_point:
+        ok = acc_width >= 30 and 0 <= requant.shift < 64 and 0 < requant.mul < 1 << 24
+        return (requant.shift << 24) | requant.mul if ok else None
+    if not 0 < requant.shift < 32 or not -128 <= requant.lo <= requant.hi <= 127 or acc_width < 22:
         return None
     return (int(requant.round) << 21) | (requant.shift << 16) | ((requant.hi & 0xFF) << 8) | (requant.lo & 0xFF)
 
@@ -406,18 +416,22 @@ def _operand_kernel(stream, acc_base: int, n: int, operand: int):
 
 
 def emit_requant(stream, kernel, requant: Requant, operand_kernel=None) -> None:
-    """Scale, round, shift, then clamp every accumulator entry the kernel walks: one REQUANT pass
+    """Scale, round, shift, then clamp every accumulator entry the kernel walks (a fixed-point
+    requantization: SCALE, then the clamp): one REQUANT pass
     when operand_kernel is given and the requantization fits it (operand_kernel() records the same
     walk reading an entry set by set_requant_operand; called only then, so no unused micro-ops
-    land in DRAM), else ALU MUL, ADD, SHR, then CLIP for a symmetric range, CLAMP for an int8 one,
-    MIN+MAX otherwise."""
-    if operand_kernel is not None and requant_operand(requant, stream.cfg.acc_width) is not None:
+    land in DRAM), else ALU ADD (the half), SHR, then CLIP for a symmetric range, CLAMP for an int8
+    one, MIN+MAX otherwise."""
+    if requant.fixed_point:  # SCALE (register operand) rounds and shifts; the clamp follows
+        if operand_kernel is None or requant_operand(requant, stream.cfg.acc_width) is None:
+            raise TilingError(f"fixed-point requantization (multiplier {requant.mul}, shift {requant.shift}) needs "
+                              f"SCALE's register operand, a 30-bit accumulator lane (acc_width "
+                              f"{stream.cfg.acc_width})")
+        stream.push_alu(operand_kernel(), AluOp.SCALE)
+        requant = Requant(0, requant.lo, requant.hi)
+    elif operand_kernel is not None and requant_operand(requant, stream.cfg.acc_width) is not None:
         stream.push_alu(operand_kernel(), AluOp.REQUANT)
         return
-    if requant.mul != 1:
-        if not -(1 << 15) <= requant.mul < 1 << 15:
-            raise TilingError(f"requantization multiplier {requant.mul} outside the 16-bit ALU immediate")
-        stream.push_alu(kernel, AluOp.MUL, requant.mul)
     if requant.round and requant.shift > 0:
         if requant.shift > 15:
             raise TilingError(f"rounding for shift {requant.shift} needs an immediate 2^{requant.shift - 1} "

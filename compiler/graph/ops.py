@@ -589,31 +589,77 @@ def wrap_int32(v: np.ndarray) -> np.ndarray:
     return v.astype(np.int64).astype(np.int32).astype(np.int64)
 
 
-@register("quantize", Pattern.ELEMWISE, 1, {"shift": REQUIRED},
-          doc="float -> int8: clip(round_half_even(x * 2^shift), -127, 127)")
+#: Fixed-point requantization, for scales that are not powers of two (a QDQ model's): the value
+#: times a multiplier M of FIXED_MUL_BITS bits, rounded half up and shifted right by k - the ALU's
+#: SCALE op on the accelerator (its operand holds M and k), exact int64 arithmetic on the CPU.
+FIXED_MUL_BITS = 24
+
+
+def fixed_multiplier(real: float, what: str) -> tuple[int, int]:
+    """(M, k) with M * 2^-k ~ real, M in [2^23, 2^24) (as fine as 24 bits allow), 0 <= k <= 63.
+    `what` names the layer in errors."""
+    if not (real > 0 and math.isfinite(real)):
+        raise ValueError(f"{what}: requantization scale {real} must be positive and finite")
+    k = FIXED_MUL_BITS - 1 - math.floor(math.log2(real))
+    if round(real * 2.0 ** k) >= 1 << FIXED_MUL_BITS:
+        k -= 1
+    k = min(k, 63)
+    mul = round(real * 2.0 ** k)
+    if k < 0 or mul < 2:
+        raise ValueError(f"{what}: requantization scale {real:.6g} is outside what a {FIXED_MUL_BITS}-bit "
+                         f"multiplier and a shift of 0..63 can express")
+    return mul, k
+
+
+@register("quantize", Pattern.ELEMWISE, 1, {"shift": 0, "scale": 0.0},
+          doc="float -> int8: clip(round_half_even(x * 2^shift), -127, 127); with a scale "
+              "(non-zero) clip(round_half_even(x / scale)) in float32 as ONNX QuantizeLinear")
 def _quantize():
-    return (lambda n: _t(n.inputs[0].shape, "int8"),
-            lambda a, x: clip_int8(np.rint(x.astype(np.float64) * 2.0 ** a["shift"])))
+    def impl(a, x):
+        if a["scale"]:
+            return clip_int8(np.rint(x.astype(np.float32) / np.float32(a["scale"])))
+        return clip_int8(np.rint(x.astype(np.float64) * 2.0 ** a["shift"]))
+    return (lambda n: _t(n.inputs[0].shape, "int8"), impl)
 
 
-@register("dequantize", Pattern.ELEMWISE, 1, {"shift": REQUIRED}, doc="int8 -> float32: q * 2^-shift")
+@register("dequantize", Pattern.ELEMWISE, 1, {"shift": 0, "scale": 0.0},
+          doc="int8 -> float32: q * 2^-shift, or q * scale when a scale (non-zero) is given")
 def _dequantize():
-    return (lambda n: _t(n.inputs[0].shape, "float32"),
-            lambda a, x: (x.astype(np.float64) * 2.0 ** -a["shift"]).astype(np.float32))
+    def impl(a, x):
+        if a["scale"]:
+            return x.astype(np.float32) * np.float32(a["scale"])
+        return (x.astype(np.float64) * 2.0 ** -a["shift"]).astype(np.float32)
+    return (lambda n: _t(n.inputs[0].shape, "float32"), impl)
 
 
-@register("requantize", Pattern.ELEMWISE, 1, {"in_shift": REQUIRED, "out_shift": REQUIRED},
-          doc="int8 at 2^-in_shift -> int8 at 2^-out_shift (round, SHR, CLIP)")
+@register("requantize", Pattern.ELEMWISE, 1, {"in_shift": REQUIRED, "out_shift": REQUIRED, "mul": 1},
+          doc="int8 at 2^-in_shift -> int8 at 2^-out_shift (round, SHR, CLIP); with mul, "
+              "round_half_up(x * mul * 2^-(in_shift - out_shift))")
 def _requantize():
     return (lambda n: _t(n.inputs[0].shape, "int8"),
-            lambda a, x: clip_int8(shift_right_round(x, a["in_shift"] - a["out_shift"])))
+            lambda a, x: clip_int8(shift_right_round(x.astype(np.int64) * a["mul"], a["in_shift"] - a["out_shift"])))
 
 
-QCONV_ATTRS = {**CONV_ATTRS, "in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NCHW"}
+QCONV_ATTRS = {**CONV_ATTRS, "in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NCHW",
+               "mul": 1}
 
 
 def requant_shift(a) -> int:
     return a["in_shift"] + a["w_shift"] - a["out_shift"]
+
+
+def is_fixed_point(a) -> bool:
+    """True when a qconv2d/qdense requantizes with a fixed-point multiplier (mul != 1): then
+    y = clip(round_half_up(acc * mul * 2^-in_shift)) with w_shift = out_shift = 0 and no rounding
+    half in the bias; else y = clip(acc >> (in_shift + w_shift - out_shift)), the half in the bias."""
+    return a.get("mul", 1) != 1
+
+
+def requant_acc(acc: np.ndarray, a) -> np.ndarray:
+    """The int8 result of a qconv2d/qdense accumulator (bias included) under attrs a."""
+    if is_fixed_point(a):
+        return clip_int8(shift_right_round(acc.astype(np.int64) * a["mul"], requant_shift(a)))
+    return clip_int8(shift_floor(acc, requant_shift(a)))  # the rounding half is in b
 
 
 def _check_qint(n):
@@ -638,13 +684,13 @@ def _qconv2d():
             x, w = unpack_ref(x, None), unpack_ref(w, None)
         acc = np.rint(conv2d_ref(x, w, a["strides"], a["pads"], a["dilations"], a["groups"])).astype(np.int64)
         acc = wrap_int32(acc + b.astype(np.int64).reshape(1, -1, 1, 1))
-        y = clip_int8(shift_floor(acc, requant_shift(a)))  # the rounding half is in b
+        y = requant_acc(acc, a)
         return pack_ref(y, (bn, bo)) if packed else y
     return infer, impl
 
 
 @register("qdense", Pattern.OUT_ELEMWISE_FUSABLE, 3,
-          {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NC"},
+          {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NC", "mul": 1},
           doc="int8 dense: acc = x @ w.T + b in int32, then SHR, CLIP")
 def _qdense():
     def infer(n):
@@ -665,13 +711,15 @@ def _qdense():
             x, w = unpack_ref(x, None), unpack_ref(w, None)
         acc = np.rint(x.astype(np.float64) @ w.astype(np.float64).T).astype(np.int64)
         acc = wrap_int32(acc + b.astype(np.int64))
-        y = clip_int8(shift_floor(acc, requant_shift(a)))  # the rounding half is in b
+        y = requant_acc(acc, a)
         return pack_ref(y, (bn, bo)) if packed else y
     return infer, impl
 
 
-@register("qadd", Pattern.BROADCAST, 2, {"a_shift": REQUIRED, "b_shift": REQUIRED, "out_shift": REQUIRED},
-          doc="int8 + int8: align both to the finer scale by left shifts, ADD, round, SHR, CLIP")
+@register("qadd", Pattern.BROADCAST, 2,
+          {"a_shift": REQUIRED, "b_shift": REQUIRED, "out_shift": REQUIRED, "a_mul": 0, "b_mul": 0},
+          doc="int8 + int8: align both to the finer scale by left shifts, ADD, round, SHR, CLIP; with "
+              "multipliers (a_mul, b_mul non-zero): round_half_up((a a_mul + b b_mul) 2^-out_shift), CLIP")
 def _qadd():
     def infer(n):
         if [i.dtype for i in n.inputs] != ["int8", "int8"]:
@@ -682,6 +730,9 @@ def _qadd():
             fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
 
     def impl(a, x, y):
+        if a["a_mul"]:
+            s = x.astype(np.int64) * a["a_mul"] + y.astype(np.int64) * a["b_mul"]
+            return clip_int8(shift_right_round(s, a["out_shift"]))
         m = max(a["a_shift"], a["b_shift"])
         s = (x.astype(np.int64) << (m - a["a_shift"])) + (y.astype(np.int64) << (m - a["b_shift"]))
         return clip_int8(shift_right_round(wrap_int32(s), m - a["out_shift"]))

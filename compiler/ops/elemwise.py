@@ -208,18 +208,23 @@ def shift_right_round(v64, s: int):
     return v64
 
 
-def quantize(x, shift):
-    """float -> int8: clip(round_half_even(x * 2^shift), -127, 127)."""
+def quantize(x, shift=0, scale=0.0):
+    """float -> int8: clip(round_half_even(x * 2^shift), -127, 127), or of x / scale when a scale is given."""
     _float(x, "quantize")
-    scale = te.const(2.0 ** shift, x.dtype)
     lo, hi = te.const(float(INT8_MIN), x.dtype), te.const(float(INT8_MAX), x.dtype)
-    return unary(x, lambda v: te.elem_min(te.elem_max(round_half_even(v * scale), lo), hi).astype("int8"),
+    if scale:
+        div = te.const(float(scale), x.dtype)
+        return unary(x, lambda v: te.elem_min(te.elem_max(round_half_even(v / div), lo), hi).astype("int8"),
+                     "quantize")
+    mul = te.const(2.0 ** shift, x.dtype)
+    return unary(x, lambda v: te.elem_min(te.elem_max(round_half_even(v * mul), lo), hi).astype("int8"),
                  "quantize")
 
 
-def dequantize(x, shift):
-    """int8 -> float32: q * 2^-shift."""
-    return unary(x, lambda v: v.astype("float32") * te.const(2.0 ** -shift, "float32"), "dequantize")
+def dequantize(x, shift=0, scale=0.0):
+    """int8 -> float32: q * 2^-shift, or q * scale when a scale is given."""
+    s = float(scale) if scale else 2.0 ** -shift
+    return unary(x, lambda v: v.astype("float32") * te.const(s, "float32"), "dequantize")
 
 
 def shift_right_floor(v64, s: int):
@@ -231,19 +236,28 @@ def shift_right_floor(v64, s: int):
     return v64
 
 
-def requantize(x, in_shift, out_shift, rounding: bool = True):
+def requantize(x, in_shift, out_shift, rounding: bool = True, mul: int = 1):
     """int (int8 or int32 accumulator) at 2^-in_shift -> int8 at 2^-out_shift: round (unless
-    rounding=False, as for qconv2d/qdense whose int32 bias already holds the half), SHR, CLIP."""
+    rounding=False, as for qconv2d/qdense whose int32 bias already holds the half), SHR, CLIP;
+    mul multiplies first (a fixed-point scale)."""
     if not dt.is_int(x.dtype):
         raise OpError(f"requantize: needs an integer input, got {x.dtype}")
     s = in_shift - out_shift
     shift = shift_right_round if rounding else shift_right_floor
+    if mul != 1:
+        return unary(x, lambda v: _clip_int8(shift(v.astype("int64") * te.const(mul, "int64"), s)), "requantize")
     return unary(x, lambda v: _clip_int8(shift(v.astype("int64"), s)), "requantize")
 
 
-def qadd(a, b, a_shift, b_shift, out_shift):
+def qadd(a, b, a_shift, b_shift, out_shift, a_mul=0, b_mul=0):
     """int8 + int8 at their own scales -> int8: align to the finer scale by left shifts, add (int32
-    wrap, as the accelerator's accumulator), round, SHR, CLIP."""
+    wrap, as the accelerator's accumulator), round, SHR, CLIP. With multipliers (a_mul non-zero):
+    round_half_up((a a_mul + b b_mul) 2^-out_shift), CLIP."""
+    if a_mul:
+        def g(x, y):
+            s = x.astype("int64") * te.const(a_mul, "int64") + y.astype("int64") * te.const(b_mul, "int64")
+            return _clip_int8(shift_right_round(s, out_shift))
+        return broadcast_binary(a, b, g, "qadd")
     m = max(a_shift, b_shift)
 
     def f(x, y):

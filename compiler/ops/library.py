@@ -14,7 +14,7 @@ from .registry import REQUIRED, OpError, add_impl, decline, define
 
 CONV = {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "groups": 1, "out_dtype": None}
 POOL = {"kernel": REQUIRED, "strides": (1, 1), "pads": (0, 0, 0, 0), "ceil_mode": 0}
-QSHIFTS = {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED}
+QSHIFTS = {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "mul": 1}
 
 
 def _bias_nchw(out, bias):
@@ -194,9 +194,9 @@ _UNARY = {
     "leaky_relu": (ew.leaky_relu, {"alpha": 0.01}, "LeakyRelu"),
     "clip": (ew.clip, {"min": None, "max": None}, "Clip"),
     "cast": (ew.cast, {"to": REQUIRED}, "Cast"),
-    "quantize": (ew.quantize, {"shift": REQUIRED}, None),
-    "dequantize": (ew.dequantize, {"shift": REQUIRED}, None),
-    "requantize": (ew.requantize, {"in_shift": REQUIRED, "out_shift": REQUIRED}, None),
+    "quantize": (ew.quantize, {"shift": 0, "scale": 0.0}, None),
+    "dequantize": (ew.dequantize, {"shift": 0, "scale": 0.0}, None),
+    "requantize": (ew.requantize, {"in_shift": REQUIRED, "out_shift": REQUIRED, "mul": 1}, None),
 }
 for _name, (_fn, _attrs, _onnx) in _UNARY.items():
     define(_name, _attrs, 1, (_fn.__doc__ or _name).strip().split("\n")[0], onnx=_onnx)
@@ -207,23 +207,30 @@ _BINARY = {"add": (ew.add, "Add"), "sub": (ew.sub, "Sub"), "mul": (ew.mul, "Mul"
 for _name, (_fn, _onnx) in _BINARY.items():
     define(_name, {}, 2, f"numpy-broadcasting {_name}", onnx=_onnx)
     add_impl(_name, "llvm", f"{_name}.injective", _fn, cpu.schedule_injective)
-define("qadd", {"a_shift": REQUIRED, "b_shift": REQUIRED, "out_shift": REQUIRED}, 2,
-       "int8 + int8 at power-of-two scales -> int8")
+define("qadd", {"a_shift": REQUIRED, "b_shift": REQUIRED, "out_shift": REQUIRED, "a_mul": 0, "b_mul": 0}, 2,
+       "int8 + int8 at power-of-two scales (or fixed-point multipliers) -> int8")
 add_impl("qadd", "llvm", "qadd.injective", ew.qadd, cpu.schedule_injective)
 
 
 # ---------------------------------------------------------------- quantized conv / dense
+def _requant(acc, in_shift, w_shift, out_shift, mul):
+    """qconv2d/qdense's requantization (compiler.graph.ops.requant_acc)."""
+    if mul != 1:  # fixed point: the rounding is explicit
+        return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=True, mul=mul)
+    return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=False)  # the half is in b
+
+
 def _qconv(x, w, b, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, in_shift=0, w_shift=0,
-           out_shift=0, layout="NCHW"):
+           out_shift=0, layout="NCHW", mul=1):
     acc = nn.conv2d(x, w, strides, pads, dilations, groups, "int32")
     acc = _bias_nchw(acc, b)
-    return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=False)  # the half is in b
+    return _requant(acc, in_shift, w_shift, out_shift, mul)
 
 
 def _qconv_nchwc(x, w, b, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, in_shift=0,
-                 w_shift=0, out_shift=0, layout="NCHW", kernel_packed=False):
+                 w_shift=0, out_shift=0, layout="NCHW", kernel_packed=False, mul=1):
     acc = _conv_nchwc(x, w, b, strides, pads, dilations, groups, "int32", kernel_packed)
-    return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=False)  # the half is in b
+    return _requant(acc, in_shift, w_shift, out_shift, mul)
 
 
 def _q_check(shapes, dtypes, attrs):
@@ -246,9 +253,9 @@ add_impl("qconv2d", "llvm", "qconv2d.nchwc", _qconv_nchwc, cpu.schedule_conv2d_N
 add_impl("qconv2d", "llvm", "qconv2d.direct", _qconv, cpu.schedule_conv2d_nchw, check=_q_check)
 
 
-def _qdense(x, w, b, in_shift=0, w_shift=0, out_shift=0, layout="NC", weight_packed=False, n_out=None):
+def _qdense(x, w, b, in_shift=0, w_shift=0, out_shift=0, layout="NC", weight_packed=False, n_out=None, mul=1):
     acc = _dense_pack(x, w, b, "int32", weight_packed, n_out)
-    return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=False)  # the half is in b
+    return _requant(acc, in_shift, w_shift, out_shift, mul)
 
 
 define("qdense", {**QSHIFTS, "layout": "NC"}, 3, "int8 dense, int32 accumulation + bias, SHR, CLIP")

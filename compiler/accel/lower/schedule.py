@@ -39,7 +39,11 @@ class Conv2dTE:
 
 
 def conv2d_compute(env: AccelEnv, spec: Conv2dSpec, requant: Requant = Requant(), bias: bool = True) -> Conv2dTE:
-    """Tensor expressions of a packed conv2d with its requantizing epilogue."""
+    """Tensor expressions of a packed conv2d with its requantizing epilogue (shift requantization;
+    the fixed-point multiplier is the template's, compiler.accel.conv2d)."""
+    if requant.fixed_point:
+        raise TilingError(f"{spec.name}: the TE lowering requantizes by shifts only; a fixed-point "
+                          f"multiplier needs compiler.accel.conv2d")
     b, bi, bo = env.batch, env.block_in, env.block_out
     nb, cb, ob = _ceil(spec.n, b), _ceil(spec.c, bi), _ceil(spec.o, bo)
     pt, pb, pl, pr = spec.pads

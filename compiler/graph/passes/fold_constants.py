@@ -1,5 +1,7 @@
 """FoldConstants: evaluate every op whose inputs are all constants (shape subgraphs, DQ of int8
-weights, transposed weights) and replace it by a constant."""
+weights, transposed weights) and replace it by a constant. A folded DequantizeLinear with one
+scale and no zero point leaves its scale in graph.meta['weight_scales'] (by the constant's name):
+the quantizer then recovers the model's own int8 values instead of choosing a scale of its own."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,11 +15,18 @@ NO_FOLD: tuple[str, ...] = ()
 
 def fold_constants(graph: Graph, max_bytes: int = 64 << 20) -> Graph:
     """Replace ops with only constant inputs by their computed value."""
+    scales = dict(graph.meta.get("weight_scales", {}))
+
     def fn(n: Node, old: Node):
         if n.op in ("input", "const", *NO_FOLD) or not n.inputs or not all(i.is_const for i in n.inputs):
             return None
         if n.type.nbytes > max_bytes:
             return None
         v = get_op(n.op).impl(n.attrs, *(i.value for i in n.inputs))
+        if (n.op == "dequantize_linear" and n.inputs[1].value.size == 1
+                and (len(n.inputs) == 2 or not np.any(n.inputs[2].value))):
+            scales[n.name] = float(n.inputs[1].value.reshape(-1)[0])
+        elif n.op in ("transpose", "reshape", "squeeze", "unsqueeze") and n.inputs[0].name in scales:
+            scales[n.name] = scales[n.inputs[0].name]  # the same values, moved
         return Node.const(np.asarray(v).astype(n.dtype, copy=False), name=n.name)
-    return rewrite(graph, fn)
+    return rewrite(graph, fn, {"weight_scales": scales})

@@ -1,7 +1,8 @@
 """ImportQDQ: take a QDQ model's activation scales instead of calibrating. Each
 dequantize_linear(quantize_linear(x)) pair with constant per-tensor scale is removed and x's
-range recorded; the power-of-two shift is floor(-log2(scale)) for symmetric int8 (a step at least
-as fine as the model's, range within 1 bit), else derived from the represented range.
+range recorded. A symmetric int8 pair keeps its exact scale (Calibration.scales: the quantizer
+requantizes in fixed point where it is not a power of two) and the shift floor(-log2(scale));
+an asymmetric one gets a power-of-two shift derived from the represented range.
 Weights stored as int8 + DequantizeLinear fold to float constants first (fold_constants)."""
 from __future__ import annotations
 
@@ -44,8 +45,9 @@ def import_qdq(graph: Graph) -> Graph:
         x = q.inputs[0]
         absmax, shift, lo, hi, symmetric = r
         cal.absmax[x.name], cal.shifts[x.name], cal.source[x.name] = absmax, shift, "qdq"
-        if symmetric:  # clamping to [-128 s, 127 s] only saturates: the int8 CLIP does it again
-            return x
+        if symmetric:
+            cal.scales[x.name] = float(q.inputs[1].value.reshape(-1)[0])
+            return x  # clamping to [-128 s, 127 s] only saturates: the int8 CLIP does it again
         # an asymmetric range also clamps (a ReLU folded into the zero point): keep the clamp
         c = Node("clip", [x], {"min": float(lo), "max": float(hi)}, name=f"{x.name}/qdq_clip", origin=n.origin)
         cal.absmax[c.name], cal.shifts[c.name], cal.source[c.name] = absmax, shift, "qdq"
@@ -59,6 +61,14 @@ def rename_range(graph: Graph, old: str, new: str) -> None:
     """A rewrite that gives tensor `old`'s value to a node named `new` carries its QDQ range along."""
     cal = graph.meta.get("qdq")
     if cal is not None and old in cal.shifts and new != old:
-        for d in (cal.absmax, cal.shifts, cal.source):
+        for d in (cal.absmax, cal.shifts, cal.source, cal.scales):
             if old in d:
                 d[new] = d[old]
+
+
+def carry_weight_scale(graph: Graph, old: str, new: str) -> None:
+    """A rewrite that moves constant `old`'s values into constant `new` (a transpose) keeps the
+    QDQ model's weight scale (graph.meta['weight_scales'], see fold_constants) with them."""
+    scales = graph.meta.get("weight_scales")
+    if scales is not None and old in scales:
+        scales[new] = scales[old]

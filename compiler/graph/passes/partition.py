@@ -115,6 +115,9 @@ def decide(graph: Graph, cfg: AccelConfig, force: dict[str, str] | None = None,
             producers = [i for i in n.inputs if not i.is_const]
             if n.op == "qadd" and len({i.shape for i in producers}) != 1:
                 d.reason, d.hard = f"{_label(n)}: broadcasting add has no ALU lowering", True
+            elif n.op == "qadd" and n.attrs.get("a_mul"):
+                d.reason, d.hard = (f"{_label(n)}: add at scales that are not powers of two needs two multipliers; "
+                                    f"the ALU lowering aligns by shifts"), True
             elif any(where.get(id(i)) == ACCEL for i in producers):
                 d.target = ACCEL
             else:

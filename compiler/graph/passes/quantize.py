@@ -3,10 +3,14 @@ accelerator requantizes with an arithmetic shift: int32 accumulation, bias added
 rounding half folded in), SHR by in_shift + w_shift - out_shift, CLIP to [-127, 127].
 
 Activation shifts come from calibration on sample inputs (`calibrate`) or from a QDQ model's own
-scales (`import_qdq`); weight shifts from the weights. conv2d/dense with constant weights become
-qconv2d/qdense; add of activations becomes qadd; ops exact on int8 with an unchanged scale (relu,
-clip, max pooling, reshape, transpose, slice, pad by zero, concat) stay int8; everything else runs
-in float between dequantize/quantize nodes.
+scales (`import_qdq`); weight shifts from the weights. A QDQ model's scales are kept exactly
+(Calibration.scales, and the int8 weights of its folded DequantizeLinear, graph.meta['weight_scales']):
+where one is not a power of two the layer requantizes in fixed point instead (a 24-bit multiplier
+and a rounding shift, compiler.graph.ops.fixed_multiplier; qadd and concat likewise), as the model's int8
+arithmetic does. conv2d/dense with constant weights become qconv2d/qdense; add of activations
+becomes qadd; ops exact on int8 with an unchanged scale (relu, clip, max pooling, reshape,
+transpose, slice, pad by zero, concat) stay int8; everything else runs in float between
+dequantize/quantize nodes.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import numpy as np
 from ..interpret import run
 from ..errors import QuantizeError
 from ..ir import Graph, Node
-from ..ops import INT8_MAX
+from ..ops import INT8_MAX, fixed_multiplier
 
 SHIFT_RANGE = (-8, 24)  # activation/weight shifts outside this are clamped (and reported)
 SHR_RANGE = (-32, 31)  # what one SHR of a 32-bit accumulator can do (AluOp.SHR, acc_width 32)
@@ -30,6 +34,12 @@ RANGE_PRESERVING = ("reshape", "transpose", "slice", "take", "max_pool2d")
 #: consumers whose range, not the producer's, sets a conv/dense/add output shift (saturating
 #: before them is harmless: they clamp anyway).
 CLAMPING = ("relu", "clip")
+
+
+def pow2_exponent(scale: float) -> int | None:
+    """k when scale is exactly 2^-k, else None."""
+    m, e = math.frexp(scale)
+    return 1 - e if m == 0.5 else None
 
 
 def pow2_shift(absmax: float) -> int:
@@ -47,22 +57,32 @@ class Calibration:
     shifts: dict[str, int] = field(default_factory=dict)
     source: dict[str, str] = field(default_factory=dict)
     samples: int = 0
+    #: a QDQ model's exact scales (where present they win over 2^-shift)
+    scales: dict[str, float] = field(default_factory=dict)
+
+    def scale(self, name: str) -> float | None:
+        if name in self.scales:
+            return self.scales[name]
+        return 2.0 ** -self.shifts[name] if name in self.shifts else None
 
     def table(self) -> str:
         rows = [f"{'tensor':32} {'source':11} {'absmax':>10} {'shift':>5} {'step':>10} {'max':>10} {'use':>5}"]
         for name, k in self.shifts.items():
             a = self.absmax.get(name, float("nan"))
-            top = INT8_MAX * 2.0 ** -k
-            rows.append(f"{name[:32]:32} {self.source.get(name, ''):11} {a:10.4g} {k:5d} {2.0 ** -k:10.4g} "
+            step = self.scale(name)
+            top = INT8_MAX * step
+            rows.append(f"{name[:32]:32} {self.source.get(name, ''):11} {a:10.4g} {k:5d} {step:10.4g} "
                         f"{top:10.4g} {a / top:5.0%}")
         return "\n".join(rows)
 
     def merged(self, other: "Calibration") -> "Calibration":
         """self's entries, with other's filling the gaps."""
-        c = Calibration(dict(other.absmax), dict(other.shifts), dict(other.source), max(self.samples, other.samples))
+        c = Calibration(dict(other.absmax), dict(other.shifts), dict(other.source), max(self.samples, other.samples),
+                        {k: v for k, v in other.scales.items() if k not in self.shifts})
         c.absmax.update(self.absmax)
         c.shifts.update(self.shifts)
         c.source.update(self.source)
+        c.scales.update(self.scales)
         return c
 
 
@@ -85,28 +105,42 @@ def calibrate(graph: Graph, samples) -> Calibration:
     return cal
 
 
+def _shift_or_scale(scale: float) -> dict:
+    """quantize/dequantize attrs for a tensor scale: a shift when it is a power of two."""
+    k = pow2_exponent(scale)
+    return {"shift": k} if k is not None else {"scale": scale}
+
+
+def _fixed(real: float, what: str) -> tuple[int, int]:
+    """compiler.graph.ops.fixed_multiplier, its error as a QuantizeError."""
+    try:
+        return fixed_multiplier(real, what)
+    except ValueError as e:
+        raise QuantizeError(f"quantize: {e}") from None
+
+
 class _Quantizer:
     def __init__(self, graph: Graph, cal: Calibration):
         self.graph, self.cal = graph, cal
         self.users = graph.users()
-        self.shift: dict[int, int] = {}  # id(new int8 node) -> its shift
+        self.weight_scales: dict[str, float] = graph.meta.get("weight_scales", {})
+        self.scale: dict[int, float] = {}  # id(new int8 node) -> its scale (2^-shift unless a QDQ model's)
         self.deq: dict[int, Node] = {}
         self.q: dict[int, Node] = {}
         self.layers: list[dict] = []
 
-    def shift_for(self, old: Node, why: str) -> int:
+    def scale_for(self, old: Node, why: str) -> float:
         src = old
-        while src.name not in self.cal.shifts and src.op in RANGE_PRESERVING:
+        while self.cal.scale(src.name) is None and src.op in RANGE_PRESERVING:
             src = src.inputs[0]  # values are a subset of the input's: its scale fits
-        if src.name in self.cal.shifts:
-            return self.cal.shifts[src.name]
-        if old.name not in self.cal.shifts:
-            raise QuantizeError(f"quantize: no scale for tensor '{old.name}' ({old.op}), needed {why}; "
-                                f"calibrate with sample inputs or give a QDQ model")
-        return self.cal.shifts[old.name]
+        s = self.cal.scale(src.name)
+        if s is not None:
+            return s
+        raise QuantizeError(f"quantize: no scale for tensor '{old.name}' ({old.op}), needed {why}; "
+                            f"calibrate with sample inputs or give a QDQ model")
 
-    def out_shift(self, old: Node) -> int:
-        """Shift of a conv/dense/add result: the range of a clamping sole consumer (reached
+    def out_scale(self, old: Node) -> float:
+        """Scale of a conv/dense/add result: the range of a clamping sole consumer (reached
         through reshapes/transposes) if there is one, else its own, else that of the reshape
         holding its value (a QDQ model names the tensor after the reshape)."""
         chain, cur = [], old
@@ -118,89 +152,141 @@ class _Quantizer:
             if u.op in CLAMPING:
                 break
             cur = u
-        shifts = self.cal.shifts
-        if chain and chain[-1].op in CLAMPING and chain[-1].name in shifts:
-            return shifts[chain[-1].name]
-        if old.name in shifts:
-            return shifts[old.name]
+        scale = self.cal.scale
+        if self.model_scale(old.name) is not None:  # a QDQ model rounds here (and again after a clamp)
+            return self.model_scale(old.name)
+        if chain and chain[-1].op in CLAMPING and scale(chain[-1].name) is not None:
+            return scale(chain[-1].name)
+        if scale(old.name) is not None:
+            return scale(old.name)
         for c in chain:
-            if c.name in shifts:
-                return shifts[c.name]
-        return self.shift_for(old, "for its output")
+            if scale(c.name) is not None:
+                return scale(c.name)
+        return self.scale_for(old, "for its output")
+
+    def model_scale(self, name: str) -> float | None:
+        """The scale a QDQ model gives this tensor, where it gives one."""
+        return self.cal.scales.get(name) if self.cal.source.get(name) == "qdq" else None
 
     def as_float(self, n: Node) -> Node:
-        if id(n) not in self.shift:
+        if id(n) not in self.scale:
             return n
         if id(n) not in self.deq:
-            self.deq[id(n)] = Node("dequantize", [n], {"shift": self.shift[id(n)]}, name=f"{n.name}/dequantize")
+            self.deq[id(n)] = Node("dequantize", [n], _shift_or_scale(self.scale[id(n)]), name=f"{n.name}/dequantize")
         return self.deq[id(n)]
 
-    def as_int8(self, n: Node, old: Node, consumer: Node) -> tuple[Node, int]:
-        if id(n) in self.shift:
-            return n, self.shift[id(n)]
+    def as_int8(self, n: Node, old: Node, consumer: Node) -> tuple[Node, float]:
+        if id(n) in self.scale:
+            return n, self.scale[id(n)]
         if n.is_const:
             k = pow2_shift(float(np.max(np.abs(n.value))) if n.value.size else 0.0)
             return Node.const(np.clip(np.rint(n.value * 2.0 ** k), -INT8_MAX, INT8_MAX).astype(np.int8),
-                              name=f"{n.name}/q"), k
+                              name=f"{n.name}/q"), 2.0 ** -k
         if id(n) not in self.q:
-            k = self.shift_for(old, f"as input of {consumer.op} '{consumer.name}'")
-            self.q[id(n)] = Node("quantize", [n], {"shift": k}, name=f"{n.name}/quantize")
-            self.shift[id(self.q[id(n)])] = k
-        return self.q[id(n)], self.shift[id(self.q[id(n)])]
+            s = self.scale_for(old, f"as input of {consumer.op} '{consumer.name}'")
+            self.q[id(n)] = Node("quantize", [n], _shift_or_scale(s), name=f"{n.name}/quantize")
+            self.scale[id(self.q[id(n)])] = s
+        return self.q[id(n)], self.scale[id(self.q[id(n)])]
 
-    def mark(self, n: Node, k: int) -> Node:
-        self.shift[id(n)] = k
+    def mark(self, n: Node, s: float) -> Node:
+        self.scale[id(n)] = s
         return n
+
+    def weights(self, n: Node) -> tuple[np.ndarray, float]:
+        """(int8 weights, scale): a QDQ model's own int8 values when its weight scale is known and
+        reproduces them, else the finest power of two that holds the weights."""
+        w = n.inputs[1].value.astype(np.float64)
+        s = self.weight_scales.get(n.inputs[1].name)
+        if s is not None and s > 0:
+            q = np.rint(w / s)
+            if np.abs(q).max(initial=0) <= INT8_MAX and np.allclose(q * s, w, rtol=1e-5, atol=0):
+                return q.astype(np.int8), s
+        k = pow2_shift(float(np.max(np.abs(w))))
+        return np.clip(np.rint(w * 2.0 ** k), -INT8_MAX, INT8_MAX).astype(np.int8), 2.0 ** -k
 
     # ---- per-op rules ------------------------------------------------------------------------
     def gemm(self, ins: list[Node], old: Node) -> Node:
         n = old
-        x, kx = self.as_int8(ins[0], old.inputs[0], n)
-        w = n.inputs[1].value.astype(np.float64)
-        kw = pow2_shift(float(np.max(np.abs(w))))
-        ko = self.out_shift(old)
-        s = kx + kw - ko
-        if not SHR_RANGE[0] <= s <= SHR_RANGE[1]:
-            raise QuantizeError(f"quantize: {n.op} '{n.name}': requantize shift {s} = in {kx} + weight {kw} - out {ko} "
-                                f"is outside the ALU's SHR range {list(SHR_RANGE)}")
-        wq = np.clip(np.rint(w * 2.0 ** kw), -INT8_MAX, INT8_MAX).astype(np.int8)
-        b = n.inputs[2].value.astype(np.float64) if len(n.inputs) == 3 else np.zeros(w.shape[0])
-        bq = np.rint(b * 2.0 ** (kx + kw)) + (1 << (s - 1) if s > 0 else 0)  # rounding half rides on the bias
-        if np.abs(bq).max(initial=0) >= 2 ** 31:
-            raise QuantizeError(f"quantize: {n.op} '{n.name}': bias does not fit int32 at scale 2^-{kx + kw}")
+        x, sx = self.as_int8(ins[0], old.inputs[0], n)
+        wq, sw = self.weights(n)
+        so = self.out_scale(old)
+        kx, kw, ko = pow2_exponent(sx), pow2_exponent(sw), pow2_exponent(so)
+        b = n.inputs[2].value.astype(np.float64) if len(n.inputs) == 3 else np.zeros(wq.shape[0])
         attrs = {k: v for k, v in n.attrs.items()}
-        attrs.update(in_shift=kx, w_shift=kw, out_shift=ko)
+        if None not in (kx, kw, ko):
+            s, mul = kx + kw - ko, 1
+            if not SHR_RANGE[0] <= s <= SHR_RANGE[1]:
+                raise QuantizeError(f"quantize: {n.op} '{n.name}': requantize shift {s} = in {kx} + weight {kw} - out {ko} "
+                                    f"is outside the ALU's SHR range {list(SHR_RANGE)}")
+            half = 1 << (s - 1) if s > 0 else 0  # rounding half rides on the bias
+            attrs.update(in_shift=kx, w_shift=kw, out_shift=ko)
+        else:  # fixed point: the shift is carried as in_shift (w_shift = out_shift = 0); SCALE rounds
+            mul, s = _fixed(sx * sw / so, f"{n.op} '{n.name}'")
+            half = 0
+            attrs.update(in_shift=s, w_shift=0, out_shift=0, mul=mul)
+        bq = np.rint(b / (sx * sw)) + half
+        if np.abs(bq).max(initial=0) >= 2 ** 31:
+            raise QuantizeError(f"quantize: {n.op} '{n.name}': bias does not fit int32 at scale {sx * sw:.6g}")
         q = Node("q" + n.op, [x, Node.const(wq, name=f"{n.name}/wq"), Node.const(bq.astype(np.int32), name=f"{n.name}/bq")],
                  attrs, name=n.name, origin=n.origin)
-        self.layers.append({"name": n.name, "op": q.op, "in_shift": kx, "w_shift": kw, "out_shift": ko, "shr": s,
-                            "w_absmax": float(np.max(np.abs(w))), "w_use": float(np.max(np.abs(wq))) / INT8_MAX})
-        return self.mark(q, ko)
+        self.layers.append({"name": n.name, "op": q.op, "in_scale": sx, "w_scale": sw, "out_scale": so, "shr": s,
+                            "mul": mul, "w_absmax": float(np.max(np.abs(n.inputs[1].value))),
+                            "w_use": float(np.max(np.abs(wq))) / INT8_MAX})
+        return self.mark(q, so)
 
     def add(self, ins: list[Node], old: Node) -> Node:
         n = old
-        (a, ka), (b, kb) = (self.as_int8(i, o, n) for i, o in zip(ins, old.inputs))
-        ko = self.out_shift(old)
-        q = Node("qadd", [a, b], {"a_shift": ka, "b_shift": kb, "out_shift": ko}, name=n.name, origin=n.origin)
-        self.layers.append({"name": n.name, "op": "qadd", "in_shift": min(ka, kb), "w_shift": 0, "out_shift": ko,
-                            "shr": max(ka, kb) - ko})
-        return self.mark(q, ko)
+        (a, sa), (b, sb) = (self.as_int8(i, o, n) for i, o in zip(ins, old.inputs))
+        so = self.out_scale(old)
+        ka, kb, ko = pow2_exponent(sa), pow2_exponent(sb), pow2_exponent(so)
+        if None not in (ka, kb, ko):
+            attrs = {"a_shift": ka, "b_shift": kb, "out_shift": ko}
+            shr = max(ka, kb) - ko
+        else:
+            big, shr = _fixed(max(sa, sb) / so, f"add '{n.name}'")
+            ma, mb = (max(1, round(r / so * 2.0 ** shr)) for r in (sa, sb))
+            attrs = {"a_shift": 0, "b_shift": 0, "out_shift": shr, "a_mul": ma, "b_mul": mb}
+        q = Node("qadd", [a, b], attrs, name=n.name, origin=n.origin)
+        self.layers.append({"name": n.name, "op": "qadd", "in_scale": max(sa, sb), "w_scale": 1.0, "out_scale": so,
+                            "shr": shr})
+        return self.mark(q, so)
 
     def preserving(self, ins: list[Node], n: Node) -> Node:
-        k = self.shift[id(ins[0])]
+        s = self.scale[id(ins[0])]
         attrs = dict(n.attrs)
         if n.op == "clip":
-            attrs["min"] = None if attrs["min"] is None else float(max(-INT8_MAX, min(INT8_MAX, round(attrs["min"] * 2.0 ** k))))
-            attrs["max"] = None if attrs["max"] is None else float(max(-INT8_MAX, min(INT8_MAX, round(attrs["max"] * 2.0 ** k))))
+            for key in ("min", "max"):
+                if attrs[key] is not None:
+                    attrs[key] = float(max(-INT8_MAX, min(INT8_MAX, round(attrs[key] / s))))
         if n.op == "pad":
-            attrs["value"] = float(np.clip(np.rint(attrs["value"] * 2.0 ** k), -INT8_MAX, INT8_MAX))
-        return self.mark(n.with_inputs(ins, attrs=attrs), k)
+            attrs["value"] = float(np.clip(np.rint(attrs["value"] / s), -INT8_MAX, INT8_MAX))
+        out = n.with_inputs(ins, attrs=attrs)
+        t = self.model_scale(n.name) if n.op in CLAMPING else None
+        if t is None or t == s:
+            return self.mark(out, s)
+        # a QDQ model quantizes the clamp's output at a scale of its own: requantize as it does
+        return self.mark(Node("requantize", [out], self.requant_attrs(s, t, f"{n.op} '{n.name}'"),
+                              name=f"{n.name}/requantize"), t)
+
+    def requant_attrs(self, s_in: float, s_out: float, what: str) -> dict:
+        """requantize attrs taking int8 at scale s_in to s_out (shifts when both are powers of two)."""
+        ki, ko = pow2_exponent(s_in), pow2_exponent(s_out)
+        if ki is not None and ko is not None:
+            return {"in_shift": ki, "out_shift": ko}
+        mul, sh = _fixed(s_in / s_out, what)
+        return {"in_shift": sh, "out_shift": 0, "mul": mul}
 
     def concat(self, ins: list[Node], n: Node) -> Node:
-        k = min(self.shift[id(i)] for i in ins)  # the coarsest scale holds every input's range
-        ins = [i if self.shift[id(i)] == k else
-               Node("requantize", [i], {"in_shift": self.shift[id(i)], "out_shift": k}, name=f"{i.name}/requantize")
-               for i in ins]
-        return self.mark(n.with_inputs(ins), k)
+        s = max(self.scale[id(i)] for i in ins)  # the coarsest scale holds every input's range
+        out = []
+        for i in ins:
+            si = self.scale[id(i)]
+            if si == s:
+                out.append(i)
+                continue
+            out.append(Node("requantize", [i], self.requant_attrs(si, s, f"concat '{n.name}'"),
+                            name=f"{i.name}/requantize"))
+        return self.mark(n.with_inputs(out), s)
 
     def node(self, old: Node, ins: list[Node]) -> Node:
         """The replacement of `old` given its inputs' replacements."""
@@ -210,11 +296,11 @@ class _Quantizer:
         if n.op in ("conv2d", "dense") and n.inputs[1].is_const and all(i.is_const for i in n.inputs[2:]) \
                 and n.dtype == "float32":
             return self.gemm(ins, old)
-        if n.op == "add" and not any(i.is_const for i in ins) and any(id(i) in self.shift for i in ins):
+        if n.op == "add" and not any(i.is_const for i in ins) and any(id(i) in self.scale for i in ins):
             return self.add(ins, old)
-        if n.op in SCALE_PRESERVING and id(ins[0]) in self.shift and (n.op != "pad" or n.attrs["mode"] == "constant"):
+        if n.op in SCALE_PRESERVING and id(ins[0]) in self.scale and (n.op != "pad" or n.attrs["mode"] == "constant"):
             return self.preserving(ins, n)
-        if n.op == "concat" and all(id(i) in self.shift for i in ins):
+        if n.op == "concat" and all(id(i) in self.scale for i in ins):
             return self.concat(ins, n)
         new_ins = [self.as_float(i) for i in ins]
         return n if all(a is b for a, b in zip(new_ins, n.inputs)) else n.with_inputs(new_ins)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node, rewrite
-from .import_qdq import rename_range
+from .import_qdq import carry_weight_scale, rename_range
 
 
 def _bias_vector(b: Node, channels: int, axis: int, rank: int):
@@ -19,10 +19,11 @@ def _bias_vector(b: Node, channels: int, axis: int, rank: int):
     return np.broadcast_to(b.value.reshape(-1), (channels,)).astype(np.float32)
 
 
-def _matmul_to_dense(n: Node) -> Node:
+def _matmul_to_dense(graph: Graph, n: Node) -> Node:
     """x @ W with constant 2-d W (as QDQ models leave Gemm/MatMul once their weights fold) -> dense."""
     x, w = n.inputs
     wt = Node.const(np.ascontiguousarray(w.value.T), name=f"{w.name}/T")
+    carry_weight_scale(graph, w.name, wt.name)
     if x.type.rank == 2:
         return Node("dense", [x, wt], name=n.name, origin=n.origin)
     lead = x.shape[:-1]
@@ -47,7 +48,7 @@ def simplify(graph: Graph) -> Graph:
         if n.op == "transpose" and list(n.attrs["perm"]) == list(range(n.type.rank)):
             return n.inputs[0]
         if n.op == "matmul" and n.inputs[1].is_const and n.inputs[1].type.rank == 2:
-            return _matmul_to_dense(n)
+            return _matmul_to_dense(graph, n)
         if n.op != "add":
             return None
         for k in (0, 1):

@@ -36,7 +36,7 @@ def test_conv2d_random_shapes_and_configs(cfg, n, c, h, w, o, k, pads, strides, 
         return
     spec = Conv2dSpec(n, c, h, w, o, k, k, pads, strides)
     _check(cfg, spec, Requant(shift, 0 if relu else -127, 127, round=seed % 3 == 0 and shift <= 15,
-                                   mul=(1, 3, 181, -7)[seed % 4]), vt, seed, bias=seed % 2 == 0)
+                                   mul=(1, 3, 181, (1 << 23) + 4321)[seed % 4]), vt, seed, bias=seed % 2 == 0)
 
 
 @pytest.mark.parametrize("cfg", [PRESETS["tiny"], ODD], ids=["tiny", "b2x8x16"])
@@ -62,6 +62,26 @@ def test_dense_random(rows, k, m, seed, cfg):
     b = rng.integers(-999, 999, m).astype(np.int32)
     y, _, _ = run_dense(Device(cfg), x, w, b, Requant(6, -90, 90))
     assert np.array_equal(y, dense_reference(x, w, b, Requant(6, -90, 90)))
+
+
+@pytest.mark.parametrize("cfg_name, relu", [("tiny", True), ("default", False)])
+def test_fixed_point_requantization_matches_reference(cfg_name, relu):
+    """A scale that is not a power of two: SCALE (24-bit multiplier, rounding shift) then the
+    clamp, per tile slot, bit-exact against the numpy reference; the dense path too."""
+    from compiler.graph.ops import fixed_multiplier
+    from accel.isa import AluOp
+    cfg = PRESETS[cfg_name]
+    mul, k = fixed_multiplier(0.0123456, "test")
+    rq = Requant(k, 0 if relu else -127, 127, True, mul)
+    spec = Conv2dSpec(1, 2 * cfg.block_in, 9, 7, 3 * cfg.block_out, 3, 3, (1, 1, 1, 1), name="fx")
+    _, _, stream = check_conv(run_conv2d, cfg, spec, rq)
+    assert any(getattr(i, "alu_op", None) == AluOp.SCALE for i in stream.last_insns)
+    rng = np.random.default_rng(5)
+    x = rng.integers(-128, 128, (5, 3 * cfg.block_in), dtype=np.int8)
+    w = rng.integers(-128, 128, (2 * cfg.block_out, 3 * cfg.block_in), dtype=np.int8)
+    b = rng.integers(-9999, 9999, 2 * cfg.block_out).astype(np.int32)
+    y, _, _ = run_dense(Device(cfg), x, w, b, rq)
+    assert np.array_equal(y, dense_reference(x, w, b, rq))
 
 
 def test_tiling_error_names_buffer_and_shortfall():

@@ -62,7 +62,7 @@ def test_network_reports_are_complete(net):
     q = optimize(g, quantize=True, calibration_samples=calib, accel="default")
     cal = q.meta["quantize"]["calibration"]
     assert cal.samples == len(calib) and len(cal.table().splitlines()) > 2
-    assert all(set(layer) >= {"name", "in_shift", "w_shift", "out_shift", "shr"} for layer in q.meta["quantize"]["layers"])
+    assert all(set(layer) >= {"name", "in_scale", "w_scale", "out_scale", "shr"} for layer in q.meta["quantize"]["layers"])
     decisions = q.meta["partition"]
     assert all(d.target in ("accel", "cpu") and (d.target == "accel" or d.reason) for d in decisions)
     plan = q.meta["memory_plan"]

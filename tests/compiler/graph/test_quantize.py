@@ -1,13 +1,16 @@
 """int8 quantization with power-of-two scales: the shift arithmetic is bit-exact, calibration is
-reported, QDQ models' scales are imported; onnxruntime's own quantizer output is the QDQ oracle."""
+reported, QDQ models' scales are imported (fixed-point multipliers where they are not powers of
+two); onnxruntime's own quantizer output is the QDQ oracle."""
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import given, settings, strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler.frontend import from_onnx, zoo
 from compiler.graph import Graph, Node, QuantizeError, run
+from compiler.graph.ops import fixed_multiplier
 from compiler.graph.passes import Calibration, calibrate, optimize, pow2_shift, quantize
 
 RNG = np.random.default_rng(0)
@@ -169,3 +172,18 @@ def test_quantize_onnxruntime_qdq_model_imports_close_to_float(tmp_path, name, s
     assert g.meta["quantize"]["calibration"].source and set(g.meta["quantize"]["calibration"].source.values()) == {"qdq"}
     ref = ort_run(m, feeds[4])[0]
     assert cosine(run(g, feeds[4])[0], ref) >= 0.99
+
+
+@settings(max_examples=200, deadline=None)
+@given(r=st.floats(1e-12, 1e6, allow_nan=False, allow_infinity=False))
+def test_fixed_multiplier_is_as_fine_as_24_bits(r):
+    mul, k = fixed_multiplier(r, "layer")
+    assert 0 <= k <= 63 and 2 <= mul < 1 << 24
+    assert (1 << 23) <= mul or k == 63
+    assert abs(mul * 2.0 ** -k - r) <= r * 2.0 ** -23
+
+
+def test_fixed_multiplier_names_the_layer_when_out_of_range():
+    for bad in (0.0, -1.0, float("inf"), 2.0 ** 30):
+        with pytest.raises(ValueError, match="conv 'c1'"):
+            fixed_multiplier(bad, "conv 'c1'")
