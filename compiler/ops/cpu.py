@@ -15,19 +15,72 @@
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass
 
 from .. import te
 from ..te.tensor import ComputeOp, PlaceholderOp
 
 #: minimum output elements for a parallel loop to pay for its launch
 PARALLEL_MIN = 1 << 14
-#: vector register width in bytes the schedules block for (AVX-512)
-VECTOR_BYTES = 64
+
+
+def host_simd() -> tuple[int, int]:
+    """(vector register bytes, vector registers) of the host the register tiles are sized for:
+    AVX-512 64/32, AVX/AVX2 32/16, else 16/16. $KIT_VECTOR_BYTES (16, 32, 64) overrides."""
+    env = os.environ.get("KIT_VECTOR_BYTES")
+    if env:
+        if env not in ("16", "32", "64"):
+            raise ValueError(f"KIT_VECTOR_BYTES={env!r}: expected 16, 32 or 64")
+        vb = int(env)
+    else:
+        try:
+            import llvmlite.binding as llvm
+            from ..build import _init_llvm
+            _init_llvm()
+            f = llvm.get_host_cpu_features()
+            vb = 64 if f.get("avx512f") else 32 if (f.get("avx2") or f.get("avx")) else 16
+        except (ImportError, RuntimeError):   # pragma: no cover - llvmlite is a dependency
+            vb = 16
+    return vb, 32 if vb == 64 else 16
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Register-tile sizes the schedules use, sized for one vector unit (measured best on an AVX-512
+    and an AVX2 machine): accumulators fill most registers, a few stay for loads and broadcasts."""
+    vector_bytes: int
+    registers: int
+
+    @property
+    def wide(self) -> bool:
+        return self.registers >= 32
+
+    @property
+    def rows(self) -> int:
+        """rows of a dense/matmul register tile (each row one or two vectors of accumulators)"""
+        return 8 if self.wide else 6
+
+    @property
+    def conv_oc_bn(self) -> int:
+        """NCHWc output-channel block: two float vectors with 32 registers, one with 16"""
+        return (2 if self.wide else 1) * self.vector_bytes // 4
+
+    conv_reg_n = 14      # NCHWc pixels per tile: 28 accumulators of 32 registers, 14 of 16
+    conv_ic_bn = 16
+
+    @property
+    def pointwise(self) -> tuple[int, int]:
+        """pointwise conv tile: output channels x pixel vectors (24 of 32 registers, 12 of 16)"""
+        return (8, 3) if self.wide else (4, 3)
+
+
+TILES = Tiles(*host_simd())
 
 
 def lanes(dtype: str) -> int:
     from ..tir import dtype as dt
-    return max(1, VECTOR_BYTES // max(1, dt.bits(dtype) // 8))
+    return max(1, TILES.vector_bytes // max(1, dt.bits(dtype) // 8))
 
 
 def largest_divisor(n: int, at_most: int) -> int:
@@ -121,9 +174,6 @@ def _find(s, tag_head: str):
 # ---------------------------------------------------------------- conv2d
 
 #: conv2d NCHWc knobs (the benchmark may override): max output-width tile and channel blocks
-CONV_REG_N = 14
-CONV_OC_BN = 32
-CONV_IC_BN = 16
 
 
 def _begin(outs, *tags):
@@ -145,9 +195,9 @@ def _schedule_rest(s, keep, **flat):
 
 def conv_blocks(C: int, O: int, dtype: str = "float32", oc_bn: int | None = None, ic_bn: int | None = None):
     """(ic_bn, oc_bn) for an NCHWc conv: oc_bn a multiple of the vector width when possible."""
-    ob = oc_bn or CONV_OC_BN
+    ob = oc_bn or TILES.conv_oc_bn
     oc = largest_divisor(O, ob)
-    ic = largest_divisor(C, ic_bn or CONV_IC_BN)
+    ic = largest_divisor(C, ic_bn or TILES.conv_ic_bn)
     return ic, oc
 
 
@@ -156,7 +206,7 @@ def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
     _schedule_rest(s, (conv,))
     C = conv.op.output(0)
     N, OCO, OH, OW, ocb = C.shape
-    rn = largest_divisor(OW, reg_n or CONV_REG_N)
+    rn = largest_divisor(OW, reg_n or TILES.conv_reg_n)
     CC = s.cache_write(C, "local")
     st = s[C]
     n, oc, oh, ow, ob = st.op.axis
@@ -210,7 +260,7 @@ def dense_block(M: int, N: int) -> tuple[int, int]:
     """(mi, bn): rows per register tile and the packed weight's output block."""
     if M <= 2:
         return M, 64 if N >= 256 else 16
-    return largest_divisor(M, 8), 16
+    return largest_divisor(M, TILES.rows), 16
 
 
 def schedule_dense_pack(outs):
@@ -219,7 +269,7 @@ def schedule_dense_pack(outs):
     C = cp.op.output(0)
     M, NB, bn = C.shape
     K = cp.op.reduce_axis[0].dom.extent.value
-    mi = largest_divisor(M, 8)
+    mi = largest_divisor(M, TILES.rows)
     CC = s.cache_write(C, "local")
     st = s[C]
     i, jo, ji = st.op.axis
@@ -253,7 +303,7 @@ def schedule_matmul(outs):
     M, N = C.shape[-2:]
     vl = lanes(C.dtype)
     nj = largest_divisor(N, 2 * vl)
-    mi = largest_divisor(M, 8)
+    mi = largest_divisor(M, TILES.rows)
     K = mm.op.reduce_axis[0].dom.extent.value
     CC = s.cache_write(C, "local")
     st = s[C]
@@ -286,9 +336,6 @@ _ = PlaceholderOp
 
 # ---------------------------------------------------------------- pointwise / depthwise (flat pixels)
 
-#: pointwise conv register tile: output channels x pixel vectors
-PW_OC = 8
-PW_VECS = 3
 
 
 def _flat_pipeline(s, outs, tag):
@@ -319,8 +366,9 @@ def schedule_conv2d_pointwise(outs):
     N, O, P = F.shape
     C = flat.op.reduce_axis[0].dom.extent.value
     vl = lanes(F.dtype)
-    ob = largest_divisor(O, PW_OC)
-    pt = _pixel_tile(P, vl, PW_VECS)
+    pw_oc, pw_vecs = TILES.pointwise
+    ob = largest_divisor(O, pw_oc)
+    pt = _pixel_tile(P, vl, pw_vecs)
     work = N * O * P * C
     if ost is None:     # unknown consumer: the flat result at root, tiled the same way
         ost, tile_stage = flat, None

@@ -112,3 +112,26 @@ def test_simplify_merges_div_mod_with_reduced_operand():
     assert lin.coef_of(v) == 16 and lin.coef_of(u) == 1
     bad = (v * 16 + u) // 14 * 14 + (v * 3 + u) % 14    # not congruent: must stay
     assert any(isinstance(a, E.FloorMod) for a, _ in arith.linear(bad).terms.values())
+
+
+@pytest.mark.parametrize("vector_bytes, registers", [(16, 16), (32, 16), (64, 32)], ids=["sse", "avx2", "avx512"])
+def test_register_tiles_of_every_vector_unit_compute_the_same(monkeypatch, vector_bytes, registers):
+    """The schedules size register tiles by the host's vector unit (cpu.TILES); every sizing
+    (SSE, AVX2, AVX-512) must give the same results, whichever machine runs the tests."""
+    monkeypatch.setattr(cpu, "TILES", cpu.Tiles(vector_bytes, registers))
+    ops.api.clear_cache()   # compiled kernels are cached by shape, not by tile sizes
+    try:
+        rng = np.random.default_rng(4)
+        x, w3, w1 = rnd(rng, (1, 24, 11, 30)), rnd(rng, (40, 24, 3, 3)), rnd(rng, (40, 24, 1, 1))
+        f = ops.compile_op("conv2d", [x.shape, w3.shape], {"pads": (1, 1, 1, 1)}, consts={1: w3})
+        assert f.impl.name == "conv2d_nchw.nchwc"
+        close(f(x), conv2d_ref(x, w3, (1, 1), (1, 1, 1, 1), (1, 1), 1))
+        f = ops.compile_op("conv2d", [x.shape, w1.shape], {}, consts={1: w1})
+        assert f.impl.name == "conv2d_nchw.pointwise"
+        close(f(x), conv2d_ref(x, w1, (1, 1), (0, 0, 0, 0), (1, 1), 1))
+        a, b = rnd(rng, (13, 70)), rnd(rng, (35, 70))
+        close(ops.compile_op("dense", [a.shape, b.shape], consts={1: b})(a), a @ b.T)
+        c = rnd(rng, (70, 29))
+        close(ops.compile_op("matmul", [a.shape, c.shape])(a, c), a @ c)
+    finally:
+        ops.api.clear_cache()
