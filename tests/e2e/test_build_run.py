@@ -46,22 +46,27 @@ def test_e2e_cpu_target_matches_onnxruntime(net):
     assert sum(r["macs"] for r in profile) > 0 or name == "mlp"
 
 
+def _run_bit_exact(mod, feeds, name):
+    """Run on fsim; every int8 tensor the module computed must equal the int8 reference bit for
+    bit. Returns (first output, reference outputs, executor)."""
+    with Executor(mod, driver="fsim") as ex:
+        outs = ex.run(feeds, keep=True)
+    ref_out, env = reference_run(mod.graph, feeds, keep=True)
+    ints = {n.name: env[id(n)] for n in mod.graph.nodes if id(n) in env and env[id(n)].dtype == np.int8}
+    checked = [k for k in ex.values if k in ints]
+    assert len(checked) >= mod.count("accel")
+    for k in checked:
+        np.testing.assert_array_equal(ex.values[k], ints[k], err_msg=f"{name}: int8 tensor {k}")
+    return next(iter(outs.values())), ref_out, ex
+
+
 @pytest.mark.parametrize("config", ["tiny"])
 def test_e2e_accel_target_bit_exact_and_within_quantization_error(net, config):
     name, m, calib, tests = net
     mod = compiler.build_model(m, target="accel", config=config, calibration=calib)
     assert mod.count("accel") >= 1, mod.meta["partition"]
     for feeds in tests:
-        with Executor(mod, driver="fsim") as ex:
-            outs = ex.run(feeds, keep=True)
-        got = next(iter(outs.values()))
-        ref_out, env = reference_run(mod.graph, feeds, keep=True)
-        # every int8 tensor the module computed equals the int8 reference bit for bit
-        ints = {n.name: env[id(n)] for n in mod.graph.nodes if id(n) in env and env[id(n)].dtype == np.int8}
-        checked = [k for k in ex.values if k in ints]
-        assert len(checked) >= mod.count("accel")
-        for k in checked:
-            np.testing.assert_array_equal(ex.values[k], ints[k], err_msg=f"{name}: int8 tensor {k}")
+        got, ref_out, ex = _run_bit_exact(mod, feeds, name)
         np.testing.assert_allclose(got, ref_out[0], rtol=1e-5, atol=1e-5 * np.abs(ref_out[0]).max())
         assert cosine(got, ort_run(m, feeds)[0]) >= 0.99
     accel_rows = [r for r in ex.profile if r["target"] == "accel"]
@@ -140,14 +145,7 @@ def test_e2e_onnxruntime_qdq_model_own_scales_match_its_int8_result(tmp_path, na
     assert fixed, "the exported scales are not powers of two: the layers requantize in fixed point"
     unit = _output_scale(qm) or 1.0 / 64
     for f in feeds[4:]:
-        with Executor(mod, driver="fsim") as ex:
-            got = next(iter(ex.run(f, keep=True).values()))
-        _, env = reference_run(mod.graph, f, keep=True)
-        ints = {n.name: env[id(n)] for n in mod.graph.nodes if id(n) in env and env[id(n)].dtype == np.int8}
-        checked = [k for k in ex.values if k in ints]
-        assert len(checked) >= mod.count("accel")
-        for k in checked:
-            np.testing.assert_array_equal(ex.values[k], ints[k], err_msg=f"{name}: int8 tensor {k}")
+        got, _, _ = _run_bit_exact(mod, f, name)
         want = ort_run(qm, f)[0]
         assert np.abs(got - want).max() <= unit * (1 + 1e-6), np.abs(got - want).max() / unit
 
