@@ -63,9 +63,11 @@ def test_dsp_count_follows_mul2dsp(a, b, y, xc7, ecp5):
 
 
 def test_multipliers_of_the_tiny_core():
-    muls = {m.module: m for m in multipliers(preset("tiny"))}
-    assert muls["compute.gemm"].count == 16 and muls["compute.alu"].count == 4
-    assert sum(m.count * dsp_count(m, "xc7") for m in muls.values()) == 28
+    """16 GEMM products; per ALU lane MUL's and SCALE's (one multiplier after synth_ecp5's sharing)."""
+    muls = multipliers(preset("tiny"))
+    assert [(m.module, m.count) for m in muls] == [("compute.gemm", 16), ("compute.alu", 4), ("compute.alu", 4)]
+    assert sum(m.count * dsp_count(m, "xc7") for m in muls) == 16 + 4 * (3 + 4)
+    assert sum(m.count * dsp_count(m, "ecp5") for m in multipliers(preset("tiny"), "ecp5")) == 16 + 4 * 4
 
 
 # ---- inventory against the RTL -------------------------------------------------------------------

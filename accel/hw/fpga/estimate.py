@@ -70,11 +70,18 @@ def memories(cfg: AccelConfig) -> list[tuple[str, MemShape]]:
     return mems
 
 
-def multipliers(cfg: AccelConfig) -> list[Mul]:
-    """GEMM: one inp x wgt product per MAC; ALU: one acc x acc product (low acc_width bits) per lane."""
+def multipliers(cfg: AccelConfig, family: str = "xc7") -> list[Mul]:
+    """GEMM: one inp x wgt product per MAC; ALU per lane: MUL's acc x acc product (low acc_width
+    bits) and SCALE's full acc x multiplier product (the unsigned multiplier of up to 24 bits
+    enters signed, one bit wider). synth_ecp5's resource sharing merges the two ALU products (the
+    ops exclude each other) into one acc x (acc + 1) multiplier with the full product."""
     lanes = cfg.batch * cfg.block_out
-    return [Mul("compute.gemm", cfg.inp_width, cfg.wgt_width, cfg.inp_width + cfg.wgt_width, cfg.macs_per_cycle),
-            Mul("compute.alu", cfg.acc_width, cfg.acc_width, cfg.acc_width, lanes)]
+    m = min(24, cfg.acc_width) + 1
+    gemm = Mul("compute.gemm", cfg.inp_width, cfg.wgt_width, cfg.inp_width + cfg.wgt_width, cfg.macs_per_cycle)
+    if family == "ecp5":
+        return [gemm, Mul("compute.alu", cfg.acc_width, cfg.acc_width + 1, cfg.acc_width + m, lanes)]
+    return [gemm, Mul("compute.alu", cfg.acc_width, cfg.acc_width, cfg.acc_width, lanes),
+            Mul("compute.alu", cfg.acc_width, m, cfg.acc_width + m, lanes)]
 
 
 # yosys mul2dsp parameters per family: (A max, B max, A partial, B partial); signed-only DSPs keep
@@ -223,7 +230,7 @@ def estimate(cfg: AccelConfig, family: str = "xc7", part: Part | None = None,
     feats = features(cfg)
     mems = [(mod, map_memory(shape, family)) for mod, shape in memories(cfg)]
     dsp_by_module: dict[str, int] = {}
-    for m in multipliers(cfg):
+    for m in multipliers(cfg, family):
         dsp_by_module[m.module] = dsp_by_module.get(m.module, 0) + m.count * dsp_count(m, family)
     lutram_by_group: dict[str, int] = {}
     for mod, mm in mems:
