@@ -655,41 +655,59 @@ def is_fixed_point(a) -> bool:
     return a.get("mul", 1) != 1
 
 
-def requant_acc(acc: np.ndarray, a) -> np.ndarray:
-    """The int8 result of a qconv2d/qdense accumulator (bias included) under attrs a."""
+def requant_acc(acc: np.ndarray, a, muls: np.ndarray | None = None) -> np.ndarray:
+    """The int8 result of a qconv2d/qdense accumulator (bias included, channels on axis 1) under
+    attrs a; muls: per-output-channel multipliers (the optional fourth input), a shared shift."""
+    if muls is not None:
+        m = muls.astype(np.int64).reshape((1, -1) + (1,) * (acc.ndim - 2))
+        return clip_int8(shift_right_round(acc.astype(np.int64) * m, requant_shift(a)))
     if is_fixed_point(a):
         return clip_int8(shift_right_round(acc.astype(np.int64) * a["mul"], requant_shift(a)))
     return clip_int8(shift_floor(acc, requant_shift(a)))  # the rounding half is in b
 
 
+#: per-channel multipliers (a fourth qconv2d/qdense input, M_c * 2^-in_shift ~ the channel's scale)
+#: stay below this, so acc * M_c is exact in int64
+PER_CHANNEL_MUL_LIMIT = 1 << 31
+
+
 def _check_qint(n):
-    x, w, b = (i.dtype for i in n.inputs)
+    x, w, b = (i.dtype for i in n.inputs[:3])
     if (x, w, b) != ("int8", "int8", "int32"):
         fail(n, f"expects int8 input, int8 weight, int32 bias; got {x}, {w}, {b}")
+    if len(n.inputs) == 4:
+        m = n.inputs[3]
+        if m.dtype != "int64" or m.type.rank != 1:
+            fail(n, f"per-channel multipliers must be an int64 vector, got {m.type}")
+        if m.is_const and (np.any(m.value <= 0) or np.any(m.value >= PER_CHANNEL_MUL_LIMIT)):
+            fail(n, f"per-channel multipliers must lie in [1, 2^31), got [{m.value.min()}, {m.value.max()}]")
+        if is_fixed_point(n.attrs) or n.attrs["w_shift"] or n.attrs["out_shift"]:
+            fail(n, "per-channel multipliers take the shift from in_shift alone (mul = 1, w_shift = out_shift = 0)")
 
 
-@register("qconv2d", Pattern.OUT_ELEMWISE_FUSABLE, 3, QCONV_ATTRS,
+@register("qconv2d", Pattern.OUT_ELEMWISE_FUSABLE, (3, 4), QCONV_ATTRS,
           doc="int8 conv: acc = conv(x, w) + b in int32 (b holds the rounding half), "
-              "then SHR (in_shift + w_shift - out_shift), CLIP to [-127, 127]")
+              "then SHR (in_shift + w_shift - out_shift), CLIP to [-127, 127]; fixed point with mul; "
+              "per output channel with a fourth input of multipliers (round_half_up(acc m_c 2^-in_shift))")
 def _qconv2d():
     def infer(n):
         _check_qint(n)
         packed = n.attrs["layout"] == "NCHWnc"
         return _t(_conv_infer_common(n, n.inputs[0].type, n.inputs[1].type, packed), "int8")
 
-    def impl(a, x, w, b):
+    def impl(a, x, w, b, muls=None):
         packed = a["layout"] == "NCHWnc"
         if packed:
             bn, bo = x.shape[4], w.shape[4]
             x, w = unpack_ref(x, None), unpack_ref(w, None)
         acc = np.rint(conv2d_ref(x, w, a["strides"], a["pads"], a["dilations"], a["groups"])).astype(np.int64)
         acc = wrap_int32(acc + b.astype(np.int64).reshape(1, -1, 1, 1))
-        y = requant_acc(acc, a)
+        y = requant_acc(acc, a, muls)
         return pack_ref(y, (bn, bo)) if packed else y
     return infer, impl
 
 
-@register("qdense", Pattern.OUT_ELEMWISE_FUSABLE, 3,
+@register("qdense", Pattern.OUT_ELEMWISE_FUSABLE, (3, 4),
           {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NC", "mul": 1},
           doc="int8 dense: acc = x @ w.T + b in int32, then SHR, CLIP")
 def _qdense():
@@ -704,14 +722,14 @@ def _qdense():
             fail(n, f"expects x (N, K) and w (O, K), got {x} and {w}")
         return _t((x.shape[0], w.shape[0]), "int8")
 
-    def impl(a, x, w, b):
+    def impl(a, x, w, b, muls=None):
         packed = a["layout"] == "NCnc"
         if packed:
             bn, bo = x.shape[2], w.shape[2]
             x, w = unpack_ref(x, None), unpack_ref(w, None)
         acc = np.rint(x.astype(np.float64) @ w.astype(np.float64).T).astype(np.int64)
         acc = wrap_int32(acc + b.astype(np.int64))
-        y = requant_acc(acc, a)
+        y = requant_acc(acc, a, muls)
         return pack_ref(y, (bn, bo)) if packed else y
     return infer, impl
 

@@ -249,6 +249,15 @@ def requantize(x, in_shift, out_shift, rounding: bool = True, mul: int = 1):
     return unary(x, lambda v: _clip_int8(shift(v.astype("int64"), s)), "requantize")
 
 
+def requantize_per_channel(acc, muls, shift: int, axis: int = 1):
+    """int32 accumulator -> int8 with one multiplier per channel (muls, int64, along `axis`):
+    round_half_up(acc * muls[c] * 2^-shift), CLIP (compiler.graph.ops.requant_acc)."""
+    if not dt.is_int(acc.dtype):
+        raise OpError(f"requantize: needs an integer input, got {acc.dtype}")
+    return te.compute(acc.shape, lambda *i: _clip_int8(shift_right_round(acc[i].astype("int64") * muls[i[axis]], shift)),
+                      name="requantize", tag=_tag("requantize"))
+
+
 def qadd(a, b, a_shift, b_shift, out_shift, a_mul=0, b_mul=0):
     """int8 + int8 at their own scales -> int8: align to the finer scale by left shifts, add (int32
     wrap, as the accelerator's accumulator), round, SHR, CLIP. With multipliers (a_mul non-zero):

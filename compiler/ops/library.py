@@ -213,32 +213,34 @@ add_impl("qadd", "llvm", "qadd.injective", ew.qadd, cpu.schedule_injective)
 
 
 # ---------------------------------------------------------------- quantized conv / dense
-def _requant(acc, in_shift, w_shift, out_shift, mul):
-    """qconv2d/qdense's requantization (compiler.graph.ops.requant_acc)."""
+def _requant(acc, in_shift, w_shift, out_shift, mul, muls=None):
+    """qconv2d/qdense's requantization (compiler.graph.ops.requant_acc); muls: per-channel multipliers."""
+    if muls is not None:
+        return ew.requantize_per_channel(acc, muls, in_shift + w_shift - out_shift)
     if mul != 1:  # fixed point: the rounding is explicit
         return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=True, mul=mul)
     return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=False)  # the half is in b
 
 
-def _qconv(x, w, b, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, in_shift=0, w_shift=0,
-           out_shift=0, layout="NCHW", mul=1):
+def _qconv(x, w, b, muls=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, in_shift=0,
+           w_shift=0, out_shift=0, layout="NCHW", mul=1):
     acc = nn.conv2d(x, w, strides, pads, dilations, groups, "int32")
     acc = _bias_nchw(acc, b)
-    return _requant(acc, in_shift, w_shift, out_shift, mul)
+    return _requant(acc, in_shift, w_shift, out_shift, mul, muls)
 
 
-def _qconv_nchwc(x, w, b, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, in_shift=0,
+def _qconv_nchwc(x, w, b, muls=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, in_shift=0,
                  w_shift=0, out_shift=0, layout="NCHW", kernel_packed=False, mul=1):
     acc = _conv_nchwc(x, w, b, strides, pads, dilations, groups, "int32", kernel_packed)
-    return _requant(acc, in_shift, w_shift, out_shift, mul)
+    return _requant(acc, in_shift, w_shift, out_shift, mul, muls)
 
 
 def _q_check(shapes, dtypes, attrs):
     if attrs.get("layout", "NCHW") not in ("NCHW", "NC"):
         return (f"layout {attrs['layout']} (blocked NCHWnc/NCnc) is the accelerator's; compiler.accel "
                 "lowers it")
-    if tuple(dtypes) != ("int8", "int8", "int32"):
-        return f"expects int8 input, int8 weight, int32 bias; got {', '.join(dtypes)}"
+    if tuple(dtypes) not in (("int8", "int8", "int32"), ("int8", "int8", "int32", "int64")):
+        return f"expects int8 input, int8 weight, int32 bias (and int64 multipliers); got {', '.join(dtypes)}"
     return None
 
 
@@ -246,19 +248,20 @@ def _qconv_nchwc_check(shapes, dtypes, attrs):
     return _q_check(shapes, dtypes, attrs) or _conv_nchwc_check(shapes, dtypes, attrs)
 
 
-define("qconv2d", {**{k: v for k, v in CONV.items() if k != "out_dtype"}, **QSHIFTS, "layout": "NCHW"}, 3,
+define("qconv2d", {**{k: v for k, v in CONV.items() if k != "out_dtype"}, **QSHIFTS, "layout": "NCHW"}, (3, 4),
        "int8 conv, int32 accumulation + bias (holding the rounding half), SHR (in_shift + w_shift - out_shift), CLIP [-127, 127]")
 add_impl("qconv2d", "llvm", "qconv2d.nchwc", _qconv_nchwc, cpu.schedule_conv2d_NCHWc, plevel=20,
          check=_qconv_nchwc_check, prepack={1: _conv_prepack})
 add_impl("qconv2d", "llvm", "qconv2d.direct", _qconv, cpu.schedule_conv2d_nchw, check=_q_check)
 
 
-def _qdense(x, w, b, in_shift=0, w_shift=0, out_shift=0, layout="NC", weight_packed=False, n_out=None, mul=1):
+def _qdense(x, w, b, muls=None, in_shift=0, w_shift=0, out_shift=0, layout="NC", weight_packed=False, n_out=None,
+            mul=1):
     acc = _dense_pack(x, w, b, "int32", weight_packed, n_out)
-    return _requant(acc, in_shift, w_shift, out_shift, mul)
+    return _requant(acc, in_shift, w_shift, out_shift, mul, muls)
 
 
-define("qdense", {**QSHIFTS, "layout": "NC"}, 3, "int8 dense, int32 accumulation + bias, SHR, CLIP")
+define("qdense", {**QSHIFTS, "layout": "NC"}, (3, 4), "int8 dense, int32 accumulation + bias, SHR, CLIP")
 add_impl("qdense", "llvm", "qdense.pack", _qdense, cpu.schedule_dense_pack, check=_q_check,
          prepack={1: _dense_prepack})
 

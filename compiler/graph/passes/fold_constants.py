@@ -1,7 +1,8 @@
 """FoldConstants: evaluate every op whose inputs are all constants (shape subgraphs, DQ of int8
-weights, transposed weights) and replace it by a constant. A folded DequantizeLinear with one
-scale and no zero point leaves its scale in graph.meta['weight_scales'] (by the constant's name):
-the quantizer then recovers the model's own int8 values instead of choosing a scale of its own."""
+weights, transposed weights) and replace it by a constant. A folded DequantizeLinear with no zero
+point leaves its scale (one, or one per axis entry in a shape that broadcasts against the values)
+in graph.meta['weight_scales'] by the constant's name: the quantizer then recovers the model's own
+int8 values instead of choosing a scale of its own."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,10 +24,17 @@ def fold_constants(graph: Graph, max_bytes: int = 64 << 20) -> Graph:
         if n.type.nbytes > max_bytes:
             return None
         v = get_op(n.op).impl(n.attrs, *(i.value for i in n.inputs))
-        if (n.op == "dequantize_linear" and n.inputs[1].value.size == 1
-                and (len(n.inputs) == 2 or not np.any(n.inputs[2].value))):
-            scales[n.name] = float(n.inputs[1].value.reshape(-1)[0])
-        elif n.op in ("transpose", "reshape", "squeeze", "unsqueeze") and n.inputs[0].name in scales:
-            scales[n.name] = scales[n.inputs[0].name]  # the same values, moved
+        if n.op == "dequantize_linear" and (len(n.inputs) == 2 or not np.any(n.inputs[2].value)):
+            s = n.inputs[1].value.astype(np.float64)
+            if s.size == 1:
+                scales[n.name] = s.reshape(())
+            else:  # per axis: kept in a shape that broadcasts against the values
+                shape = [1] * n.type.rank
+                shape[n.attrs["axis"] % n.type.rank] = -1
+                scales[n.name] = s.reshape(shape)
+        elif n.inputs[0].name in scales and (n.op == "transpose" or scales[n.inputs[0].name].size == 1) \
+                and n.op in ("transpose", "reshape", "squeeze", "unsqueeze"):
+            s = scales[n.inputs[0].name]  # the same values, moved
+            scales[n.name] = np.transpose(s, n.attrs["perm"]) if n.op == "transpose" and s.ndim else s
         return Node.const(np.asarray(v).astype(n.dtype, copy=False), name=n.name)
     return rewrite(graph, fn, {"weight_scales": scales})

@@ -67,8 +67,8 @@ def rename_range(graph: Graph, old: str, new: str) -> None:
 
 
 def carry_weight_scale(graph: Graph, old: str, new: str) -> None:
-    """A rewrite that moves constant `old`'s values into constant `new` (a transpose) keeps the
-    QDQ model's weight scale (graph.meta['weight_scales'], see fold_constants) with them."""
+    """A rewrite that transposes constant `old` (2-d) into constant `new` keeps the QDQ model's
+    weight scale (graph.meta['weight_scales'], see fold_constants) with the values."""
     scales = graph.meta.get("weight_scales")
     if scales is not None and old in scales:
-        scales[new] = scales[old]
+        scales[new] = scales[old].T

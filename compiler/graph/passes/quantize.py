@@ -192,17 +192,29 @@ class _Quantizer:
         self.scale[id(n)] = s
         return n
 
-    def weights(self, n: Node) -> tuple[np.ndarray, float]:
-        """(int8 weights, scale): a QDQ model's own int8 values when its weight scale is known and
-        reproduces them, else the finest power of two that holds the weights."""
+    def weights(self, n: Node) -> tuple[np.ndarray, np.ndarray]:
+        """(int8 weights, scale: one, or one per output channel): a QDQ model's own int8 values when
+        its weight scale (per tensor, or per output channel) reproduces them, else the finest power
+        of two that holds the weights."""
         w = n.inputs[1].value.astype(np.float64)
         s = self.weight_scales.get(n.inputs[1].name)
-        if s is not None and s > 0:
+        per_out = s is not None and (s.size == 1 or (s.shape[0] == w.shape[0] and s.size == w.shape[0]))
+        if per_out and np.all(s > 0):
             q = np.rint(w / s)
             if np.abs(q).max(initial=0) <= INT8_MAX and np.allclose(q * s, w, rtol=1e-5, atol=0):
-                return q.astype(np.int8), s
+                return q.astype(np.int8), (s.reshape(()) if s.size == 1 else s.reshape(-1))
         k = pow2_shift(float(np.max(np.abs(w))))
-        return np.clip(np.rint(w * 2.0 ** k), -INT8_MAX, INT8_MAX).astype(np.int8), 2.0 ** -k
+        return np.clip(np.rint(w * 2.0 ** k), -INT8_MAX, INT8_MAX).astype(np.int8), np.array(2.0 ** -k)
+
+    def per_channel(self, n: Node, sx: float, sw: np.ndarray, so: float) -> tuple[int, np.ndarray]:
+        """(shift k, int64 multipliers M_c) with M_c 2^-k ~ sx sw_c / so for each output channel:
+        each channel's own 24-bit multiplier, aligned to the largest shift the int64 product
+        allows (channels whose scale is over 2^7 times smaller keep fewer bits)."""
+        pairs = [_fixed(sx * float(c) / so, f"{n.op} '{n.name}' channel {i}") for i, c in enumerate(sw)]
+        k = min(max(kc for _, kc in pairs), min(kc for _, kc in pairs) + 7)
+        muls = [m << (k - kc) if kc <= k else max(1, round(sx * float(c) / so * 2.0 ** k))
+                for (m, kc), c in zip(pairs, sw)]
+        return k, np.array(muls, np.int64)
 
     # ---- per-op rules ------------------------------------------------------------------------
     def gemm(self, ins: list[Node], old: Node) -> Node:
@@ -210,9 +222,22 @@ class _Quantizer:
         x, sx = self.as_int8(ins[0], old.inputs[0], n)
         wq, sw = self.weights(n)
         so = self.out_scale(old)
-        kx, kw, ko = pow2_exponent(sx), pow2_exponent(sw), pow2_exponent(so)
         b = n.inputs[2].value.astype(np.float64) if len(n.inputs) == 3 else np.zeros(wq.shape[0])
         attrs = {k: v for k, v in n.attrs.items()}
+        if sw.ndim:  # per output channel (a QDQ model's): one multiplier per channel, a fourth input
+            s, muls = self.per_channel(n, sx, sw, so)
+            attrs.update(in_shift=s, w_shift=0, out_shift=0)
+            bq = np.rint(b / (sx * sw))
+            if np.abs(bq).max(initial=0) >= 2 ** 31:
+                raise QuantizeError(f"quantize: {n.op} '{n.name}': bias does not fit int32 at its per-channel scales")
+            q = Node("q" + n.op, [x, Node.const(wq, name=f"{n.name}/wq"), Node.const(bq.astype(np.int32), name=f"{n.name}/bq"),
+                                  Node.const(muls, name=f"{n.name}/muls")], attrs, name=n.name, origin=n.origin)
+            self.layers.append({"name": n.name, "op": q.op, "in_scale": sx, "w_scale": float(sw.max()), "out_scale": so,
+                                "shr": s, "mul": "per channel", "w_absmax": float(np.max(np.abs(n.inputs[1].value))),
+                                "w_use": float(np.max(np.abs(wq))) / INT8_MAX})
+            return self.mark(q, so)
+        sw = float(sw)
+        kx, kw, ko = pow2_exponent(sx), pow2_exponent(sw), pow2_exponent(so)
         if None not in (kx, kw, ko):
             s, mul = kx + kw - ko, 1
             if not SHR_RANGE[0] <= s <= SHR_RANGE[1]:

@@ -212,3 +212,28 @@ def test_qdense_and_int8_dense_exact(m, k, n):
     q = ops.compile_op("qdense", [x.shape, w.shape, b.shape], {"in_shift": 3, "w_shift": 7, "out_shift": 2},
                        ["int8", "int8", "int32"], consts={1: w})(x, b)
     np.testing.assert_array_equal(q, clip_int8(shift_floor(wrap_int32(acc + b), 8)))
+
+
+@pytest.mark.parametrize("op", ["qconv2d", "qdense"])
+def test_fixed_point_and_per_channel_requantization_exact(op):
+    """mul (one fixed-point multiplier) and a fourth input of per-channel multipliers: the CPU
+    kernels equal the graph reference, round_half_up(acc * m * 2^-in_shift) clipped, bit for bit."""
+    from compiler.graph.ops import get_op
+    rng = np.random.default_rng(21)
+    if op == "qconv2d":
+        x, w = rng.integers(-127, 128, (1, 12, 7, 9), dtype=np.int8), rng.integers(-127, 128, (20, 12, 3, 3), dtype=np.int8)
+        base = {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1), "groups": 1, "layout": "NCHW"}
+    else:
+        x, w = rng.integers(-127, 128, (5, 70), dtype=np.int8), rng.integers(-127, 128, (20, 70), dtype=np.int8)
+        base = {"layout": "NC"}
+    b = rng.integers(-50000, 50000, (20,), dtype=np.int32)
+    muls = rng.integers(1 << 20, 1 << 30, (20,)).astype(np.int64)
+    for a, extra in (({"in_shift": 29, "w_shift": 0, "out_shift": 0, "mul": 12345678}, []),
+                     ({"in_shift": 33, "w_shift": 0, "out_shift": 0, "mul": 1}, [muls])):
+        attrs = {**base, **a}
+        ref = get_op(op).impl(attrs, x, w, b, *extra)
+        f = ops.compile_op(op, [x.shape, w.shape, b.shape] + [m.shape for m in extra], attrs,
+                           ["int8", "int8", "int32"] + ["int64"] * len(extra), consts={1: w})
+        got = f(x, b, *extra)
+        np.testing.assert_array_equal(got, ref)
+        assert 0 < np.count_nonzero(np.abs(ref) < 127) < ref.size   # neither all saturated nor all in range
