@@ -545,7 +545,7 @@ class _Builder:
             k += 1
         other = add.inputs[1] if add.inputs[0] is tail else add.inputs[0]
         at = add.attrs
-        if at.get("a_mul"):  # fixed-point scales: the epilogue aligns by shifts only
+        if at.get("a_mul") or len(ops[i].inputs) == 4:  # fixed-point scales: the epilogue aligns by shifts only
             return False
         m = max(at["a_shift"], at["b_shift"])
         k_conv, k_other = (m - at["a_shift"], m - at["b_shift"]) if add.inputs[0] is tail else \
@@ -592,7 +592,8 @@ class _Builder:
 
     def emit_accel(self, head: Node, ins: list, out_tid: int, lo: int, hi: int, label: str, macs: int,
                    residual: tuple | None = None) -> None:
-        from .accel.conv2d import Requant, ResidualAdd, TilingError, emit_conv2d, residual_identity
+        from .accel.conv2d import (Requant, ResidualAdd, TilingError, channel_scale_operands, emit_conv2d,
+                                   residual_identity)
         from .accel.eltwise import emit_add, identity_weights
         from .accel.layout import pack_bias
         cfg = self.cfg
@@ -609,9 +610,16 @@ class _Builder:
             w = self.weight_buf(ins[1].value, cfg.wgt_elem_bytes, f"{head.name}.wgt")
             b = self.weight_buf(pack_bias(ins[2].value, cfg), cfg.acc_elem_bytes, f"{head.name}.bias")
             at = head.attrs
-            rq = Requant(requant_shift(at), lo, hi, is_fixed_point(at), at.get("mul", 1))
+            scales = None
+            if len(ins) == 4:  # per-channel multipliers: SCALE operands per channel, then the clamp
+                ops = channel_scale_operands(ins[3].value, requant_shift(at), cfg.acc_width)
+                scales = self.weight_buf(pack_bias(ops, cfg), cfg.acc_elem_bytes, f"{head.name}.scales")
+                rq = Requant(0, lo, hi)
+            else:
+                rq = Requant(requant_shift(at), lo, hi, is_fixed_point(at), at.get("mul", 1))
             x = self.buf(ins[0])
-            addr, count = self.program(head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, b, rq, fused))
+            addr, count = self.program(head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, b, rq, fused,
+                                                                        scales))
         elif head.op in ("qadd",) + CLAMP_OPS:
             if cfg.block_in != cfg.block_out:
                 raise TilingError(f"{head.name}: the accelerator adds packed tensors only when block_in == block_out "

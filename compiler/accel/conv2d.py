@@ -255,12 +255,15 @@ def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool 
 
 
 def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias=None,
-                requant: Requant = Requant(), residual: ResidualAdd | None = None) -> dict[str, int]:
+                requant: Requant = Requant(), residual: ResidualAdd | None = None,
+                channel_scales=None) -> dict[str, int]:
     """Append a conv2d to a host_runtime CommandStream.
 
     inp: DRAM buffer of the packed input (N/b, C/bi, H, W, b, bi) int8; wgt: (O/bo, I/bi, KH, KW,
     bo, bi) int8; out: (N/b, O/bo, OH, OW, b, bo) int8; bias: (O/bo, b, bo) int32 or None;
-    residual: an add fused into the epilogue (the tiling must be planned with residual=True).
+    residual: an add fused into the epilogue (the tiling must be planned with residual=True);
+    channel_scales: per-output-channel SCALE operands in the bias layout (channel_scale_operands),
+    loaded into the bias entries once the MOV has used them; then `requant` only clamps.
     Returns counts (tiles, chunks) for reporting."""
     cfg, t = stream.cfg, tiling
     g = _Geom.of(spec, cfg)
@@ -273,6 +276,9 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     res_off = t.ic_t * rows_max * cols_max  # a fused residual's tile follows the input chunk
     inp_slot, wgt_slot = res_off + (t.o_t * t.h_t * t.w_t if residual else 0), t.o_t * t.ic_t * khw
     ident_idx = cfg.wgt_depth - 1
+    if channel_scales is not None and (residual is not None or requant.shift or requant.fixed_point):
+        raise TilingError(f"{spec.name}: per-channel scales take the whole requantization (no fused residual, "
+                          f"no other shift or multiplier)")
     if residual is not None:
         if cfg.block_in != cfg.block_out:
             raise TilingError(f"{spec.name}: a fused residual add needs block_in == block_out")
@@ -357,6 +363,11 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             j += 1
         # ---- epilogue on the accumulator tile
         ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
+        if channel_scales is not None:  # the bias entries are free again: one SCALE operand per channel block
+            stream.load_2d(MemType.ACC, bias_base, channel_scales, o0, y_size=1, x_size=o_a)
+            stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
+                                          lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)),
+                            AluOp.SCALE)
         emit_requant(stream, ew, requant, lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
         if residual is not None:
             r = residual
@@ -392,6 +403,21 @@ def requant_operand(requant: Requant, acc_width: int) -> int | None:
     if not 0 < requant.shift < 32 or not -128 <= requant.lo <= requant.hi <= 127 or acc_width < 22:
         return None
     return (int(requant.round) << 21) | (requant.shift << 16) | ((requant.hi & 0xFF) << 8) | (requant.lo & 0xFF)
+
+
+def channel_scale_operands(muls: np.ndarray, shift: int, acc_width: int) -> np.ndarray:
+    """Per-channel SCALE lane operands (int32, one per output channel) for multipliers muls[c] with
+    a shared shift: each written as M * 2^-k with M < 2^24 (the low bits a shared shift adds are
+    zeros: compiler.graph.passes.quantize builds them so), the product exactly as the reference's."""
+    if acc_width < 30:
+        raise TilingError(f"per-channel scales need SCALE's 30-bit operand (acc_width {acc_width})")
+    ops = []
+    for m in np.asarray(muls, np.int64).tolist():
+        t = max(0, m.bit_length() - 24)
+        if m <= 0 or m & ((1 << t) - 1) or not 0 <= shift - t < 64:
+            raise TilingError(f"per-channel multiplier {m} with shift {shift} has no 24-bit SCALE form")
+        ops.append(((shift - t) << 24) | (m >> t))
+    return np.array(ops, np.int32)
 
 
 def set_requant_operand(stream, idx: int, requant: Requant) -> None:
@@ -487,9 +513,10 @@ def _build_bias(k, acc_base, bias_base, o_a, hw):
 
 
 def conv2d_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec: Conv2dSpec,
-                     requant: Requant = Requant()) -> np.ndarray:
+                     requant: Requant = Requant(), channel_muls: tuple[np.ndarray, int] | None = None) -> np.ndarray:
     """numpy int reference: NCHW int8 x OIHW int8 (+ int32 bias) -> requantized int8 NCHW, with the
-    accumulator's int32 wraparound."""
+    accumulator's int32 wraparound; channel_muls (multipliers, shift): per-channel fixed point
+    (round_half_up(acc * m_c * 2^-shift)) before requant's clamp."""
     pt, pb, pl, pr = spec.pads
     xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     sh, sw = spec.strides
@@ -502,17 +529,23 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec
     acc = acc.astype(np.int32)  # wrap like the accumulator
     if bias is not None:
         acc = (acc.astype(np.int64) + bias.astype(np.int64)[None, :, None, None]).astype(np.int32)
+    if channel_muls is not None:
+        muls, shift = channel_muls
+        acc = shift_right_round(acc.astype(np.int64) * np.asarray(muls, np.int64)[None, :, None, None], shift)
     return requant.apply(acc).astype(np.int8)
 
 
 def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec: Conv2dSpec,
                requant: Requant = Requant(), vt: int = 2, tiling: ConvTiling | None = None,
-               residual: tuple[np.ndarray, int, int, Requant] | None = None):
+               residual: tuple[np.ndarray, int, int, Requant] | None = None,
+               channel_muls: tuple[np.ndarray, int] | None = None):
     """Pack NCHW int8 x and OIHW int8 w, run the layer on the device, unpack: (int8 NCHW, RunResult, stream).
-    residual: (r NCHW int8, ka, kb, requant) to fuse out = requant((y << ka) + (r << kb))."""
+    residual: (r NCHW int8, ka, kb, requant) to fuse out = requant((y << ka) + (r << kb));
+    channel_muls: (multipliers, shift) for per-channel fixed point (see conv2d_reference)."""
     from .layout import pack_activation, pack_bias, pack_weight, unpack_activation
     cfg = device.cfg
     tiling = tiling or plan_conv2d(spec, cfg, vt, residual is not None)
+    channel_ops = None if channel_muls is None else pack_bias(channel_scale_operands(*channel_muls, cfg.acc_width), cfg)
     g = _Geom.of(spec, cfg)
     mem = device.memory
     bufs = [mem.alloc_array(pack_activation(x, cfg.batch, cfg.block_in), align=cfg.inp_elem_bytes,
@@ -531,9 +564,13 @@ def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, sp
         ib = mem.alloc_array(residual_identity(cfg, ka, kb), align=cfg.wgt_elem_bytes, name=f"{spec.name}.identity")
         bufs += [rb, ib]
         fused = ResidualAdd(rb, ib, ka, kb, rq2)
+    scales = None
+    if channel_ops is not None:
+        scales = mem.alloc_array(channel_ops, align=cfg.acc_elem_bytes, name=f"{spec.name}.scales")
+        bufs.append(scales)
     try:
         stream = device.stream()
-        emit_conv2d(stream, spec, tiling, bufs[0], bufs[1], out, bufs[2], requant, fused)
+        emit_conv2d(stream, spec, tiling, bufs[0], bufs[1], out, bufs[2], requant, fused, scales)
         result = stream.synchronize()
         y = unpack_activation(out.read(np.int8, oshape), spec.n, spec.o)
     finally:

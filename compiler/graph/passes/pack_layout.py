@@ -56,13 +56,16 @@ def pack_layout(graph: Graph, cfg: AccelConfig) -> Graph:
             mapping[id(old)] = emit(n)
             continue
         if old.op in PACKED_LAYOUT:
-            x, w, b = ins
+            x, w, b, *muls = ins
             blk_x, blk_w = (cfg.batch, cfg.block_in), (cfg.block_out, cfg.block_in)
             xp = packed(x, blk_x)
             wp = const(pack_ref(w.value, blk_w), f"{w.name}/packed")
             o_pad = packed_shape(w.shape, blk_w)[0] * cfg.block_out
             bp = const(np.pad(b.value, (0, o_pad - b.shape[0])), f"{b.name}/packed")
-            y = emit(old.with_inputs([xp, wp, bp], attrs={**old.attrs, "layout": PACKED_LAYOUT[old.op]}))
+            # per-channel multipliers (if any) cover the padding channels too (any positive value)
+            mp = [const(np.pad(m.value, (0, o_pad - m.shape[0]), constant_values=1), f"{m.name}/packed")
+                  for m in muls]
+            y = emit(old.with_inputs([xp, wp, bp, *mp], attrs={**old.attrs, "layout": PACKED_LAYOUT[old.op]}))
         else:  # ALU elementwise: work on whatever blocking the (first packed) producer has
             blocks = [tuple(packed_of[id(i)].shape[-2:]) for i in ins if id(i) in packed_of]
             blk = blocks[0] if blocks else (cfg.batch, cfg.block_out)

@@ -72,9 +72,6 @@ def _label(n: Node) -> str:
 
 def _check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> tuple[str, bool] | None:
     """None if the accelerator takes this int8 GEMM layer, else (reason, hard)."""
-    if len(n.inputs) == 4:
-        return (f"{_label(n)}: per-output-channel requantization (a QDQ model's per-channel weight scales) "
-                f"is not lowered for the accelerator yet"), True
     if n.op == "qconv2d":
         if n.attrs["groups"] != 1:
             return f"{_label(n)}: grouped convolution (groups={n.attrs['groups']}) does not map onto the GEMM core", True

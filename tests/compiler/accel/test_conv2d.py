@@ -84,6 +84,23 @@ def test_fixed_point_requantization_matches_reference(cfg_name, relu):
     assert np.array_equal(y, dense_reference(x, w, b, rq))
 
 
+@pytest.mark.parametrize("cfg_name", ["tiny", "default"])
+def test_per_channel_scales_match_reference(cfg_name):
+    """One SCALE operand per output channel (loaded into the bias entries after the MOV), then the
+    clamp; multipliers spanning 2^7 with a shared shift, some with low zero bits to strip."""
+    cfg = PRESETS[cfg_name]
+    spec = Conv2dSpec(1, 2 * cfg.block_in, 8, 6, 3 * cfg.block_out - 3, 3, 3, (1, 1, 1, 1), name="pc")
+    x, w, b = rand_conv(np.random.default_rng(8), spec, True)
+    rng = np.random.default_rng(9)
+    muls = (rng.integers(1 << 23, 1 << 24, spec.o) << rng.integers(0, 8, spec.o)).astype(np.int64)
+    rq = Requant(0, 0, 100)
+    y, _, stream = run_conv2d(Device(cfg, dram_bytes=32 << 20), x, w, b, spec, rq, channel_muls=(muls, 38))
+    ref = conv2d_reference(x, w, b, spec, rq, channel_muls=(muls, 38))
+    assert np.array_equal(y, ref) and 0 < np.count_nonzero(ref) and np.count_nonzero(ref == 100) < ref.size
+    with pytest.raises(TilingError, match="no 24-bit SCALE form"):
+        run_conv2d(Device(cfg), x, w, b, spec, rq, channel_muls=(muls | 1 | (1 << 30), 38))
+
+
 def test_tiling_error_names_buffer_and_shortfall():
     cfg = PRESETS["tiny"]
     spec = Conv2dSpec(1, 4, 8, 8, 4, 15, 15, (7, 7, 7, 7), (1, 1), name="big")
