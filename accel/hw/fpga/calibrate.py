@@ -63,8 +63,9 @@ HOLDOUT: dict[str, AccelConfig] = {
     "b2in8out4": _cfg(batch=2, block_in=8, block_out=4, inp_buff_bytes=4 * KiB, wgt_buff_bytes=4 * KiB,
                       acc_buff_bytes=8 * KiB, out_buff_bytes=2 * KiB, dram_addr_width=40),
     "default": PRESETS["default"],
-    # 1x16x8 with half the default buffers: what bench/synth_report.py finds as the largest core for an
-    # LFE5U-85F (152 of its 156 multipliers); its routed ECP5 run is also an Fmax point.
+    # 1x16x8 with half the default buffers: what bench/synth_report.py found as the largest core for an
+    # LFE5U-85F before the ALU gained SCALE (152 of its 156 multipliers; 160 since); its routed ECP5
+    # run is also an Fmax point.
     "b16x8": PRESETS["default"].replace(block_out=8, uop_buff_bytes=16 * KiB, inp_buff_bytes=16 * KiB,
                                         wgt_buff_bytes=128 * KiB, acc_buff_bytes=64 * KiB, out_buff_bytes=16 * KiB),
 }
@@ -186,8 +187,10 @@ def _group_targets(rec: dict) -> dict[str, dict[str, float]]:
     return out
 
 
-def fit(data: dict | None = None, calibration: list[str] | None = None) -> dict:
-    """Fit the model on the CALIBRATION records of `data`; returns the model dict (not written)."""
+def fit(data: dict | None = None, calibration: list[str] | None = None, model_before: dict | None = None) -> dict:
+    """Fit the model on the CALIBRATION records of `data`; returns the model dict (not written).
+    model_before: the model being replaced, whose Fmax fit is kept (marked stale) when `data` has
+    no routed runs."""
     data = data or load_data()
     calibration = calibration or list(CALIBRATION)
     xc7 = {r["name"]: r for r in data["runs"] if r["family"] == "xc7"}
@@ -227,7 +230,11 @@ def fit(data: dict | None = None, calibration: list[str] | None = None) -> dict:
         scale = {"lut": float(xl[0]), "lut_mac_bits": float(xl[1]), "ff": float(xf[0]), "ff_mac_bits": float(xf[1])}
     else:
         scale = {"lut": 1.45, "lut_mac_bits": 0.0, "ff": 1.1, "ff_mac_bits": 0.0}
-    model["families"]["ecp5"] = {"scale": scale, "fmax": _fit_fmax(data)}
+    fmax = _fit_fmax(data)
+    old = model_before.get("families", {}).get("ecp5", {}).get("fmax") if model_before else None
+    if fmax is None and old:   # no routed runs of this RTL: keep the last fit, marked as older
+        fmax = {**old, "stale": "fitted on routed runs of an earlier RTL; rerun `calibrate run --family ecp5 --pnr`"}
+    model["families"]["ecp5"] = {"scale": scale, "fmax": fmax}
     rtl = {r["rtl_sha256"] for r in data["runs"]}
     model["calibrated_on"] = sorted({r["name"] for r in cal} | {r["name"] for r in ecp5})
     model["yosys"] = sorted({r["yosys"] for r in data["runs"]})
@@ -310,7 +317,8 @@ def main(argv=None) -> int:
     if args.cmd == "run":
         run(args.only or list(ALL), args.family, args.pnr)
     elif args.cmd == "fit":
-        model = fit()
+        before = json.loads(est.MODEL_PATH.read_text()) if est.MODEL_PATH.exists() else None
+        model = fit(model_before=before)
         est.MODEL_PATH.write_text(json.dumps(model, indent=1) + "\n")
         print(json.dumps(model["errors"], indent=1))
     else:

@@ -271,8 +271,9 @@ def _fmax(cfg: AccelConfig, family: str, model: dict) -> tuple[float | None, str
     # Path delay (ns) = fixed part (RAM clock-to-out, logic, routing) + a part growing with the GEMM core.
     delay = fm["t0_ns"] + fm["t_mac_ns"] * cfg.macs_per_cycle
     ecp5 = 1000.0 / delay
+    stale = f"; {fm['stale']}" if fm.get("stale") else ""
     if family == "ecp5":
-        return round(ecp5, 1), f"fit to nextpnr-ecp5 results (max error {fm.get('max_error_pct', '?')}%)"
+        return round(ecp5, 1), f"fit to nextpnr-ecp5 results (max error {fm.get('max_error_pct', '?')}%{stale})"
     return (round(ecp5 * XILINX_SPEED_FACTOR, 1),
             f"uncalibrated: ECP5 estimate x {XILINX_SPEED_FACTOR} (no open 7-series timing tool; Vivado measures it)")
 
