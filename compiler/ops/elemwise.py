@@ -212,13 +212,11 @@ def quantize(x, shift=0, scale=0.0):
     """float -> int8: clip(round_half_even(x * 2^shift), -127, 127), or of x / scale when a scale is given."""
     _float(x, "quantize")
     lo, hi = te.const(float(INT8_MIN), x.dtype), te.const(float(INT8_MAX), x.dtype)
-    if scale:
-        div = te.const(float(scale), x.dtype)
-        return unary(x, lambda v: te.elem_min(te.elem_max(round_half_even(v / div), lo), hi).astype("int8"),
-                     "quantize")
-    mul = te.const(2.0 ** shift, x.dtype)
-    return unary(x, lambda v: te.elem_min(te.elem_max(round_half_even(v * mul), lo), hi).astype("int8"),
-                 "quantize")
+    factor = te.const(float(scale) if scale else 2.0 ** shift, x.dtype)
+
+    def f(v):   # a scale divides, as ONNX QuantizeLinear does (x * (1/scale) can round differently)
+        return te.elem_min(te.elem_max(round_half_even(v / factor if scale else v * factor), lo), hi).astype("int8")
+    return unary(x, f, "quantize")
 
 
 def dequantize(x, shift=0, scale=0.0):
@@ -244,9 +242,10 @@ def requantize(x, in_shift, out_shift, rounding: bool = True, mul: int = 1):
         raise OpError(f"requantize: needs an integer input, got {x.dtype}")
     s = in_shift - out_shift
     shift = shift_right_round if rounding else shift_right_floor
-    if mul != 1:
-        return unary(x, lambda v: _clip_int8(shift(v.astype("int64") * te.const(mul, "int64"), s)), "requantize")
-    return unary(x, lambda v: _clip_int8(shift(v.astype("int64"), s)), "requantize")
+    def f(v):
+        v = v.astype("int64")
+        return _clip_int8(shift(v * te.const(mul, "int64") if mul != 1 else v, s))
+    return unary(x, f, "requantize")
 
 
 def requantize_per_channel(acc, muls, shift: int, axis: int = 1):

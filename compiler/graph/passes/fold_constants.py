@@ -32,9 +32,11 @@ def fold_constants(graph: Graph, max_bytes: int = 64 << 20) -> Graph:
                 shape = [1] * n.type.rank
                 shape[n.attrs["axis"] % n.type.rank] = -1
                 scales[n.name] = s.reshape(shape)
-        elif n.inputs[0].name in scales and (n.op == "transpose" or scales[n.inputs[0].name].size == 1) \
-                and n.op in ("transpose", "reshape", "squeeze", "unsqueeze"):
-            s = scales[n.inputs[0].name]  # the same values, moved
-            scales[n.name] = np.transpose(s, n.attrs["perm"]) if n.op == "transpose" and s.ndim else s
+        elif n.op in ("transpose", "reshape", "squeeze", "unsqueeze") and n.inputs[0].name in scales:
+            s = scales[n.inputs[0].name]  # the same values, moved: a transpose moves a per-axis scale along
+            if n.op == "transpose":
+                scales[n.name] = np.transpose(s, n.attrs["perm"]) if s.ndim else s
+            elif s.size == 1:
+                scales[n.name] = s
         return Node.const(np.asarray(v).astype(n.dtype, copy=False), name=n.name)
     return rewrite(graph, fn, {"weight_scales": scales})

@@ -224,38 +224,34 @@ class _Quantizer:
         so = self.out_scale(old)
         b = n.inputs[2].value.astype(np.float64) if len(n.inputs) == 3 else np.zeros(wq.shape[0])
         attrs = {k: v for k, v in n.attrs.items()}
-        if sw.ndim:  # per output channel (a QDQ model's): one multiplier per channel, a fourth input
+        extra: list[Node] = []   # per-channel multipliers, the fourth input
+        if sw.ndim:  # per output channel (a QDQ model's): one multiplier per channel, no rounding half in the bias
             s, muls = self.per_channel(n, sx, sw, so)
+            half, mul, at_scale = 0, "per channel", "its per-channel scales"
             attrs.update(in_shift=s, w_shift=0, out_shift=0)
-            bq = np.rint(b / (sx * sw))
-            if np.abs(bq).max(initial=0) >= 2 ** 31:
-                raise QuantizeError(f"quantize: {n.op} '{n.name}': bias does not fit int32 at its per-channel scales")
-            q = Node("q" + n.op, [x, Node.const(wq, name=f"{n.name}/wq"), Node.const(bq.astype(np.int32), name=f"{n.name}/bq"),
-                                  Node.const(muls, name=f"{n.name}/muls")], attrs, name=n.name, origin=n.origin)
-            self.layers.append({"name": n.name, "op": q.op, "in_scale": sx, "w_scale": float(sw.max()), "out_scale": so,
-                                "shr": s, "mul": "per channel", "w_absmax": float(np.max(np.abs(n.inputs[1].value))),
-                                "w_use": float(np.max(np.abs(wq))) / INT8_MAX})
-            return self.mark(q, so)
-        sw = float(sw)
-        kx, kw, ko = pow2_exponent(sx), pow2_exponent(sw), pow2_exponent(so)
-        if None not in (kx, kw, ko):
-            s, mul = kx + kw - ko, 1
-            if not SHR_RANGE[0] <= s <= SHR_RANGE[1]:
-                raise QuantizeError(f"quantize: {n.op} '{n.name}': requantize shift {s} = in {kx} + weight {kw} - out {ko} "
-                                    f"is outside the ALU's SHR range {list(SHR_RANGE)}")
-            half = 1 << (s - 1) if s > 0 else 0  # rounding half rides on the bias
-            attrs.update(in_shift=kx, w_shift=kw, out_shift=ko)
-        else:  # fixed point: the shift is carried as in_shift (w_shift = out_shift = 0); SCALE rounds
-            mul, s = _fixed(sx * sw / so, f"{n.op} '{n.name}'")
-            half = 0
-            attrs.update(in_shift=s, w_shift=0, out_shift=0, mul=mul)
+            extra.append(Node.const(muls, name=f"{n.name}/muls"))
+        else:
+            sw = float(sw)
+            at_scale = f"scale {sx * sw:.6g}"
+            kx, kw, ko = pow2_exponent(sx), pow2_exponent(sw), pow2_exponent(so)
+            if None not in (kx, kw, ko):
+                s, mul = kx + kw - ko, 1
+                if not SHR_RANGE[0] <= s <= SHR_RANGE[1]:
+                    raise QuantizeError(f"quantize: {n.op} '{n.name}': requantize shift {s} = in {kx} + weight {kw} - out {ko} "
+                                        f"is outside the ALU's SHR range {list(SHR_RANGE)}")
+                half = 1 << (s - 1) if s > 0 else 0  # rounding half rides on the bias
+                attrs.update(in_shift=kx, w_shift=kw, out_shift=ko)
+            else:  # fixed point: the shift is carried as in_shift (w_shift = out_shift = 0); SCALE rounds
+                mul, s = _fixed(sx * sw / so, f"{n.op} '{n.name}'")
+                half = 0
+                attrs.update(in_shift=s, w_shift=0, out_shift=0, mul=mul)
         bq = np.rint(b / (sx * sw)) + half
         if np.abs(bq).max(initial=0) >= 2 ** 31:
-            raise QuantizeError(f"quantize: {n.op} '{n.name}': bias does not fit int32 at scale {sx * sw:.6g}")
-        q = Node("q" + n.op, [x, Node.const(wq, name=f"{n.name}/wq"), Node.const(bq.astype(np.int32), name=f"{n.name}/bq")],
-                 attrs, name=n.name, origin=n.origin)
-        self.layers.append({"name": n.name, "op": q.op, "in_scale": sx, "w_scale": sw, "out_scale": so, "shr": s,
-                            "mul": mul, "w_absmax": float(np.max(np.abs(n.inputs[1].value))),
+            raise QuantizeError(f"quantize: {n.op} '{n.name}': bias does not fit int32 at {at_scale}")
+        q = Node("q" + n.op, [x, Node.const(wq, name=f"{n.name}/wq"), Node.const(bq.astype(np.int32), name=f"{n.name}/bq"),
+                              *extra], attrs, name=n.name, origin=n.origin)
+        self.layers.append({"name": n.name, "op": q.op, "in_scale": sx, "w_scale": float(np.max(sw)), "out_scale": so,
+                            "shr": s, "mul": mul, "w_absmax": float(np.max(np.abs(n.inputs[1].value))),
                             "w_use": float(np.max(np.abs(wq))) / INT8_MAX})
         return self.mark(q, so)
 
@@ -268,7 +264,7 @@ class _Quantizer:
             attrs = {"a_shift": ka, "b_shift": kb, "out_shift": ko}
             shr = max(ka, kb) - ko
         else:
-            big, shr = _fixed(max(sa, sb) / so, f"add '{n.name}'")
+            _, shr = _fixed(max(sa, sb) / so, f"add '{n.name}'")   # the shift that fits the larger multiplier
             ma, mb = (max(1, round(r / so * 2.0 ** shr)) for r in (sa, sb))
             attrs = {"a_shift": 0, "b_shift": 0, "out_shift": shr, "a_mul": ma, "b_mul": mb}
         q = Node("qadd", [a, b], attrs, name=n.name, origin=n.origin)
