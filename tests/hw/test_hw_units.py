@@ -164,7 +164,9 @@ class _AluHarness(Elaboratable):
         return m
 
 
-EDGE = [-(1 << 31), (1 << 31) - 1, -1, 0, 1, 31, 32, -32, -33, 64, 255, -256, 1 << 16]
+EDGE = [-(1 << 31), (1 << 31) - 1, -1, 0, 1, 31, 32, -32, -33, 64, 255, -256, 1 << 16,
+        # SCALE operands at the shift counts where the RTL's clamped k takes over (k >= 56 gives 0)
+        (55 << 24) | 0xFFFFFF, (56 << 24) | 0xFFFFFF, (57 << 24) | 0xFFFFFF, (63 << 24) | 0xFFFFFF, (1 << 24) | 1]
 
 
 @pytest.mark.parametrize("op", list(AluOp), ids=[o.name for o in AluOp])
