@@ -5,7 +5,7 @@
 Options: dram (sim.dram.DramModel or its dict: the same timing tsim uses), trace (per-instruction
 slices from the stage controllers' state, and read bursts, in RunResult.raw.timeline), waves (a
 .vcd or .fst path for the whole driver's lifetime), max_cycles (cycle limit per run). The first use
-of a config builds the model (about a minute for `tiny`), cached by config and source hash.
+of a config builds the model (seconds for `tiny`, a minute or two for `default`), cached by config and source hash.
 RunResult.stats is sim.trace.Counters.to_dict() from the RTL's counter registers.
 """
 from __future__ import annotations
