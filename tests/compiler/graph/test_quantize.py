@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler.frontend import from_onnx, zoo
-from compiler.graph import Graph, Node, QuantizeError, run
+from compiler.graph import Graph, Node, OpError, QuantizeError, run
 from compiler.graph.ops import fixed_multiplier
 from compiler.graph.passes import Calibration, calibrate, optimize, pow2_shift, quantize
 
@@ -187,3 +187,20 @@ def test_fixed_multiplier_names_the_layer_when_out_of_range():
     for bad in (0.0, -1.0, float("inf"), 2.0 ** 30):
         with pytest.raises(ValueError, match="conv 'c1'"):
             fixed_multiplier(bad, "conv 'c1'")
+
+
+@pytest.mark.parametrize("muls, attrs, match", [
+    (np.array([3, 5], np.int32), {}, "per-channel multipliers must be an int64 vector"),
+    (np.array([[3, 5]], np.int64), {}, "per-channel multipliers must be an int64 vector"),
+    (np.array([3, 0], np.int64), {}, r"must lie in \[1, 2\^31\), got \[0, 3\]"),
+    (np.array([3, 1 << 31], np.int64), {}, r"must lie in \[1, 2\^31\), got \[3, 2147483648\]"),
+    (np.array([3, 5], np.int64), {"mul": 7}, "take the shift from in_shift alone"),
+    (np.array([3, 5], np.int64), {"w_shift": 2}, "take the shift from in_shift alone"),
+])
+def test_qconv2d_per_channel_multipliers_are_checked(muls, attrs, match):
+    """A malformed fourth input of qconv2d (per-channel multipliers) names the node and what is wrong."""
+    xin = Node.input("x", (1, 3, 4, 4), "int8")
+    w, b = Node.const(np.ones((2, 3, 1, 1), np.int8)), Node.const(np.zeros(2, np.int32))
+    a = {"in_shift": 20, "w_shift": 0, "out_shift": 0, **attrs}
+    with pytest.raises(OpError, match=r"qconv2d 'qc': .*" + match):
+        Graph.from_outputs([xin], [Node("qconv2d", [xin, w, b, Node.const(muls)], a, name="qc")])

@@ -135,3 +135,14 @@ def test_register_tiles_of_every_vector_unit_compute_the_same(monkeypatch, vecto
         close(ops.compile_op("matmul", [a.shape, c.shape])(a, c), a @ c)
     finally:
         ops.api.clear_cache()
+
+
+def test_host_simd_override_is_checked(monkeypatch):
+    """$KIT_VECTOR_BYTES sizes the register tiles for another vector unit; a bad value is refused by name."""
+    monkeypatch.setenv("KIT_VECTOR_BYTES", "64")
+    assert cpu.host_simd() == (64, 32)
+    monkeypatch.setenv("KIT_VECTOR_BYTES", "16")
+    assert cpu.host_simd() == (16, 16)
+    monkeypatch.setenv("KIT_VECTOR_BYTES", "48")
+    with pytest.raises(ValueError, match=r"KIT_VECTOR_BYTES='48': expected 16, 32 or 64"):
+        cpu.host_simd()
