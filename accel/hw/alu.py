@@ -29,8 +29,8 @@ def alu_lane(m: Module, op, a, b, width: int):
     s = b[:sbits].as_signed()
     amount = Signal(sbits)
     m.d.comb += amount.eq(Mux(s < 0, -s, s))
-    shifted = Signal(signed(width))   # left by `width` (amount's top bit) leaves 0; narrower shifters otherwise
-    m.d.comb += shifted.eq(Mux(s < 0, Mux(amount[-1], 0, (a << amount[:-1])[:width]), a >> amount))
+    shifted = Signal(signed(width))
+    m.d.comb += shifted.eq(Mux(s < 0, (a << amount)[:width], a >> amount))
     neg_b = Signal(signed(width))
     m.d.comb += neg_b.eq(-b)
     lo = Signal(signed(width))
@@ -48,17 +48,11 @@ def alu_lane(m: Module, op, a, b, width: int):
         m.d.comb += rq_a.eq(a)
     m.d.comb += rq_up.eq(Mux(rq_a < c_lo, c_lo, rq_a))
     # SCALE: the fixed-point multiply, saturated to width bits
-    # |a * M| < 2^(kmax-1), so every k >= kmax gives 0, as k = kmax does: clamping k keeps the sum
-    # (and the simulators' words) under 64 bits
-    m_bits = min(24, width)
-    kmax = width + m_bits
-    sc_m = b.as_unsigned()[:m_bits]
-    sc_k = Signal(range(kmax + 1))
-    if width > 24:
-        m.d.comb += sc_k.eq(Mux(b.as_unsigned()[24:30] > kmax, kmax, b.as_unsigned()[24:30]))
-    sc_half = Signal(kmax)   # 2^(k-1), 0 for k = 0
-    m.d.comb += sc_half.eq(Const(1 << (kmax - 1), kmax) >> (kmax - sc_k).as_unsigned())
-    sc_v = Signal(signed(kmax + 2))
+    sc_m = b.as_unsigned()[:min(24, width)]
+    sc_k = b.as_unsigned()[24:30] if width > 24 else Const(0, 1)
+    sc_half = Signal(63)   # 2^(k-1) for every k < 64: the sum must not lose it, even past the product's width
+    m.d.comb += sc_half.eq(Mux(sc_k != 0, (Const(1, 64) << sc_k)[1:64], 0))
+    sc_v = Signal(signed(max(width + 26, 65)))
     m.d.comb += sc_v.eq((a * sc_m + sc_half) >> sc_k)
     top, bottom = (1 << (width - 1)) - 1, -(1 << (width - 1))
     sc_out = Mux(sc_v > top, top, Mux(sc_v < bottom, bottom, sc_v[:width]))
