@@ -70,7 +70,7 @@ def single_threaded_blas():
 
 def wrap(x: np.ndarray, bits: int) -> np.ndarray:
     """Two's-complement wrap of integer values to `bits`, as the narrow int dtype."""
-    return np.asarray(x).astype(np.int64).astype(_INT[bits])
+    return np.asarray(x, dtype=np.int64).astype(_INT[bits])
 
 
 @dataclass
@@ -515,7 +515,13 @@ class Fsim:
 def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.ndarray:
     """One ALU operation on acc_width two's-complement values (see AluOp for the definitions)."""
     a = a.astype(np.int64)
-    b = wrap(b, acc_width).astype(np.int64)
+    b = np.asarray(b)
+    if b.size > 1 and (b == b.flat[0]).all():
+        # one operand for every element (an immediate, a tile's requantization operand): a scalar,
+        # so only the accumulator side costs array operations
+        b = np.int64(wrap(b.flat[0], acc_width))
+    else:
+        b = wrap(b, acc_width).astype(np.int64)
     if op == AluOp.MIN:
         r = np.minimum(a, b)
     elif op == AluOp.MAX:
@@ -533,13 +539,14 @@ def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.nda
         nb = wrap(-b, acc_width).astype(np.int64)
         r = np.minimum(np.maximum(a, nb), b)
     elif op == AluOp.MOV:
-        r = b
+        r = np.broadcast_to(b, a.shape)
     elif op in (AluOp.CLAMP, AluOp.REQUANT):
         lo, hi = ((b & 0xFF) ^ 0x80) - 0x80, (((b >> 8) & 0xFF) ^ 0x80) - 0x80
         if op == AluOp.REQUANT and acc_width >= 22:
             s = (b >> 16) & 31
-            half = np.where(((b >> 21) & 1) & (s > 0), np.left_shift(1, np.maximum(s - 1, 0)), 0)
-            a = wrap(a + half, acc_width).astype(np.int64) >> s
+            half = ((b >> 21) & 1) * (np.left_shift(1, s) >> 1)          # 2^(s-1), 0 for s = 0
+            m = 1 << acc_width                                          # wrap in int64: no casts
+            a = (((a + half + (m >> 1)) & (m - 1)) - (m >> 1)) >> s
         r = np.minimum(np.maximum(a, lo), hi)
     elif op == AluOp.SCALE:
         r = scale_fixed(a, b & ((1 << acc_width) - 1), acc_width)

@@ -142,6 +142,20 @@ def test_fsim_alu_matches_python_integers(op, w, data):
     assert got == _py_alu(op, a, b, w), (op, a, b)
 
 
+
+@settings(max_examples=200, deadline=None)
+@given(op=st.sampled_from(list(AluOp)), w=st.sampled_from([16, 32]), data=st.data())
+def test_fsim_alu_one_operand_for_all_elements_matches_python_integers(op, w, data):
+    """alu_apply takes an operand shared by every element (immediates, a tile's requantization
+    operand) as a scalar: same results as element by element, in the shape of the accumulator side."""
+    lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
+    vals = st.one_of(st.integers(lo, hi), st.sampled_from([lo, hi, 0, -1, 1, 31, 32, -32, 33]))
+    a = data.draw(st.lists(vals, min_size=2, max_size=8))
+    b = data.draw(st.one_of(vals, st.integers(0, (1 << 30) - 1)))
+    got = alu_apply(op, np.array(a, dtype=np.int64).reshape(-1, 1, 1), np.full((len(a), 1, 1), b, np.int64), w)
+    assert got.shape == (len(a), 1, 1)
+    assert got.reshape(-1).tolist() == [_py_alu(op, x, b, w) for x in a], (op, a, b)
+
 def test_fsim_alu_chained_hazard_runs_in_order():
     """acc[i+1] += acc[i] over one instruction is a prefix sum only if executed in order."""
     cfg = TINY
