@@ -145,3 +145,17 @@ def test_rtl_waveform_dump(tmp_path, fmt):
         assert data[0] == 0   # FST header block
     with pytest.raises(SimError, match=r"run.txt: the suffix must be .vcd or .fst"):
         get_driver("rtl", TINY, waves=str(tmp_path / "run.txt"))
+
+
+def test_sim_wrapper_registers_reset_and_refuses_a_top_without_it():
+    """The Verilator model's wrapper: accel_top's ports unchanged, rst through a register; a port list
+    without rst (not a generated accel_top) is refused by name."""
+    from sim.verilator.build import BuildError, sim_wrapper
+    ports = [{"name": "clk", "direction": "input", "width": 1}, {"name": "rst", "direction": "input", "width": 1},
+             {"name": "m_axi_araddr", "direction": "output", "width": 32}]
+    v = sim_wrapper(ports)
+    assert v.startswith("module accel_sim(clk, rst, m_axi_araddr);")
+    assert "  output [31:0] m_axi_araddr;" in v and "always @(posedge clk) rst_q <= rst;" in v
+    assert "accel_top dut(.clk(clk), .rst(rst_q), .m_axi_araddr(m_axi_araddr));" in v
+    with pytest.raises(BuildError, match="has no rst port"):
+        sim_wrapper(ports[:1])

@@ -166,7 +166,7 @@ class _AluHarness(Elaboratable):
 
 
 EDGE = [-(1 << 31), (1 << 31) - 1, -1, 0, 1, 31, 32, -32, -33, 64, 255, -256, 1 << 16,
-        # SCALE operands at the shift counts where the RTL's clamped k takes over (k >= 56 gives 0)
+        # SCALE operands around the shift counts where the result reaches 0 (k >= 56)
         (55 << 24) | 0xFFFFFF, (56 << 24) | 0xFFFFFF, (57 << 24) | 0xFFFFFF, (63 << 24) | 0xFFFFFF, (1 << 24) | 1]
 
 
@@ -213,7 +213,6 @@ def test_tensor_alu_matches_the_isa_definition(op):
         assert unpack(final[i], n, c.acc_width).tolist() == ref[i].reshape(-1).tolist(), (op.name, i)
 
 
-
 @pytest.mark.parametrize("width", [16, 32])
 def test_alu_lane_matches_the_isa_definition_at_each_accumulator_width(width):
     """One lane, combinationally, every op on edge and random operands at both accumulator widths
@@ -250,6 +249,7 @@ def test_alu_lane_matches_the_isa_definition_at_each_accumulator_width(width):
     want = [int(alu_apply(op, np.array([a]), np.array([b]), width)[0]) for op, a, b in cases]
     wrong = [(c, g, w) for c, g, w in zip(cases, got, want) if g != w]
     assert not wrong, wrong[:5]
+
 
 # ---- burst reader ------------------------------------------------------------------------------
 def _run_dma(cfg, sizes, sel, addr, count, latency=3):

@@ -130,11 +130,17 @@ def _py_alu(op, a, b, w):
     return a >> s if s >= 0 else wr(a << -s)
 
 
+def _alu_values(w):
+    """Operands of a w-bit lane: any value, and the edges of the shifts and the range."""
+    lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
+    return st.one_of(st.integers(lo, hi), st.sampled_from([lo, hi, 0, -1, 1, 31, 32, -32, 33]))
+
+
 @settings(max_examples=300, deadline=None)
 @given(op=st.sampled_from(list(AluOp)), w=st.sampled_from([16, 32]), data=st.data())
 def test_fsim_alu_matches_python_integers(op, w, data):
-    lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
-    vals = st.one_of(st.integers(lo, hi), st.sampled_from([lo, hi, 0, -1, 1, 31, 32, -32, 33]))
+    lo = -(1 << (w - 1))
+    vals = _alu_values(w)
     scale_operands = st.builds(lambda k, m: (((k << 24) | m) - lo) % (1 << w) + lo,  # SCALE's fields, wrapped
                                st.integers(0, 63), st.integers(0, (1 << 24) - 1))
     a, b = data.draw(vals), data.draw(st.one_of(vals, scale_operands))
@@ -142,19 +148,18 @@ def test_fsim_alu_matches_python_integers(op, w, data):
     assert got == _py_alu(op, a, b, w), (op, a, b)
 
 
-
 @settings(max_examples=200, deadline=None)
 @given(op=st.sampled_from(list(AluOp)), w=st.sampled_from([16, 32]), data=st.data())
 def test_fsim_alu_one_operand_for_all_elements_matches_python_integers(op, w, data):
     """alu_apply takes an operand shared by every element (immediates, a tile's requantization
     operand) as a scalar: same results as element by element, in the shape of the accumulator side."""
-    lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
-    vals = st.one_of(st.integers(lo, hi), st.sampled_from([lo, hi, 0, -1, 1, 31, 32, -32, 33]))
+    vals = _alu_values(w)
     a = data.draw(st.lists(vals, min_size=2, max_size=8))
     b = data.draw(st.one_of(vals, st.integers(0, (1 << 30) - 1)))
     got = alu_apply(op, np.array(a, dtype=np.int64).reshape(-1, 1, 1), np.full((len(a), 1, 1), b, np.int64), w)
     assert got.shape == (len(a), 1, 1)
     assert got.reshape(-1).tolist() == [_py_alu(op, x, b, w) for x in a], (op, a, b)
+
 
 def test_fsim_alu_chained_hazard_runs_in_order():
     """acc[i+1] += acc[i] over one instruction is a prefix sum only if executed in order."""
