@@ -73,6 +73,13 @@ def wrap(x: np.ndarray, bits: int) -> np.ndarray:
     return np.asarray(x, dtype=np.int64).astype(_INT[bits])
 
 
+def _check_dram(dram: np.ndarray) -> None:
+    """LOAD and STORE tiles are strided views into the DRAM array, so it must be one flat buffer."""
+    if not isinstance(dram, np.ndarray) or dram.dtype != np.uint8 or dram.ndim != 1 or not dram.flags.c_contiguous:
+        what = f"{dram.dtype} with shape {dram.shape}" if isinstance(dram, np.ndarray) else type(dram).__name__
+        raise SimError(f"DRAM must be a contiguous 1-D uint8 array, got {what}")
+
+
 @dataclass
 class FsimStats:
     insns: dict[str, int] = field(default_factory=dict)
@@ -96,6 +103,17 @@ class _StageState:
     executed: bool = False
 
 
+@dataclass(eq=False)
+class _LoopPlan:
+    """Index arrays of one GEMM/ALU shape in execution order (wgt None for ALU), bounds-checked,
+    with what the vectorized paths derive from them (cluster plan, ALU hazard, ...)."""
+    dst: np.ndarray
+    src: np.ndarray
+    wgt: np.ndarray | None
+    run: slice | None                     # dst as a slice when it is lo, lo+1, ... (all distinct)
+    derived: dict = field(default_factory=dict)
+
+
 class Fsim:
     """Functional simulator for one AccelConfig. Buffers persist across run() calls of an
     instance, as SRAM does across runs of the hardware; a new instance starts from zeros."""
@@ -109,15 +127,15 @@ class Fsim:
         self.out = np.zeros((c.out_depth, c.batch, c.block_out), _INT[c.out_width])
         self.uop = np.zeros((c.uop_depth, 3), np.int64)  # decoded (acc, src, wgt)
         self._fdt = gemm_float_dtype(c)
-        # float copies of inp/wgt for the BLAS path, refreshed lazily after loads
+        # float copies of inp/wgt for the BLAS paths: made on first use, then kept current by loads
         self._inp_f = None
         self._wgt_f = None
+        self._plans: dict[tuple, tuple | None] = {}
 
     # ---- top level ------------------------------------------------------------------------
     def run(self, dram: np.ndarray, insn_addr: int, insn_count: int, max_insns: int | None = None) -> FsimStats:
         """Execute insn_count instructions at byte address insn_addr of `dram` (uint8, in place)."""
-        if dram.dtype != np.uint8 or dram.ndim != 1:
-            raise SimError(f"DRAM must be a 1-D uint8 array, got {dram.dtype} with shape {dram.shape}")
+        _check_dram(dram)
         end = insn_addr + insn_count * INSN_BYTES
         if insn_addr < 0 or insn_count < 0 or end > dram.size:
             raise ExecError(f"instruction stream [{insn_addr:#x}, {end:#x}) lies outside the "
@@ -130,6 +148,7 @@ class Fsim:
 
     def run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None = None) -> FsimStats:
         """Execute decoded instructions with the decoupled stage/queue model."""
+        _check_dram(dram)
         with single_threaded_blas():
             return self._run_insns(dram, insns, max_insns)
 
@@ -142,11 +161,16 @@ class Fsim:
         if not any(isinstance(i, Finish) for i in insns):
             raise ExecError("program has no FINISH instruction; the accelerator would never raise done")
         limit = max_insns if max_insns is not None else len(insns)
+        # per instruction: the token queues it pops and pushes (None: a flag naming a missing neighbour)
+        stage_of = [i.stage for i in insns]
+        opname = [i.opcode.name for i in insns]
+        pops = [[token_queue(i.stage, f) for f in ("pop_prev", "pop_next") if getattr(i, f)] for i in insns]
+        pushes = [[token_queue(i.stage, f) for f in ("push_prev", "push_next") if getattr(i, f)] for i in insns]
         while not finished:
             progress = False
             # fetch: in order, stalls while the target command queue is full
-            while pc < len(insns) and len(stages[insns[pc].stage].queue) < depth:
-                stages[insns[pc].stage].queue.append((pc, insns[pc]))
+            while pc < len(insns) and len(stages[stage_of[pc]].queue) < depth:
+                stages[stage_of[pc]].queue.append((pc, insns[pc]))
                 pc += 1
                 progress = True
             # load and store first, so compute meets FINISH as late as the tokens allow
@@ -159,13 +183,13 @@ class Fsim:
                         st.current, st.popped, st.executed = st.queue.popleft(), False, False
                     idx, insn = st.current
                     if not st.popped:
-                        pops = [token_queue(s, f) for f in ("pop_prev", "pop_next") if getattr(insn, f)]
-                        if any(q is None for q in pops):
+                        qs = pops[idx]
+                        if None in qs:
                             raise ExecError(f"instruction {idx} ({insn.opcode.name}): {s.name.lower()} stage has "
                                             f"no {'prev' if s == Stage.LOAD else 'next'} neighbour to pop from")
-                        if any(tokens[q] == 0 for q in pops):
+                        if any(tokens[q] == 0 for q in qs):
                             break
-                        for q in pops:
+                        for q in qs:
                             tokens[q] -= 1
                         st.popped = True
                         progress = True
@@ -184,18 +208,18 @@ class Fsim:
                             self._execute(idx, insn, dram, stats)
                         st.executed = True
                         executed += 1
-                        stats.insns[insn.opcode.name] = stats.insns.get(insn.opcode.name, 0) + 1
+                        stats.insns[opname[idx]] = stats.insns.get(opname[idx], 0) + 1
                         stats.per_stage[s.name.lower()] = stats.per_stage.get(s.name.lower(), 0) + 1
                         progress = True
                         if executed > limit:
                             raise SimError(f"instruction limit {limit} exceeded")
-                    pushes = [token_queue(s, f) for f in ("push_prev", "push_next") if getattr(insn, f)]
-                    if any(q is None for q in pushes):
+                    qs = pushes[idx]
+                    if None in qs:
                         raise ExecError(f"instruction {idx} ({insn.opcode.name}): {s.name.lower()} stage has "
                                         f"no {'prev' if s == Stage.LOAD else 'next'} neighbour to push to")
-                    if any(tokens[q] >= tdepth for q in pushes):
+                    if any(tokens[q] >= tdepth for q in qs):
                         break
-                    for q in pushes:
+                    for q in qs:
                         tokens[q] += 1
                     st.current = None
                     progress = True
@@ -242,16 +266,16 @@ class Fsim:
         elif isinstance(insn, Alu):
             self._alu(idx, insn, stats)
 
-    def _dram_entries(self, idx, insn, dram, eb) -> np.ndarray:
-        """Entry indices (y_size, x_size) of a 2-D tile, bounds-checked against the DRAM."""
-        rows = insn.dram_base + np.arange(insn.y_size, dtype=np.int64)[:, None] * insn.x_stride
-        ent = rows + np.arange(insn.x_size, dtype=np.int64)[None, :]
+    def _dram_tile(self, idx, insn, dram, eb) -> np.ndarray:
+        """The bytes of a 2-D tile as a (y_size, x_size, eb) strided view of the DRAM (no index
+        arrays), bounds-checked. Rows overlap where x_stride < x_size."""
         last = (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * eb
         if last > dram.size:
             raise ExecError(f"instruction {idx} ({insn.opcode.name}): dram_base={insn.dram_base} "
                             f"y_size={insn.y_size} x_size={insn.x_size} x_stride={insn.x_stride} reaches "
                             f"byte {last:#x}, beyond the {dram.size:#x}-byte DRAM")
-        return ent
+        return np.ndarray((insn.y_size, insn.x_size, eb), np.uint8, dram, insn.dram_base * eb,
+                          (insn.x_stride * eb, eb, 1))
 
     def _load(self, idx: int, insn: Load, dram: np.ndarray, stats: FsimStats) -> None:
         c, mem = self.cfg, insn.mem_type
@@ -268,20 +292,21 @@ class Fsim:
         eb = elem_bytes(c, mem)
         tile = np.zeros((rows, cols, eb), np.uint8)
         if insn.y_size and insn.x_size:
-            ent = self._dram_entries(idx, insn, dram, eb)
-            byte = ent[..., None] * eb + np.arange(eb)
-            tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = dram[byte]
-            stats.bytes_read += ent.size * eb
+            tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = \
+                self._dram_tile(idx, insn, dram, eb)
+            stats.bytes_read += insn.y_size * insn.x_size * eb
         flat = tile.reshape(rows * cols, eb)
         lo, hi = insn.sram_base, insn.sram_base + rows * cols
         if mem == MemType.UOP:
             self.uop[lo:hi] = decode_uops(flat.reshape(-1), c)
         elif mem == MemType.INP:
             self.inp[lo:hi] = flat.view(f"<i{c.inp_width // 8}").reshape(-1, c.batch, c.block_in)
-            self._inp_f = None
+            if self._inp_f is not None:
+                self._inp_f[lo:hi] = self.inp[lo:hi]
         elif mem == MemType.WGT:
             self.wgt[lo:hi] = flat.view(f"<i{c.wgt_width // 8}").reshape(-1, c.block_out, c.block_in)
-            self._wgt_f = None
+            if self._wgt_f is not None:
+                self._wgt_f[lo:hi] = self.wgt[lo:hi]
         else:
             self.acc[lo:hi] = flat.view(f"<i{c.acc_width // 8}").reshape(-1, c.batch, c.block_out)
 
@@ -298,117 +323,164 @@ class Fsim:
             raise ExecError(f"instruction {idx} (STORE): sram_base={insn.sram_base} + {n} entries exceeds the "
                             f"OUT buffer depth {c.out_depth}")
         eb = c.out_elem_bytes
-        ent = self._dram_entries(idx, insn, dram, eb)
+        view = self._dram_tile(idx, insn, dram, eb)
         data = self.out[insn.sram_base:insn.sram_base + n].astype(f"<i{c.out_width // 8}").view(np.uint8)
-        byte = ent[..., None] * eb + np.arange(eb)
-        dram[byte.reshape(-1)] = data.reshape(-1)
+        data = data.reshape(insn.y_size, insn.x_size, eb)
+        if insn.y_size == 1 or insn.x_stride >= insn.x_size:
+            view[...] = data
+        else:
+            for r in range(insn.y_size):    # overlapping rows: in order, as the hardware writes them
+                view[r] = data[r]
         stats.bytes_written += n * eb
 
-    def _loop_indices(self, idx: int, insn, name: str):
-        """(dst, src, wgt) index arrays of a GEMM/ALU in execution order, bounds-checked."""
+    def _plan(self, idx: int, insn, name: str) -> _LoopPlan:
+        """The bounds-checked index arrays of a GEMM/ALU, cached by its micro-ops and loop fields
+        (a layer runs the same shape on many tiles, so each is built and checked once)."""
         c = self.cfg
         if not 0 <= insn.uop_bgn <= insn.uop_end <= c.uop_depth:
             raise ExecError(f"instruction {idx} ({name}): micro-op range [uop_bgn={insn.uop_bgn}, "
                             f"uop_end={insn.uop_end}) outside [0, {c.uop_depth}]")
         u = self.uop[insn.uop_bgn:insn.uop_end]
+        gemm = isinstance(insn, Gemm)
+        key = (u.tobytes(), insn.iter_out, insn.iter_in, insn.dst_factor_out, insn.dst_factor_in,
+               insn.src_factor_out, insn.src_factor_in,
+               (insn.wgt_factor_out, insn.wgt_factor_in, insn.reset) if gemm else insn.use_imm)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
         i0 = np.arange(insn.iter_out, dtype=np.int64)[:, None, None]
         i1 = np.arange(insn.iter_in, dtype=np.int64)[None, :, None]
         dst = (u[:, 0] + i0 * insn.dst_factor_out + i1 * insn.dst_factor_in).reshape(-1)
         src = (u[:, 1] + i0 * insn.src_factor_out + i1 * insn.src_factor_in).reshape(-1)
-        wgt = None
-        if isinstance(insn, Gemm):
-            wgt = (u[:, 2] + i0 * insn.wgt_factor_out + i1 * insn.wgt_factor_in).reshape(-1)
+        wgt = (u[:, 2] + i0 * insn.wgt_factor_out + i1 * insn.wgt_factor_in).reshape(-1) if gemm else None
         checks = [("accumulator (dst)", dst, c.acc_depth)]
-        if isinstance(insn, Gemm) and not insn.reset:
+        if gemm and not insn.reset:
             checks += [("input (src)", src, c.inp_depth), ("weight (wgt)", wgt, c.wgt_depth)]
-        elif isinstance(insn, Alu) and not insn.use_imm:
+        elif not gemm and not insn.use_imm:
             checks += [("accumulator (src)", src, c.acc_depth)]
         for what, arr, depth in checks:
             if arr.size and int(arr.max()) >= depth:
                 k = int(np.argmax(arr >= depth))
-                ui = k % max(1, len(u))
+                ui = k % len(u)
                 raise ExecError(f"instruction {idx} ({name}): {what} index {int(arr[k])} out of range "
                                 f"[0, {depth}) at micro-op {insn.uop_bgn + ui}, iteration "
-                                f"({k // max(1, len(u)) // insn.iter_in}, {k // max(1, len(u)) % insn.iter_in})")
-        return dst, src, wgt
+                                f"({k // len(u) // insn.iter_in}, {k // len(u) % insn.iter_in})")
+        run = None
+        if dst.size and int(dst[-1]) - int(dst[0]) == dst.size - 1 and (np.diff(dst) == 1).all():
+            run = slice(int(dst[0]), int(dst[-1]) + 1)
+        if len(self._plans) >= 256:
+            self._plans.clear()
+        self._plans[key] = plan = _LoopPlan(dst, src, wgt, run)
+        return plan
 
     def _gemm(self, idx: int, insn: Gemm, stats: FsimStats) -> None:
         c = self.cfg
-        dst, src, wgt = self._loop_indices(idx, insn, "GEMM")
+        plan = self._plan(idx, insn, "GEMM")
+        dst, src, wgt = plan.dst, plan.src, plan.wgt
         if dst.size == 0:
             return
         stats.gemm_uops += dst.size
         if insn.reset:
-            self.acc[dst] = 0
-            self.out[dst] = 0
+            d = plan.run or dst
+            self.acc[d] = 0
+            self.out[d] = 0
             return
         stats.macs += dst.size * c.macs_per_cycle
-        nu = insn.uop_end - insn.uop_bgn
+        if self._gemm_clustered(insn, plan):
+            return  # updated acc and out itself
         # wgt varies over the loop dims with a non-zero factor; group rows by those dims so
         # each group is one (rows x block_in) @ (block_in x block_out) matmul.
+        nu = insn.uop_end - insn.uop_bgn
         shape = (insn.iter_out, insn.iter_in, nu)
         vary = [insn.wgt_factor_out != 0 and insn.iter_out > 1, insn.wgt_factor_in != 0 and insn.iter_in > 1, nu > 1]
         ngroups = int(np.prod([n for n, v in zip(shape, vary) if v], dtype=np.int64))
-        if self._gemm_clustered(insn, shape):
-            return  # updated acc and out itself
         if self._gemm_separable(insn, dst, shape):
             pass
         elif self._fdt is not None and ngroups * 4 <= dst.size:
             self._gemm_grouped(dst, src, wgt, shape, vary)
         else:
             self._gemm_gathered(dst, src, wgt)
-        touched = np.flatnonzero(np.bincount(dst))
+        touched = plan.derived.get("touched")
+        if touched is None:
+            touched = plan.derived["touched"] = plan.run or np.unique(dst)
         self.out[touched] = wrap(self.acc[touched], c.out_width)
 
-    def _gemm_clustered(self, insn: Gemm, shape) -> bool:
+    def _gemm_clustered(self, insn: Gemm, loop: _LoopPlan) -> bool:
         """The convolution pattern: weights do not move with the loops, so the micro-ops that
         share a destination (one output tile: its input channels and kernel taps) are one
-        im2col row block. Per such cluster, ONE (loop rows x K*block_in) @ (K*block_in x
-        block_out) matmul, exact in float32 or float64 by the same bound as gemm_float_dtype
-        with K*block_in terms; clusters with the same input micro-ops share the gathered rows.
-        Sums are added to acc once (plain indexing when every destination is distinct)."""
-        c = self.cfg
-        if insn.wgt_factor_out or insn.wgt_factor_in:
+        im2col row block. Clusters that read the same input micro-ops (the output-channel blocks
+        of one tile) share the gathered rows and go to BLAS as ONE (loop rows x K*block_in) @
+        (K*block_in x clusters*block_out) matmul, exact in float32 or float64 by the same bound
+        as gemm_float_dtype with K*block_in terms. Sums are added to acc once (a slice or plain
+        indexing when every destination is distinct)."""
+        if insn.wgt_factor_out or insn.wgt_factor_in or self._fdt is None:
             return False
-        u = self.uop[insn.uop_bgn:insn.uop_end]
+        if "cluster" not in loop.derived:
+            loop.derived["cluster"] = self._make_cluster_plan(insn, self.uop[insn.uop_bgn:insn.uop_end])
+        plan = loop.derived["cluster"]
+        if plan is None:
+            return False
+        c, (fdt, groups, dst, distinct) = self.cfg, plan
+        inp_f, wgt_f = self._floats()
+        ys = []
+        for src_idx, wgt_idx in groups:
+            rows, k = src_idx.shape
+            n = wgt_idx.shape[0]
+            x = np.take(inp_f, src_idx, axis=0)                                 # (rows, K, batch, bin)
+            x = x.transpose(0, 2, 1, 3).reshape(rows * c.batch, k * c.block_in).astype(fdt, copy=False)
+            w = np.take(wgt_f, wgt_idx, axis=0)                                 # (n, K, bout, bin)
+            w = w.transpose(1, 3, 0, 2).reshape(k * c.block_in, n * c.block_out).astype(fdt, copy=False)
+            y = (x @ w).reshape(rows, c.batch, n, c.block_out)
+            ys.append(y.transpose(2, 0, 1, 3).reshape(-1, c.batch, c.block_out))
+        # exact integers: int32 holds any float32-exact sum and wraps like a 32-bit accumulator
+        y = np.concatenate(ys).astype(np.int32 if fdt == np.float32 else np.int64)
+        if not distinct:
+            self._accumulate_sorted(dst, y)
+            touched = np.unique(dst)
+            self.out[touched] = wrap(self.acc[touched], c.out_width)
+            return True
+        self.acc[dst] = self._wrapped_sum(self.acc[dst], y)
+        self.out[dst] = self.acc[dst].astype(self.out.dtype)
+        return True
+
+    def _make_cluster_plan(self, insn: Gemm, u: np.ndarray):
+        """Index plan of _gemm_clustered: (float type, [(src rows x K, wgt n x K) per group of
+        clusters], destinations as a slice or index array, whether they are distinct), or None
+        when the instruction does not fit the pattern."""
+        c = self.cfg
         heads, inverse = np.unique(u[:, 0], return_inverse=True)
         counts = np.bincount(inverse)
-        k = int(counts.max())
-        bound = k * c.block_in * (1 << (c.inp_width - 1)) * (1 << (c.wgt_width - 1))
+        bound = int(counts.max()) * c.block_in * (1 << (c.inp_width - 1)) * (1 << (c.wgt_width - 1))
         fdt = np.float32 if bound <= 1 << 24 else np.float64 if bound <= 1 << 53 else None
         if fdt is None or len(heads) > 64 or len(heads) * 4 > len(u):
-            return False  # many small clusters: one Python step each costs more than the other paths
+            return None  # many small clusters: one Python step each costs more than the other paths
         i0 = np.arange(insn.iter_out, dtype=np.int64)[:, None]
         i1 = np.arange(insn.iter_in, dtype=np.int64)[None, :]
         off_d = (i0 * insn.dst_factor_out + i1 * insn.dst_factor_in).reshape(-1)
         off_s = (i0 * insn.src_factor_out + i1 * insn.src_factor_in).reshape(-1)
         order = np.argsort(inverse, kind="stable")
         starts = np.r_[0, np.cumsum(counts)]
-        x_cache: dict[bytes, np.ndarray] = {}
-        dsts, ys = [], []
-        for ci, head in enumerate(heads.tolist()):
-            members = u[order[starts[ci]:starts[ci + 1]]]
-            srcs = members[:, 1]
-            key = srcs.tobytes()
-            x = x_cache.get(key)
-            if x is None:                                  # (rows, batch, K, block_in)
-                x = self.inp[srcs[None, :] + off_s[:, None]].astype(fdt).transpose(0, 2, 1, 3)
-                x = x_cache[key] = x.reshape(off_s.size * c.batch, srcs.size * c.block_in)
-            w = self.wgt[members[:, 2]].astype(fdt)        # (K, block_out, block_in)
-            w = w.transpose(0, 2, 1).reshape(srcs.size * c.block_in, c.block_out)
-            ys.append((x @ w).astype(np.int64).reshape(off_s.size, c.batch, c.block_out))
-            dsts.append(head + off_d)
+        by_src: dict[bytes, list[int]] = {}        # clusters by their input micro-ops, in head order
+        for ci in range(len(heads)):
+            by_src.setdefault(u[order[starts[ci]:starts[ci + 1]], 1].tobytes(), []).append(ci)
+        groups, dsts = [], []
+        for members in by_src.values():
+            sel = np.stack([order[starts[ci]:starts[ci + 1]] for ci in members])   # (n, K) micro-ops
+            groups.append((u[sel[0], 1][None, :] + off_s[:, None], u[sel, 2]))
+            dsts.append((heads[members][:, None] + off_d[None, :]).reshape(-1))
         dst = np.concatenate(dsts)
-        y = np.concatenate(ys)        # indices were bounds-checked by _loop_indices
-        hits = np.bincount(dst)
-        if hits.max() == 1:
-            self.acc[dst] = wrap(self.acc[dst].astype(np.int64) + y, c.acc_width)
-            self.out[dst] = wrap(self.acc[dst], c.out_width)
-        else:
-            self._accumulate_sorted(dst, y)
-            touched = np.flatnonzero(hits)
-            self.out[touched] = wrap(self.acc[touched], c.out_width)
-        return True
+        distinct = bool(np.bincount(dst).max() == 1)
+        lo = int(dst[0])
+        if distinct and int(dst[-1]) - lo == dst.size - 1 and (np.diff(dst) == 1).all():
+            dst = slice(lo, lo + dst.size)                 # one contiguous run: views, no gathers
+        return fdt, groups, dst, distinct
+
+    def _wrapped_sum(self, acc: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """acc + y wrapped to acc_width. Integer casts in numpy are modular, so an int32 sum that
+        wraps mod 2^32 narrows to a 16- or 8-bit accumulator exactly."""
+        if acc.dtype.itemsize <= 4 and y.dtype == np.int32:
+            return (acc.astype(np.int32) + y).astype(acc.dtype)
+        return wrap(acc.astype(np.int64) + y, self.cfg.acc_width)
 
     def _gemm_separable(self, insn: Gemm, dst, shape) -> bool:
         """The matmul pattern: every micro-op adds into the same dst, the input tile depends on
@@ -484,32 +556,48 @@ class Fsim:
 
     def _alu(self, idx: int, insn: Alu, stats: FsimStats) -> None:
         c = self.cfg
-        dst, src, _ = self._loop_indices(idx, insn, "ALU")
+        plan = self._plan(idx, insn, "ALU")
+        dst, src = plan.dst, plan.src
         if dst.size == 0:
             return
         stats.alu_uops += dst.size
-        # Vectorize unless an element reads or rewrites an accumulator entry that an earlier
-        # element of this instruction wrote (then execution order matters).
-        hazard = np.bincount(dst).max() > 1
-        if not hazard and not insn.use_imm:
-            first_write = np.full(c.acc_depth, dst.size, np.int64)
-            first_write[dst[::-1]] = np.arange(dst.size - 1, -1, -1)
-            hazard = bool((first_write[src] < np.arange(dst.size)).any())
+        hazard = plan.derived.get("hazard")
+        if hazard is None:
+            hazard = plan.derived["hazard"] = self._alu_hazard(plan, insn.use_imm)
         if not hazard:
-            b = self._alu_operand(insn, src)
-            res = alu_apply(insn.alu_op, self.acc[dst], b, c.acc_width)
-            self.acc[dst] = res
-            self.out[dst] = wrap(res, c.out_width)
+            d = plan.run or dst
+            res = alu_apply(insn.alu_op, self.acc[d], self._alu_operand(insn, plan), c.acc_width)
+            self.acc[d] = res
+            self.out[d] = res.astype(self.out.dtype)
         else:
             for d, s in zip(dst.tolist(), src.tolist()):
-                b = self._alu_operand(insn, np.array([s]))
+                b = np.int64(insn.imm) if insn.use_imm else self.acc[s].astype(np.int64)
                 self.acc[d] = alu_apply(insn.alu_op, self.acc[d:d + 1], b, c.acc_width)[0]
                 self.out[d] = wrap(self.acc[d], c.out_width)
 
-    def _alu_operand(self, insn: Alu, src: np.ndarray) -> np.ndarray:
+    def _alu_hazard(self, plan: _LoopPlan, use_imm: bool) -> bool:
+        """Whether an element reads or rewrites an accumulator entry that an earlier element of the
+        instruction wrote: then execution order matters and the ALU runs element by element."""
+        dst, src, n = plan.dst, plan.src, plan.dst.size
+        if plan.run is not None:
+            return not use_imm and bool(((src >= plan.run.start) & (src < plan.run.start + np.arange(n))).any())
+        if np.bincount(dst).max() > 1:
+            return True
+        if use_imm:
+            return False
+        first_write = np.full(self.cfg.acc_depth, n, np.int64)
+        first_write[dst[::-1]] = np.arange(n - 1, -1, -1)
+        return bool((first_write[src] < np.arange(n)).any())
+
+    def _alu_operand(self, insn: Alu, plan: _LoopPlan) -> np.ndarray:
+        """The second operand: the immediate, one accumulator entry when every element reads the
+        same one (it broadcasts), else one entry per element."""
         if insn.use_imm:
-            return np.full((src.size, self.cfg.batch, self.cfg.block_out), insn.imm, np.int64)
-        return self.acc[src].astype(np.int64)
+            return np.int64(insn.imm)
+        one = plan.derived.get("one_src")
+        if one is None:
+            one = plan.derived["one_src"] = int(plan.src[0]) if (plan.src == plan.src[0]).all() else -1
+        return self.acc[one if one >= 0 else plan.src].astype(np.int64)
 
 
 def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.ndarray:

@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program,
                        encode_uops)
-from sim.errors import DeadlockError, ExecError
+from sim.errors import DeadlockError, ExecError, SimError
 from sim.fsim import Fsim, alu_apply, gemm_float_dtype
 
 TINY = PRESETS["tiny"]
@@ -48,7 +48,7 @@ def test_fsim_float_gemm_paths_exact_at_extremes(cfg):
     sim.uop[:16] = [(k // 8 * 64, k % 8, k) for k in range(16)]
     insn = Gemm(uop_bgn=0, uop_end=16, iter_out=4, iter_in=8, dst_factor_out=8, dst_factor_in=1,
                 src_factor_out=9, src_factor_in=1)
-    assert sim._gemm_clustered(insn, (4, 8, 16))
+    assert sim._gemm_clustered(insn, sim._plan(0, insn, "GEMM"))
     _gemm_per_uop(sim, insn, ref)
     assert (sim.acc == _wrapped(ref, cfg.acc_width)).all()
 
@@ -188,6 +188,41 @@ def test_fsim_load_padding_and_store_roundtrip():
     expect[1:3, 2:5] = src
     assert (tile == expect).all()
     assert stats.bytes_read == src.size
+
+
+@pytest.mark.parametrize("stride", [0, 1, 2, 3, 5])
+def test_fsim_strided_tiles_overlapping_rows_match_reference(stride):
+    """LOAD and STORE tiles are strided views of the DRAM; with x_stride < x_size the rows
+    overlap: a load reads shared entries twice, a store's later row overwrites the earlier one
+    (the reference model writes entry by entry in program order)."""
+    from reference_isa import ReferenceMachine
+    cfg = TINY
+    rng = np.random.default_rng(stride)
+    dram = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
+    prog = [Load(mem_type=MemType.INP, sram_base=0, dram_base=0x800 // 4, y_size=4, x_size=3, x_stride=stride),
+            Load(mem_type=MemType.ACC, sram_base=0, dram_base=0x1000 // 16, y_size=4, x_size=3, x_stride=stride,
+                 y_pad0=1, x_pad1=2),
+            Alu(alu_op=AluOp.ADD, use_imm=True, imm=0, uop_bgn=0, uop_end=1, iter_out=25, dst_factor_out=1,
+                push_next=True),
+            Store(sram_base=0, dram_base=0x3000 // 4, y_size=4, x_size=3, x_stride=stride, pop_prev=True,
+                  push_prev=True),
+            Finish(pop_next=True)]
+    ref_dram = dram.copy()
+    sim, _ = _run(cfg, prog, dram)
+    code = encode_program(prog, cfg).reshape(-1)
+    ref_dram[:code.size] = code
+    ref = ReferenceMachine(cfg)
+    ref.run(prog, ref_dram)
+    assert (sim.inp[:12] == ref.inp[:12]).all()
+    assert np.array_equal(dram, ref_dram)
+
+
+@pytest.mark.parametrize("dram", [np.zeros(1 << 12, np.int8), np.zeros((2, 1 << 11), np.uint8),
+                                  np.zeros(1 << 13, np.uint8)[::2], bytearray(1 << 12)])
+def test_fsim_refuses_a_dram_that_is_not_one_flat_byte_buffer(dram):
+    prog = [Load(mem_type=MemType.INP, y_size=1, x_size=1, x_stride=1), Finish()]
+    with pytest.raises(SimError, match="DRAM must be a contiguous 1-D uint8 array, got"):
+        Fsim(TINY).run_insns(dram, prog)
 
 
 def _deadlock(prog, match, cfg=TINY):
