@@ -89,28 +89,38 @@ class ReadBus:
         self.arb_at = None
         pend = self.pending
         n = self.n
-        for i in range(1, n + 1):
-            c = (self.last + i) % n
-            p = pend[c]
-            if p is not None and p[0] <= T:
-                pend[c] = None
-                self.last = c
-                self.granting = True
-                f = p[1](T)
-                self.granting = False
-                self.free_from = f + 1
-                if self.log is not None:
-                    self.log.append((c, T, f))
-                break
-        nxt = None
-        ff = self.free_from
-        for r in pend:
-            if r is not None:
-                q = r[0] if r[0] > ff else ff
-                nxt = q if nxt is None or q < nxt else nxt
-        if nxt is not None:
+        loop = self.loop
+        while True:
+            for i in range(1, n + 1):
+                c = (self.last + i) % n
+                p = pend[c]
+                if p is not None and p[0] <= T:
+                    pend[c] = None
+                    self.last = c
+                    self.granting = True
+                    f = p[1](T)
+                    self.granting = False
+                    self.free_from = f + 1
+                    if self.log is not None:
+                        self.log.append((c, T, f))
+                    break
+            nxt = None
+            waiting = 0
+            ff = self.free_from
+            for r in pend:
+                if r is not None:
+                    waiting += 1
+                    q = r[0] if r[0] > ff else ff
+                    nxt = q if nxt is None or q < nxt else nxt
+            if nxt is None:
+                return
+            heap = loop.heap
+            if waiting == 1 and (not heap or heap[0][0] > nxt) and nxt <= loop.limit:
+                T = nxt       # no event before nxt can add a rival request: grant it without the heap
+                continue
             self.arb_at = nxt
-            self.loop.at(nxt, self._arbitrate, None, ARBITRATE)
+            loop.at(nxt, self._arbitrate, None, ARBITRATE)
+            return
 
     def burst_times(self, g: int, beats: int, per_beat: tuple[int, ...] | None) -> int:
         """RLAST cycle of a burst granted in cycle g (counts its beats)."""

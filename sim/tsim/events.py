@@ -5,10 +5,11 @@ from heapq import heappop, heappush
 
 
 class EventLoop:
-    __slots__ = ("heap", "seq", "now", "events")
+    __slots__ = ("heap", "seq", "now", "events", "limit")
 
     def __init__(self):
         self.heap: list = []
+        self.limit = 1 << 62        # the cycle limit of the current run (handlers that skip the heap honour it)
         self.seq = 0
         self.now = 0
         self.events = 0
@@ -20,6 +21,7 @@ class EventLoop:
     def run(self, limit: int) -> bool:
         """Run until no events are left (True) or the next one lies past `limit` (False)."""
         heap = self.heap
+        self.limit = limit
         n = 0
         while heap:
             t, _, _, fn, arg = heappop(heap)
