@@ -6,7 +6,9 @@ so a program whose tokens can never be satisfied is reported as a deadlock (nami
 blocked instruction and the queue it waits on) instead of hanging. Data paths are vectorized
 across micro-ops and loop iterations: GEMM products are float BLAS matmuls, exact because each
 dot product is bounded below the float mantissa (see gemm_float_dtype), then summed in int64
-and wrapped to acc_width, which is order-independent modular arithmetic.
+and wrapped to acc_width, which is order-independent modular arithmetic. A layer runs the same
+micro-ops and loop fields on many tiles, so each GEMM/ALU shape's index arrays are built,
+bounds-checked and analysed once (_plan); LOAD and STORE tiles are strided views of the DRAM.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from .errors import DeadlockError, ExecError, SimError
 log = logging.getLogger(__name__)
 
 _INT = {8: np.int8, 16: np.int16, 32: np.int32}
+#: index elements the plan cache may hold (three int64 arrays each: 48 MB)
+PLAN_CACHE_ELEMS = 1 << 21
 
 # Token queues by (producer stage, consumer stage); names as in VTA.
 QUEUES = {(Stage.LOAD, Stage.COMPUTE): "l2c", (Stage.COMPUTE, Stage.LOAD): "c2l",
@@ -130,7 +134,8 @@ class Fsim:
         # float copies of inp/wgt for the BLAS paths: made on first use, then kept current by loads
         self._inp_f = None
         self._wgt_f = None
-        self._plans: dict[tuple, tuple | None] = {}
+        self._plans: dict[tuple, _LoopPlan] = {}     # see _plan
+        self._plan_elems = 0
 
     # ---- top level ------------------------------------------------------------------------
     def run(self, dram: np.ndarray, insn_addr: int, insn_count: int, max_insns: int | None = None) -> FsimStats:
@@ -368,9 +373,13 @@ class Fsim:
         run = None
         if dst.size and int(dst[-1]) - int(dst[0]) == dst.size - 1 and (np.diff(dst) == 1).all():
             run = slice(int(dst[0]), int(dst[-1]) + 1)
-        if len(self._plans) >= 256:
-            self._plans.clear()
-        self._plans[key] = plan = _LoopPlan(dst, src, wgt, run)
+        plan = _LoopPlan(dst, src, wgt, run)
+        if dst.size <= PLAN_CACHE_ELEMS:
+            self._plan_elems += dst.size
+            if self._plan_elems > PLAN_CACHE_ELEMS:   # bound the memory the cache holds
+                self._plans.clear()
+                self._plan_elems = dst.size
+            self._plans[key] = plan
         return plan
 
     def _gemm(self, idx: int, insn: Gemm, stats: FsimStats) -> None:

@@ -104,6 +104,34 @@ def test_fsim_gemm_every_path_matches_per_uop_definition(data):
     assert (sim.out[touched] == _wrapped(ref[touched], cfg.out_width)).all()
 
 
+def test_fsim_plan_cache_follows_the_micro_ops_and_stays_bounded(monkeypatch):
+    """Index plans are cached by micro-op contents and loop fields: the same instruction after a
+    micro-op changed must use the new indices (GEMM and ALU), and the cache holds at most
+    PLAN_CACHE_ELEMS index elements."""
+    import sim.fsim as fsim_mod
+    monkeypatch.setattr(fsim_mod, "PLAN_CACHE_ELEMS", 64)
+    cfg = TINY
+    sim = Fsim(cfg)
+    rng = np.random.default_rng(3)
+    sim.inp[:] = rng.integers(-128, 128, sim.inp.shape)
+    sim.wgt[:] = rng.integers(-128, 128, sim.wgt.shape)
+    ref = sim.acc.astype(np.int64)
+    gemm = Gemm(uop_bgn=0, uop_end=8, iter_out=2, iter_in=3, dst_factor_out=3, dst_factor_in=1,
+                src_factor_out=4, src_factor_in=1)
+    alu = Alu(alu_op=AluOp.ADD, uop_bgn=8, uop_end=9, iter_out=6, dst_factor_out=1)
+    for step in range(4):
+        sim.uop[:8] = [(k // 4 * 32, (k + step) % 5, (3 * k + step) % 16) for k in range(8)]
+        sim.uop[8] = (40, step, 0)   # acc[40 + i] += acc[step]: a new operand entry each time
+        sim._gemm(0, gemm, _Stats())
+        _gemm_per_uop(sim, gemm, ref)
+        assert (sim.acc == _wrapped(ref, cfg.acc_width)).all(), step
+        before = sim.acc[:, 0, 0].astype(np.int64).tolist()
+        sim._alu(0, alu, fsim_mod.FsimStats())
+        assert sim.acc[40:46, 0, 0].tolist() == [_wrapped(before[40 + i] + before[step], 32) for i in range(6)]
+        ref[40:46] = sim.acc[40:46]
+        assert sum(p.dst.size for p in sim._plans.values()) <= 64
+
+
 def _py_alu(op, a, b, w):
     def wr(x):
         return ((x + (1 << (w - 1))) % (1 << w)) - (1 << (w - 1))
