@@ -488,7 +488,7 @@ class _Builder:
         i = 0
         while i < len(ops):
             head = ops[i]
-            lo, hi = -INT8_MAX, INT8_MAX
+            lo, hi = (-128 if head.attrs.get("out_zp") else -INT8_MAX), INT8_MAX
             j = i + 1
             while (j < len(ops) and ops[j].op in CLAMP_OPS and ops[j].inputs[0] is ops[j - 1]
                    and len(users[id(ops[j - 1])]) == 1 and ops[j - 1] is not last):
@@ -608,15 +608,22 @@ class _Builder:
                 fused = ResidualAdd(self.buf(other), self.weight_buf(ident, cfg.wgt_elem_bytes,
                                                                       f"{head.name}.identity"), ka, kb, rq2)
             w = self.weight_buf(ins[1].value, cfg.wgt_elem_bytes, f"{head.name}.wgt")
-            b = self.weight_buf(pack_bias(ins[2].value, cfg), cfg.acc_elem_bytes, f"{head.name}.bias")
             at = head.attrs
+            bias, zp = ins[2].value, at.get("out_zp", 0)
+            if zp and len(ins) == 3 and not is_fixed_point(at) and requant_shift(at) >= 0:
+                # (acc + half + zp 2^s) >> s == ((acc + half) >> s) + zp: the zero point rides on the bias
+                bias = bias.astype(np.int64) + (zp << requant_shift(at))
+                if np.abs(bias).max() >= 1 << 31:
+                    raise TilingError(f"{head.name}: bias with the output zero point {zp} does not fit int32")
+                bias, zp = bias.astype(np.int32), 0
+            b = self.weight_buf(pack_bias(bias, cfg), cfg.acc_elem_bytes, f"{head.name}.bias")
             scales = None
             if len(ins) == 4:  # per-channel multipliers: SCALE operands per channel, then the clamp
                 ops = channel_scale_operands(ins[3].value, requant_shift(at), cfg.acc_width)
                 scales = self.weight_buf(pack_bias(ops, cfg), cfg.acc_elem_bytes, f"{head.name}.scales")
-                rq = Requant(0, lo, hi)
+                rq = Requant(0, lo, hi, zero_point=zp)
             else:
-                rq = Requant(requant_shift(at), lo, hi, is_fixed_point(at), at.get("mul", 1))
+                rq = Requant(requant_shift(at), lo, hi, is_fixed_point(at), at.get("mul", 1), zp)
             x = self.buf(ins[0])
             addr, count = self.program(head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, b, rq, fused,
                                                                         scales))

@@ -89,12 +89,14 @@ class Requant:
     already holding the bias; half = 2^(shift-1) when `round` (round half up), else 0; a negative
     shift shifts left. With a fixed-point multiplier (mul != 1, for scales that are not powers of
     two: compiler.graph.ops.fixed_multiplier) it is clip(sat((acc * mul + 2^(shift-1)) >> shift)),
-    the ALU's SCALE then a clamp. Every other step wraps at 32 bits like the ALU."""
+    the ALU's SCALE then a clamp. A zero point (an asymmetric output) is added before the clamp.
+    Every other step wraps at 32 bits like the ALU."""
     shift: int = 0
     lo: int = -128
     hi: int = 127
     round: bool = False
     mul: int = 1
+    zero_point: int = 0
 
     @property
     def fixed_point(self) -> bool:
@@ -104,12 +106,13 @@ class Requant:
         def wrap(v):
             return v.astype(np.int64).astype(np.int32).astype(np.int64)
         acc = acc.astype(np.int64)
-        if self.fixed_point:
-            return np.clip(shift_right_round(acc * self.mul, self.shift), self.lo, self.hi)  # as SCALE, then clamp
+        if self.fixed_point:   # as SCALE (saturating to 32 bits), then the zero point and the clamp
+            v = np.clip(shift_right_round(acc * self.mul, self.shift), -(1 << 31), (1 << 31) - 1)
+            return np.clip(wrap(v + self.zero_point), self.lo, self.hi)
         if self.round and self.shift > 0:
             acc = wrap(acc + (1 << (self.shift - 1)))
         acc = acc >> self.shift if self.shift >= 0 else wrap(acc << -self.shift)
-        return np.clip(acc, self.lo, self.hi)
+        return np.clip(wrap(acc + self.zero_point), self.lo, self.hi)
 
 
 @dataclass(frozen=True)
@@ -454,8 +457,9 @@ def emit_requant(stream, kernel, requant: Requant, operand_kernel=None) -> None:
                               f"SCALE's register operand, a 30-bit accumulator lane (acc_width "
                               f"{stream.cfg.acc_width})")
         stream.push_alu(operand_kernel(), AluOp.SCALE)
-        requant = Requant(0, requant.lo, requant.hi)
-    elif operand_kernel is not None and requant_operand(requant, stream.cfg.acc_width) is not None:
+        requant = Requant(0, requant.lo, requant.hi, zero_point=requant.zero_point)
+    elif (operand_kernel is not None and not requant.zero_point
+          and requant_operand(requant, stream.cfg.acc_width) is not None):
         stream.push_alu(operand_kernel(), AluOp.REQUANT)
         return
     if requant.round and requant.shift > 0:
@@ -465,6 +469,8 @@ def emit_requant(stream, kernel, requant: Requant, operand_kernel=None) -> None:
         stream.push_alu(kernel, AluOp.ADD, 1 << (requant.shift - 1))
     if requant.shift:
         stream.push_alu(kernel, AluOp.SHR, requant.shift)
+    if requant.zero_point:   # an asymmetric output (a QDQ model's): its zero point, then the clamp
+        stream.push_alu(kernel, AluOp.ADD, requant.zero_point)
     if requant.lo == -requant.hi:
         stream.push_alu(kernel, AluOp.CLIP, requant.hi)
     elif -128 <= requant.lo <= requant.hi <= 127:  # both bounds in one pass: CLAMP's imm holds them as bytes

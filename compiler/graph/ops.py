@@ -581,8 +581,10 @@ def shift_floor(acc: np.ndarray, s: int) -> np.ndarray:
     return acc >> s if s >= 0 else acc << (-s)
 
 
-def clip_int8(v: np.ndarray) -> np.ndarray:
-    return np.clip(v, INT8_MIN, INT8_MAX).astype(np.int8)
+def clip_int8(v: np.ndarray, zero_point: int = 0) -> np.ndarray:
+    """Saturate to int8: [-127, 127] in the symmetric flow; a tensor with a zero point (a QDQ
+    model's asymmetric activations) uses the whole [-128, 127], as ONNX QuantizeLinear does."""
+    return np.clip(v, -128 if zero_point else INT8_MIN, INT8_MAX).astype(np.int8)
 
 
 def wrap_int32(v: np.ndarray) -> np.ndarray:
@@ -611,24 +613,28 @@ def fixed_multiplier(real: float, what: str) -> tuple[int, int]:
     return mul, k
 
 
-@register("quantize", Pattern.ELEMWISE, 1, {"shift": 0, "scale": 0.0},
+@register("quantize", Pattern.ELEMWISE, 1, {"shift": 0, "scale": 0.0, "zero_point": 0},
           doc="float -> int8: clip(round_half_even(x * 2^shift), -127, 127); with a scale "
-              "(non-zero) clip(round_half_even(x / scale)) in float32 as ONNX QuantizeLinear")
+              "(non-zero) clip(round_half_even(x / scale) + zero_point) in float32 as ONNX "
+              "QuantizeLinear (to [-128, 127] when zero_point is not 0)")
 def _quantize():
     def impl(a, x):
+        z = a["zero_point"]
         if a["scale"]:
-            return clip_int8(np.rint(x.astype(np.float32) / np.float32(a["scale"])))
-        return clip_int8(np.rint(x.astype(np.float64) * 2.0 ** a["shift"]))
+            return clip_int8(np.rint(x.astype(np.float32) / np.float32(a["scale"])) + z, z)
+        return clip_int8(np.rint(x.astype(np.float64) * 2.0 ** a["shift"]) + z, z)
     return (lambda n: _t(n.inputs[0].shape, "int8"), impl)
 
 
-@register("dequantize", Pattern.ELEMWISE, 1, {"shift": 0, "scale": 0.0},
-          doc="int8 -> float32: q * 2^-shift, or q * scale when a scale (non-zero) is given")
+@register("dequantize", Pattern.ELEMWISE, 1, {"shift": 0, "scale": 0.0, "zero_point": 0},
+          doc="int8 -> float32: (q - zero_point) * 2^-shift, or (q - zero_point) * scale when a scale "
+              "(non-zero) is given")
 def _dequantize():
     def impl(a, x):
+        q = x.astype(np.int32) - a["zero_point"]
         if a["scale"]:
-            return x.astype(np.float32) * np.float32(a["scale"])
-        return (x.astype(np.float64) * 2.0 ** -a["shift"]).astype(np.float32)
+            return q.astype(np.float32) * np.float32(a["scale"])
+        return (q.astype(np.float64) * 2.0 ** -a["shift"]).astype(np.float32)
     return (lambda n: _t(n.inputs[0].shape, "float32"), impl)
 
 
@@ -641,7 +647,7 @@ def _requantize():
 
 
 QCONV_ATTRS = {**CONV_ATTRS, "in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NCHW",
-               "mul": 1}
+               "mul": 1, "out_zp": 0}
 
 
 def requant_shift(a) -> int:
@@ -658,12 +664,13 @@ def is_fixed_point(a) -> bool:
 def requant_acc(acc: np.ndarray, a, muls: np.ndarray | None = None) -> np.ndarray:
     """The int8 result of a qconv2d/qdense accumulator (bias included, channels on axis 1) under
     attrs a; muls: per-output-channel multipliers (the optional fourth input), a shared shift."""
+    z = a.get("out_zp", 0)   # the output's zero point (a QDQ model's asymmetric activation)
     if muls is not None:
         m = muls.astype(np.int64).reshape((1, -1) + (1,) * (acc.ndim - 2))
-        return clip_int8(shift_right_round(acc.astype(np.int64) * m, requant_shift(a)))
+        return clip_int8(shift_right_round(acc.astype(np.int64) * m, requant_shift(a)) + z, z)
     if is_fixed_point(a):
-        return clip_int8(shift_right_round(acc.astype(np.int64) * a["mul"], requant_shift(a)))
-    return clip_int8(shift_floor(acc, requant_shift(a)))  # the rounding half is in b
+        return clip_int8(shift_right_round(acc.astype(np.int64) * a["mul"], requant_shift(a)) + z, z)
+    return clip_int8(shift_floor(acc, requant_shift(a)) + z, z)  # the rounding half is in b
 
 
 #: per-channel multipliers (a fourth qconv2d/qdense input, M_c * 2^-in_shift ~ the channel's scale)
@@ -688,6 +695,7 @@ def _check_qint(n):
 @register("qconv2d", Pattern.OUT_ELEMWISE_FUSABLE, (3, 4), QCONV_ATTRS,
           doc="int8 conv: acc = conv(x, w) + b in int32 (b holds the rounding half), "
               "then SHR (in_shift + w_shift - out_shift), CLIP to [-127, 127]; fixed point with mul; "
+              "with out_zp (an asymmetric output), + out_zp and CLIP to [-128, 127]; "
               "per output channel with a fourth input of multipliers (round_half_up(acc m_c 2^-in_shift))")
 def _qconv2d():
     def infer(n):
@@ -708,8 +716,8 @@ def _qconv2d():
 
 
 @register("qdense", Pattern.OUT_ELEMWISE_FUSABLE, (3, 4),
-          {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NC", "mul": 1},
-          doc="int8 dense: acc = x @ w.T + b in int32, then SHR, CLIP")
+          {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NC", "mul": 1, "out_zp": 0},
+          doc="int8 dense: acc = x @ w.T + b in int32, then SHR, CLIP (+ out_zp, to [-128, 127], when non-zero)")
 def _qdense():
     def infer(n):
         _check_qint(n)

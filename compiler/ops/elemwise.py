@@ -195,8 +195,13 @@ def round_half_even(v):
     return te.select(up, f + one, f)
 
 
-def _clip_int8(v):
-    return te.elem_min(te.elem_max(v, te.const(INT8_MIN, v.dtype)), te.const(INT8_MAX, v.dtype)).astype("int8")
+def _clip_int8(v, zero_point: int = 0):
+    """Saturate to int8 (compiler.graph.ops.clip_int8): [-127, 127], or with a zero point + zero_point
+    and [-128, 127]."""
+    if zero_point:
+        v = v + te.const(zero_point, v.dtype)
+    lo = -128 if zero_point else INT8_MIN
+    return te.elem_min(te.elem_max(v, te.const(lo, v.dtype)), te.const(INT8_MAX, v.dtype)).astype("int8")
 
 
 def shift_right_round(v64, s: int):
@@ -208,20 +213,26 @@ def shift_right_round(v64, s: int):
     return v64
 
 
-def quantize(x, shift=0, scale=0.0):
-    """float -> int8: clip(round_half_even(x * 2^shift), -127, 127), or of x / scale when a scale is given."""
+def quantize(x, shift=0, scale=0.0, zero_point=0):
+    """float -> int8: clip(round_half_even(x * 2^shift), -127, 127), or of x / scale when a scale is
+    given; + zero_point and [-128, 127] when it is not 0."""
     _float(x, "quantize")
-    lo, hi = te.const(float(INT8_MIN), x.dtype), te.const(float(INT8_MAX), x.dtype)
+    lo = te.const(float(-128 if zero_point else INT8_MIN), x.dtype)
+    hi, z = te.const(float(INT8_MAX), x.dtype), te.const(float(zero_point), x.dtype)
     factor = te.const(float(scale) if scale else 2.0 ** shift, x.dtype)
 
     def f(v):   # a scale divides, as ONNX QuantizeLinear does (x * (1/scale) can round differently)
-        return te.elem_min(te.elem_max(round_half_even(v / factor if scale else v * factor), lo), hi).astype("int8")
+        r = round_half_even(v / factor if scale else v * factor)
+        return te.elem_min(te.elem_max(r + z if zero_point else r, lo), hi).astype("int8")
     return unary(x, f, "quantize")
 
 
-def dequantize(x, shift=0, scale=0.0):
-    """int8 -> float32: q * 2^-shift, or q * scale when a scale is given."""
+def dequantize(x, shift=0, scale=0.0, zero_point=0):
+    """int8 -> float32: (q - zero_point) * 2^-shift, or (q - zero_point) * scale when a scale is given."""
     s = float(scale) if scale else 2.0 ** -shift
+    if zero_point:
+        return unary(x, lambda v: (v.astype("int32") - te.const(zero_point, "int32")).astype("float32")
+                     * te.const(s, "float32"), "dequantize")
     return unary(x, lambda v: v.astype("float32") * te.const(s, "float32"), "dequantize")
 
 
@@ -234,26 +245,27 @@ def shift_right_floor(v64, s: int):
     return v64
 
 
-def requantize(x, in_shift, out_shift, rounding: bool = True, mul: int = 1):
+def requantize(x, in_shift, out_shift, rounding: bool = True, mul: int = 1, zero_point: int = 0):
     """int (int8 or int32 accumulator) at 2^-in_shift -> int8 at 2^-out_shift: round (unless
     rounding=False, as for qconv2d/qdense whose int32 bias already holds the half), SHR, CLIP;
-    mul multiplies first (a fixed-point scale)."""
+    mul multiplies first (a fixed-point scale); zero_point is added before the clip."""
     if not dt.is_int(x.dtype):
         raise OpError(f"requantize: needs an integer input, got {x.dtype}")
     s = in_shift - out_shift
     shift = shift_right_round if rounding else shift_right_floor
     def f(v):
         v = v.astype("int64")
-        return _clip_int8(shift(v * te.const(mul, "int64") if mul != 1 else v, s))
+        return _clip_int8(shift(v * te.const(mul, "int64") if mul != 1 else v, s), zero_point)
     return unary(x, f, "requantize")
 
 
-def requantize_per_channel(acc, muls, shift: int, axis: int = 1):
+def requantize_per_channel(acc, muls, shift: int, axis: int = 1, zero_point: int = 0):
     """int32 accumulator -> int8 with one multiplier per channel (muls, int64, along `axis`):
     round_half_up(acc * muls[c] * 2^-shift), CLIP (compiler.graph.ops.requant_acc)."""
     if not dt.is_int(acc.dtype):
         raise OpError(f"requantize: needs an integer input, got {acc.dtype}")
-    return te.compute(acc.shape, lambda *i: _clip_int8(shift_right_round(acc[i].astype("int64") * muls[i[axis]], shift)),
+    return te.compute(acc.shape, lambda *i: _clip_int8(shift_right_round(acc[i].astype("int64") * muls[i[axis]], shift),
+                                                       zero_point),
                       name="requantize", tag=_tag("requantize"))
 
 

@@ -14,7 +14,7 @@ from .registry import REQUIRED, OpError, add_impl, decline, define
 
 CONV = {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "groups": 1, "out_dtype": None}
 POOL = {"kernel": REQUIRED, "strides": (1, 1), "pads": (0, 0, 0, 0), "ceil_mode": 0}
-QSHIFTS = {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "mul": 1}
+QSHIFTS = {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "mul": 1, "out_zp": 0}
 
 
 def _bias_nchw(out, bias):
@@ -194,8 +194,8 @@ _UNARY = {
     "leaky_relu": (ew.leaky_relu, {"alpha": 0.01}, "LeakyRelu"),
     "clip": (ew.clip, {"min": None, "max": None}, "Clip"),
     "cast": (ew.cast, {"to": REQUIRED}, "Cast"),
-    "quantize": (ew.quantize, {"shift": 0, "scale": 0.0}, None),
-    "dequantize": (ew.dequantize, {"shift": 0, "scale": 0.0}, None),
+    "quantize": (ew.quantize, {"shift": 0, "scale": 0.0, "zero_point": 0}, None),
+    "dequantize": (ew.dequantize, {"shift": 0, "scale": 0.0, "zero_point": 0}, None),
     "requantize": (ew.requantize, {"in_shift": REQUIRED, "out_shift": REQUIRED, "mul": 1}, None),
 }
 for _name, (_fn, _attrs, _onnx) in _UNARY.items():
@@ -213,26 +213,26 @@ add_impl("qadd", "llvm", "qadd.injective", ew.qadd, cpu.schedule_injective)
 
 
 # ---------------------------------------------------------------- quantized conv / dense
-def _requant(acc, in_shift, w_shift, out_shift, mul, muls=None):
+def _requant(acc, in_shift, w_shift, out_shift, mul, muls=None, out_zp=0):
     """qconv2d/qdense's requantization (compiler.graph.ops.requant_acc); muls: per-channel multipliers."""
     if muls is not None:
-        return ew.requantize_per_channel(acc, muls, in_shift + w_shift - out_shift)
+        return ew.requantize_per_channel(acc, muls, in_shift + w_shift - out_shift, zero_point=out_zp)
     if mul != 1:  # fixed point: the rounding is explicit
-        return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=True, mul=mul)
-    return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=False)  # the half is in b
+        return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=True, mul=mul, zero_point=out_zp)
+    return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=False, zero_point=out_zp)  # half in b
 
 
 def _qconv(x, w, b, muls=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, in_shift=0,
-           w_shift=0, out_shift=0, layout="NCHW", mul=1):
+           w_shift=0, out_shift=0, layout="NCHW", mul=1, out_zp=0):
     acc = nn.conv2d(x, w, strides, pads, dilations, groups, "int32")
     acc = _bias_nchw(acc, b)
-    return _requant(acc, in_shift, w_shift, out_shift, mul, muls)
+    return _requant(acc, in_shift, w_shift, out_shift, mul, muls, out_zp)
 
 
 def _qconv_nchwc(x, w, b, muls=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, in_shift=0,
-                 w_shift=0, out_shift=0, layout="NCHW", kernel_packed=False, mul=1):
+                 w_shift=0, out_shift=0, layout="NCHW", kernel_packed=False, mul=1, out_zp=0):
     acc = _conv_nchwc(x, w, b, strides, pads, dilations, groups, "int32", kernel_packed)
-    return _requant(acc, in_shift, w_shift, out_shift, mul, muls)
+    return _requant(acc, in_shift, w_shift, out_shift, mul, muls, out_zp)
 
 
 def _q_check(shapes, dtypes, attrs):
@@ -256,9 +256,9 @@ add_impl("qconv2d", "llvm", "qconv2d.direct", _qconv, cpu.schedule_conv2d_nchw, 
 
 
 def _qdense(x, w, b, muls=None, in_shift=0, w_shift=0, out_shift=0, layout="NC", weight_packed=False, n_out=None,
-            mul=1):
+            mul=1, out_zp=0):
     acc = _dense_pack(x, w, b, "int32", weight_packed, n_out)
-    return _requant(acc, in_shift, w_shift, out_shift, mul, muls)
+    return _requant(acc, in_shift, w_shift, out_shift, mul, muls, out_zp)
 
 
 define("qdense", {**QSHIFTS, "layout": "NC"}, (3, 4), "int8 dense, int32 accumulation + bias, SHR, CLIP")

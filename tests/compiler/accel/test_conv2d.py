@@ -35,8 +35,9 @@ def test_conv2d_random_shapes_and_configs(cfg, n, c, h, w, o, k, pads, strides, 
     if h + pads[0] + pads[1] < k or w + pads[2] + pads[3] < k:
         return
     spec = Conv2dSpec(n, c, h, w, o, k, k, pads, strides)
-    _check(cfg, spec, Requant(shift, 0 if relu else -127, 127, round=seed % 3 == 0 and shift <= 15,
-                                   mul=(1, 3, 181, (1 << 23) + 4321)[seed % 4]), vt, seed, bias=seed % 2 == 0)
+    zp = (0, 0, -128, 9, -3)[seed % 5]   # an asymmetric output's zero point, added before the clamp
+    _check(cfg, spec, Requant(shift, 0 if relu else (-128 if zp else -127), 127, round=seed % 3 == 0 and shift <= 15,
+                              mul=(1, 3, 181, (1 << 23) + 4321)[seed % 4], zero_point=zp), vt, seed, bias=seed % 2 == 0)
 
 
 @pytest.mark.parametrize("cfg", [PRESETS["tiny"], ODD], ids=["tiny", "b2x8x16"])

@@ -167,6 +167,21 @@ def test_quantize_rounds_half_to_even_and_clips():
     np.testing.assert_array_equal(d, y.astype(np.float32) / 2)
 
 
+@pytest.mark.parametrize("zp", [-128, -27, 5])
+def test_quantize_dequantize_with_a_zero_point_match_the_graph_ops(zp):
+    """An asymmetric activation (a QDQ model's): + zero_point, saturated to [-128, 127], and back;
+    the CPU kernels against compiler.graph.ops' definitions (ONNX QuantizeLinear/DequantizeLinear)."""
+    from compiler.graph.ops import get_op
+    x = np.array([[0.5, 1.5, -2.5, -4.0, 7.0, 100.0, -100.0, 0.0, 3.25, -2.75]], np.float32)
+    a = {"shift": 0, "scale": 0.25, "zero_point": zp}
+    y = ops.compile_op("quantize", [x.shape], a)(x)
+    np.testing.assert_array_equal(y, np.clip(np.rint(x / np.float32(0.25)) + zp, -128, 127).astype(np.int8))
+    np.testing.assert_array_equal(y, get_op("quantize").impl(a, x))
+    d = ops.compile_op("dequantize", [y.shape], a, "int8")(y)
+    np.testing.assert_array_equal(d, (y.astype(np.float32) - zp) * np.float32(0.25))
+    np.testing.assert_array_equal(d, get_op("dequantize").impl(a, y))
+
+
 @pytest.mark.parametrize("s_in,s_out", [(10, 3), (4, 4), (2, 5)])
 def test_requantize_int32_exact(s_in, s_out):
     x = np.random.default_rng(10).integers(-(1 << 20), 1 << 20, (3, 41), dtype=np.int32)
@@ -184,20 +199,20 @@ def test_qadd_exact():
 
 @settings(max_examples=4, deadline=None, derandomize=True)
 @given(st.sampled_from([1, 2]), st.sampled_from([4, 16]), st.sampled_from([8, 32]), st.sampled_from([1, 3]),
-       st.sampled_from([1, 2]), st.booleans())
-def test_qconv2d_int8_exact(groups, c, o, k, stride, const_weight):
+       st.sampled_from([1, 2]), st.booleans(), st.sampled_from([0, -128, 7]))
+def test_qconv2d_int8_exact(groups, c, o, k, stride, const_weight, out_zp):
     rng = np.random.default_rng(12)
     x = rng.integers(-127, 128, (1, c, 7, 6), dtype=np.int8)
     w = rng.integers(-127, 128, (o, c // groups, k, k), dtype=np.int8)
     b = rng.integers(-5000, 5000, (o,), dtype=np.int32)
     a = {"strides": (stride, stride), "pads": (k // 2,) * 4, "groups": groups, "in_shift": 4, "w_shift": 6,
-         "out_shift": 3}
+         "out_shift": 3, "out_zp": out_zp}
     f = ops.compile_op("qconv2d", [x.shape, w.shape, b.shape], a, ["int8", "int8", "int32"],
                        consts={1: w} if const_weight else None)
     y = f(x, b) if const_weight else f(x, w, b)
     from tests.compiler.ops.oracle import conv2d_ref
     acc = wrap_int32(conv2d_ref(x, w, a["strides"], a["pads"], (1, 1), groups) + b.reshape(1, -1, 1, 1))
-    np.testing.assert_array_equal(y, clip_int8(shift_floor(acc, 4 + 6 - 3)))
+    np.testing.assert_array_equal(y, clip_int8(shift_floor(acc, 4 + 6 - 3) + out_zp, out_zp))
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 64, 10), (3, 17, 40)])
