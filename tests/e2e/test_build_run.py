@@ -88,18 +88,20 @@ class _Reader:
         return next(self.it, None)
 
 
-def _ort_qdq(tmp_path, model, feeds, per_channel: bool = False):
+def _ort_qdq(tmp_path, model, feeds, per_channel: bool = False, activations: str = "symmetric"):
     """The model quantized by onnxruntime's tools as their documentation says: pre-processing (which
     folds batch norms into convs; newer onnxruntime versions otherwise quantize the batch norm on its
-    own), then static QDQ quantization calibrated on `feeds`."""
+    own), then static QDQ quantization calibrated on `feeds`. activations: "symmetric" int8,
+    "int8" (the tool's default: asymmetric int8 with zero points) or "uint8"."""
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quant_pre_process,
                                           quantize_static)
     onnx.save(model, tmp_path / "m.onnx")
     quant_pre_process(str(tmp_path / "m.onnx"), str(tmp_path / "p.onnx"))
     reader = type("Reader", (_Reader, CalibrationDataReader), {})(feeds)
     quantize_static(str(tmp_path / "p.onnx"), str(tmp_path / "q.onnx"), reader, quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=per_channel,
-                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+                    activation_type=QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8,
+                    weight_type=QuantType.QInt8, per_channel=per_channel,
+                    extra_options={"ActivationSymmetric": activations == "symmetric", "WeightSymmetric": True})
     return onnx.load(tmp_path / "q.onnx")
 
 
@@ -151,6 +153,41 @@ def test_e2e_onnxruntime_qdq_model_own_scales_match_its_int8_result(tmp_path, na
     fixed = [n for n in _all_nodes(mod.graph) if n.op in ("qconv2d", "qdense") and n.attrs.get("mul", 1) != 1]
     assert fixed, "the exported scales are not powers of two: the layers requantize in fixed point"
     _check_qdq_outputs(mod, qm, feeds[4:], name, fuse_qdq=True)
+
+
+@pytest.mark.parametrize("activations", ["int8", "uint8"])
+@pytest.mark.parametrize("target", ["accel", "cpu"])
+@pytest.mark.parametrize("name", ["conv_bn_relu_pool", "mlp", "residual_block"])
+def test_e2e_onnxruntime_qdq_model_asymmetric_activations(tmp_path, name, target, activations):
+    """onnxruntime's default export: asymmetric activations (int8 or uint8 with zero points). The
+    zero points are kept: the input's folded into the bias (a padded conv reads an explicit pad with
+    it), the output's added before the clamp to [-128, 127]; asymmetric adds run in float as the
+    model defines them. Bit-exact against our reference, within one output unit of onnxruntime
+    without its QDQ fusion (measured: 0.00 units on all three; its fused uint8 kernels put the
+    residual block 7 units from its own unfused result)."""
+    m = zoo.MODELS[name]()
+    feeds = zoo.sample_inputs(m, 6, seed=2)
+    qm = _ort_qdq(tmp_path, m, feeds[:4], activations=activations)
+    mod = compiler.build_model(qm, target=target, config="default", force_target={"qdense": "accel"})
+    assert (mod.count("accel") >= 1) == (target == "accel") and not mod.meta["warnings"]
+    zps = [n for n in _all_nodes(mod.graph) if n.attrs.get("out_zp") or n.attrs.get("zero_point")]
+    assert zps, "the exported activations have zero points"
+    _check_qdq_outputs(mod, qm, feeds[4:], name, fuse_qdq=False)
+
+
+@pytest.mark.parametrize("name", ["conv_bn_relu_pool"])
+def test_e2e_asymmetric_activations_at_power_of_two_scales(tmp_path, name):
+    """The shift path with zero points: the output's zero point rides on the bias (zp 2^s added before
+    the REQUANT shift), so the accelerator still requantizes in one pass. (As in the symmetric test
+    above, deeper nets at power-of-two scales meet exact ties, which onnxruntime rounds to even.)"""
+    m = zoo.MODELS[name]()
+    feeds = zoo.sample_inputs(m, 6, seed=2)
+    qm = _pow2_scales(_ort_qdq(tmp_path, m, feeds[:4], activations="int8"))
+    mod = compiler.build_model(qm, target="accel", config="default")
+    shifted = [n for n in _all_nodes(mod.graph) if n.op == "qconv2d" and n.attrs.get("out_zp")
+               and n.attrs.get("mul", 1) == 1]
+    assert shifted and {n.name for n in shifted} & {s.name for s in mod.steps if s.kind == "accel"}
+    _check_qdq_outputs(mod, qm, feeds[4:], name, fuse_qdq=False)
 
 
 @pytest.mark.parametrize("name", ["conv_bn_relu_pool", "mlp", "residual_block"])

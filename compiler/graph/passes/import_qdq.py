@@ -1,8 +1,8 @@
 """ImportQDQ: take a QDQ model's activation scales instead of calibrating. Each
 dequantize_linear(quantize_linear(x)) pair with constant per-tensor scale is removed and x's
-range recorded. A symmetric int8 pair keeps its exact scale (Calibration.scales: the quantizer
-requantizes in fixed point where it is not a power of two) and the shift floor(-log2(scale));
-an asymmetric one gets a power-of-two shift derived from the represented range.
+range recorded. Each pair keeps its exact scale (Calibration.scales: the quantizer requantizes in
+fixed point where it is not a power of two); an asymmetric one (int8 with a zero point, or
+uint8) also its zero point (Calibration.zero_points, in int8 terms).
 Weights stored as int8 + DequantizeLinear fold to float constants first (fold_constants)."""
 from __future__ import annotations
 
@@ -45,13 +45,14 @@ def import_qdq(graph: Graph) -> Graph:
         x = q.inputs[0]
         absmax, shift, lo, hi, symmetric = r
         cal.absmax[x.name], cal.shifts[x.name], cal.source[x.name] = absmax, shift, "qdq"
-        if symmetric:
-            cal.scales[x.name] = float(q.inputs[1].value.reshape(-1)[0])
-            return x  # clamping to [-128 s, 127 s] only saturates: the int8 CLIP does it again
-        # an asymmetric range also clamps (a ReLU folded into the zero point): keep the clamp
-        c = Node("clip", [x], {"min": float(lo), "max": float(hi)}, name=f"{x.name}/qdq_clip", origin=n.origin)
-        cal.absmax[c.name], cal.shifts[c.name], cal.source[c.name] = absmax, shift, "qdq"
-        return c
+        cal.scales[x.name] = float(q.inputs[1].value.reshape(-1)[0])
+        if not symmetric:
+            # int8 with a zero point; uint8 q is int8 q - 128 with the zero point moved alike. Saturating
+            # to [-128, 127] at that zero point is the pair's clamp (a ReLU folded into it included).
+            zp = int(q.inputs[2].value.reshape(-1)[0]) - (128 if q.dtype == "uint8" else 0)
+            if zp:
+                cal.zero_points[x.name] = zp
+        return x  # clamping to the pair's range only saturates: the int8 clip does it again
     g = rewrite(graph, fn)
     g.meta["qdq"] = cal
     return g
@@ -61,7 +62,7 @@ def rename_range(graph: Graph, old: str, new: str) -> None:
     """A rewrite that gives tensor `old`'s value to a node named `new` carries its QDQ range along."""
     cal = graph.meta.get("qdq")
     if cal is not None and old in cal.shifts and new != old:
-        for d in (cal.absmax, cal.shifts, cal.source, cal.scales):
+        for d in (cal.absmax, cal.shifts, cal.source, cal.scales, cal.zero_points):
             if old in d:
                 d[new] = d[old]
 

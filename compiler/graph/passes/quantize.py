@@ -7,7 +7,10 @@ scales (`import_qdq`); weight shifts from the weights. A QDQ model's scales are 
 (Calibration.scales, and the int8 weights of its folded DequantizeLinear, graph.meta['weight_scales']):
 where one is not a power of two the layer requantizes in fixed point instead (a 24-bit multiplier
 and a rounding shift, compiler.graph.ops.fixed_multiplier; qadd and concat likewise), as the model's int8
-arithmetic does. conv2d/dense with constant weights become qconv2d/qdense; add of activations
+arithmetic does. Its asymmetric activations keep their zero points (onnxruntime's default export): a
+conv/dense folds the input's into its bias (-zx sum(w); a padded conv reads an explicit pad holding
+zx), adds the output's before saturating to [-128, 127] (attr out_zp); ReLU becomes the clamp at the
+zero point; adds and concats of asymmetric tensors run in float, from the model's rounded inputs. conv2d/dense with constant weights become qconv2d/qdense; add of activations
 becomes qadd; ops exact on int8 with an unchanged scale (relu, clip, max pooling, reshape,
 transpose, slice, pad by zero, concat) stay int8; everything else runs in float between
 dequantize/quantize nodes.
@@ -59,6 +62,8 @@ class Calibration:
     samples: int = 0
     #: a QDQ model's exact scales (where present they win over 2^-shift)
     scales: dict[str, float] = field(default_factory=dict)
+    #: a QDQ model's zero points of asymmetric activations, as int8 (a uint8 one minus 128)
+    zero_points: dict[str, int] = field(default_factory=dict)
 
     def scale(self, name: str) -> float | None:
         if name in self.scales:
@@ -78,11 +83,13 @@ class Calibration:
     def merged(self, other: "Calibration") -> "Calibration":
         """self's entries, with other's filling the gaps."""
         c = Calibration(dict(other.absmax), dict(other.shifts), dict(other.source), max(self.samples, other.samples),
-                        {k: v for k, v in other.scales.items() if k not in self.shifts})
+                        {k: v for k, v in other.scales.items() if k not in self.shifts},
+                        {k: v for k, v in other.zero_points.items() if k not in self.shifts})
         c.absmax.update(self.absmax)
         c.shifts.update(self.shifts)
         c.source.update(self.source)
         c.scales.update(self.scales)
+        c.zero_points.update(self.zero_points)
         return c
 
 
@@ -125,24 +132,30 @@ class _Quantizer:
         self.users = graph.users()
         self.weight_scales: dict[str, float] = graph.meta.get("weight_scales", {})
         self.scale: dict[int, float] = {}  # id(new int8 node) -> its scale (2^-shift unless a QDQ model's)
+        self.zp: dict[int, int] = {}       # id(new int8 node) -> its zero point, where not 0
         self.deq: dict[int, Node] = {}
         self.q: dict[int, Node] = {}
         self.layers: list[dict] = []
 
     def scale_for(self, old: Node, why: str) -> float:
+        return self.qparams_for(old, why)[0]
+
+    def qparams_for(self, old: Node, why: str) -> tuple[float, int]:
+        """(scale, zero point) to quantize tensor `old` at."""
         src = old
         while self.cal.scale(src.name) is None and src.op in RANGE_PRESERVING:
             src = src.inputs[0]  # values are a subset of the input's: its scale fits
         s = self.cal.scale(src.name)
         if s is not None:
-            return s
+            return s, self.cal.zero_points.get(src.name, 0)
         raise QuantizeError(f"quantize: no scale for tensor '{old.name}' ({old.op}), needed {why}; "
                             f"calibrate with sample inputs or give a QDQ model")
 
-    def out_scale(self, old: Node) -> float:
-        """Scale of a conv/dense/add result: the range of a clamping sole consumer (reached
-        through reshapes/transposes) if there is one, else its own, else that of the reshape
-        holding its value (a QDQ model names the tensor after the reshape)."""
+    def out_qparams(self, old: Node) -> tuple[float, int]:
+        """(scale, zero point) of a conv/dense/add result: the range of a clamping sole consumer
+        (reached through reshapes/transposes) if there is one, else its own, else that of the reshape
+        holding its value (a QDQ model names the tensor after the reshape). The zero point is that
+        of the tensor whose scale is taken (a QDQ model's asymmetric activation; else 0)."""
         chain, cur = [], old
         while len(self.users[id(cur)]) == 1 and not any(cur is o for o in self.graph.outputs):
             u = self.users[id(cur)][0]
@@ -153,16 +166,19 @@ class _Quantizer:
                 break
             cur = u
         scale = self.cal.scale
+
+        def of(name: str) -> tuple[float, int]:
+            return scale(name), self.cal.zero_points.get(name, 0)
         if self.model_scale(old.name) is not None:  # a QDQ model rounds here (and again after a clamp)
-            return self.model_scale(old.name)
+            return of(old.name)
         if chain and chain[-1].op in CLAMPING and scale(chain[-1].name) is not None:
-            return scale(chain[-1].name)
+            return of(chain[-1].name)
         if scale(old.name) is not None:
-            return scale(old.name)
+            return of(old.name)
         for c in chain:
             if scale(c.name) is not None:
-                return scale(c.name)
-        return self.scale_for(old, "for its output")
+                return of(c.name)
+        return self.qparams_for(old, "for its output")
 
     def model_scale(self, name: str) -> float | None:
         """The scale a QDQ model gives this tensor, where it gives one."""
@@ -172,25 +188,45 @@ class _Quantizer:
         if id(n) not in self.scale:
             return n
         if id(n) not in self.deq:
-            self.deq[id(n)] = Node("dequantize", [n], _shift_or_scale(self.scale[id(n)]), name=f"{n.name}/dequantize")
+            attrs = {**_shift_or_scale(self.scale[id(n)]), **self._zp_attr(n)}
+            self.deq[id(n)] = Node("dequantize", [n], attrs, name=f"{n.name}/dequantize")
         return self.deq[id(n)]
 
-    def as_int8(self, n: Node, old: Node, consumer: Node) -> tuple[Node, float]:
+    def _zp_attr(self, n: Node) -> dict:
+        z = self.zp.get(id(n), 0)
+        return {"zero_point": z} if z else {}
+
+    def as_int8(self, n: Node, old: Node, consumer: Node) -> tuple[Node, float, int]:
+        """(int8 node, scale, zero point) of consumer input n (old: the float graph's node)."""
         if id(n) in self.scale:
-            return n, self.scale[id(n)]
+            return n, self.scale[id(n)], self.zp.get(id(n), 0)
         if n.is_const:
             k = pow2_shift(float(np.max(np.abs(n.value))) if n.value.size else 0.0)
             return Node.const(np.clip(np.rint(n.value * 2.0 ** k), -INT8_MAX, INT8_MAX).astype(np.int8),
-                              name=f"{n.name}/q"), 2.0 ** -k
+                              name=f"{n.name}/q"), 2.0 ** -k, 0
         if id(n) not in self.q:
-            s = self.scale_for(old, f"as input of {consumer.op} '{consumer.name}'")
-            self.q[id(n)] = Node("quantize", [n], _shift_or_scale(s), name=f"{n.name}/quantize")
-            self.scale[id(self.q[id(n)])] = s
-        return self.q[id(n)], self.scale[id(self.q[id(n)])]
+            s, z = self.qparams_for(old, f"as input of {consumer.op} '{consumer.name}'")
+            q = Node("quantize", [n], {**_shift_or_scale(s), **({"zero_point": z} if z else {})},
+                     name=f"{n.name}/quantize")
+            self.q[id(n)] = self.mark(q, s, z)
+        q = self.q[id(n)]
+        return q, self.scale[id(q)], self.zp.get(id(q), 0)
 
-    def mark(self, n: Node, s: float) -> Node:
+    def mark(self, n: Node, s: float, z: int = 0) -> Node:
         self.scale[id(n)] = s
+        if z:
+            self.zp[id(n)] = z
         return n
+
+    def floating(self, ins: list[Node], n: Node) -> Node:
+        """n computed in float from dequantized inputs (its consumers quantize again where they need to).
+        A float input that a QDQ model quantizes is rounded as the model's Q/DQ pair rounds it."""
+        new_ins = []
+        for i, o in zip(ins, n.inputs):
+            if id(i) not in self.scale and not i.is_const and self.model_scale(o.name) is not None:
+                i = self.as_int8(i, o, n)[0]
+            new_ins.append(self.as_float(i))
+        return n if all(a is b for a, b in zip(new_ins, n.inputs)) else n.with_inputs(new_ins)
 
     def weights(self, n: Node) -> tuple[np.ndarray, np.ndarray]:
         """(int8 weights, scale: one, or one per output channel): a QDQ model's own int8 values when
@@ -219,11 +255,19 @@ class _Quantizer:
     # ---- per-op rules ------------------------------------------------------------------------
     def gemm(self, ins: list[Node], old: Node) -> Node:
         n = old
-        x, sx = self.as_int8(ins[0], old.inputs[0], n)
+        x, sx, zx = self.as_int8(ins[0], old.inputs[0], n)
         wq, sw = self.weights(n)
-        so = self.out_scale(old)
+        so, zo = self.out_qparams(old)
         b = n.inputs[2].value.astype(np.float64) if len(n.inputs) == 3 else np.zeros(wq.shape[0])
         attrs = {k: v for k, v in n.attrs.items()}
+        if zx and n.op == "conv2d" and any(attrs["pads"]):
+            # the input's zero point is its real 0: pad with it explicitly (the conv's own padding is 0s)
+            pt, pl, pb, pr = attrs["pads"]
+            x = self.mark(Node("pad", [x], {"pads": (0, 0, pt, pl, 0, 0, pb, pr), "mode": "constant",
+                                             "value": float(zx)}, name=f"{n.name}/pad_zero_point"), sx, zx)
+            attrs["pads"] = (0, 0, 0, 0)
+        if zo:
+            attrs["out_zp"] = zo
         extra: list[Node] = []   # per-channel multipliers, the fourth input
         if sw.ndim:  # per output channel (a QDQ model's): one multiplier per channel, no rounding half in the bias
             s, muls = self.per_channel(n, sx, sw, so)
@@ -246,6 +290,8 @@ class _Quantizer:
                 half = 0
                 attrs.update(in_shift=s, w_shift=0, out_shift=0, mul=mul)
         bq = np.rint(b / (sx * sw)) + half
+        if zx:  # sum(w (x - zx)) = sum(w x) - zx sum(w): the input zero point's share, per output channel
+            bq = bq - zx * wq.reshape(wq.shape[0], -1).astype(np.int64).sum(axis=1)
         if np.abs(bq).max(initial=0) >= 2 ** 31:
             raise QuantizeError(f"quantize: {n.op} '{n.name}': bias does not fit int32 at {at_scale}")
         q = Node("q" + n.op, [x, Node.const(wq, name=f"{n.name}/wq"), Node.const(bq.astype(np.int32), name=f"{n.name}/bq"),
@@ -253,12 +299,14 @@ class _Quantizer:
         self.layers.append({"name": n.name, "op": q.op, "in_scale": sx, "w_scale": float(np.max(sw)), "out_scale": so,
                             "shr": s, "mul": mul, "w_absmax": float(np.max(np.abs(n.inputs[1].value))),
                             "w_use": float(np.max(np.abs(wq))) / INT8_MAX})
-        return self.mark(q, so)
+        return self.mark(q, so, zo)
 
     def add(self, ins: list[Node], old: Node) -> Node:
         n = old
-        (a, sa), (b, sb) = (self.as_int8(i, o, n) for i, o in zip(ins, old.inputs))
-        so = self.out_scale(old)
+        (a, sa, za), (b, sb, zb) = (self.as_int8(i, o, n) for i, o in zip(ins, old.inputs))
+        so, zo = self.out_qparams(old)
+        if za or zb or zo:   # asymmetric operands: in float, as the QDQ model's arithmetic defines it
+            return self.floating(ins, n)
         ka, kb, ko = pow2_exponent(sa), pow2_exponent(sb), pow2_exponent(so)
         if None not in (ka, kb, ko):
             attrs = {"a_shift": ka, "b_shift": kb, "out_shift": ko}
@@ -273,18 +321,24 @@ class _Quantizer:
         return self.mark(q, so)
 
     def preserving(self, ins: list[Node], n: Node) -> Node:
-        s = self.scale[id(ins[0])]
+        s, z = self.scale[id(ins[0])], self.zp.get(id(ins[0]), 0)
+        t = self.model_scale(n.name) if n.op in CLAMPING else None
+        if z and t is not None and (t != s or self.cal.zero_points.get(n.name, 0) != z):
+            return self.floating(ins, n)   # an asymmetric clamp quantized anew: as the model does, in float
         attrs = dict(n.attrs)
+        lo = -128 if z else -INT8_MAX
+        if n.op == "relu" and z:   # max(x, 0) at a zero point: the clamp at z
+            n, attrs = Node("clip", n.inputs, {"min": 0.0, "max": None}, name=n.name, origin=n.origin), \
+                {"min": 0.0, "max": None}
         if n.op == "clip":
             for key in ("min", "max"):
                 if attrs[key] is not None:
-                    attrs[key] = float(max(-INT8_MAX, min(INT8_MAX, round(attrs[key] / s))))
+                    attrs[key] = float(max(lo, min(INT8_MAX, round(attrs[key] / s) + z)))
         if n.op == "pad":
-            attrs["value"] = float(np.clip(np.rint(attrs["value"] / s), -INT8_MAX, INT8_MAX))
+            attrs["value"] = float(np.clip(np.rint(attrs["value"] / s) + z, lo, INT8_MAX))
         out = n.with_inputs(ins, attrs=attrs)
-        t = self.model_scale(n.name) if n.op in CLAMPING else None
         if t is None or t == s:
-            return self.mark(out, s)
+            return self.mark(out, s, z)
         # a QDQ model quantizes the clamp's output at a scale of its own: requantize as it does
         return self.mark(Node("requantize", [out], self.requant_attrs(s, t, f"{n.op} '{n.name}'"),
                               name=f"{n.name}/requantize"), t)
@@ -298,6 +352,9 @@ class _Quantizer:
         return {"in_shift": sh, "out_shift": 0, "mul": mul}
 
     def concat(self, ins: list[Node], n: Node) -> Node:
+        if any(self.zp.get(id(i), 0) for i in ins):
+            qp = {(self.scale[id(i)], self.zp.get(id(i), 0)) for i in ins}
+            return self.mark(n.with_inputs(ins), *qp.pop()) if len(qp) == 1 else self.floating(ins, n)
         s = max(self.scale[id(i)] for i in ins)  # the coarsest scale holds every input's range
         out = []
         for i in ins:
@@ -323,8 +380,7 @@ class _Quantizer:
             return self.preserving(ins, n)
         if n.op == "concat" and all(id(i) in self.scale for i in ins):
             return self.concat(ins, n)
-        new_ins = [self.as_float(i) for i in ins]
-        return n if all(a is b for a, b in zip(new_ins, n.inputs)) else n.with_inputs(new_ins)
+        return self.floating(ins, n)
 
 
 def quantize(graph: Graph, calibration: Calibration) -> Graph:
