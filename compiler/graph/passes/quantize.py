@@ -137,9 +137,6 @@ class _Quantizer:
         self.q: dict[int, Node] = {}
         self.layers: list[dict] = []
 
-    def scale_for(self, old: Node, why: str) -> float:
-        return self.qparams_for(old, why)[0]
-
     def qparams_for(self, old: Node, why: str) -> tuple[float, int]:
         """(scale, zero point) to quantize tensor `old` at."""
         src = old
@@ -298,7 +295,7 @@ class _Quantizer:
                               *extra], attrs, name=n.name, origin=n.origin)
         self.layers.append({"name": n.name, "op": q.op, "in_scale": sx, "w_scale": float(np.max(sw)), "out_scale": so,
                             "shr": s, "mul": mul, "w_absmax": float(np.max(np.abs(n.inputs[1].value))),
-                            "w_use": float(np.max(np.abs(wq))) / INT8_MAX})
+                            "w_use": float(np.max(np.abs(wq))) / INT8_MAX, "in_zp": zx, "out_zp": zo})
         return self.mark(q, so, zo)
 
     def add(self, ins: list[Node], old: Node) -> Node:
