@@ -11,9 +11,12 @@ Reports, as JSON (bench/results/e2e.json) and on stdout:
   beats each way), which say how much of the gap to the ideal the architecture leaves, and a floor
   no layer-by-layer mapping can beat (the ideal, or the layer's activations read and its result
   written once over the bus, whichever is slower).
-The accelerator module also runs once on fsim and its output is compared with onnxruntime.
+The accelerator module also runs once on fsim and its output is compared with onnxruntime. Each net
+is also quantized by onnxruntime's tools with their defaults (asymmetric int8 activations) and that
+QDQ model compiled and compared with onnxruntime's int8 result in output units (bench_qdq).
 
-    python bench/e2e.py [--config default] [--nets resnet18,mobilenetv2] [--repeat 10] [--no-tsim] [--tune [LOG]]
+    python bench/e2e.py [--config default] [--nets resnet18,mobilenetv2] [--repeat 10] [--no-tsim] [--no-qdq]
+                        [--tune [LOG]]
 """
 from __future__ import annotations
 
@@ -140,7 +143,61 @@ def tsim_cycles(mod, step) -> tuple[int, str]:
     return Tsim(mod.config).run_insns(insns, step.insn_addr).cycles, "sim.tsim"
 
 
-def bench_net(name: str, cfg_name: str, repeat: int, use_tsim: bool, log, tune=None) -> dict:
+def bench_qdq(model, feeds, cfg, log, name: str) -> dict:
+    """The network as onnxruntime's quantizer exports it by default (pre-processing, static QDQ,
+    asymmetric int8 activations with zero points, int8 weights; calibrated on feeds[:-1]), compiled
+    for the accelerator with its own scales and zero points and run on fsim: the output's distance
+    from onnxruntime's own int8 result in output units (its unfused QDQ arithmetic, and its fused
+    kernels), the cosine to the float model, the MACs offloaded and the CPU steps holding the zero-point
+    pads (the accelerator's LOAD pads with 0)."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quant_pre_process, quantize_static
+
+    from compiler import build_model
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(feeds[:-1])
+
+        def get_next(self):
+            return next(self.it, None)
+    with tempfile.TemporaryDirectory() as d:
+        onnx.save(model, f"{d}/m.onnx")
+        quant_pre_process(f"{d}/m.onnx", f"{d}/p.onnx")
+        quantize_static(f"{d}/p.onnx", f"{d}/q.onnx", Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+        qm = onnx.load(f"{d}/q.onnx")
+    feed = feeds[-1]
+    t0 = time.perf_counter()
+    mod = build_model(qm, target="accel", config=cfg)
+    r = {"compile_s": time.perf_counter() - t0}
+    got = next(iter(mod.run(feed)[0].values()))
+    inits = {t.name: numpy_helper.to_array(t) for t in qm.graph.initializer}
+    dq = [n for n in qm.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == qm.graph.output[0].name]
+    unit = float(inits[dq[0].input[1]]) if dq else None
+    for key, level in (("unfused", ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+                       ("fused", ort.GraphOptimizationLevel.ORT_ENABLE_ALL)):
+        so = ort.SessionOptions()
+        so.graph_optimization_level = level
+        want = ort.InferenceSession(qm.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        r[f"max_units_vs_ort_{key}"] = float(np.abs(got - want).max() / unit) if unit else None
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    r["cosine_vs_float"] = cosine(got, ref)
+    macs = mod.meta["macs"]
+    r["offload_fraction"] = macs["accel"] / (macs["accel"] + macs["cpu"])
+    r["zero_point_pad_steps"] = sum(1 for s in mod.steps if "pad_zero_point" in s.name)
+    log(f"{name}: onnxruntime's default QDQ export (asymmetric int8): {r['max_units_vs_ort_unfused']:.2f} output "
+        f"units from its unfused int8 result, {r['max_units_vs_ort_fused']:.2f} from its fused kernels; cosine vs "
+        f"float {r['cosine_vs_float']:.4f}; {r['offload_fraction']:.1%} of MACs offloaded; "
+        f"{r['zero_point_pad_steps']} CPU steps holding zero-point pads")
+    return r
+
+
+def bench_net(name: str, cfg_name: str, repeat: int, use_tsim: bool, log, tune=None, qdq: bool = True) -> dict:
     import onnxruntime as ort
 
     from accel.isa import resolve_config
@@ -205,6 +262,8 @@ def bench_net(name: str, cfg_name: str, repeat: int, use_tsim: bool, log, tune=N
     r["accel_same_top1"] = bool(np.argmax(got) == np.argmax(ref))
     log(f"{name}: fsim run {r['fsim_run_s']:.1f} s, cosine vs onnxruntime {r['accel_cosine_vs_ort']:.4f}")
     r["cpu_part_time_s"] = profile_summary(prof)["cpu_time_s"]
+    if qdq:
+        r["qdq"] = bench_qdq(model, feeds, cfg, log, name)
 
     if use_tsim:
         layers = []
@@ -277,6 +336,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-tsim", action="store_true", help="skip the timing model (slow on whole networks)")
     p.add_argument("--tune", nargs="?", const=True, default=None, metavar="LOG",
                    help="tilings measured on tsim (build_model(tune=...)); with LOG, a tuning log")
+    p.add_argument("--no-qdq", action="store_true", help="skip onnxruntime's quantized export of each net")
     p.add_argument("-o", "--output", default=str(Path(__file__).parent / "results" / "e2e.json"))
     args = p.parse_args(argv)
     from accel.isa import resolve_config
@@ -289,7 +349,8 @@ def main(argv=None) -> int:
                "machine": platform.machine(), "cpus": len(os.sched_getaffinity(0)),
                "python": platform.python_version(), "nets": []}
     for name in args.nets.split(","):
-        results["nets"].append(bench_net(name, args.config, args.repeat, not args.no_tsim, log, args.tune))
+        results["nets"].append(bench_net(name, args.config, args.repeat, not args.no_tsim, log, args.tune,
+                                         not args.no_qdq))
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(results, indent=2, default=str))
