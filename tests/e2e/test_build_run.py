@@ -177,6 +177,51 @@ def test_e2e_onnxruntime_qdq_model_asymmetric_activations(tmp_path, name, target
     _check_qdq_outputs(mod, qm, feeds[4:], name, fuse_qdq=False)
 
 
+@pytest.mark.parametrize("target", ["accel", "cpu"])
+def test_e2e_qdq_model_mixing_symmetric_and_asymmetric_activations(target):
+    """A hand-written QDQ model: symmetric int8 into and out of a padded conv, then a ReLU whose
+    output the model quantizes asymmetrically (its own scale, zero point -128), then a second conv
+    reading that asymmetric tensor. The clamp is requantized as the model does it (in float), the
+    second conv folds the zero point and pads with it: within one output unit of onnxruntime."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(4)
+    inits, nodes = [], []
+
+    def qdq(name, scale, zp):
+        inits.extend([numpy_helper.from_array(np.float32(scale), f"{name}_s"),
+                      numpy_helper.from_array(np.int8(zp), f"{name}_z")])
+        nodes.append(helper.make_node("QuantizeLinear", [name, f"{name}_s", f"{name}_z"], [f"{name}_q"]))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"]))
+        return f"{name}_dq"
+
+    def conv(name, x, xs, c, o, ws):   # int8 weights and an int32 bias at xs * ws, as onnxruntime stores them
+        w = rng.integers(-127, 128, (o, c, 3, 3)).astype(np.int8)
+        b = rng.integers(-2000, 2000, o).astype(np.int32)
+        inits.extend([numpy_helper.from_array(w, f"{name}_wq"), numpy_helper.from_array(np.float32(ws), f"{name}_ws"),
+                      numpy_helper.from_array(np.int8(0), f"{name}_wz"), numpy_helper.from_array(b, f"{name}_bq"),
+                      numpy_helper.from_array(np.float32(xs * ws), f"{name}_bs"),
+                      numpy_helper.from_array(np.int32(0), f"{name}_bz")])
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_wq", f"{name}_ws", f"{name}_wz"], [f"{name}_w"]))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_bq", f"{name}_bs", f"{name}_bz"], [f"{name}_b"]))
+        nodes.append(helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [name], pads=[1, 1, 1, 1]))
+        return name
+    # scales like a calibrator's (round ones would make exact ties, which onnxruntime rounds to even)
+    y = qdq(conv("c1", qdq("x", 0.0513, 0), 0.0513, 16, 16, 0.00417), 0.0937, 0)
+    nodes.append(helper.make_node("Relu", [y], ["r"]))
+    out = qdq(conv("c2", qdq("r", 0.0351, -128), 0.0351, 16, 16, 0.00293), 0.0811, 0)
+    g = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 6, 6])],
+                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, 16, 6, 6])], inits)
+    qm = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    mod = compiler.build_model(qm, target=target, config="default")
+    assert (mod.count("accel") >= 1) == (target == "accel") and not mod.meta["warnings"]
+    for seed in range(3):
+        # inside x's range: symmetric int8 saturates at -127 here, at -128 in onnxruntime
+        f = {"x": np.random.default_rng(seed).normal(0, 1, (1, 16, 6, 6)).astype(np.float32)}
+        got, _, _ = _run_bit_exact(mod, f, "mixed")
+        want = ort_run(qm, f, False)[0]
+        assert np.abs(got - want).max() <= 0.0811 * (1 + 1e-5), np.abs(got - want).max() / 0.0811
+
+
 @pytest.mark.parametrize("name", ["conv_bn_relu_pool"])
 def test_e2e_asymmetric_activations_at_power_of_two_scales(tmp_path, name):
     """The shift path with zero points: the output's zero point rides on the bias (zp 2^s added before

@@ -7,13 +7,13 @@ scales (`import_qdq`); weight shifts from the weights. A QDQ model's scales are 
 (Calibration.scales, and the int8 weights of its folded DequantizeLinear, graph.meta['weight_scales']):
 where one is not a power of two the layer requantizes in fixed point instead (a 24-bit multiplier
 and a rounding shift, compiler.graph.ops.fixed_multiplier; qadd and concat likewise), as the model's int8
-arithmetic does. Its asymmetric activations keep their zero points (onnxruntime's default export): a
-conv/dense folds the input's into its bias (-zx sum(w); a padded conv reads an explicit pad holding
+arithmetic does. Its asymmetric activations keep their zero points (onnxruntime's default export):
+a conv/dense folds the input's into its bias (-zx sum(w); a padded conv reads an explicit pad holding
 zx), adds the output's before saturating to [-128, 127] (attr out_zp); ReLU becomes the clamp at the
-zero point; adds and concats of asymmetric tensors run in float, from the model's rounded inputs. conv2d/dense with constant weights become qconv2d/qdense; add of activations
-becomes qadd; ops exact on int8 with an unchanged scale (relu, clip, max pooling, reshape,
-transpose, slice, pad by zero, concat) stay int8; everything else runs in float between
-dequantize/quantize nodes.
+zero point; adds and concats of asymmetric tensors run in float, from the model's rounded inputs.
+conv2d/dense with constant weights become qconv2d/qdense; add of activations becomes qadd; ops
+exact on int8 with an unchanged scale (relu, clip, max pooling, reshape, transpose, slice, pad by
+zero, concat) stay int8; everything else runs in float between dequantize/quantize nodes.
 """
 from __future__ import annotations
 
@@ -320,8 +320,9 @@ class _Quantizer:
     def preserving(self, ins: list[Node], n: Node) -> Node:
         s, z = self.scale[id(ins[0])], self.zp.get(id(ins[0]), 0)
         t = self.model_scale(n.name) if n.op in CLAMPING else None
-        if z and t is not None and (t != s or self.cal.zero_points.get(n.name, 0) != z):
-            return self.floating(ins, n)   # an asymmetric clamp quantized anew: as the model does, in float
+        zt = self.cal.zero_points.get(n.name, 0) if t is not None else z
+        if (z or zt) and t is not None and (t, zt) != (s, z):
+            return self.floating(ins, n)   # a clamp the model quantizes anew, asymmetric: as it does, in float
         attrs = dict(n.attrs)
         lo = -128 if z else -INT8_MAX
         if n.op == "relu" and z:   # max(x, 0) at a zero point: the clamp at z
