@@ -429,7 +429,7 @@ class Fsim:
         plan = loop.derived["cluster"]
         if plan is None:
             return False
-        c, (fdt, groups, dst, distinct) = self.cfg, plan
+        c, (fdt, groups, dst, touched) = self.cfg, plan
         inp_f, wgt_f = self._floats()
         ys = []
         for src_idx, wgt_idx in groups:
@@ -443,9 +443,8 @@ class Fsim:
             ys.append(y.transpose(2, 0, 1, 3).reshape(-1, c.batch, c.block_out))
         # exact integers: int32 holds any float32-exact sum and wraps like a 32-bit accumulator
         y = np.concatenate(ys).astype(np.int32 if fdt == np.float32 else np.int64)
-        if not distinct:
+        if touched is not None:   # destinations repeat: sum per entry first
             self._accumulate_sorted(dst, y)
-            touched = np.unique(dst)
             self.out[touched] = wrap(self.acc[touched], c.out_width)
             return True
         self.acc[dst] = self._wrapped_sum(self.acc[dst], y)
@@ -454,8 +453,8 @@ class Fsim:
 
     def _make_cluster_plan(self, insn: Gemm, u: np.ndarray):
         """Index plan of _gemm_clustered: (float type, [(src rows x K, wgt n x K) per group of
-        clusters], destinations as a slice or index array, whether they are distinct), or None
-        when the instruction does not fit the pattern."""
+        clusters], destinations as a slice or index array, the distinct entries when some repeat,
+        else None), or None when the instruction does not fit the pattern."""
         c = self.cfg
         heads, inverse = np.unique(u[:, 0], return_inverse=True)
         counts = np.bincount(inverse)
@@ -479,10 +478,11 @@ class Fsim:
             dsts.append((heads[members][:, None] + off_d[None, :]).reshape(-1))
         dst = np.concatenate(dsts)
         distinct = bool(np.bincount(dst).max() == 1)
+        touched = None if distinct else np.unique(dst)
         lo = int(dst[0])
         if distinct and int(dst[-1]) - lo == dst.size - 1 and (np.diff(dst) == 1).all():
             dst = slice(lo, lo + dst.size)                 # one contiguous run: views, no gathers
-        return fdt, groups, dst, distinct
+        return fdt, groups, dst, touched
 
     def _wrapped_sum(self, acc: np.ndarray, y: np.ndarray) -> np.ndarray:
         """acc + y wrapped to acc_width. Integer casts in numpy are modular, so an int32 sum that
