@@ -150,27 +150,12 @@ def bench_qdq(model, feeds, cfg, log, name: str) -> dict:
     from onnxruntime's own int8 result in output units (its unfused QDQ arithmetic, and its fused
     kernels), the cosine to the float model, the MACs offloaded and the CPU steps holding the zero-point
     pads (the accelerator's LOAD pads with 0)."""
-    import tempfile
-
-    import onnx
     import onnxruntime as ort
     from onnx import numpy_helper
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quant_pre_process, quantize_static
 
     from compiler import build_model
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(feeds[:-1])
-
-        def get_next(self):
-            return next(self.it, None)
-    with tempfile.TemporaryDirectory() as d:
-        onnx.save(model, f"{d}/m.onnx")
-        quant_pre_process(f"{d}/m.onnx", f"{d}/p.onnx")
-        quantize_static(f"{d}/p.onnx", f"{d}/q.onnx", Reader(), quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
-        qm = onnx.load(f"{d}/q.onnx")
+    from compiler.frontend.zoo import ort_quantize
+    qm = ort_quantize(model, feeds[:-1])
     feed = feeds[-1]
     t0 = time.perf_counter()
     mod = build_model(qm, target="accel", config=cfg)

@@ -34,7 +34,7 @@ from host_runtime.executor import Step, TensorSpec
 
 from .errors import CompilerError
 from .graph.ir import Graph, Node, format_graph
-from .graph.ops import INT8_MAX, Pattern, get_op, is_fixed_point, requant_shift
+from .graph.ops import INT8_MAX, Pattern, get_op, int8_min, is_fixed_point, requant_shift
 from .module import CompiledModule
 
 log = logging.getLogger(__name__)
@@ -488,7 +488,7 @@ class _Builder:
         i = 0
         while i < len(ops):
             head = ops[i]
-            lo, hi = (-128 if head.attrs.get("out_zp") else -INT8_MAX), INT8_MAX
+            lo, hi = int8_min(head.attrs.get("out_zp", 0)), INT8_MAX
             j = i + 1
             while (j < len(ops) and ops[j].op in CLAMP_OPS and ops[j].inputs[0] is ops[j - 1]
                    and len(users[id(ops[j - 1])]) == 1 and ops[j - 1] is not last):

@@ -1,6 +1,7 @@
 """Small ONNX models built with onnx.helper, seeded: the networks the compiler is tested and
 demonstrated on (conv-bn-relu-pool, a residual block, an MLP, a depthwise-separable block, a
 transformer encoder layer). Each builder returns an onnx.ModelProto; MODELS maps name -> builder.
+ort_quantize gives any model as onnxruntime's quantization tools export it (QDQ).
 """
 from __future__ import annotations
 
@@ -180,3 +181,33 @@ def sample_inputs(model, n: int = 1, seed: int = 1) -> list[dict[str, np.ndarray
             f[vi.name] = rng.standard_normal(shape).astype(dt)
         feeds.append(f)
     return feeds
+
+
+def ort_quantize(model, feeds, per_channel: bool = False, activations: str = "int8"):
+    """The model quantized by onnxruntime's tools as their documentation says: pre-processing (which
+    folds batch norms into convs; newer onnxruntime versions otherwise quantize the batch norm on its
+    own), then static QDQ quantization calibrated on `feeds`, int8 weights (symmetric, per tensor or
+    per output channel). activations: "int8" (the tool's default: asymmetric, with zero points),
+    "uint8", or "symmetric" int8."""
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quant_pre_process,
+                                          quantize_static)
+    if activations not in ("int8", "uint8", "symmetric"):
+        raise ValueError(f"ort_quantize: activations={activations!r}; choose int8, uint8 or symmetric")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+    with tempfile.TemporaryDirectory() as d:
+        onnx.save(model, f"{d}/m.onnx")
+        quant_pre_process(f"{d}/m.onnx", f"{d}/p.onnx")
+        quantize_static(f"{d}/p.onnx", f"{d}/q.onnx", Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8,
+                        weight_type=QuantType.QInt8, per_channel=per_channel,
+                        extra_options={"ActivationSymmetric": activations == "symmetric", "WeightSymmetric": True})
+        return onnx.load(f"{d}/q.onnx")

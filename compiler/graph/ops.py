@@ -581,10 +581,15 @@ def shift_floor(acc: np.ndarray, s: int) -> np.ndarray:
     return acc >> s if s >= 0 else acc << (-s)
 
 
+def int8_min(zero_point: int = 0) -> int:
+    """The lowest int8 value of a tensor: -127 in the symmetric flow; a tensor with a zero point (a
+    QDQ model's asymmetric activations) uses the whole [-128, 127], as ONNX QuantizeLinear does."""
+    return -128 if zero_point else INT8_MIN
+
+
 def clip_int8(v: np.ndarray, zero_point: int = 0) -> np.ndarray:
-    """Saturate to int8: [-127, 127] in the symmetric flow; a tensor with a zero point (a QDQ
-    model's asymmetric activations) uses the whole [-128, 127], as ONNX QuantizeLinear does."""
-    return np.clip(v, -128 if zero_point else INT8_MIN, INT8_MAX).astype(np.int8)
+    """Saturate to int8: [int8_min(zero_point), 127]."""
+    return np.clip(v, int8_min(zero_point), INT8_MAX).astype(np.int8)
 
 
 def wrap_int32(v: np.ndarray) -> np.ndarray:

@@ -80,29 +80,9 @@ def test_e2e_accel_target_bit_exact_and_within_quantization_error(net, config):
     assert "total:" in format_profile(ex.profile, mod.config)
 
 
-class _Reader:
-    def __init__(self, feeds):
-        self.it = iter(feeds)
-
-    def get_next(self):
-        return next(self.it, None)
-
-
-def _ort_qdq(tmp_path, model, feeds, per_channel: bool = False, activations: str = "symmetric"):
-    """The model quantized by onnxruntime's tools as their documentation says: pre-processing (which
-    folds batch norms into convs; newer onnxruntime versions otherwise quantize the batch norm on its
-    own), then static QDQ quantization calibrated on `feeds`. activations: "symmetric" int8,
-    "int8" (the tool's default: asymmetric int8 with zero points) or "uint8"."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quant_pre_process,
-                                          quantize_static)
-    onnx.save(model, tmp_path / "m.onnx")
-    quant_pre_process(str(tmp_path / "m.onnx"), str(tmp_path / "p.onnx"))
-    reader = type("Reader", (_Reader, CalibrationDataReader), {})(feeds)
-    quantize_static(str(tmp_path / "p.onnx"), str(tmp_path / "q.onnx"), reader, quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8,
-                    weight_type=QuantType.QInt8, per_channel=per_channel,
-                    extra_options={"ActivationSymmetric": activations == "symmetric", "WeightSymmetric": True})
-    return onnx.load(tmp_path / "q.onnx")
+def test_ort_quantize_refuses_an_unknown_activation_type():
+    with pytest.raises(ValueError, match=r"activations='fp8'; choose int8, uint8 or symmetric"):
+        zoo.ort_quantize(zoo.mlp(), [], activations="fp8")
 
 
 def _pow2_scales(qm):
@@ -124,10 +104,10 @@ def _output_scale(qm) -> float:
 
 
 @pytest.mark.parametrize("name", ["conv_bn_relu_pool", "mlp"])
-def test_e2e_onnxruntime_qdq_model_matches_its_int8_result(tmp_path, name):
+def test_e2e_onnxruntime_qdq_model_matches_its_int8_result(name):
     m = zoo.MODELS[name]()
     feeds = zoo.sample_inputs(m, 6, seed=2)
-    qm = _pow2_scales(_ort_qdq(tmp_path, m, feeds[:4]))
+    qm = _pow2_scales(zoo.ort_quantize(m, feeds[:4], activations="symmetric"))
     mod = compiler.build_model(qm, target="accel", config="default",  # no calibration: the QDQ scales
                                force_target={"qdense": "accel"})  # small-batch dense is memory-bound: on by force
     assert mod.count("accel") >= 1 and not mod.meta["warnings"]
@@ -140,14 +120,14 @@ def test_e2e_onnxruntime_qdq_model_matches_its_int8_result(tmp_path, name):
 
 @pytest.mark.parametrize("target", ["accel", "cpu"])
 @pytest.mark.parametrize("name", ["conv_bn_relu_pool", "mlp", "residual_block"])
-def test_e2e_onnxruntime_qdq_model_own_scales_match_its_int8_result(tmp_path, name, target):
+def test_e2e_onnxruntime_qdq_model_own_scales_match_its_int8_result(name, target):
     """The model as onnxruntime's quantizer exports it (scales that are not powers of two): its
     own int8 weights and scales, fixed-point requantization (ALU SCALE on the accelerator, int64
     CPU kernels), equal to our int8 reference bit for bit and to onnxruntime's int8 result within
     one output unit."""
     m = zoo.MODELS[name]()
     feeds = zoo.sample_inputs(m, 6, seed=2)
-    qm = _ort_qdq(tmp_path, m, feeds[:4])
+    qm = zoo.ort_quantize(m, feeds[:4], activations="symmetric")
     mod = compiler.build_model(qm, target=target, config="default", force_target={"qdense": "accel"})
     assert (mod.count("accel") >= 1) == (target == "accel") and not mod.meta["warnings"]
     fixed = [n for n in _all_nodes(mod.graph) if n.op in ("qconv2d", "qdense") and n.attrs.get("mul", 1) != 1]
@@ -159,7 +139,7 @@ def test_e2e_onnxruntime_qdq_model_own_scales_match_its_int8_result(tmp_path, na
 @pytest.mark.parametrize("activations", ["int8", "uint8"])
 @pytest.mark.parametrize("target", ["accel", "cpu"])
 @pytest.mark.parametrize("name", ["conv_bn_relu_pool", "mlp", "residual_block"])
-def test_e2e_onnxruntime_qdq_model_asymmetric_activations(tmp_path, name, target, activations, per_channel):
+def test_e2e_onnxruntime_qdq_model_asymmetric_activations(name, target, activations, per_channel):
     """onnxruntime's default export: asymmetric activations (int8 or uint8 with zero points). The
     zero points are kept: the input's folded into the bias (a padded conv reads an explicit pad with
     it), the output's added before the clamp to [-128, 127]; asymmetric adds run in float as the
@@ -169,7 +149,7 @@ def test_e2e_onnxruntime_qdq_model_asymmetric_activations(tmp_path, name, target
     result on these models, as in the per-channel test below)."""
     m = zoo.MODELS[name]()
     feeds = zoo.sample_inputs(m, 6, seed=2)
-    qm = _ort_qdq(tmp_path, m, feeds[:4], per_channel, activations)
+    qm = zoo.ort_quantize(m, feeds[:4], per_channel, activations)
     mod = compiler.build_model(qm, target=target, config="default", force_target={"qdense": "accel"})
     assert (mod.count("accel") >= 1) == (target == "accel") and not mod.meta["warnings"]
     zps = [n for n in _all_nodes(mod.graph) if n.attrs.get("out_zp") or n.attrs.get("zero_point")]
@@ -223,13 +203,13 @@ def test_e2e_qdq_model_mixing_symmetric_and_asymmetric_activations(target):
 
 
 @pytest.mark.parametrize("name", ["conv_bn_relu_pool"])
-def test_e2e_asymmetric_activations_at_power_of_two_scales(tmp_path, name):
+def test_e2e_asymmetric_activations_at_power_of_two_scales(name):
     """The shift path with zero points: the output's zero point rides on the bias (zp 2^s added before
     the REQUANT shift), so the accelerator still requantizes in one pass. (As in the symmetric test
     above, deeper nets at power-of-two scales meet exact ties, which onnxruntime rounds to even.)"""
     m = zoo.MODELS[name]()
     feeds = zoo.sample_inputs(m, 6, seed=2)
-    qm = _pow2_scales(_ort_qdq(tmp_path, m, feeds[:4], activations="int8"))
+    qm = _pow2_scales(zoo.ort_quantize(m, feeds[:4]))
     mod = compiler.build_model(qm, target="accel", config="default")
     shifted = [n for n in _all_nodes(mod.graph) if n.op == "qconv2d" and n.attrs.get("out_zp")
                and n.attrs.get("mul", 1) == 1]
@@ -238,7 +218,7 @@ def test_e2e_asymmetric_activations_at_power_of_two_scales(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["conv_bn_relu_pool", "mlp", "residual_block"])
-def test_e2e_onnxruntime_qdq_model_per_channel_weights(tmp_path, name):
+def test_e2e_onnxruntime_qdq_model_per_channel_weights(name):
     """Per-output-channel weight scales (what PyTorch exports): one fixed-point multiplier per
     channel (per-lane SCALE operands on the accelerator), bit-exact against the reference, within
     one output unit of the QDQ model as written.
@@ -246,7 +226,7 @@ def test_e2e_onnxruntime_qdq_model_per_channel_weights(tmp_path, name):
     unfused result by tens of units on x86 without VNNI (16-bit saturation; measured on Zen 3)."""
     m = zoo.MODELS[name]()
     feeds = zoo.sample_inputs(m, 6, seed=2)
-    qm = _ort_qdq(tmp_path, m, feeds[:4], per_channel=True)
+    qm = zoo.ort_quantize(m, feeds[:4], per_channel=True, activations="symmetric")
     mod = compiler.build_model(qm, target="accel", config="default", force_target={"qdense": "accel"})
     per_channel = [n for n in _all_nodes(mod.graph) if n.op in ("qconv2d", "qdense") and len(n.inputs) == 4]
     assert per_channel and not mod.meta["warnings"]

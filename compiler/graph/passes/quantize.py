@@ -25,7 +25,7 @@ import numpy as np
 from ..interpret import run
 from ..errors import QuantizeError
 from ..ir import Graph, Node
-from ..ops import INT8_MAX, fixed_multiplier
+from ..ops import INT8_MAX, fixed_multiplier, int8_min
 
 SHIFT_RANGE = (-8, 24)  # activation/weight shifts outside this are clamped (and reported)
 SHR_RANGE = (-32, 31)  # what one SHR of a 32-bit accumulator can do (AluOp.SHR, acc_width 32)
@@ -112,10 +112,11 @@ def calibrate(graph: Graph, samples) -> Calibration:
     return cal
 
 
-def _shift_or_scale(scale: float) -> dict:
-    """quantize/dequantize attrs for a tensor scale: a shift when it is a power of two."""
+def _qparam_attrs(scale: float, zero_point: int = 0) -> dict:
+    """quantize/dequantize attrs for a tensor scale (a shift when it is a power of two) and zero point."""
     k = pow2_exponent(scale)
-    return {"shift": k} if k is not None else {"scale": scale}
+    attrs = {"shift": k} if k is not None else {"scale": scale}
+    return {**attrs, "zero_point": zero_point} if zero_point else attrs
 
 
 def _fixed(real: float, what: str) -> tuple[int, int]:
@@ -185,13 +186,9 @@ class _Quantizer:
         if id(n) not in self.scale:
             return n
         if id(n) not in self.deq:
-            attrs = {**_shift_or_scale(self.scale[id(n)]), **self._zp_attr(n)}
+            attrs = _qparam_attrs(self.scale[id(n)], self.zp.get(id(n), 0))
             self.deq[id(n)] = Node("dequantize", [n], attrs, name=f"{n.name}/dequantize")
         return self.deq[id(n)]
-
-    def _zp_attr(self, n: Node) -> dict:
-        z = self.zp.get(id(n), 0)
-        return {"zero_point": z} if z else {}
 
     def as_int8(self, n: Node, old: Node, consumer: Node) -> tuple[Node, float, int]:
         """(int8 node, scale, zero point) of consumer input n (old: the float graph's node)."""
@@ -203,8 +200,7 @@ class _Quantizer:
                               name=f"{n.name}/q"), 2.0 ** -k, 0
         if id(n) not in self.q:
             s, z = self.qparams_for(old, f"as input of {consumer.op} '{consumer.name}'")
-            q = Node("quantize", [n], {**_shift_or_scale(s), **({"zero_point": z} if z else {})},
-                     name=f"{n.name}/quantize")
+            q = Node("quantize", [n], _qparam_attrs(s, z), name=f"{n.name}/quantize")
             self.q[id(n)] = self.mark(q, s, z)
         q = self.q[id(n)]
         return q, self.scale[id(q)], self.zp.get(id(q), 0)
@@ -324,7 +320,7 @@ class _Quantizer:
         if (z or zt) and t is not None and (t, zt) != (s, z):
             return self.floating(ins, n)   # a clamp the model quantizes anew, asymmetric: as it does, in float
         attrs = dict(n.attrs)
-        lo = -128 if z else -INT8_MAX
+        lo = int8_min(z)
         if n.op == "relu" and z:   # max(x, 0) at a zero point: the clamp at z
             n, attrs = Node("clip", n.inputs, {"min": 0.0, "max": None}, name=n.name, origin=n.origin), \
                 {"min": 0.0, "max": None}
