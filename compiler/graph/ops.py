@@ -628,7 +628,11 @@ def _quantize():
         if a["scale"]:
             return clip_int8(np.rint(x.astype(np.float32) / np.float32(a["scale"])) + z, z)
         return clip_int8(np.rint(x.astype(np.float64) * 2.0 ** a["shift"]) + z, z)
-    return (lambda n: _t(n.inputs[0].shape, "int8"), impl)
+
+    def infer(n):
+        _check_zero_point(n, "zero_point")
+        return _t(n.inputs[0].shape, "int8")
+    return infer, impl
 
 
 @register("dequantize", Pattern.ELEMWISE, 1, {"shift": 0, "scale": 0.0, "zero_point": 0},
@@ -640,7 +644,11 @@ def _dequantize():
         if a["scale"]:
             return q.astype(np.float32) * np.float32(a["scale"])
         return (q.astype(np.float64) * 2.0 ** -a["shift"]).astype(np.float32)
-    return (lambda n: _t(n.inputs[0].shape, "float32"), impl)
+
+    def infer(n):
+        _check_zero_point(n, "zero_point")
+        return _t(n.inputs[0].shape, "float32")
+    return infer, impl
 
 
 @register("requantize", Pattern.ELEMWISE, 1, {"in_shift": REQUIRED, "out_shift": REQUIRED, "mul": 1},
@@ -683,10 +691,17 @@ def requant_acc(acc: np.ndarray, a, muls: np.ndarray | None = None) -> np.ndarra
 PER_CHANNEL_MUL_LIMIT = 1 << 31
 
 
+def _check_zero_point(n, key: str):
+    z = n.attrs.get(key, 0)
+    if not (isinstance(z, (int, np.integer)) and -128 <= z <= 127):
+        fail(n, f"{key}={z!r} must be an int8 zero point in [-128, 127]")
+
+
 def _check_qint(n):
     x, w, b = (i.dtype for i in n.inputs[:3])
     if (x, w, b) != ("int8", "int8", "int32"):
         fail(n, f"expects int8 input, int8 weight, int32 bias; got {x}, {w}, {b}")
+    _check_zero_point(n, "out_zp")
     if len(n.inputs) == 4:
         m = n.inputs[3]
         if m.dtype != "int64" or m.type.rank != 1:

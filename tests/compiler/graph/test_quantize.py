@@ -204,3 +204,16 @@ def test_qconv2d_per_channel_multipliers_are_checked(muls, attrs, match):
     a = {"in_shift": 20, "w_shift": 0, "out_shift": 0, **attrs}
     with pytest.raises(OpError, match=r"qconv2d 'qc': .*" + match):
         Graph.from_outputs([xin], [Node("qconv2d", [xin, w, b, Node.const(muls)], a, name="qc")])
+
+
+@pytest.mark.parametrize("op, key, bad", [("qconv2d", "out_zp", 128), ("qconv2d", "out_zp", -129),
+                                          ("quantize", "zero_point", 200), ("dequantize", "zero_point", 1.5)])
+def test_zero_points_outside_int8_are_refused_by_name(op, key, bad):
+    """A zero point is an int8 value: anything else names the node, the attribute and the range."""
+    x = Node.input("x", (1, 3, 4, 4), "float32" if op == "quantize" else "int8")
+    with pytest.raises(OpError, match=rf"{op} 'q': {key}={bad!r} must be an int8 zero point in \[-128, 127\]"):
+        if op == "qconv2d":
+            w, b = Node.const(np.ones((2, 3, 1, 1), np.int8)), Node.const(np.zeros(2, np.int32))
+            Node(op, [x, w, b], {"in_shift": 20, "w_shift": 0, "out_shift": 0, key: bad}, name="q")
+        else:
+            Node(op, [x], {"scale": 0.5, key: bad}, name="q")
