@@ -213,10 +213,8 @@ def test_tensor_alu_matches_the_isa_definition(op):
         assert unpack(final[i], n, c.acc_width).tolist() == ref[i].reshape(-1).tolist(), (op.name, i)
 
 
-@pytest.mark.parametrize("width", [16, 32])
-def test_alu_lane_matches_the_isa_definition_at_each_accumulator_width(width):
-    """One lane, combinationally, every op on edge and random operands at both accumulator widths
-    (acc16 configs have 16-bit lanes: no REQUANT shift, a 16-bit SCALE multiplier, k = 0)."""
+def _lane_outputs(width: int, cases: list[tuple[AluOp, int, int]]) -> list[int]:
+    """alu_lane's output for each (op, a, b), combinationally, in Amaranth's simulator."""
     class Lane(Elaboratable):
         def __init__(self):
             self.op, self.a, self.b = Signal(ALU_OPCODE_BITS), Signal(signed(width)), Signal(signed(width))
@@ -227,12 +225,6 @@ def test_alu_lane_matches_the_isa_definition_at_each_accumulator_width(width):
             m.d.comb += self.out.eq(alu_lane(m, self.op, self.a, self.b, width))
             return m
     lane = Lane()
-    rng = np.random.default_rng(width)
-    lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
-    vals = [lo, hi, 0, -1, 1, 15, 16, -16, -17, 31, 32, -32, -33, 255, -256] + rng.integers(lo, hi + 1, 100).tolist()
-    if width == 32:   # SCALE operands around the shift counts where the result reaches 0
-        vals += [(k << 24) | m for k in (0, 1, 23, 55, 56, 57, 63) for m in (1, 12345, 0xFFFFFF)]
-    cases = [(op, int(rng.choice(vals)), int(rng.choice(vals))) for op in AluOp for _ in range(120)]
     got = []
 
     async def tb(ctx):
@@ -246,9 +238,47 @@ def test_alu_lane_matches_the_isa_definition_at_each_accumulator_width(width):
     sim = Simulator(lane)   # combinational: no clock
     sim.add_testbench(tb)
     sim.run()
+    return got
+
+
+def _assert_lane_matches(width: int, cases: list[tuple[AluOp, int, int]]) -> None:
+    got = _lane_outputs(width, cases)
     want = [int(alu_apply(op, np.array([a]), np.array([b]), width)[0]) for op, a, b in cases]
     wrong = [(c, g, w) for c, g, w in zip(cases, got, want) if g != w]
     assert not wrong, wrong[:5]
+
+
+@pytest.mark.parametrize("width", [16, 32])
+def test_alu_lane_matches_the_isa_definition_at_each_accumulator_width(width):
+    """One lane, combinationally, every op on edge and random operands at both accumulator widths
+    (acc16 configs have 16-bit lanes: no REQUANT shift, a 16-bit SCALE multiplier, k = 0)."""
+    rng = np.random.default_rng(width)
+    lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    vals = [lo, hi, 0, -1, 1, 15, 16, -16, -17, 31, 32, -32, -33, 255, -256] + rng.integers(lo, hi + 1, 100).tolist()
+    if width == 32:   # SCALE operands around the shift counts where the result reaches 0
+        vals += [(k << 24) | m for k in (0, 1, 23, 55, 56, 57, 63) for m in (1, 12345, 0xFFFFFF)]
+    cases = [(op, int(rng.choice(vals)), int(rng.choice(vals))) for op in AluOp for _ in range(120)]
+    _assert_lane_matches(width, cases)
+
+
+@pytest.mark.parametrize("width", [16, 32])
+def test_alu_lane_every_shift_count(width):
+    """Every count the shifting ops can be given: SHR by each s in [-width, width) (left shifts up to
+    the whole lane), REQUANT by each s < 32 with and without rounding, SCALE by each k < 64, each on
+    extreme and random values (the lane computes these shifts in narrow pieces)."""
+    rng = np.random.default_rng(7 + width)
+    lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    a_vals = [lo, hi, -1, 1] + rng.integers(lo, hi + 1, 4).tolist()
+    as_lane = lambda v: int(np.array(v, dtype=np.int64).astype(np.dtype(f"int{width}")))
+    cases = [(AluOp.SHR, a, s) for s in range(-width, width) for a in a_vals]
+    for s in range(32):
+        for rnd in (0, 1):   # hi = 127, lo = -128: the clamp only bounds the result
+            cases += [(AluOp.REQUANT, a, as_lane(rnd << 21 | s << 16 | 0x7F80)) for a in a_vals]
+    if width == 32:
+        for k in range(64):
+            for m in (1, 0x800000, 0xFFFFFF, int(rng.integers(1, 1 << 24))):
+                cases += [(AluOp.SCALE, a, as_lane(k << 24 | m)) for a in a_vals[:5]]
+    _assert_lane_matches(width, cases)
 
 
 # ---- burst reader ------------------------------------------------------------------------------
