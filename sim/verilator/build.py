@@ -24,7 +24,8 @@ simulated cycles per second (bench/sim_speed.py). Three more changes took the de
 0.68M to 1.18M cycles/s: the Verilog writes sign extensions as replications (accel.hw.verilog
 .collapse_repeats; Verilator had spelled them out bit by bit), the ALU lane builds each op's
 arithmetic inside its case and idles on an undefined op (accel/hw/alu.py), and the harness clocks a
-run with one eval per cycle instead of two (harness.cpp, tick()).
+run with one eval per cycle instead of two (harness.cpp, tick()); then 1.3M with Verilator's -fno-table
+and -fno-semantic-interposition -fno-plt for the library's C++.
 """
 from __future__ import annotations
 
@@ -92,7 +93,8 @@ def _run(cmd: list[str], cwd: Path, what: str) -> None:
 
 def _flags(waves: str | None) -> list[str]:
     # split the generated C++ so `make -j 2` compiles it in parallel (the default config's model is large)
-    flags = ["-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert", "--output-split", "20000",
+    # -fno-table: Verilator's lookup tables for case logic (the FSMs) ran slower here than the logic
+    flags = ["-O3", "-fno-table", "--x-assign", "fast", "--x-initial", "fast", "--noassert", "--output-split", "20000",
              "--output-split-cfuncs", "20000"]
     if waves == "vcd":
         flags.append("--trace")
@@ -180,7 +182,9 @@ def build_library(config, waves: str | None = None) -> Path:
         src.write_text(verilog + "\n" + sim_wrapper(json.loads(Path(gen["json"]).read_text())["ports"]))
         vlts = [LINT_WAIVERS]
         (bdir / "probes.h").write_text(_probe_header(verilog))
-        cflags = ["-fPIC", "-march=native", "-DACCEL_PROBES", "-include", str(bdir / "probes.h")]
+        # a shared library's code may call its own functions directly (no PLT, no interposition)
+        cflags = ["-fPIC", "-march=native", "-fno-semantic-interposition", "-fno-plt", "-DACCEL_PROBES",
+                  "-include", str(bdir / "probes.h")]
         cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "--top-module", SIM_TOP, "--prefix", "Vtop",
                "-Mdir", str(obj), "-o", str(lib), "-Wno-fatal", *_flags(waves),
                "-CFLAGS", " ".join(cflags), "-LDFLAGS", "-shared",
