@@ -21,16 +21,17 @@ from accel.isa.config import ALU_IMM_BITS, ALU_OPCODE_BITS
 
 from .gemm import lanes, read_signature
 
-IDLE_OP = (1 << ALU_OPCODE_BITS) - 1   # an op code the ISA leaves undefined
-assert IDLE_OP not in set(AluOp)
+IDLE_OP = (1 << ALU_OPCODE_BITS) - 1   # an op code the ISA leaves undefined (idle S2; see TensorAlu)
+if IDLE_OP in set(AluOp):
+    raise RuntimeError(f"ALU op code {IDLE_OP} is defined by the ISA; the ALU needs an undefined one to idle on")
 
 
 def alu_lane(m: Module, op, a, b, width: int):
     """One lane of the ALU: returns a signed(width) signal = op(a, b). a, b: signed(width).
 
-    Each op's logic is built inside its own case and used once there (a helper called per use, no
-    named intermediate shared between ops): synthesis merges the duplicates, and Verilator, which
-    computes every named wire on every cycle, evaluates only the selected op's arithmetic."""
+    Each op's logic is built inside its own case (a helper called per use, no named intermediate
+    shared between ops): synthesis merges the duplicates, and Verilator, which computes a wire with
+    more than one reader on every cycle, evaluates most of an op's arithmetic only in its case."""
     out = Signal(signed(width))
     sbits = (width - 1).bit_length() + 1
     top, bottom = (1 << (width - 1)) - 1, -(1 << (width - 1))
