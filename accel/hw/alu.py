@@ -21,54 +21,41 @@ from accel.isa.config import ALU_IMM_BITS, ALU_OPCODE_BITS
 
 from .gemm import lanes, read_signature
 
-IDLE_OP = (1 << ALU_OPCODE_BITS) - 1   # an op code the ISA leaves undefined (idle S2; see TensorAlu)
-if IDLE_OP in set(AluOp):
-    raise RuntimeError(f"ALU op code {IDLE_OP} is defined by the ISA; the ALU needs an undefined one to idle on")
-
 
 def alu_lane(m: Module, op, a, b, width: int):
-    """One lane of the ALU: returns a signed(width) signal = op(a, b). a, b: signed(width).
-
-    Each op's logic is built inside its own case (a helper called per use, no named intermediate
-    shared between ops): synthesis merges the duplicates, and Verilator, which computes a wire with
-    more than one reader on every cycle, evaluates most of an op's arithmetic only in its case."""
+    """One lane of the ALU: returns a signed(width) signal = op(a, b). a, b: signed(width)."""
     out = Signal(signed(width))
     sbits = (width - 1).bit_length() + 1
-    top, bottom = (1 << (width - 1)) - 1, -(1 << (width - 1))
-
-    def s():                     # SHR: the signed shift count
-        return b[:sbits].as_signed()
-
-    def left():                  # s < 0: a << -s; -s <= width, and a shift by width leaves 0
-        n = (-s())[:sbits]       # (shifting by the low bits only keeps the result under 2*width bits)
-        return Mux(n[sbits - 1], 0, (a << n[:sbits - 1])[:width])
-
-    def neg_b():                 # CLIP: -b wrapped to width bits
-        return (-b)[:width].as_signed()
-
-    def lo8():
-        return b[0:8].as_signed()
-
-    def hi8():
-        return b[8:16].as_signed()
-
-    def clamp(v):                # min(max(v(), lo), hi) with v() built once per use
-        return Mux(v() < lo8(), Mux(lo8() > hi8(), hi8(), lo8()), Mux(v() > hi8(), hi8(), v()))
-
-    def requant_shifted():       # REQUANT: (a + r) >> s, the sum wrapped to width bits
-        if width < 22:
-            return a
+    s = b[:sbits].as_signed()
+    amount = Signal(sbits)
+    m.d.comb += amount.eq(Mux(s < 0, -s, s))
+    shifted = Signal(signed(width))
+    m.d.comb += shifted.eq(Mux(s < 0, (a << amount)[:width], a >> amount))
+    neg_b = Signal(signed(width))
+    m.d.comb += neg_b.eq(-b)
+    lo = Signal(signed(width))
+    m.d.comb += lo.eq(Mux(a < neg_b, neg_b, a))
+    c_lo, c_hi, c_up = Signal(signed(8)), Signal(signed(8)), Signal(signed(width))
+    m.d.comb += [c_lo.eq(b[0:8]), c_hi.eq(b[8:16]), c_up.eq(Mux(a < c_lo, c_lo, a))]
+    rq_a, rq_up = Signal(signed(width)), Signal(signed(width))   # REQUANT: the clamp of (a + r) >> s
+    if width >= 22:
         rq_s = b[16:21]
-        half = Mux(b[21], (Const(1, 33) << rq_s)[1:width + 1], 0)   # 2^(s-1), 0 for s = 0
-        return (a + half)[:width].as_signed() >> rq_s
-
+        rq_half = Signal(width)
+        m.d.comb += rq_half.eq(Mux(b[21], (Const(1, 33) << rq_s)[1:width + 1], 0))   # 2^(s-1), 0 for s = 0
+        rq_sum = Signal(signed(width))
+        m.d.comb += [rq_sum.eq(a + rq_half), rq_a.eq(rq_sum >> rq_s)]
+    else:
+        m.d.comb += rq_a.eq(a)
+    m.d.comb += rq_up.eq(Mux(rq_a < c_lo, c_lo, rq_a))
+    # SCALE: the fixed-point multiply, saturated to width bits
     sc_m = b.as_unsigned()[:min(24, width)]
     sc_k = b.as_unsigned()[24:30] if width > 24 else Const(0, 1)
-
-    def scaled():                # SCALE before saturation. floor((p + 2^(k-1)) / 2^k) ==
-        p = a * sc_m             # (floor(p / 2^(k-1)) + 1) >> 1 for k >= 1: no 2^(k-1) term as wide
-        return Mux(sc_k == 0, p, ((p >> (sc_k - 1)[:len(sc_k)]) + 1) >> 1)   # as k, nothing over 64 bits
-
+    sc_half = Signal(63)   # 2^(k-1) for every k < 64: the sum must not lose it, even past the product's width
+    m.d.comb += sc_half.eq(Mux(sc_k != 0, (Const(1, 64) << sc_k)[1:64], 0))
+    sc_v = Signal(signed(max(width + 26, 65)))
+    m.d.comb += sc_v.eq((a * sc_m + sc_half) >> sc_k)
+    top, bottom = (1 << (width - 1)) - 1, -(1 << (width - 1))
+    sc_out = Mux(sc_v > top, top, Mux(sc_v < bottom, bottom, sc_v[:width]))
     with m.Switch(op):
         with m.Case(AluOp.MIN):
             m.d.comb += out.eq(Mux(a < b, a, b))
@@ -77,19 +64,19 @@ def alu_lane(m: Module, op, a, b, width: int):
         with m.Case(AluOp.ADD):
             m.d.comb += out.eq(a + b)
         with m.Case(AluOp.SHR):
-            m.d.comb += out.eq(Mux(s() < 0, left(), a >> b[:sbits - 1]))
+            m.d.comb += out.eq(shifted)
         with m.Case(AluOp.MUL):
             m.d.comb += out.eq(a * b)
-        with m.Case(AluOp.CLIP):   # min(max(a, -b), b)
-            m.d.comb += out.eq(Mux(a < neg_b(), Mux(neg_b() > b, b, neg_b()), Mux(a > b, b, a)))
+        with m.Case(AluOp.CLIP):
+            m.d.comb += out.eq(Mux(lo > b, b, lo))
         with m.Case(AluOp.MOV):
             m.d.comb += out.eq(b)
         with m.Case(AluOp.CLAMP):
-            m.d.comb += out.eq(clamp(lambda: a))
+            m.d.comb += out.eq(Mux(c_up > c_hi, c_hi, c_up))
         with m.Case(AluOp.REQUANT):
-            m.d.comb += out.eq(clamp(requant_shifted))
+            m.d.comb += out.eq(Mux(rq_up > c_hi, c_hi, rq_up))
         with m.Case(AluOp.SCALE):
-            m.d.comb += out.eq(Mux(scaled() > top, top, Mux(scaled() < bottom, bottom, scaled()[:width])))
+            m.d.comb += out.eq(sc_out)
         with m.Default():   # undefined op codes leave dst unchanged
             m.d.comb += out.eq(a)
     return out
@@ -118,10 +105,8 @@ class TensorAlu(wiring.Component):
         m.d.comb += [self.acc_rd_a.addr.eq(self.in_dst), self.acc_rd_b.addr.eq(self.in_src),
                      self.acc_rd_a.en.eq(1), self.acc_rd_b.en.eq(1)]
         p2_valid, p2_dst = Signal(), Signal(cfg.acc_idx_bits)
-        p2_op, p2_use_imm, p2_imm = Signal(ALU_OPCODE_BITS, init=IDLE_OP), Signal(), Signal(signed(w))
-        # an idle S2 holds an undefined op (dst unchanged): a simulator then evaluates no lane arithmetic
-        m.d.sync += [p2_valid.eq(self.in_valid), p2_dst.eq(self.in_dst),
-                     p2_op.eq(Mux(self.in_valid, self.in_op, IDLE_OP)),
+        p2_op, p2_use_imm, p2_imm = Signal(ALU_OPCODE_BITS), Signal(), Signal(signed(w))
+        m.d.sync += [p2_valid.eq(self.in_valid), p2_dst.eq(self.in_dst), p2_op.eq(self.in_op),
                      p2_use_imm.eq(self.in_use_imm), p2_imm.eq(self.in_imm)]
 
         a = lanes(self.acc_rd_a.data, n, w)

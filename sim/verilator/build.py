@@ -20,12 +20,10 @@ leaves only the AXI-facing logic input-combinational. The model's code is compil
 -march=native (Verilator's default is -Os); its run-once initialisation code (the buffers'
 initial values, most of the C++) with -O0, which took the build of the default config from 6.5
 minutes to 1.4. The library key includes the host's -march=native target. Together about 2x the
-simulated cycles per second (bench/sim_speed.py). Three more changes took the default config from
-0.68M to 1.18M cycles/s: the Verilog writes sign extensions as replications (accel.hw.verilog
-.collapse_repeats; Verilator had spelled them out bit by bit), the ALU lane builds each op's
-arithmetic inside its case and idles on an undefined op (accel/hw/alu.py), and the harness clocks a
-run with one eval per cycle instead of two (harness.cpp, tick()); then 1.3M with Verilator's -fno-table
-and -fno-semantic-interposition -fno-plt for the library's C++.
+simulated cycles per second (bench/sim_speed.py). Since then: the model's Verilog writes sign
+extensions as replications (collapse_repeats; Verilator had spelled them out bit by bit), the harness
+clocks a run with one eval per cycle instead of two (harness.cpp, tick()), and the build uses
+Verilator's -fno-table and -fno-semantic-interposition -fno-plt for the library's C++.
 """
 from __future__ import annotations
 
@@ -34,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -114,6 +113,32 @@ def _probe_header(verilog: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+_CONCAT = re.compile(r"\{ ([^{}]*) \}")
+# what a run may repeat: a (possibly escaped) name, maybe one bit of it, or a sized constant
+_BIT = re.compile(r"(\\\S+ |[A-Za-z_][\w$]*)(\[\d+\])?|\d+'[bhd][0-9a-fA-F]+")
+
+
+def collapse_repeats(verilog: str) -> str:
+    """yosys writes a sign extension as a concatenation repeating the sign bit, `{ x[7], x[7], ...,
+    x[7:0] }`; each run of three or more equal items becomes a replication, `{ {24{x[7]}}, x[7:0] }`.
+    The same Verilog for Verilator, which evaluates a replication as one operation where it spelled
+    out the repeated bits one by one (the model ran 1.2-1.3x faster). Only the model's copy is
+    rewritten: the Verilog users synthesize stays byte for byte what the FPGA estimator measured."""
+    def collapse(match: re.Match) -> str:
+        items = match.group(1).split(", ")
+        out, i = [], 0
+        while i < len(items):
+            j = i
+            while j + 1 < len(items) and items[j + 1] == items[i]:
+                j += 1
+            n = j - i + 1
+            repeat = n >= 3 and _BIT.fullmatch(items[i])
+            out.append(f"{{{n}{{{items[i]}}}}}" if repeat else ", ".join(items[i:j + 1]))
+            i = j + 1
+        return "{ " + ", ".join(out) + " }"
+    return _CONCAT.sub(collapse, verilog)
+
+
 def sim_wrapper(ports: list[dict]) -> str:
     """Verilog of accel_sim: accel_top as `dut` with the same ports, `rst` through a register (see
     the module docstring). `ports`: the generated JSON's port list (name, direction, width)."""
@@ -179,7 +204,8 @@ def build_library(config, waves: str | None = None) -> Path:
         obj.mkdir(parents=True)
         src = bdir / f"{SIM_TOP}.v"
         verilog = Path(gen["verilog"]).read_text()
-        src.write_text(verilog + "\n" + sim_wrapper(json.loads(Path(gen["json"]).read_text())["ports"]))
+        ports = json.loads(Path(gen["json"]).read_text())["ports"]
+        src.write_text(collapse_repeats(verilog) + "\n" + sim_wrapper(ports))
         vlts = [LINT_WAIVERS]
         (bdir / "probes.h").write_text(_probe_header(verilog))
         # a shared library's code may call its own functions directly (no PLT, no interposition)

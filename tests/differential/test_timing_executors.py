@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from accel.hw.verilog import generate
 from accel.isa import PRESETS
 from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, run_conv2d, run_dense
 from host_runtime import Device, get_driver
 from sim.errors import SimError
-from sim.verilator.build import tools_available
+from sim.verilator.build import _BIT, _CONCAT, collapse_repeats, tools_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from randprog import random_program  # noqa: E402
@@ -150,6 +151,25 @@ def test_rtl_waveform_dump(tmp_path, fmt):
         assert data[0] == 0   # FST header block
     with pytest.raises(SimError, match=r"run.txt: the suffix must be .vcd or .fst"):
         get_driver("rtl", TINY, waves=str(tmp_path / "run.txt"))
+
+
+def test_repeated_bits_of_a_concatenation_become_a_replication(tmp_path):
+    """The rtl driver's model reads yosys's sign extensions ({ x[7], x[7], x[7], x[7:0] }) as
+    replications; runs shorter than three, part-selects and anything that is not one bit of a name
+    or a sized constant stay as they are. No run of three equal bits is left in the tiny config's
+    Verilog once collapsed."""
+    c = collapse_repeats
+    assert c("assign y = { a[7], a[7], a[7], a[7:0] };") == "assign y = { {3{a[7]}}, a[7:0] };"
+    assert c("assign y = { \\$5 [3], \\$5 [3], \\$5 [3], b, b };") == "assign y = { {3{\\$5 [3]}}, b, b };"
+    assert c("{ 1'h0, 1'h0, 1'h0, 1'h0, x }") == "{ {4{1'h0}}, x }"
+    for same in ("{ a[7:4], a[7:4], a[7:4] }", "{ a[7], a[7], b }", "{ a + b, a + b, a + b }", "x = y;"):
+        assert c(same) == same
+    text = collapse_repeats(generate("tiny", tmp_path)["verilog"].read_text())
+    assert "{24{" in text    # the ALU's sign-extended byte operands
+    runs = [m.group(0) for m in _CONCAT.finditer(text)
+            if any(a == b == d and _BIT.fullmatch(a)
+                   for a, b, d in zip(*(m.group(1).split(", ")[k:] for k in range(3))))]
+    assert not runs, runs[:3]
 
 
 def test_sim_wrapper_registers_reset_and_refuses_a_top_without_it():

@@ -37,25 +37,6 @@ def test_generate_writes_verilog_json_and_waivers(tmp_path):
     assert (tmp_path / "out" / "accel_top.vlt").exists()
 
 
-def test_repeated_bits_of_a_concatenation_become_a_replication(tmp_path):
-    """yosys's sign extensions ({ x[7], x[7], x[7], x[7:0] }) are written as replications; runs shorter
-    than three, part-selects and anything that is not one bit of a name or a sized constant stay as
-    they are. The generated Verilog has no run of three equal bits left."""
-    c = verilog.collapse_repeats
-    assert c("assign y = { a[7], a[7], a[7], a[7:0] };") == "assign y = { {3{a[7]}}, a[7:0] };"
-    assert c("assign y = { \\$5 [3], \\$5 [3], \\$5 [3], b, b };") == "assign y = { {3{\\$5 [3]}}, b, b };"
-    assert c("{ 1'h0, 1'h0, 1'h0, 1'h0, x }") == "{ {4{1'h0}}, x }"
-    for same in ("{ a[7:4], a[7:4], a[7:4] }", "{ a[7], a[7], b }", "{ a + b, a + b, a + b }", "x = y;"):
-        assert c(same) == same
-    res = verilog.generate("tiny", tmp_path)
-    text = res["verilog"].read_text()
-    assert "{24{" in text    # the ALU's sign-extended byte operands
-    runs = [m.group(0) for m in verilog._CONCAT.finditer(text)
-            if any(a == b == d and verilog._BIT.fullmatch(a)
-                   for a, b, d in zip(*(m.group(1).split(", ")[k:] for k in range(3))))]
-    assert not runs, runs[:3]
-
-
 def test_generation_is_cached_by_config_and_sources(isolated_cache):
     first = verilog.generate("tiny", isolated_cache / "a")
     again = verilog.generate("tiny", isolated_cache / "b")
