@@ -265,10 +265,10 @@ struct Harness {
     }
 
     // A cycle of a run. The clk-low eval only settles outputs for the handshake sampling, and every
-    // output the models sample is a register of the DUT's (AXI outputs are registered, as the spec
-    // recommends): sampled before the new inputs are evaluated they read the same, so one eval
-    // (inputs settle, then the edge) does the cycle. The register accesses and waveform builds keep
-    // the two evals; tests compare both ways' cycles and counters.
+    // output the models sample is a register of the DUT's (the design registers its AXI outputs; none
+    // depends combinationally on an input): sampled before the new inputs are evaluated they read the
+    // same, so one eval (inputs settle, then the edge) does the cycle. The register accesses and
+    // waveform builds keep the two evals; a test compares both ways' counters.
     void tick() {
         drive_memory();
 #if !VM_TRACE
