@@ -117,6 +117,19 @@ class _LoopPlan:
     run: slice | None                     # dst as a slice when it is lo, lo+1, ... (all distinct)
     derived: dict = field(default_factory=dict)
 
+    def derive(self, key: str, make):
+        """A fact the vectorized paths derive from the plan, computed by make() on first use."""
+        if key not in self.derived:
+            self.derived[key] = make()
+        return self.derived[key]
+
+
+def _contiguous_run(idx: np.ndarray) -> slice | None:
+    """idx as a slice when it is lo, lo+1, ..., hi (a view instead of a gather), else None."""
+    if idx.size and int(idx[-1]) - int(idx[0]) == idx.size - 1 and (np.diff(idx) == 1).all():
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return None
+
 
 class Fsim:
     """Functional simulator for one AccelConfig. Buffers persist across run() calls of an
@@ -370,10 +383,7 @@ class Fsim:
                 raise ExecError(f"instruction {idx} ({name}): {what} index {int(arr[k])} out of range "
                                 f"[0, {depth}) at micro-op {insn.uop_bgn + ui}, iteration "
                                 f"({k // len(u) // insn.iter_in}, {k // len(u) % insn.iter_in})")
-        run = None
-        if dst.size and int(dst[-1]) - int(dst[0]) == dst.size - 1 and (np.diff(dst) == 1).all():
-            run = slice(int(dst[0]), int(dst[-1]) + 1)
-        plan = _LoopPlan(dst, src, wgt, run)
+        plan = _LoopPlan(dst, src, wgt, _contiguous_run(dst))
         if dst.size <= PLAN_CACHE_ELEMS:
             self._plan_elems += dst.size
             if self._plan_elems > PLAN_CACHE_ELEMS:   # bound the memory the cache holds
@@ -409,9 +419,7 @@ class Fsim:
             self._gemm_grouped(dst, src, wgt, shape, vary)
         else:
             self._gemm_gathered(dst, src, wgt)
-        touched = plan.derived.get("touched")
-        if touched is None:
-            touched = plan.derived["touched"] = plan.run or np.unique(dst)
+        touched = plan.derive("touched", lambda: plan.run or np.unique(dst))
         self.out[touched] = wrap(self.acc[touched], c.out_width)
 
     def _gemm_clustered(self, insn: Gemm, loop: _LoopPlan) -> bool:
@@ -424,9 +432,7 @@ class Fsim:
         indexing when every destination is distinct)."""
         if insn.wgt_factor_out or insn.wgt_factor_in or self._fdt is None:
             return False
-        if "cluster" not in loop.derived:
-            loop.derived["cluster"] = self._make_cluster_plan(insn, self.uop[insn.uop_bgn:insn.uop_end])
-        plan = loop.derived["cluster"]
+        plan = loop.derive("cluster", lambda: self._make_cluster_plan(insn, self.uop[insn.uop_bgn:insn.uop_end]))
         if plan is None:
             return False
         c, (fdt, groups, dst, touched) = self.cfg, plan
@@ -477,12 +483,9 @@ class Fsim:
             groups.append((u[sel[0], 1][None, :] + off_s[:, None], u[sel, 2]))
             dsts.append((heads[members][:, None] + off_d[None, :]).reshape(-1))
         dst = np.concatenate(dsts)
-        distinct = bool(np.bincount(dst).max() == 1)
-        touched = None if distinct else np.unique(dst)
-        lo = int(dst[0])
-        if distinct and int(dst[-1]) - lo == dst.size - 1 and (np.diff(dst) == 1).all():
-            dst = slice(lo, lo + dst.size)                 # one contiguous run: views, no gathers
-        return fdt, groups, dst, touched
+        if np.bincount(dst).max() > 1:
+            return fdt, groups, dst, np.unique(dst)
+        return fdt, groups, _contiguous_run(dst) or dst, None   # one contiguous run: views, no gathers
 
     def _wrapped_sum(self, acc: np.ndarray, y: np.ndarray) -> np.ndarray:
         """acc + y wrapped to acc_width. Integer casts in numpy are modular, so an int32 sum that
@@ -570,10 +573,7 @@ class Fsim:
         if dst.size == 0:
             return
         stats.alu_uops += dst.size
-        hazard = plan.derived.get("hazard")
-        if hazard is None:
-            hazard = plan.derived["hazard"] = self._alu_hazard(plan, insn.use_imm)
-        if not hazard:
+        if not plan.derive("hazard", lambda: self._alu_hazard(plan, insn.use_imm)):
             d = plan.run or dst
             res = alu_apply(insn.alu_op, self.acc[d], self._alu_operand(insn, plan), c.acc_width)
             self.acc[d] = res
@@ -603,9 +603,7 @@ class Fsim:
         same one (it broadcasts), else one entry per element."""
         if insn.use_imm:
             return np.int64(insn.imm)
-        one = plan.derived.get("one_src")
-        if one is None:
-            one = plan.derived["one_src"] = int(plan.src[0]) if (plan.src == plan.src[0]).all() else -1
+        one = plan.derive("one_src", lambda: int(plan.src[0]) if (plan.src == plan.src[0]).all() else -1)
         return self.acc[one if one >= 0 else plan.src].astype(np.int64)
 
 
