@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -125,16 +126,10 @@ def collapse_repeats(verilog: str) -> str:
     out the repeated bits one by one (the model ran 1.2-1.3x faster). Only the model's copy is
     rewritten: the Verilog users synthesize stays byte for byte what the FPGA estimator measured."""
     def collapse(match: re.Match) -> str:
-        items = match.group(1).split(", ")
-        out, i = [], 0
-        while i < len(items):
-            j = i
-            while j + 1 < len(items) and items[j + 1] == items[i]:
-                j += 1
-            n = j - i + 1
-            repeat = n >= 3 and _BIT.fullmatch(items[i])
-            out.append(f"{{{n}{{{items[i]}}}}}" if repeat else ", ".join(items[i:j + 1]))
-            i = j + 1
+        out = []
+        for item, run in itertools.groupby(match.group(1).split(", ")):
+            n = len(list(run))
+            out.append(f"{{{n}{{{item}}}}}" if n >= 3 and _BIT.fullmatch(item) else ", ".join([item] * n))
         return "{ " + ", ".join(out) + " }"
     return _CONCAT.sub(collapse, verilog)
 
