@@ -7,10 +7,9 @@ from __future__ import annotations
 import math
 
 from .. import te
+from ..graph.ops import INT8_MAX, int8_min
 from ..tir import dtype as dt
 from .registry import OpError
-
-INT8_MIN, INT8_MAX = -127, 127   # the quantized flow is symmetric: -128 is never produced
 
 
 def _tag(name):
@@ -200,8 +199,8 @@ def _clip_int8(v, zero_point: int = 0):
     and [-128, 127]."""
     if zero_point:
         v = v + te.const(zero_point, v.dtype)
-    lo = -128 if zero_point else INT8_MIN
-    return te.elem_min(te.elem_max(v, te.const(lo, v.dtype)), te.const(INT8_MAX, v.dtype)).astype("int8")
+    lo = te.const(int8_min(zero_point), v.dtype)
+    return te.elem_min(te.elem_max(v, lo), te.const(INT8_MAX, v.dtype)).astype("int8")
 
 
 def shift_right_round(v64, s: int):
@@ -217,7 +216,7 @@ def quantize(x, shift=0, scale=0.0, zero_point=0):
     """float -> int8: clip(round_half_even(x * 2^shift), -127, 127), or of x / scale when a scale is
     given; + zero_point and [-128, 127] when it is not 0."""
     _float(x, "quantize")
-    lo = te.const(float(-128 if zero_point else INT8_MIN), x.dtype)
+    lo = te.const(float(int8_min(zero_point)), x.dtype)
     hi, z = te.const(float(INT8_MAX), x.dtype), te.const(float(zero_point), x.dtype)
     factor = te.const(float(scale) if scale else 2.0 ** shift, x.dtype)
 
