@@ -9,10 +9,8 @@ once, then replayed on every executor from the same DRAM image. Figures are give
 DRAM bytes and tsim's cycle count must equal the RTL's (both are checked and reported); the
 timing model alone (Tsim.run_insns, no data) is timed too, as `tsim_model`.
 Wall time is the run alone (model build and the cocotb process start excluded; rtl and tsim
-include decoding, and tsim its functional simulation, which runs on a second thread beside the
-timing model where the process has a second CPU; KIT_NUM_THREADS=1 runs them one after the
-other). Bars: rtl >= 50x cocotb on the default config, tsim >= 20x rtl. Prints, and writes
-bench/results/sim_speed.json.
+include decoding, and tsim its functional simulation). Bars: rtl >= 50x cocotb on the default
+config, tsim >= 20x rtl. Prints, and writes bench/results/sim_speed.json.
 
     python bench/sim_speed.py [--config default] [--no-cocotb] [--repeat 3]
 """
@@ -34,7 +32,6 @@ sys.path.insert(1, str(ROOT / "tests"))
 from accel.isa import resolve_config  # noqa: E402
 from compiler.accel.conv2d import Conv2dSpec, Requant, run_conv2d  # noqa: E402
 from host_runtime import Device, Driver, RunResult, get_driver  # noqa: E402
-from host_runtime.executor import default_num_threads  # noqa: E402
 from sim.trace import program_at  # noqa: E402
 from sim.tsim import Tsim  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
@@ -190,8 +187,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"bench": "sim_speed", "config": cfg.to_dict(), "config_name": args.config,
-           "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-                       "cpus": default_num_threads()},
+           "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
            "programs": rows, "summary": summary}
     write_atomic(out / "sim_speed.json", json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out / 'sim_speed.json'}")

@@ -137,33 +137,6 @@ def test_tsim_driver_counters_and_exports(tmp_path):
     assert json.loads((tmp_path / "c.json").read_text())["cycles"] == c.cycles
 
 
-@pytest.mark.parametrize("threads", ["1", "2"])
-def test_tsim_driver_data_thread_same_results_and_fsim_errors_first(threads, monkeypatch):
-    """With more than one CPU fsim runs on a worker thread beside the timing model: the same bytes and
-    counters as alone, and a program both reject is reported with fsim's error (it names the field),
-    one only fsim rejects (a DRAM range the timing model does not check) fails too."""
-    monkeypatch.setenv("KIT_NUM_THREADS", threads)
-    prog = _program()
-    drv = get_driver("tsim", TINY)
-    assert (drv._data_thread is None) == (threads == "1")
-    dram, ref = prog.dram_image(), prog.dram_image()
-    res = drv.run(dram, prog.insn_addr, len(prog.insns))
-    get_driver("fsim", TINY).run(ref, prog.insn_addr, len(prog.insns))
-    assert np.array_equal(dram, ref)
-    monkeypatch.setenv("KIT_NUM_THREADS", "1")
-    assert get_driver("tsim", TINY).run(prog.dram_image(), prog.insn_addr, len(prog.insns)).stats == res.stats
-    for insns, error, match in [
-            ([Gemm(pop_prev=True), Finish()], DeadlockError, r"compute stage blocked at instruction 0 \(GEMM\)"),
-            ([Load(mem_type=MemType.WGT, dram_base=1 << 20, y_size=1, x_size=1, x_stride=1), Finish()],
-             SimError, r"instruction 0 \(LOAD\): dram_base=1048576 .* beyond the 0x10000-byte DRAM")]:
-        image = np.zeros(1 << 16, np.uint8)
-        code = encode_program(insns, TINY).ravel()
-        image[0x1000:0x1000 + code.size] = code
-        with pytest.raises(error, match=match):
-            drv.run(image, 0x1000, len(insns))
-    drv.close()
-
-
 def test_cli_run_timing_outputs(tmp_path, capsys):
     from accel.cli import main
     prog = _program()
