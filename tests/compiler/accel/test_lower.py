@@ -38,6 +38,14 @@ def test_lower_conv2d_tile_wholly_in_padding():
     _check(PRESETS["tiny"], spec, Requant(0, -127, 127), 2, 0, bias=True)
 
 
+def test_lower_conv2d_input_tile_past_the_end():
+    """Strided rows with padding on both sides: the last output-row tile's input rows lie past the
+    tensor, its narrowed extent is negative, and the LOAD transfers nothing instead of asking for
+    negative padding (found by the random-shape test)."""
+    spec = Conv2dSpec(1, 9, 5, 9, 17, 1, 1, (2, 2, 0, 0), (2, 1))
+    _check(PRESETS["tiny"], spec, Requant(0, -127, 127), 2, 0, bias=True)
+
+
 @settings(max_examples=10, deadline=None)
 @given(rows=st.integers(1, 40), k=st.integers(1, 70), m=st.integers(1, 40), seed=st.integers(0, 99),
        cfg=st.sampled_from([PRESETS["tiny"], PRESETS["default"]]))
