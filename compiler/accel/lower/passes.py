@@ -417,7 +417,7 @@ class _InjectDMA(Mutator):
             lo, hi = bounds.get(m.loops[0].loop_var, (None, None)) if len(m.loops) == 1 else (None, None)
             # a narrowed extent is negative for a tile past the tensor's end (the loop ran no
             # iteration): nothing to transfer, and no negative padding
-            ext = m.extent if isinstance(m.extent, E.IntImm) else E.max_expr(m.extent, E.const(0))
+            ext = E.max_expr(m.extent, 0)   # folds to the constant when the extent is one
             if lo is None:
                 return ext, E.const(0), E.const(0), ext
             p0 = E.min_expr(E.max_expr(lo, 0), ext)
