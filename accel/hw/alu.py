@@ -82,7 +82,11 @@ def alu_lane(m: Module, op, a, b, width: int):
     # the term saturates there instead of being a 127-bit shift. The sum stays wider than 64 bits, as
     # in the calibrated design (the product plus a 63-bit term): summed at the product's own width
     # (58 bits, what Verilator would evaluate cheaply) the routed ECP5 lane lost a quarter of its
-    # Fmax (33 -> 26 MHz, two placement seeds each).
+    # Fmax (33 -> 26 MHz, two placement seeds each). Measured again (lane alone, seeds 1/2, against
+    # 34.4/33.6 MHz here): a 64-bit sum 24.0/24.3 MHz, 65 bits 32.8/33.1, rounding after the shift
+    # ((((a * M) << 1) >> k) + 1) >> 1 28.0-29.3. The cost in simulation: Verilator evaluates this
+    # wide sum on every cycle in all lanes: at 64 bits the rtl model ran 1.29-1.36x faster (at 65,
+    # 1.03-1.10x). A SCALE cheap for both needs its own pipeline stage (a cycle-count change).
     p_bits = width + len(sc_m)
 
     def scaled():
