@@ -83,6 +83,23 @@ class ReadBus:
                 self.arb_at = t
                 self.loop.at(t, self._arbitrate, None, ARBITRATE)
 
+    def sole_grant(self, client: int, t: int, free: int) -> int | None:
+        """Called by the client being granted (its burst ends in free - 1): the cycle its next
+        request, from cycle t, is granted when no rival can contend (none pending, no event before
+        then that could add one: what _arbitrate would grant without the heap), else None. Not
+        while tracing, where each grant is logged by _arbitrate."""
+        if self.log is not None:
+            return None
+        for p in self.pending:
+            if p is not None:
+                return None
+        g = t if t > free else free
+        heap = self.loop.heap
+        if (heap and heap[0][0] <= g) or g > self.loop.limit:
+            return None
+        self.last = client
+        return g
+
     def _arbitrate(self, T: int, _=None) -> None:
         if T != self.arb_at:
             return                                # superseded by an earlier arbitration

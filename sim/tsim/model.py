@@ -93,28 +93,39 @@ class _Loader:
         self._row()
 
     def _row(self) -> None:
+        self.m.bus.request(self.client, self._next_row(), self._granted)
+
+    def _next_row(self) -> int:
+        """Plan the current row's bursts; returns the cycle its first burst is requested."""
         insn = self.insn
         self.tau += insn.x_pad0                          # the DMA starts in cycle tau
         addr = (insn.dram_base + self.row * insn.x_stride) * self.E
         self.bursts = self.m.plan(addr, insn.x_size, self.E)
         self.bi = 0
-        self.m.bus.request(self.client, self.tau + 1, self._granted)
+        return self.tau + 1
 
     def _granted(self, g: int) -> int:
-        nb, per = self.bursts[self.bi]
-        f = self.m.bus.burst_times(g, nb, per)
-        self.bi += 1
-        if self.bi < len(self.bursts):
-            self.m.bus.request(self.client, f + 1, self._granted)
-            return f
-        insn = self.insn
-        self.tau = f + 1 + insn.x_pad1
-        self.row += 1
-        if self.row < insn.y_size:
-            self._row()
-        else:
-            self.done(self.tau + insn.y_pad1 * (insn.x_pad0 + insn.x_size + insn.x_pad1))
-        return f
+        """Bursts from the one granted in cycle g on, for as long as no other client can contend for
+        the bus (ReadBus.sole_grant); returns the RLAST cycle of the last burst it ran."""
+        bus = self.m.bus
+        while True:
+            nb, per = self.bursts[self.bi]
+            f = bus.burst_times(g, nb, per)
+            self.bi += 1
+            if self.bi < len(self.bursts):
+                t = f + 1
+            else:
+                insn = self.insn
+                self.tau = f + 1 + insn.x_pad1
+                self.row += 1
+                if self.row == insn.y_size:
+                    self.done(self.tau + insn.y_pad1 * (insn.x_pad0 + insn.x_size + insn.x_pad1))
+                    return f
+                t = self._next_row()
+            g = bus.sole_grant(self.client, t, f + 1)
+            if g is None:
+                bus.request(self.client, t, self._granted)
+                return f
 
 
 class _Stage:
