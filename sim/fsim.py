@@ -578,11 +578,13 @@ class Fsim:
             res = alu_apply(insn.alu_op, self.acc[d], self._alu_operand(insn, plan), c.acc_width)
             self.acc[d] = res
             self.out[d] = res.astype(self.out.dtype)
-        else:
-            for d, s in zip(dst.tolist(), src.tolist()):
-                b = np.int64(insn.imm) if insn.use_imm else self.acc[s].astype(np.int64)
-                self.acc[d] = alu_apply(insn.alu_op, self.acc[d:d + 1], b, c.acc_width)[0]
-                self.out[d] = wrap(self.acc[d], c.out_width)
+        else:   # in order, one vector step per run of elements that do not see each other's writes
+            for seg in plan.derive("runs", lambda: _independent_runs(dst, src, insn.use_imm)):
+                d = dst[seg]
+                b = np.int64(insn.imm) if insn.use_imm else self.acc[src[seg]].astype(np.int64)
+                res = alu_apply(insn.alu_op, self.acc[d], b, c.acc_width)
+                self.acc[d] = res
+                self.out[d] = res.astype(self.out.dtype)
 
     def _alu_hazard(self, plan: _LoopPlan, use_imm: bool) -> bool:
         """Whether an element reads or rewrites an accumulator entry that an earlier element of the
@@ -605,6 +607,20 @@ class Fsim:
             return np.int64(insn.imm)
         one = plan.derive("one_src", lambda: int(plan.src[0]) if (plan.src == plan.src[0]).all() else -1)
         return self.acc[one if one >= 0 else plan.src].astype(np.int64)
+
+
+def _independent_runs(dst: np.ndarray, src: np.ndarray, use_imm: bool) -> list[slice]:
+    """The elements of an ALU instruction with hazards, in order, cut into runs in which no element
+    reads or rewrites an entry an earlier element of its run wrote: each run is then one vector
+    step (its reads all precede its writes, which is what in-order execution gives it)."""
+    cuts, written = [0], set()
+    for i, (d, s) in enumerate(zip(dst.tolist(), src.tolist())):
+        if d in written or (not use_imm and s in written):
+            cuts.append(i)
+            written = set()
+        written.add(d)
+    cuts.append(len(dst))
+    return [slice(lo, hi) for lo, hi in zip(cuts, cuts[1:])]
 
 
 def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.ndarray:
