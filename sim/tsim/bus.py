@@ -83,22 +83,18 @@ class ReadBus:
                 self.arb_at = t
                 self.loop.at(t, self._arbitrate, None, ARBITRATE)
 
-    def sole_grant(self, client: int, t: int, free: int) -> int | None:
-        """Called by the client being granted (its burst ends in free - 1): the cycle its next
-        request, from cycle t, is granted when no rival can contend (none pending, no event before
-        then that could add one: what _arbitrate would grant without the heap), else None. Not
-        while tracing, where each grant is logged by _arbitrate."""
+    def sole_horizon(self) -> int:
+        """Called by the client being granted: the last cycle up to which its next requests are
+        granted in the cycle they are made, which is what _arbitrate does while no rival is
+        pending and no event comes first that could add one (the one granting adds no events
+        before it returns); -1 when one is pending, or while tracing (_arbitrate logs each grant)."""
         if self.log is not None:
-            return None
+            return -1
         for p in self.pending:
             if p is not None:
-                return None
-        g = t if t > free else free
+                return -1
         heap = self.loop.heap
-        if (heap and heap[0][0] <= g) or g > self.loop.limit:
-            return None
-        self.last = client
-        return g
+        return min(heap[0][0] - 1, self.loop.limit) if heap else self.loop.limit
 
     def _arbitrate(self, T: int, _=None) -> None:
         if T != self.arb_at:

@@ -105,26 +105,26 @@ class _Loader:
         return self.tau + 1
 
     def _granted(self, g: int) -> int:
-        """Bursts from the one granted in cycle g on, for as long as no other client can contend for
-        the bus (ReadBus.sole_grant); returns the RLAST cycle of the last burst it ran."""
-        bus = self.m.bus
+        """Bursts from the one granted in cycle g on: while no other client can contend for the bus
+        (up to ReadBus.sole_horizon) the next is granted in the cycle it is requested, the cycle
+        after the last one's RLAST, as the arbiter would; returns the RLAST cycle of the last one run."""
+        bus, insn = self.m.bus, self.insn
+        horizon = bus.sole_horizon()
         while True:
             nb, per = self.bursts[self.bi]
             f = bus.burst_times(g, nb, per)
             self.bi += 1
             if self.bi < len(self.bursts):
-                t = f + 1
+                g = f + 1
             else:
-                insn = self.insn
                 self.tau = f + 1 + insn.x_pad1
                 self.row += 1
                 if self.row == insn.y_size:
                     self.done(self.tau + insn.y_pad1 * (insn.x_pad0 + insn.x_size + insn.x_pad1))
                     return f
-                t = self._next_row()
-            g = bus.sole_grant(self.client, t, f + 1)
-            if g is None:
-                bus.request(self.client, t, self._granted)
+                g = self._next_row()
+            if g > horizon:
+                bus.request(self.client, g, self._granted)
                 return f
 
 
