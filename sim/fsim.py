@@ -13,6 +13,7 @@ bounds-checked and analysed once (_plan); LOAD and STORE tiles are strided views
 from __future__ import annotations
 
 import logging
+import sys
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 _INT = {8: np.int8, 16: np.int16, 32: np.int32}
 #: index elements the plan cache may hold (three int64 arrays each: 48 MB)
 PLAN_CACHE_ELEMS = 1 << 21
+_LITTLE_ENDIAN = sys.byteorder == "little"   # buffers hold DRAM's little-endian bytes as they are
 
 # Token queues by (producer stage, consumer stage); names as in VTA.
 QUEUES = {(Stage.LOAD, Stage.COMPUTE): "l2c", (Stage.COMPUTE, Stage.LOAD): "c2l",
@@ -308,24 +310,32 @@ class Fsim:
             raise ExecError(f"instruction {idx} (LOAD {mem.name}): sram_base={insn.sram_base} + {rows}x{cols} "
                             f"entries exceeds the {mem.name} buffer depth {depth}")
         eb = elem_bytes(c, mem)
-        tile = np.zeros((rows, cols, eb), np.uint8)
-        if insn.y_size and insn.x_size:
-            tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = \
-                self._dram_tile(idx, insn, dram, eb)
+        lo, hi = insn.sram_base, insn.sram_base + rows * cols
+        src = self._dram_tile(idx, insn, dram, eb) if insn.y_size and insn.x_size else None   # checked first
+        buf = {MemType.INP: self.inp, MemType.WGT: self.wgt, MemType.ACC: self.acc}.get(mem)
+        if buf is not None and _LITTLE_ENDIAN:
+            tile = buf[lo:hi].view(np.uint8).reshape(rows, cols, eb)   # the entries' bytes, written in place
+            if rows != insn.y_size or cols != insn.x_size:
+                tile[...] = 0
+        else:
+            tile = np.zeros((rows, cols, eb), np.uint8)
+        if src is not None:
+            tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = src
             stats.bytes_read += insn.y_size * insn.x_size * eb
         flat = tile.reshape(rows * cols, eb)
-        lo, hi = insn.sram_base, insn.sram_base + rows * cols
         if mem == MemType.UOP:
             self.uop[lo:hi] = decode_uops(flat.reshape(-1), c)
         elif mem == MemType.INP:
-            self.inp[lo:hi] = flat.view(f"<i{c.inp_width // 8}").reshape(-1, c.batch, c.block_in)
+            if not _LITTLE_ENDIAN:
+                self.inp[lo:hi] = flat.view(f"<i{c.inp_width // 8}").reshape(-1, c.batch, c.block_in)
             if self._inp_f is not None:
                 self._inp_f[lo:hi] = self.inp[lo:hi]
         elif mem == MemType.WGT:
-            self.wgt[lo:hi] = flat.view(f"<i{c.wgt_width // 8}").reshape(-1, c.block_out, c.block_in)
+            if not _LITTLE_ENDIAN:
+                self.wgt[lo:hi] = flat.view(f"<i{c.wgt_width // 8}").reshape(-1, c.block_out, c.block_in)
             if self._wgt_f is not None:
                 self._wgt_f[lo:hi] = self.wgt[lo:hi]
-        else:
+        elif not _LITTLE_ENDIAN:
             self.acc[lo:hi] = flat.view(f"<i{c.acc_width // 8}").reshape(-1, c.batch, c.block_out)
 
     def _store(self, idx: int, insn: Store, dram: np.ndarray, stats: FsimStats) -> None:
@@ -575,6 +585,11 @@ class Fsim:
         stats.alu_uops += dst.size
         if not plan.derive("hazard", lambda: self._alu_hazard(plan, insn.use_imm)):
             d = plan.run or dst
+            if insn.alu_op == AluOp.MOV and not insn.use_imm:   # a copy: entries are acc_width values already
+                res = self.acc[plan.src]
+                self.acc[d] = res
+                self.out[d] = res.astype(self.out.dtype)
+                return
             res = alu_apply(insn.alu_op, self.acc[d], self._alu_operand(insn, plan), c.acc_width)
             self.acc[d] = res
             self.out[d] = res.astype(self.out.dtype)
