@@ -186,16 +186,21 @@ class Fsim:
         opname = [i.opcode.name for i in insns]
         pops = [[token_queue(i.stage, f) for f in ("pop_prev", "pop_next") if getattr(i, f)] for i in insns]
         pushes = [[token_queue(i.stage, f) for f in ("push_prev", "push_next") if getattr(i, f)] for i in insns]
+        stage_name = {s: s.name.lower() for s in Stage}
+        order = [(s, stages[s], stage_name[s]) for s in (Stage.LOAD, Stage.STORE, Stage.COMPUTE)]
+        n_insns = len(insns)
         while not finished:
             progress = False
             # fetch: in order, stalls while the target command queue is full
-            while pc < len(insns) and len(stages[stage_of[pc]].queue) < depth:
-                stages[stage_of[pc]].queue.append((pc, insns[pc]))
+            while pc < n_insns:
+                q = stages[stage_of[pc]].queue
+                if len(q) >= depth:
+                    break
+                q.append((pc, insns[pc]))
                 pc += 1
                 progress = True
             # load and store first, so compute meets FINISH as late as the tokens allow
-            for s in (Stage.LOAD, Stage.STORE, Stage.COMPUTE):
-                st = stages[s]
+            for s, st, sname in order:
                 while True:
                     if st.current is None:
                         if not st.queue:
@@ -205,9 +210,9 @@ class Fsim:
                     if not st.popped:
                         qs = pops[idx]
                         if None in qs:
-                            raise ExecError(f"instruction {idx} ({insn.opcode.name}): {s.name.lower()} stage has "
+                            raise ExecError(f"instruction {idx} ({insn.opcode.name}): {sname} stage has "
                                             f"no {'prev' if s == Stage.LOAD else 'next'} neighbour to pop from")
-                        if any(tokens[q] == 0 for q in qs):
+                        if qs and min(tokens[q] for q in qs) == 0:
                             break
                         for q in qs:
                             tokens[q] -= 1
@@ -217,7 +222,7 @@ class Fsim:
                         if isinstance(insn, Finish):
                             busy = [t.name.lower() for t in (Stage.LOAD, Stage.STORE)
                                     if stages[t].current is not None or stages[t].queue]
-                            if busy or pc < len(insns):
+                            if busy or pc < n_insns:
                                 pend = busy or ["fetch"]
                                 raise ExecError(
                                     f"instruction {idx} (FINISH) ran while {' and '.join(pend)} still had "
@@ -229,15 +234,15 @@ class Fsim:
                         st.executed = True
                         executed += 1
                         stats.insns[opname[idx]] = stats.insns.get(opname[idx], 0) + 1
-                        stats.per_stage[s.name.lower()] = stats.per_stage.get(s.name.lower(), 0) + 1
+                        stats.per_stage[sname] = stats.per_stage.get(sname, 0) + 1
                         progress = True
                         if executed > limit:
                             raise SimError(f"instruction limit {limit} exceeded")
                     qs = pushes[idx]
                     if None in qs:
-                        raise ExecError(f"instruction {idx} ({insn.opcode.name}): {s.name.lower()} stage has "
+                        raise ExecError(f"instruction {idx} ({insn.opcode.name}): {sname} stage has "
                                         f"no {'prev' if s == Stage.LOAD else 'next'} neighbour to push to")
-                    if any(tokens[q] >= tdepth for q in qs):
+                    if qs and max(tokens[q] for q in qs) >= tdepth:
                         break
                     for q in qs:
                         tokens[q] += 1
