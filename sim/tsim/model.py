@@ -93,23 +93,20 @@ class _Loader:
         self._row()
 
     def _row(self) -> None:
-        self.m.bus.request(self.client, self._next_row(), self._granted)
+        self.tau += self.insn.x_pad0                     # the DMA starts in cycle tau
+        self.bursts, self.bi = self._row_bursts(self.row), 0
+        self.m.bus.request(self.client, self.tau + 1, self._granted)
 
-    def _next_row(self) -> int:
-        """Plan the current row's bursts; returns the cycle its first burst is requested."""
+    def _row_bursts(self, row: int):
         insn = self.insn
-        self.tau += insn.x_pad0                          # the DMA starts in cycle tau
-        addr = (insn.dram_base + self.row * insn.x_stride) * self.E
-        self.bursts = self.m.plan(addr, insn.x_size, self.E)
-        self.bi = 0
-        return self.tau + 1
+        return self.m.plan((insn.dram_base + row * insn.x_stride) * self.E, insn.x_size, self.E)
 
     def _granted(self, g: int) -> int:
         """Bursts from the one granted in cycle g on: while no other client can contend for the bus
         (up to ReadBus.sole_horizon) the next is granted in the cycle it is requested, the cycle
         after the last one's RLAST, as the arbiter would; returns the RLAST cycle of the last one run.
         (The hot loop of the model on layers: the row state lives in locals while it runs.)"""
-        bus, insn, plan, E = self.m.bus, self.insn, self.m.plan, self.E
+        bus, insn = self.m.bus, self.insn
         burst_times, horizon = bus.burst_times, bus.sole_horizon()
         bursts, bi, row, tau = self.bursts, self.bi, self.row, self.tau
         while True:
@@ -126,7 +123,7 @@ class _Loader:
                     self.done(tau + insn.y_pad1 * (insn.x_pad0 + insn.x_size + insn.x_pad1))
                     return f
                 tau += insn.x_pad0                       # the next row's DMA starts in cycle tau
-                bursts, bi = plan((insn.dram_base + row * insn.x_stride) * E, insn.x_size, E), 0
+                bursts, bi = self._row_bursts(row), 0
                 g = tau + 1
             if g > horizon:
                 self.bursts, self.bi, self.row, self.tau = bursts, bi, row, tau
