@@ -200,7 +200,14 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling) -> dict[s
     out_bytes = g.nb * g.ob * spec.oh * spec.ow * cfg.out_elem_bytes
     uops = g.nb * g.ob * g.cb * spec.kh * spec.kw * spec.oh * spec.ow
     alu = 4 * g.nb * g.ob * spec.oh * spec.ow
-    mem_cycles = (inp_bytes + wgt_bytes + out_bytes) / cfg.bus_bytes
+    # reads and writes have their own channels; a loader row or a stored row is a DMA command
+    # waited on to its end, so each also costs its channel's latency (the timing model's defaults)
+    from sim.dram import DramModel
+    dram = DramModel()
+    read_rows = tiles * g.cb * rows_in + wgt_loads * t.o_t
+    write_rows = tiles * t.o_t * t.h_t
+    mem_cycles = max((inp_bytes + wgt_bytes) / cfg.bus_bytes + read_rows * (dram.read_latency + 1),
+                     out_bytes / cfg.bus_bytes + write_rows * (dram.write_latency + 1))
     insns = tiles * (n_ic * (g.cb // max(1, n_ic) + 2) + 6 + t.o_t)
     overhead = 30 * insns
     if t.vt > 1:
