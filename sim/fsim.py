@@ -13,7 +13,6 @@ bounds-checked and analysed once (_plan); LOAD and STORE tiles are strided views
 from __future__ import annotations
 
 import logging
-import sys
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
@@ -28,10 +27,11 @@ from .errors import DeadlockError, ExecError, SimError
 
 log = logging.getLogger(__name__)
 
-_INT = {8: np.int8, 16: np.int16, 32: np.int32}
+# Buffer element types, little-endian as the DRAM is (the native types on x86 and ARM), so a LOAD
+# writes an entry's bytes in place.
+_INT = {bits: np.dtype(f"<i{bits // 8}") for bits in (8, 16, 32)}
 #: index elements the plan cache may hold (three int64 arrays each: 48 MB)
 PLAN_CACHE_ELEMS = 1 << 21
-_LITTLE_ENDIAN = sys.byteorder == "little"   # buffers hold DRAM's little-endian bytes as they are
 
 # Token queues by (producer stage, consumer stage); names as in VTA.
 QUEUES = {(Stage.LOAD, Stage.COMPUTE): "l2c", (Stage.COMPUTE, Stage.LOAD): "c2l",
@@ -212,7 +212,7 @@ class Fsim:
                         if None in qs:
                             raise ExecError(f"instruction {idx} ({insn.opcode.name}): {sname} stage has "
                                             f"no {'prev' if s == Stage.LOAD else 'next'} neighbour to pop from")
-                        if qs and min(tokens[q] for q in qs) == 0:
+                        if any(tokens[q] == 0 for q in qs):
                             break
                         for q in qs:
                             tokens[q] -= 1
@@ -242,7 +242,7 @@ class Fsim:
                     if None in qs:
                         raise ExecError(f"instruction {idx} ({insn.opcode.name}): {sname} stage has "
                                         f"no {'prev' if s == Stage.LOAD else 'next'} neighbour to push to")
-                    if qs and max(tokens[q] for q in qs) >= tdepth:
+                    if any(tokens[q] >= tdepth for q in qs):
                         break
                     for q in qs:
                         tokens[q] += 1
@@ -317,31 +317,22 @@ class Fsim:
         eb = elem_bytes(c, mem)
         lo, hi = insn.sram_base, insn.sram_base + rows * cols
         src = self._dram_tile(idx, insn, dram, eb) if insn.y_size and insn.x_size else None   # checked first
-        buf = {MemType.INP: self.inp, MemType.WGT: self.wgt, MemType.ACC: self.acc}.get(mem)
-        if buf is not None and _LITTLE_ENDIAN:
-            tile = buf[lo:hi].view(np.uint8).reshape(rows, cols, eb)   # the entries' bytes, written in place
+        if mem == MemType.UOP:
+            tile = np.zeros((rows, cols, eb), np.uint8)
+        else:   # the entries' bytes, written in place
+            buf = {MemType.INP: self.inp, MemType.WGT: self.wgt, MemType.ACC: self.acc}[mem]
+            tile = buf[lo:hi].view(np.uint8).reshape(rows, cols, eb)
             if rows != insn.y_size or cols != insn.x_size:
                 tile[...] = 0
-        else:
-            tile = np.zeros((rows, cols, eb), np.uint8)
         if src is not None:
             tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = src
             stats.bytes_read += insn.y_size * insn.x_size * eb
-        flat = tile.reshape(rows * cols, eb)
         if mem == MemType.UOP:
-            self.uop[lo:hi] = decode_uops(flat.reshape(-1), c)
-        elif mem == MemType.INP:
-            if not _LITTLE_ENDIAN:
-                self.inp[lo:hi] = flat.view(f"<i{c.inp_width // 8}").reshape(-1, c.batch, c.block_in)
-            if self._inp_f is not None:
-                self._inp_f[lo:hi] = self.inp[lo:hi]
-        elif mem == MemType.WGT:
-            if not _LITTLE_ENDIAN:
-                self.wgt[lo:hi] = flat.view(f"<i{c.wgt_width // 8}").reshape(-1, c.block_out, c.block_in)
-            if self._wgt_f is not None:
-                self._wgt_f[lo:hi] = self.wgt[lo:hi]
-        elif not _LITTLE_ENDIAN:
-            self.acc[lo:hi] = flat.view(f"<i{c.acc_width // 8}").reshape(-1, c.batch, c.block_out)
+            self.uop[lo:hi] = decode_uops(tile.reshape(-1), c)
+        elif mem == MemType.INP and self._inp_f is not None:
+            self._inp_f[lo:hi] = self.inp[lo:hi]
+        elif mem == MemType.WGT and self._wgt_f is not None:
+            self._wgt_f[lo:hi] = self.wgt[lo:hi]
 
     def _store(self, idx: int, insn: Store, dram: np.ndarray, stats: FsimStats) -> None:
         c = self.cfg
