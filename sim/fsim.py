@@ -13,6 +13,7 @@ bounds-checked and analysed once (_plan); LOAD and STORE tiles are strided views
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 _INT = {bits: np.dtype(f"<i{bits // 8}") for bits in (8, 16, 32)}
 #: index elements the plan cache may hold (three int64 arrays each: 48 MB)
 PLAN_CACHE_ELEMS = 1 << 21
+#: decoded micro-op kernels _decoded_uops keeps (a layer uses a few)
+UOP_KERNEL_CACHE = 64
 
 # Token queues by (producer stage, consumer stage); names as in VTA.
 QUEUES = {(Stage.LOAD, Stage.COMPUTE): "l2c", (Stage.COMPUTE, Stage.LOAD): "c2l",
@@ -151,6 +154,10 @@ class Fsim:
         self._wgt_f = None
         self._plans: dict[tuple, _LoopPlan] = {}     # see _plan
         self._plan_elems = 0
+        self._uop_kernels: dict[bytes, np.ndarray] = {}   # see _decoded_uops
+        self._depth = {m: buffer_depth(c, m) for m in MemType}
+        self._elem_bytes = {m: elem_bytes(c, m) for m in MemType}
+        self._buffers = {MemType.INP: self.inp, MemType.WGT: self.wgt, MemType.ACC: self.acc}
 
     # ---- top level ------------------------------------------------------------------------
     def run(self, dram: np.ndarray, insn_addr: int, insn_count: int, max_insns: int | None = None) -> FsimStats:
@@ -303,36 +310,50 @@ class Fsim:
                           (insn.x_stride * eb, eb, 1))
 
     def _load(self, idx: int, insn: Load, dram: np.ndarray, stats: FsimStats) -> None:
-        c, mem = self.cfg, insn.mem_type
+        mem = insn.mem_type
         if mem == MemType.OUT:
             raise ExecError(f"instruction {idx} (LOAD): field mem_type=OUT; LOAD writes UOP, WGT, INP or ACC")
         rows = insn.y_pad0 + insn.y_size + insn.y_pad1
         cols = insn.x_pad0 + insn.x_size + insn.x_pad1
         if rows * cols == 0:
             return  # a no-op carrying dependency flags
-        depth = buffer_depth(c, mem)
+        depth, eb = self._depth[mem], self._elem_bytes[mem]
         if insn.sram_base + rows * cols > depth:
             raise ExecError(f"instruction {idx} (LOAD {mem.name}): sram_base={insn.sram_base} + {rows}x{cols} "
                             f"entries exceeds the {mem.name} buffer depth {depth}")
-        eb = elem_bytes(c, mem)
         lo, hi = insn.sram_base, insn.sram_base + rows * cols
         src = self._dram_tile(idx, insn, dram, eb) if insn.y_size and insn.x_size else None   # checked first
-        if mem == MemType.UOP:
-            tile = np.zeros((rows, cols, eb), np.uint8)
-        else:   # the entries' bytes, written in place
-            buf = {MemType.INP: self.inp, MemType.WGT: self.wgt, MemType.ACC: self.acc}[mem]
-            tile = buf[lo:hi].view(np.uint8).reshape(rows, cols, eb)
-            if rows != insn.y_size or cols != insn.x_size:
-                tile[...] = 0
+        padded = rows != insn.y_size or cols != insn.x_size
         if src is not None:
-            tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = src
             stats.bytes_read += insn.y_size * insn.x_size * eb
         if mem == MemType.UOP:
-            self.uop[lo:hi] = decode_uops(tile.reshape(-1), c)
-        elif mem == MemType.INP and self._inp_f is not None:
+            if padded:
+                tile = np.zeros((rows, cols, eb), np.uint8)
+                if src is not None:
+                    tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = src
+                src = tile
+            self.uop[lo:hi] = self._decoded_uops(src.tobytes())
+            return
+        # the entries' bytes, written in place
+        tile = self._buffers[mem][lo:hi].view(np.uint8).reshape(rows, cols, eb)
+        if padded:
+            tile[...] = 0
+        if src is not None:
+            tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = src
+        if mem == MemType.INP and self._inp_f is not None:
             self._inp_f[lo:hi] = self.inp[lo:hi]
         elif mem == MemType.WGT and self._wgt_f is not None:
             self._wgt_f[lo:hi] = self.wgt[lo:hi]
+
+    def _decoded_uops(self, raw: bytes) -> np.ndarray:
+        """decode_uops of a loaded micro-op tile, cached by its bytes: a layer loads the same few
+        kernels once per tile."""
+        u = self._uop_kernels.get(raw)
+        if u is None:
+            if len(self._uop_kernels) >= UOP_KERNEL_CACHE:
+                self._uop_kernels.clear()
+            u = self._uop_kernels[raw] = decode_uops(raw, self.cfg)
+        return u
 
     def _store(self, idx: int, insn: Store, dram: np.ndarray, stats: FsimStats) -> None:
         c = self.cfg
@@ -418,7 +439,7 @@ class Fsim:
         nu = insn.uop_end - insn.uop_bgn
         shape = (insn.iter_out, insn.iter_in, nu)
         vary = [insn.wgt_factor_out != 0 and insn.iter_out > 1, insn.wgt_factor_in != 0 and insn.iter_in > 1, nu > 1]
-        ngroups = int(np.prod([n for n, v in zip(shape, vary) if v], dtype=np.int64))
+        ngroups = math.prod(n for n, v in zip(shape, vary) if v)
         if self._gemm_separable(insn, dst, shape):
             pass
         elif self._fdt is not None and ngroups * 4 <= dst.size:
@@ -443,7 +464,10 @@ class Fsim:
             return False
         c, (fdt, groups, dst, touched) = self.cfg, plan
         inp_f, wgt_f = self._floats()
-        ys = []
+        # exact integers: int32 holds any float32-exact sum and wraps like a 32-bit accumulator
+        y = np.empty((sum(s.shape[0] * w.shape[0] for s, w in groups), c.batch, c.block_out),
+                     np.int32 if fdt == np.float32 else np.int64)
+        at = 0
         for src_idx, wgt_idx in groups:
             rows, k = src_idx.shape
             n = wgt_idx.shape[0]
@@ -451,15 +475,17 @@ class Fsim:
             x = x.transpose(0, 2, 1, 3).reshape(rows * c.batch, k * c.block_in).astype(fdt, copy=False)
             w = np.take(wgt_f, wgt_idx, axis=0)                                 # (n, K, bout, bin)
             w = w.transpose(1, 3, 0, 2).reshape(k * c.block_in, n * c.block_out).astype(fdt, copy=False)
-            y = (x @ w).reshape(rows, c.batch, n, c.block_out)
-            ys.append(y.transpose(2, 0, 1, 3).reshape(-1, c.batch, c.block_out))
-        # exact integers: int32 holds any float32-exact sum and wraps like a 32-bit accumulator
-        y = np.concatenate(ys).astype(np.int32 if fdt == np.float32 else np.int64)
+            part = (x @ w).reshape(rows, c.batch, n, c.block_out).transpose(2, 0, 1, 3)
+            np.copyto(y[at:at + n * rows].reshape(n, rows, c.batch, c.block_out), part, casting="unsafe")
+            at += n * rows
         if touched is not None:   # destinations repeat: sum per entry first
             self._accumulate_sorted(dst, y)
             self.out[touched] = wrap(self.acc[touched], c.out_width)
             return True
-        self.acc[dst] = self._wrapped_sum(self.acc[dst], y)
+        if self.acc.dtype == y.dtype:   # a 32-bit accumulator: numpy's int32 add wraps as the hardware's does
+            self.acc[dst] += y           # in place (dst is a slice or distinct indices)
+        else:
+            self.acc[dst] = self._wrapped_sum(self.acc[dst], y)
         self.out[dst] = self.acc[dst].astype(self.out.dtype)
         return True
 
@@ -586,7 +612,10 @@ class Fsim:
                 self.acc[d] = res
                 self.out[d] = res.astype(self.out.dtype)
                 return
-            res = alu_apply(insn.alu_op, self.acc[d], self._alu_operand(insn, plan), c.acc_width)
+            a, b = self.acc[d], self._alu_operand(insn, plan)
+            res = alu_apply_int32(insn.alu_op, a, b) if c.acc_width == 32 else None
+            if res is None:
+                res = alu_apply(insn.alu_op, a, b, c.acc_width)
             self.acc[d] = res
             self.out[d] = res.astype(self.out.dtype)
         else:   # in order, one vector step per run of elements that do not see each other's writes
@@ -675,6 +704,47 @@ def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.nda
     else:
         raise SimError(f"unknown ALU op {op!r}")
     return wrap(r, acc_width)
+
+
+_I32_OPS = {AluOp.MIN: np.minimum, AluOp.MAX: np.maximum, AluOp.ADD: np.add, AluOp.MUL: np.multiply}
+
+
+def alu_apply_int32(op: AluOp, a: np.ndarray, b) -> np.ndarray | None:
+    """alu_apply for a 32-bit accumulator computed in int32, whose array arithmetic wraps as the
+    ALU's does: a fraction of the int64 path's passes over a layer-sized tile. None where it does
+    not apply (SCALE; a per-element operand for anything but MIN, MAX, ADD, MUL): alu_apply then.
+    a: int32 entries (not modified); b: an int64 scalar, or an array broadcasting against a."""
+    b = np.asarray(b)
+    if b.ndim and (b == b.flat[0]).all():
+        b = b.flat[0]
+    if b.ndim and op in _I32_OPS:
+        return _I32_OPS[op](a, b.astype(np.int64).astype(np.int32))     # astype wraps to 32 bits
+    if b.ndim:
+        return None
+    v = int(b) & 0xFFFFFFFF
+    v -= (v >> 31) << 32                                                # b as a signed 32-bit value
+    if op in _I32_OPS:
+        return _I32_OPS[op](a, np.int32(v))
+    if op == AluOp.SHR:
+        sh = ((v & 63) ^ 32) - 32                                       # the signed low 6 bits
+        return a >> np.int32(sh) if sh >= 0 else (a << np.int32(-sh) if sh > -32 else np.zeros_like(a))
+    if op == AluOp.MOV:
+        return np.full_like(a, v)
+    if op == AluOp.CLIP:
+        nv = -v if v != -(1 << 31) else v                               # -b wrapped to 32 bits
+        r = np.maximum(a, np.int32(nv))
+        return np.minimum(r, np.int32(v), out=r)
+    if op in (AluOp.CLAMP, AluOp.REQUANT):
+        lo, hi = ((v & 0xFF) ^ 0x80) - 0x80, (((v >> 8) & 0xFF) ^ 0x80) - 0x80
+        if op == AluOp.REQUANT:
+            sh = (v >> 16) & 31
+            r = a + np.int32((1 << sh >> 1) if v >> 21 & 1 else 0)       # the rounding term, wrapping
+            r >>= np.int32(sh)
+        else:
+            r = a.copy()
+        np.maximum(r, np.int32(lo), out=r)
+        return np.minimum(r, np.int32(hi), out=r)
+    return None
 
 
 def scale_fixed(a: np.ndarray, b_unsigned: np.ndarray, acc_width: int) -> np.ndarray:

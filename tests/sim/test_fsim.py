@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program,
                        encode_uops)
 from sim.errors import DeadlockError, ExecError, SimError
-from sim.fsim import Fsim, alu_apply, gemm_float_dtype
+from sim.fsim import Fsim, alu_apply, alu_apply_int32, gemm_float_dtype
 
 TINY = PRESETS["tiny"]
 TINY_ACC16 = dataclasses.replace(TINY, acc_width=16, out_buff_bytes=2048)
@@ -191,6 +191,28 @@ def test_fsim_alu_one_operand_for_all_elements_matches_python_integers(op, w, da
     got = alu_apply(op, np.array(a, dtype=np.int64).reshape(-1, 1, 1), np.full((len(a), 1, 1), b, np.int64), w)
     assert got.shape == (len(a), 1, 1)
     assert got.reshape(-1).tolist() == [_py_alu(op, x, b, w) for x in a], (op, a, b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(op=st.sampled_from(list(AluOp)), shared=st.booleans(), data=st.data())
+def test_fsim_alu_int32_path_matches_python_integers(op, shared, data):
+    """The int32 path of a 32-bit accumulator (wrapping array arithmetic, no int64 passes) gives
+    the ALU's results; it takes every op but SCALE with one operand for all elements (an immediate
+    or a requantization register), and MIN, MAX, ADD, MUL with one operand per element."""
+    vals = _alu_values(32)
+    a = data.draw(st.lists(vals, min_size=1, max_size=8))
+    if shared:
+        b = data.draw(st.one_of(vals, st.integers(0, (1 << 22) - 1), st.integers(-(1 << 40), 1 << 40)))
+        operand, want = np.int64(b), [_py_alu(op, x, b, 32) for x in a]
+    else:
+        b = data.draw(st.lists(vals, min_size=len(a), max_size=len(a)))
+        operand, want = np.array(b, np.int64).reshape(-1, 1, 1), [_py_alu(op, x, y, 32) for x, y in zip(a, b)]
+    got = alu_apply_int32(op, np.array(a, np.int32).reshape(-1, 1, 1), operand)
+    if op == AluOp.SCALE or (not shared and len(set(b)) > 1 and op not in (AluOp.MIN, AluOp.MAX, AluOp.ADD, AluOp.MUL)):
+        assert got is None
+        return
+    assert got is not None and got.dtype == np.int32 and got.shape == (len(a), 1, 1)
+    assert got.reshape(-1).tolist() == want, (op, a, b)
 
 
 def test_fsim_alu_chained_hazard_runs_in_order():
