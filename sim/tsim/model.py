@@ -99,19 +99,25 @@ class _Loader:
 
     def _row_bursts(self, row: int):
         insn = self.insn
-        return self.m.plan((insn.dram_base + row * insn.x_stride) * self.E, insn.x_size, self.E)
+        return self.m.plan.row((insn.dram_base + row * insn.x_stride) * self.E, insn.x_size, self.E)
 
     def _granted(self, g: int) -> int:
         """Bursts from the one granted in cycle g on: while no other client can contend for the bus
         (up to ReadBus.sole_horizon) the next is granted in the cycle it is requested, the cycle
         after the last one's RLAST, as the arbiter would; returns the RLAST cycle of the last one run.
-        (The hot loop of the model on layers: the row state lives in locals while it runs.)"""
+        (The hot loop of the model on layers: the row state lives in locals while it runs, and an
+        unthrottled burst's RLAST is its grant + read latency + its span, ReadBus.burst_times inlined.)"""
         bus, insn = self.m.bus, self.insn
-        burst_times, horizon = bus.burst_times, bus.sole_horizon()
+        burst_times, horizon, throttled, latency = bus.burst_times, bus.sole_horizon(), bus.throttled, bus.L - 1
         bursts, bi, row, tau = self.bursts, self.bi, self.row, self.tau
+        beats = 0                                        # of the inlined bursts, added to bus.beats on return
         while True:
-            nb, per = bursts[bi]
-            f = burst_times(g, nb, per)
+            nb, per, span = bursts[bi]
+            if throttled:
+                f = burst_times(g, nb, per)
+            else:
+                f = g + latency + span
+                beats += nb
             bi += 1
             if bi < len(bursts):
                 g = f + 1
@@ -120,6 +126,7 @@ class _Loader:
                 row += 1
                 if row == insn.y_size:
                     self.row = row
+                    bus.beats += beats
                     self.done(tau + insn.y_pad1 * (insn.x_pad0 + insn.x_size + insn.x_pad1))
                     return f
                 tau += insn.x_pad0                       # the next row's DMA starts in cycle tau
@@ -127,6 +134,7 @@ class _Loader:
                 g = tau + 1
             if g > horizon:
                 self.bursts, self.bi, self.row, self.tau = bursts, bi, row, tau
+                bus.beats += beats
                 bus.request(self.client, g, self._granted)
                 return f
 
