@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 _INT = {bits: np.dtype(f"<i{bits // 8}") for bits in (8, 16, 32)}
 #: index elements the plan cache may hold (three int64 arrays each: 48 MB)
 PLAN_CACHE_ELEMS = 1 << 21
-#: decoded micro-op kernels _decoded_uops keeps (a layer uses a few)
-UOP_KERNEL_CACHE = 64
 
 # Token queues by (producer stage, consumer stage); names as in VTA.
 QUEUES = {(Stage.LOAD, Stage.COMPUTE): "l2c", (Stage.COMPUTE, Stage.LOAD): "c2l",
@@ -154,7 +152,6 @@ class Fsim:
         self._wgt_f = None
         self._plans: dict[tuple, _LoopPlan] = {}     # see _plan
         self._plan_elems = 0
-        self._uop_kernels: dict[bytes, np.ndarray] = {}   # see _decoded_uops
         self._depth = {m: buffer_depth(c, m) for m in MemType}
         self._elem_bytes = {m: elem_bytes(c, m) for m in MemType}
         self._buffers = {MemType.INP: self.inp, MemType.WGT: self.wgt, MemType.ACC: self.acc}
@@ -332,7 +329,7 @@ class Fsim:
                 if src is not None:
                     tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = src
                 src = tile
-            self.uop[lo:hi] = self._decoded_uops(src.tobytes())
+            self.uop[lo:hi] = decode_uops(src.reshape(-1), self.cfg)
             return
         # the entries' bytes, written in place
         tile = self._buffers[mem][lo:hi].view(np.uint8).reshape(rows, cols, eb)
@@ -344,16 +341,6 @@ class Fsim:
             self._inp_f[lo:hi] = self.inp[lo:hi]
         elif mem == MemType.WGT and self._wgt_f is not None:
             self._wgt_f[lo:hi] = self.wgt[lo:hi]
-
-    def _decoded_uops(self, raw: bytes) -> np.ndarray:
-        """decode_uops of a loaded micro-op tile, cached by its bytes: a layer loads the same few
-        kernels once per tile."""
-        u = self._uop_kernels.get(raw)
-        if u is None:
-            if len(self._uop_kernels) >= UOP_KERNEL_CACHE:
-                self._uop_kernels.clear()
-            u = self._uop_kernels[raw] = decode_uops(raw, self.cfg)
-        return u
 
     def _store(self, idx: int, insn: Store, dram: np.ndarray, stats: FsimStats) -> None:
         c = self.cfg
