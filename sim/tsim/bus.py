@@ -56,9 +56,10 @@ def _plan(addr: int, count: int, E: int, B: int, maxb: int) -> tuple:
 
 
 @lru_cache(maxsize=1 << 14)
-def _row_plan(addr: int, count: int, E: int, B: int, maxb: int) -> tuple[tuple[int, tuple | None, int], ...]:
-    """_plan's bursts as (beats, wanted entries per beat, cycles from the first beat to RLAST on an
-    unthrottled bus: one per beat, or one per wanted entry when E < B)."""
+def row_plan(addr: int, count: int, E: int, B: int, maxb: int) -> tuple[tuple[int, tuple | None, int], ...]:
+    """The bursts of a loader row, addr modulo 4 KiB: _plan's as (beats, wanted entries per beat,
+    cycles from the first beat to RLAST on an unthrottled bus: one per beat, or one per wanted
+    entry when E < B)."""
     return tuple((n, per, n if per is None else sum(per)) for n, per in _plan(addr, count, E, B, maxb))
 
 
@@ -204,6 +205,3 @@ class BurstPlanner:
     def __call__(self, addr: int, count: int, E: int):
         return _plan(addr % BOUNDARY_BYTES, count, E, self.B, self.maxb)
 
-    def row(self, addr: int, count: int, E: int):
-        """The bursts of a loader row as _row_plan gives them."""
-        return _row_plan(addr % BOUNDARY_BYTES, count, E, self.B, self.maxb)

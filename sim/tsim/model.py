@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from accel.hw.axi import BOUNDARY_BYTES
 from accel.isa import AccelConfig, Alu, Finish, Gemm, Insn, Load, MemType, Stage, Store, elem_bytes
 from accel.isa.isa import INSN_BYTES
 
 from ..dram import DramModel
 from ..errors import CycleLimitError, DeadlockError
-from .bus import BurstPlanner, ReadBus
+from .bus import BurstPlanner, ReadBus, row_plan
 from .events import EventLoop
 from .queues import TimedFifo
 from .store import store_key, store_timing
@@ -72,7 +73,7 @@ class _Loader:
     """TileLoader timing: padding entries 1 cycle each, a data row = 1 cycle to start the DMA, then
     its bursts on the bus; busy ends the cycle after the last entry."""
 
-    __slots__ = ("m", "client", "insn", "E", "tau", "row", "bursts", "bi", "done")
+    __slots__ = ("m", "client", "insn", "E", "tau", "row", "bursts", "bi", "done", "addr0", "step")
 
     def __init__(self, model, client):
         self.m, self.client = model, client
@@ -87,7 +88,8 @@ class _Loader:
             done(s + 1 + n_rows * n_cols)
             return
         self.insn, self.done = insn, done
-        self.E = elem_bytes(self.m.cfg, insn.mem_type)
+        self.E = E = elem_bytes(self.m.cfg, insn.mem_type)
+        self.addr0, self.step = insn.dram_base * E, insn.x_stride * E
         self.tau = s + 1 + insn.y_pad0 * n_cols
         self.row = 0
         self._row()
@@ -98,8 +100,8 @@ class _Loader:
         self.m.bus.request(self.client, self.tau + 1, self._granted)
 
     def _row_bursts(self, row: int):
-        insn = self.insn
-        return self.m.plan.row((insn.dram_base + row * insn.x_stride) * self.E, insn.x_size, self.E)
+        plan = self.m.plan
+        return row_plan((self.addr0 + row * self.step) % BOUNDARY_BYTES, self.insn.x_size, self.E, plan.B, plan.maxb)
 
     def _granted(self, g: int) -> int:
         """Bursts from the one granted in cycle g on: while no other client can contend for the bus
@@ -110,6 +112,7 @@ class _Loader:
         bus, insn = self.m.bus, self.insn
         burst_times, horizon, throttled, latency = bus.burst_times, bus.sole_horizon(), bus.throttled, bus.L - 1
         bursts, bi, row, tau = self.bursts, self.bi, self.row, self.tau
+        addr0, step, count, E, B, maxb = self.addr0, self.step, insn.x_size, self.E, self.m.plan.B, self.m.plan.maxb
         beats = 0                                        # of the inlined bursts, added to bus.beats on return
         while True:
             nb, per, span = bursts[bi]
@@ -130,7 +133,7 @@ class _Loader:
                     self.done(tau + insn.y_pad1 * (insn.x_pad0 + insn.x_size + insn.x_pad1))
                     return f
                 tau += insn.x_pad0                       # the next row's DMA starts in cycle tau
-                bursts, bi = self._row_bursts(row), 0
+                bursts, bi = row_plan((addr0 + row * step) % BOUNDARY_BYTES, count, E, B, maxb), 0   # _row_bursts
                 g = tau + 1
             if g > horizon:
                 self.bursts, self.bi, self.row, self.tau = bursts, bi, row, tau
