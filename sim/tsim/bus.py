@@ -204,4 +204,3 @@ class BurstPlanner:
 
     def __call__(self, addr: int, count: int, E: int):
         return _plan(addr % BOUNDARY_BYTES, count, E, self.B, self.maxb)
-
