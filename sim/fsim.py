@@ -12,6 +12,7 @@ bounds-checked and analysed once (_plan); LOAD and STORE tiles are strided views
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections import deque
@@ -47,6 +48,15 @@ def token_queue(stage: Stage, flag: str) -> str | None:
     if other is None:
         return None
     return QUEUES[(other, stage)] if flag.startswith("pop") else QUEUES[(stage, other)]
+
+
+@functools.lru_cache(maxsize=None)
+def _routing(stage: Stage, opcode, pop_prev: bool, pop_next: bool, push_prev: bool, push_next: bool):
+    """(stage, op name, queues popped, queues pushed) of an instruction, by its routing fields: a
+    program has a handful of distinct ones, so the scheduler's per-run tables cost a lookup each."""
+    pops = [token_queue(stage, f) for f, on in (("pop_prev", pop_prev), ("pop_next", pop_next)) if on]
+    pushes = [token_queue(stage, f) for f, on in (("push_prev", push_prev), ("push_next", push_next)) if on]
+    return stage, opcode.name, pops, pushes
 
 
 def gemm_float_dtype(cfg: AccelConfig):
@@ -185,11 +195,10 @@ class Fsim:
         if not any(isinstance(i, Finish) for i in insns):
             raise ExecError("program has no FINISH instruction; the accelerator would never raise done")
         limit = max_insns if max_insns is not None else len(insns)
-        # per instruction: the token queues it pops and pushes (None: a flag naming a missing neighbour)
-        stage_of = [i.stage for i in insns]
-        opname = [i.opcode.name for i in insns]
-        pops = [[token_queue(i.stage, f) for f in ("pop_prev", "pop_next") if getattr(i, f)] for i in insns]
-        pushes = [[token_queue(i.stage, f) for f in ("push_prev", "push_next") if getattr(i, f)] for i in insns]
+        # per instruction: its stage, op name, and the token queues it pops and pushes (None: a flag
+        # naming a missing neighbour)
+        stage_of, opname, pops, pushes = zip(*[_routing(i.stage, i.opcode, i.pop_prev, i.pop_next, i.push_prev,
+                                                        i.push_next) for i in insns])
         stage_name = {s: s.name.lower() for s in Stage}
         order = [(s, stages[s], stage_name[s]) for s in (Stage.LOAD, Stage.STORE, Stage.COMPUTE)]
         n_insns = len(insns)

@@ -155,8 +155,12 @@ class _Stage:
         self.halted = False
         self.last_retire = -1
         self.loader = loader
-        self.pops = [tuple(tokq[q] for f, q in _POP[sid].items() if getattr(insn, f)) for _, insn in insns]
-        self.pushes = [tuple(tokq[q] for f, q in _PUSH[sid].items() if getattr(insn, f)) for _, insn in insns]
+        # the token queues each instruction pops and pushes, looked up by its two flags of each kind
+        flags = ((False, False), (False, True), (True, False), (True, True))
+        pop_by = {fl: tuple(tokq[q] for f, q in _POP[sid].items() if fl[f == "pop_next"]) for fl in flags}
+        push_by = {fl: tuple(tokq[q] for f, q in _PUSH[sid].items() if fl[f == "push_next"]) for fl in flags}
+        self.pops = [pop_by[insn.pop_prev, insn.pop_next] for _, insn in insns]
+        self.pushes = [push_by[insn.push_prev, insn.push_next] for _, insn in insns]
         self.spans = model.stats.spans
 
     # WAIT: the instruction and its tokens are popped in the first cycle all are visible
