@@ -494,8 +494,8 @@ class Fsim:
         counts = np.bincount(inverse)
         bound = int(counts.max()) * c.block_in * (1 << (c.inp_width - 1)) * (1 << (c.wgt_width - 1))
         fdt = np.float32 if bound <= 1 << 24 else np.float64 if bound <= 1 << 53 else None
-        if fdt is None or len(heads) > 64 or len(heads) * 4 > len(u):
-            return None  # many small clusters: one Python step each costs more than the other paths
+        if fdt is None or len(heads) > 64:
+            return None  # many clusters: building the plan costs more than the other paths save
         i0 = np.arange(insn.iter_out, dtype=np.int64)[:, None]
         i1 = np.arange(insn.iter_in, dtype=np.int64)[None, :]
         off_d = (i0 * insn.dst_factor_out + i1 * insn.dst_factor_in).reshape(-1)
@@ -505,6 +505,8 @@ class Fsim:
         by_src: dict[bytes, list[int]] = {}        # clusters by their input micro-ops, in head order
         for ci in range(len(heads)):
             by_src.setdefault(u[order[starts[ci]:starts[ci + 1]], 1].tobytes(), []).append(ci)
+        if len(by_src) > 1 and len(by_src) * 4 > len(u):
+            return None  # many small matmuls (clusters reading different inputs): one Python step each
         groups, dsts = [], []
         for members in by_src.values():
             sel = np.stack([order[starts[ci]:starts[ci + 1]] for ci in members])   # (n, K) micro-ops

@@ -79,7 +79,8 @@ def _gemm_per_uop(sim, insn, ref):
 @given(data=st.data())
 def test_fsim_gemm_every_path_matches_per_uop_definition(data):
     """Random GEMMs shaped to reach each vectorized path (clustered convolution pattern with
-    distinct or colliding destinations, separable, grouped, gathered): acc equals the per-micro-op
+    distinct or colliding destinations, heads reading the same or different inputs, separable,
+    grouped, gathered): acc equals the per-micro-op
     definition and out the narrowed acc of every touched entry, with 32- and 16-bit accumulators
     (the float paths' int32 sums must wrap to either)."""
     cfg = data.draw(st.sampled_from([TINY, TINY_ACC16]))
@@ -94,8 +95,10 @@ def test_fsim_gemm_every_path_matches_per_uop_definition(data):
     it_o, it_i = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
     f = st.integers(0, 5)
     head_gap = data.draw(st.sampled_from([0, 1, 16]))   # 0 and 1 make destinations collide
-    sim.uop[:nu] = [(h * head_gap, int(rng.integers(0, 8)), int(rng.integers(0, 16)))
-                    for h in range(heads) for _ in range(taps)]
+    # shared: every head reads the same inputs (a convolution's output-channel blocks: one matmul)
+    srcs = rng.integers(0, 8, (1 if data.draw(st.booleans()) else heads, taps))
+    sim.uop[:nu] = [(h * head_gap, int(srcs[h % len(srcs), t]), int(rng.integers(0, 16)))
+                    for h in range(heads) for t in range(taps)]
     insn = Gemm(uop_bgn=0, uop_end=nu, iter_out=it_o, iter_in=it_i, dst_factor_out=data.draw(f),
                 dst_factor_in=data.draw(f), src_factor_out=data.draw(f), src_factor_in=data.draw(f),
                 wgt_factor_out=data.draw(st.sampled_from([0, 0, 1])), wgt_factor_in=data.draw(st.sampled_from([0, 0, 1])))
