@@ -23,13 +23,6 @@ AXI_CACHE_NORMAL = 0b0011  # normal non-cacheable bufferable: what Xilinx HP por
 AXI_RESP_OKAY = 0b00
 ID_WIDTH = 2                 # read client index (fetch 0, load 1, compute 2); writes use ID 0
 WRITE_ID = 0
-MAX_BURST_BEATS = 256       # AXI4 INCR limit
-BOUNDARY_BYTES = 4096        # an AXI burst must not cross a 4 KiB boundary
-
-
-def max_burst_beats(cfg: AccelConfig) -> int:
-    """Longest burst the DMAs issue: the AXI4 limit, and never more than 4 KiB."""
-    return min(MAX_BURST_BEATS, BOUNDARY_BYTES // cfg.bus_bytes)
 
 
 class AXI4Signature(wiring.Signature):

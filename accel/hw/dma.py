@@ -19,9 +19,9 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from accel.isa import AccelConfig
-from accel.isa.config import SIZE_BITS
+from accel.isa.config import BOUNDARY_BYTES, SIZE_BITS
 
-from .axi import BOUNDARY_BYTES, ReadClientSignature, max_burst_beats
+from .axi import ReadClientSignature
 
 
 def log2(v: int) -> int:
@@ -59,7 +59,7 @@ class ReadDMA(wiring.Component):
         wide_sizes = [e for e in sizes if e >= B]
         sr_bits = max(wide_sizes) * 8 if wide_sizes else 0
         max_beats = ((1 << self.count_width) * max(sizes)) // B + 2
-        maxb = max_burst_beats(cfg)
+        maxb = cfg.max_burst_beats
 
         sel = Signal.like(self.sel)
         next_addr = Signal(aw)                  # beat-aligned address of the next burst

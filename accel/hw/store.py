@@ -16,9 +16,9 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from accel.isa import AccelConfig, MemType, elem_bytes
-from accel.isa.config import INSN_BITS
+from accel.isa.config import BOUNDARY_BYTES, INSN_BITS
 
-from .axi import BOUNDARY_BYTES, WriteClientSignature, max_burst_beats
+from .axi import WriteClientSignature
 from .dma import log2
 from .gemm import read_signature
 from .layouts import decode
@@ -47,7 +47,7 @@ class StoreUnit(wiring.Component):
         le, lb = log2(E), log2(B)
         eb, bb = E * 8, B * 8
         aw = cfg.dram_addr_width
-        maxb = max_burst_beats(cfg)
+        maxb = cfg.max_burst_beats
         go = self.start & (st.y_size != 0) & (st.x_size != 0)
 
         # ---- W beat register -------------------------------------------------------------------

@@ -80,7 +80,7 @@ def port_list(top) -> list[tuple[str, str, int, object]]:
 
 def describe(cfg: AccelConfig, top=None) -> dict:
     """The JSON description: ports, register map, config, derived values, interface notes."""
-    from .axi import AXI_CACHE_NORMAL, ID_WIDTH, WRITE_ID, max_burst_beats
+    from .axi import AXI_CACHE_NORMAL, ID_WIDTH, WRITE_ID
     from .regs import REG_ADDR_WIDTH, register_map
     from .top import READ_CLIENTS, Accelerator
     if top is None:
@@ -94,7 +94,7 @@ def describe(cfg: AccelConfig, top=None) -> dict:
                  [{"name": n, "direction": d, "width": w} for n, d, w, _ in port_list(top)],
         "interfaces": {
             "m_axi": {"protocol": "AXI4", "role": "master", "addr_width": cfg.dram_addr_width,
-                      "data_width": cfg.bus_width, "max_burst_beats": max_burst_beats(cfg),
+                      "data_width": cfg.bus_width, "max_burst_beats": cfg.max_burst_beats,
                       "id_width": ID_WIDTH, "arid": "read client index", "awid": WRITE_ID,
                       "cache": AXI_CACHE_NORMAL, "read_clients": list(READ_CLIENTS)},
             "s_axil": {"protocol": "AXI4-Lite", "role": "slave", "addr_width": REG_ADDR_WIDTH, "data_width": 32},

@@ -31,6 +31,10 @@ LOOP_ITER_BITS = 14  # iter_out, iter_in of GEMM/ALU
 ALU_OPCODE_BITS = 4
 ALU_IMM_BITS = 16
 
+# The AXI4 bus the DMAs (accel/hw/dma.py, store.py) and the timing model (sim/tsim) share.
+MAX_BURST_BEATS = 256       # AXI4 INCR limit
+BOUNDARY_BYTES = 4096        # an AXI burst must not cross a 4 KiB boundary
+
 
 def _is_pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
@@ -213,6 +217,11 @@ class AccelConfig:
     @cached_property
     def bus_bytes(self) -> int:
         return self.bus_width // 8
+
+    @cached_property
+    def max_burst_beats(self) -> int:
+        """Longest burst the DMAs issue: the AXI4 limit, and never more than 4 KiB."""
+        return min(MAX_BURST_BEATS, BOUNDARY_BYTES // self.bus_bytes)
 
     # ---- derived: performance ---------------------------------------------------------------
     @cached_property

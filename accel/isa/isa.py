@@ -317,9 +317,11 @@ def decode_program(data: bytes | np.ndarray, cfg: AccelConfig) -> list[Insn]:
     return list(_decode_cached(raw, cfg))
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=256)
 def _decode_cached(raw: bytes, cfg: AccelConfig) -> tuple[Insn, ...]:
-    """Simulators decode the same program on every run; instructions are immutable, so share them."""
+    """Simulators decode the same program on every run; instructions are immutable, so share them.
+    A network runs one program per accelerator layer, in order, so the cache holds a whole network's
+    (MobileNetV2 has 34: with room for 32, every run decoded all of them again)."""
     return tuple(decode_insn(int.from_bytes(raw[i:i + INSN_BYTES], "little"), cfg, i // INSN_BYTES)
                  for i in range(0, len(raw), INSN_BYTES))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from accel.hw.axi import BOUNDARY_BYTES, max_burst_beats
+from accel.isa.config import BOUNDARY_BYTES
 
 from ..dram import DramModel
 
@@ -192,7 +192,7 @@ class ReadBus:
 
 
 def dma_bursts(cfg, addr: int, count: int, E: int):
-    return plan_bursts(addr, count, E, cfg.bus_bytes, max_burst_beats(cfg))
+    return plan_bursts(addr, count, E, cfg.bus_bytes, cfg.max_burst_beats)
 
 
 class BurstPlanner:
@@ -200,7 +200,7 @@ class BurstPlanner:
     __slots__ = ("B", "maxb")
 
     def __init__(self, cfg):
-        self.B, self.maxb = cfg.bus_bytes, max_burst_beats(cfg)
+        self.B, self.maxb = cfg.bus_bytes, cfg.max_burst_beats
 
     def __call__(self, addr: int, count: int, E: int):
         return _plan(addr % BOUNDARY_BYTES, count, E, self.B, self.maxb)

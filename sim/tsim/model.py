@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from accel.hw.axi import BOUNDARY_BYTES
 from accel.isa import AccelConfig, Alu, Finish, Gemm, Insn, Load, MemType, Stage, Store, elem_bytes
+from accel.isa.config import BOUNDARY_BYTES
 from accel.isa.isa import INSN_BYTES
 
 from ..dram import DramModel

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from accel.hw.axi import BOUNDARY_BYTES, max_burst_beats
+from accel.isa.config import BOUNDARY_BYTES
 
 from ..dram import DramModel
 
@@ -17,7 +17,7 @@ from ..dram import DramModel
 def store_key(cfg, dram: DramModel, y_size: int, x_size: int, dram_base: int, x_stride: int) -> tuple:
     """What the store's timing depends on: shape, and DRAM addresses modulo 4 KiB (boundaries, lanes)."""
     E = cfg.out_elem_bytes
-    return (cfg.bus_bytes, E, max_burst_beats(cfg), dram.write_latency, dram.bytes_per_cycle,
+    return (cfg.bus_bytes, E, cfg.max_burst_beats, dram.write_latency, dram.bytes_per_cycle,
             y_size, x_size, (dram_base * E) % BOUNDARY_BYTES, (x_stride * E) % BOUNDARY_BYTES)
 
 
