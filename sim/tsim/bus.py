@@ -192,15 +192,5 @@ class ReadBus:
 
 
 def dma_bursts(cfg, addr: int, count: int, E: int):
+    """plan_bursts for the config's bus."""
     return plan_bursts(addr, count, E, cfg.bus_bytes, cfg.max_burst_beats)
-
-
-class BurstPlanner:
-    """plan_bursts with the config's bus fixed (the hot path of the loaders and fetch)."""
-    __slots__ = ("B", "maxb")
-
-    def __init__(self, cfg):
-        self.B, self.maxb = cfg.bus_bytes, cfg.max_burst_beats
-
-    def __call__(self, addr: int, count: int, E: int):
-        return _plan(addr % BOUNDARY_BYTES, count, E, self.B, self.maxb)

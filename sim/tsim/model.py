@@ -22,7 +22,7 @@ from accel.isa.isa import INSN_BYTES
 
 from ..dram import DramModel
 from ..errors import CycleLimitError, DeadlockError
-from .bus import BurstPlanner, ReadBus, row_plan
+from .bus import ReadBus, dma_bursts, row_plan
 from .events import EventLoop
 from .queues import TimedFifo
 from .store import store_key, store_timing
@@ -100,8 +100,9 @@ class _Loader:
         self.m.bus.request(self.client, self.tau + 1, self._granted)
 
     def _row_bursts(self, row: int):
-        plan = self.m.plan
-        return row_plan((self.addr0 + row * self.step) % BOUNDARY_BYTES, self.insn.x_size, self.E, plan.B, plan.maxb)
+        cfg = self.m.cfg
+        return row_plan((self.addr0 + row * self.step) % BOUNDARY_BYTES, self.insn.x_size, self.E, cfg.bus_bytes,
+                        cfg.max_burst_beats)
 
     def _granted(self, g: int) -> int:
         """Bursts from the one granted in cycle g on: while no other client can contend for the bus
@@ -112,7 +113,8 @@ class _Loader:
         bus, insn = self.m.bus, self.insn
         burst_times, horizon, throttled, latency = bus.burst_times, bus.sole_horizon(), bus.throttled, bus.L - 1
         bursts, bi, row, tau = self.bursts, self.bi, self.row, self.tau
-        addr0, step, count, E, B, maxb = self.addr0, self.step, insn.x_size, self.E, self.m.plan.B, self.m.plan.maxb
+        addr0, step, count, E = self.addr0, self.step, insn.x_size, self.E
+        B, maxb = self.m.cfg.bus_bytes, self.m.cfg.max_burst_beats
         beats = 0                                        # of the inlined bursts, added to bus.beats on return
         while True:
             nb, per, span = bursts[bi]
@@ -284,7 +286,7 @@ class _Fetch:
             return
         n = min(self.remaining, free)
         self.remaining -= n
-        self.bursts = self.m.plan(self.addr, n, INSN_BYTES)
+        self.bursts = dma_bursts(self.m.cfg, self.addr, n, INSN_BYTES)
         self.addr += n * INSN_BYTES
         self.bi, self.k = 0, 0
         self.dma_busy = True
@@ -352,7 +354,6 @@ class Tsim:
         self.stats = stats = TsimStats(spans=[] if trace else None, bursts=[] if trace else None)
         self.loop = loop = EventLoop()
         self.bus = ReadBus(loop, self.dram, cfg.bus_bytes, log=stats.bursts)
-        self.plan = BurstPlanner(cfg)
         self.finish_retired = None
         self.loader_types = {int(Stage.LOAD): (MemType.INP, MemType.WGT),
                              int(Stage.COMPUTE): (MemType.UOP, MemType.ACC), int(Stage.STORE): ()}
