@@ -478,10 +478,7 @@ class Fsim:
             self._accumulate_sorted(dst, y)
             self.out[touched] = wrap(self.acc[touched], c.out_width)
             return True
-        if self.acc.dtype == y.dtype:   # a 32-bit accumulator: numpy's int32 add wraps as the hardware's does
-            self.acc[dst] += y           # in place (dst is a slice or distinct indices)
-        else:
-            self.acc[dst] = self._wrapped_sum(self.acc[dst], y)
+        self._add_to_acc(dst, y)
         self.out[dst] = self.acc[dst].astype(self.out.dtype)
         return True
 
@@ -517,12 +514,16 @@ class Fsim:
             return fdt, groups, dst, np.unique(dst)
         return fdt, groups, _contiguous_run(dst) or dst, None   # one contiguous run: views, no gathers
 
-    def _wrapped_sum(self, acc: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """acc + y wrapped to acc_width. Integer casts in numpy are modular, so an int32 sum that
-        wraps mod 2^32 narrows to a 16- or 8-bit accumulator exactly."""
-        if acc.dtype.itemsize <= 4 and y.dtype == np.int32:
-            return (acc.astype(np.int32) + y).astype(acc.dtype)
-        return wrap(acc.astype(np.int64) + y, self.cfg.acc_width)
+    def _add_to_acc(self, dst, y: np.ndarray) -> None:
+        """acc[dst] += y wrapped to acc_width (dst a slice or distinct indices). A 32-bit accumulator
+        adds in place, numpy's int32 add wrapping as the hardware's does; integer casts in numpy are
+        modular, so an int32 sum that wraps mod 2^32 narrows to a 16- or 8-bit accumulator exactly."""
+        if self.acc.dtype == y.dtype:
+            self.acc[dst] += y
+        elif self.acc.dtype.itemsize <= 4 and y.dtype == np.int32:
+            self.acc[dst] = (self.acc[dst].astype(np.int32) + y).astype(self.acc.dtype)
+        else:
+            self.acc[dst] = wrap(self.acc[dst].astype(np.int64) + y, self.cfg.acc_width)
 
     def _gemm_separable(self, insn: Gemm, dst, shape) -> bool:
         """The matmul pattern: every micro-op adds into the same dst, the input tile depends on
