@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
@@ -70,19 +71,48 @@ def gemm_float_dtype(cfg: AccelConfig):
     return None  # fall back to int64 einsum
 
 
-_BLAS = None
+#: a matmul of at least this many multiply-adds may use the idle cores (2 threads: 1.4x at 0.5M, 1.9x at 4M)
+THREADED_MATMUL_MACS = 1 << 18
 
 
-def single_threaded_blas():
-    """A context running BLAS on one thread. The simulator's matmuls are small (bounded by the
-    on-chip buffers); threaded BLAS on them costs more in hand-offs than it gains, and on a loaded
-    machine a descheduled BLAS thread stalls every call (measured: 4.7x slower bench/fsim_speed.py
-    with a second process busy)."""
-    global _BLAS
-    if _BLAS is None:
+class BlasThreads:
+    """BLAS threads for fsim's matmuls. Most are small (bounded by the on-chip buffers): threaded
+    BLAS on them costs more in hand-offs than it gains, and on a loaded machine a descheduled BLAS
+    thread stalls every call (measured: 4.7x slower bench/fsim_speed.py with a second process busy).
+    So a run holds BLAS to one thread, and a matmul of at least THREADED_MATMUL_MACS also takes the
+    cores the load average leaves idle, counted once per run (`spare`)."""
+
+    def __init__(self):
         from threadpoolctl import ThreadpoolController
-        _BLAS = ThreadpoolController()
-    return _BLAS.limit(limits=1, user_api="blas")
+        self.controller = ThreadpoolController()
+        self.libs = self.controller.select(user_api="blas").lib_controllers
+        self.threads = 1
+
+    def run(self):
+        """The context of one run: one BLAS thread, the caller's setting given back after."""
+        self.threads = 1
+        try:
+            cores = len(os.sched_getaffinity(0))
+            self.threads = max(1, min(cores, cores - round(os.getloadavg()[0]) + 1))   # this process counted in the load
+        except (AttributeError, OSError):
+            pass
+        return self.controller.limit(limits=1, user_api="blas")
+
+    def matmul(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        if self.threads == 1 or x.shape[0] * x.shape[1] * w.shape[1] < THREADED_MATMUL_MACS:
+            return x @ w
+        for lib in self.libs:
+            lib.set_num_threads(self.threads)
+        try:
+            return x @ w
+        finally:
+            for lib in self.libs:
+                lib.set_num_threads(1)
+
+
+@functools.lru_cache(maxsize=None)
+def blas_threads() -> BlasThreads:
+    return BlasThreads()
 
 
 def wrap(x: np.ndarray, bits: int) -> np.ndarray:
@@ -183,7 +213,7 @@ class Fsim:
     def run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None = None) -> FsimStats:
         """Execute decoded instructions with the decoupled stage/queue model."""
         _check_dram(dram)
-        with single_threaded_blas():
+        with blas_threads().run():
             return self._run_insns(dram, insns, max_insns)
 
     def _run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None) -> FsimStats:
@@ -471,7 +501,7 @@ class Fsim:
             x = x.transpose(0, 2, 1, 3).reshape(rows * c.batch, k * c.block_in).astype(fdt, copy=False)
             w = np.take(wgt_f, wgt_idx, axis=0)                                 # (n, K, bout, bin)
             w = w.transpose(1, 3, 0, 2).reshape(k * c.block_in, n * c.block_out).astype(fdt, copy=False)
-            part = (x @ w).reshape(rows, c.batch, n, c.block_out).transpose(2, 0, 1, 3)
+            part = blas_threads().matmul(x, w).reshape(rows, c.batch, n, c.block_out).transpose(2, 0, 1, 3)
             np.copyto(y[at:at + n * rows].reshape(n, rows, c.batch, c.block_out), part, casting="unsafe")
             at += n * rows
         if touched is not None:   # destinations repeat: sum per entry first
@@ -549,7 +579,7 @@ class Fsim:
         x = x.transpose(0, 2, 1, 3).reshape(n_src * c.batch, nu * c.block_in)
         w = self.wgt[wgt].astype(np.float64)                               # (n_wgt, nu, bout, bin)
         w = w.transpose(1, 3, 0, 2).reshape(nu * c.block_in, n_wgt * c.block_out)
-        y = (x @ w).astype(np.int64).reshape(n_src, c.batch, n_wgt, c.block_out)
+        y = blas_threads().matmul(x, w).astype(np.int64).reshape(n_src, c.batch, n_wgt, c.block_out)
         y = y.transpose(0, 2, 1, 3) if i_src == 0 else y.transpose(2, 0, 1, 3)  # (iter_out, iter_in, b, o)
         d = dst.reshape(shape)[:, :, 0].reshape(-1)
         self._accumulate_sorted(d, y.reshape(-1, c.batch, c.block_out))

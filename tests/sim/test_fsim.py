@@ -364,6 +364,36 @@ def test_fsim_gemm_through_dram_end_to_end():
     assert (got == ref).all()
 
 
+class _FakeBlas:
+    def __init__(self):
+        self.calls = []
+
+    def set_num_threads(self, n):
+        self.calls.append(n)
+
+
+@pytest.mark.parametrize("load, threads", [(0.0, 2), (1.0, 2), (2.0, 1), (5.0, 1)])
+def test_fsim_threads_only_big_matmuls_on_idle_cores(monkeypatch, load, threads):
+    """A run counts the cores its load average leaves idle (this process being one of the load);
+    only a matmul of THREADED_MATMUL_MACS or more runs on them, and BLAS is back on one thread after."""
+    from sim.fsim import THREADED_MATMUL_MACS, BlasThreads
+    monkeypatch.setattr("os.getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    bt = BlasThreads()
+    fake = _FakeBlas()
+    bt.libs = [fake]
+    with bt.run():
+        assert bt.threads == threads
+        rng = np.random.default_rng(0)
+        small = rng.integers(-128, 128, (4, 64)).astype(np.float32), rng.integers(-128, 128, (64, 16)).astype(np.float32)
+        k = THREADED_MATMUL_MACS // (64 * 64)
+        big = rng.integers(-128, 128, (64, k)).astype(np.float32), rng.integers(-128, 128, (k, 64)).astype(np.float32)
+        assert (bt.matmul(*small) == small[0] @ small[1]).all()
+        assert fake.calls == []
+        assert (bt.matmul(*big) == big[0] @ big[1]).all()
+        assert fake.calls == ([threads, 1] if threads > 1 else [])
+
+
 def test_fsim_limits_blas_threads_only_while_running():
     """fsim runs BLAS on one thread (its matmuls are small) and gives the caller's setting back."""
     from threadpoolctl import threadpool_info
