@@ -80,26 +80,25 @@ class BlasThreads:
     BLAS on them costs more in hand-offs than it gains, and on a loaded machine a descheduled BLAS
     thread stalls every call (measured: 4.7x slower bench/fsim_speed.py with a second process busy).
     So a run holds BLAS to one thread, and a matmul of at least THREADED_MATMUL_MACS also takes the
-    cores the load average leaves idle, counted once per run (`spare`)."""
+    cores no other process is running on, counted at the run's first such matmul."""
 
     def __init__(self):
         from threadpoolctl import ThreadpoolController
         self.controller = ThreadpoolController()
         self.libs = self.controller.select(user_api="blas").lib_controllers
-        self.threads = 1
+        self.threads = None
 
     def run(self):
         """The context of one run: one BLAS thread, the caller's setting given back after."""
-        self.threads = 1
-        try:
-            cores = len(os.sched_getaffinity(0))
-            self.threads = max(1, min(cores, cores - round(os.getloadavg()[0]) + 1))   # this process counted in the load
-        except (AttributeError, OSError):
-            pass
+        self.threads = None
         return self.controller.limit(limits=1, user_api="blas")
 
     def matmul(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        if self.threads == 1 or x.shape[0] * x.shape[1] * w.shape[1] < THREADED_MATMUL_MACS:
+        if x.shape[0] * x.shape[1] * w.shape[1] < THREADED_MATMUL_MACS:
+            return x @ w
+        if self.threads is None:
+            self.threads = idle_cores() + 1
+        if self.threads == 1:
             return x @ w
         for lib in self.libs:
             lib.set_num_threads(self.threads)
@@ -108,6 +107,23 @@ class BlasThreads:
         finally:
             for lib in self.libs:
                 lib.set_num_threads(1)
+
+
+def idle_cores() -> int:
+    """Cores of this process's CPU set that no other process's thread is running on now (Linux:
+    the runnable count of /proc/loadavg less this process's running threads, which include
+    BLAS's own spinning workers); 0 where that cannot be read."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+        own = 0
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                own += f.read().rsplit(")", 1)[1].split()[0] == "R"
+    except (AttributeError, OSError, ValueError, IndexError):
+        return 0
+    return max(0, cores - 1 - max(0, running - own))
 
 
 @functools.lru_cache(maxsize=None)

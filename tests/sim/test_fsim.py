@@ -372,26 +372,50 @@ class _FakeBlas:
         self.calls.append(n)
 
 
-@pytest.mark.parametrize("load, threads", [(0.0, 2), (1.0, 2), (2.0, 1), (5.0, 1)])
-def test_fsim_threads_only_big_matmuls_on_idle_cores(monkeypatch, load, threads):
-    """A run counts the cores its load average leaves idle (this process being one of the load);
-    only a matmul of THREADED_MATMUL_MACS or more runs on them, and BLAS is back on one thread after."""
+@pytest.mark.parametrize("idle, threads", [(1, 2), (0, 1)])
+def test_fsim_threads_only_big_matmuls_on_idle_cores(monkeypatch, idle, threads):
+    """Only a matmul of THREADED_MATMUL_MACS or more runs on the idle cores, counted once per run at
+    the first such matmul, and BLAS is back on one thread after it."""
+    import sim.fsim as fsim_mod
     from sim.fsim import THREADED_MATMUL_MACS, BlasThreads
-    monkeypatch.setattr("os.getloadavg", lambda: (load, load, load))
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    counted = []
+    monkeypatch.setattr(fsim_mod, "idle_cores", lambda: counted.append(1) or idle)
     bt = BlasThreads()
     fake = _FakeBlas()
     bt.libs = [fake]
+    rng = np.random.default_rng(0)
+    small = rng.integers(-128, 128, (4, 64)).astype(np.float32), rng.integers(-128, 128, (64, 16)).astype(np.float32)
+    k = THREADED_MATMUL_MACS // (64 * 64)
+    big = rng.integers(-128, 128, (64, k)).astype(np.float32), rng.integers(-128, 128, (k, 64)).astype(np.float32)
     with bt.run():
-        assert bt.threads == threads
-        rng = np.random.default_rng(0)
-        small = rng.integers(-128, 128, (4, 64)).astype(np.float32), rng.integers(-128, 128, (64, 16)).astype(np.float32)
-        k = THREADED_MATMUL_MACS // (64 * 64)
-        big = rng.integers(-128, 128, (64, k)).astype(np.float32), rng.integers(-128, 128, (k, 64)).astype(np.float32)
         assert (bt.matmul(*small) == small[0] @ small[1]).all()
-        assert fake.calls == []
-        assert (bt.matmul(*big) == big[0] @ big[1]).all()
-        assert fake.calls == ([threads, 1] if threads > 1 else [])
+        assert fake.calls == [] and counted == []
+        for _ in range(2):
+            assert (bt.matmul(*big) == big[0] @ big[1]).all()
+        assert fake.calls == ([threads, 1] * 2 if threads > 1 else [])
+        assert len(counted) == 1
+
+
+def test_idle_cores_leaves_out_this_process_and_busy_ones(monkeypatch):
+    """Two cores, this process running on one: one idle; a second process running: none."""
+    import builtins
+    import io
+    from sim.fsim import idle_cores
+    real_open = builtins.open
+    state = {"running": 1}
+
+    def fake_open(path, *a, **kw):
+        if path == "/proc/loadavg":
+            return io.StringIO(f"0.50 0.40 0.30 {state['running']}/120 999\n")
+        if str(path).startswith("/proc/self/task/"):
+            return io.StringIO("123 (python3 x) R 1 2 3\n" if path.endswith("/1/stat") else "124 (th) S 1 2 3\n")
+        return real_open(path, *a, **kw)
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("os.listdir", lambda path: ["1", "2"])
+    assert idle_cores() == 1
+    state["running"] = 2
+    assert idle_cores() == 0
 
 
 def test_fsim_limits_blas_threads_only_while_running():
