@@ -38,10 +38,10 @@ def test_generate_writes_verilog_json_and_waivers(tmp_path):
 
 
 def test_alu_lanes_have_no_wide_shift_terms(tmp_path):
-    """Verilator evaluates a term wider than 64 bits on every cycle, outside the op's case, with its
-    wide-word helpers; the ALU's only ones are its packed-entry ports: no 95-bit SHR or 127-bit
-    rounding-term shift (the rtl model ran 1.24x faster without them), no 66-bit SCALE rounding sum
-    (1.22x faster without it)."""
+    """Verilator evaluates a term wider than 64 bits on every cycle, outside the op's case; the ALU's
+    only ones are its packed-entry ports and SCALE's 65-66-bit rounding sum and shift (kept at the
+    calibrated design's width for Fmax): no 95-bit SHR or 127-bit rounding-term shift (the
+    rtl model ran 1.24x faster without them)."""
     import re
     text = verilog.generate("tiny", tmp_path)["verilog"].read_text()
     body = re.search(r"^module \\accel_top\.compute\.alu .*?^endmodule", text, re.S | re.M).group(0)
@@ -50,7 +50,7 @@ def test_alu_lanes_have_no_wide_shift_terms(tmp_path):
             if int(m.group(1)) >= 64}
     ports = {"acc_rd_a__data", "acc_rd_b__data", "wb_data"}
     assert ports <= set(wide)
-    assert not set(wide) - ports, sorted(wide.items(), key=lambda x: -x[1])[:5]
+    assert max((w for name, w in wide.items() if name not in ports), default=0) <= 66, sorted(wide.items(), key=lambda x: -x[1])[:5]
 
 
 def test_generation_is_cached_by_config_and_sources(isolated_cache):
