@@ -77,16 +77,22 @@ def alu_lane(m: Module, op, a, b, width: int):
     sc_m = b.as_unsigned()[:min(24, width)]
     sc_k = b.as_unsigned()[24:30] if width > 24 else Const(0, 1)
 
-    # SCALE before saturation: round(a * M / 2^k), ties up, as (((a * M) << 1) >> k) + 1) >> 1: the
-    # rounding bit added after the shift, so every intermediate fits 64 bits (|a * M| < 2^(width+23))
-    # and a shift past the product gives 0 with no special case. The textbook (a * M + 2^(k-1)) >> k
-    # needs a sum wider than the product (a 66-bit one before), which Verilator evaluates with its
-    # wide-word helpers on every cycle in every lane: this form made the rtl model 1.22x faster.
-    # Routed alone (ECP5 lane, seeds 1/2) it reaches 28.0-29.3 MHz against 34.4/33.6 for the wide
-    # sum; the routed tiny core (23.3 MHz) and acc16 (30.7 MHz) are limited elsewhere (see the
-    # FPGA calibration records). A 64-bit sum of the product and 2^(k-1) routed at 24.0/24.3 MHz.
+    # SCALE before saturation: (a * M + 2^(k-1)) >> k. |a * M| < 2^(p_bits-1), so for k >= p_bits the
+    # result is 0, which a rounding term of 2^(p_bits-1) gives too (the sum is then in (0, 2^p_bits)):
+    # the term saturates there instead of being a 127-bit shift. The sum stays wider than 64 bits, as
+    # in the calibrated design (the product plus a 63-bit term): summed at the product's own width
+    # (58 bits, what Verilator would evaluate cheaply) the routed ECP5 lane lost a quarter of its
+    # Fmax (33 -> 26 MHz, two placement seeds each). Measured again (lane alone, seeds 1/2, against
+    # 34.4/33.6 MHz here): a 64-bit sum 24.0/24.3 MHz, 65 bits 32.8/33.1, rounding after the shift
+    # ((((a * M) << 1) >> k) + 1) >> 1 28.0-29.3. The cost in simulation: Verilator evaluates this
+    # wide sum on every cycle in all lanes: at 64 bits the rtl model ran 1.29-1.36x faster (at 65,
+    # 1.03-1.10x). A SCALE cheap for both needs its own pipeline stage (a cycle-count change).
+    p_bits = width + len(sc_m)
+
     def scaled():
-        return ((((a * sc_m) << 1) >> sc_k) + 1) >> 1
+        k_half = Mux(sc_k > p_bits, p_bits, sc_k)
+        sc_half = (Const(1, 1) << k_half)[1:p_bits + 1]   # 2^(k-1), 0 for k = 0
+        return (a * sc_m + Const(0, 63) + sc_half) >> sc_k
 
     with m.Switch(op):
         with m.Case(AluOp.MIN):
