@@ -12,6 +12,7 @@ bounds-checked and analysed once (_plan); LOAD and STORE tiles are strided views
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -88,10 +89,19 @@ class BlasThreads:
         self.libs = self.controller.select(user_api="blas").lib_controllers
         self.threads = None
 
+    @contextlib.contextmanager
     def run(self):
-        """The context of one run: one BLAS thread, the caller's setting given back after."""
+        """The context of one run: one BLAS thread, the caller's setting given back after (set on
+        the libraries directly: threadpoolctl's limit() re-reads every library's state, ~30 us)."""
         self.threads = None
-        return self.controller.limit(limits=1, user_api="blas")
+        before = [lib.num_threads for lib in self.libs]
+        for lib in self.libs:
+            lib.set_num_threads(1)
+        try:
+            yield
+        finally:
+            for lib, n in zip(self.libs, before):
+                lib.set_num_threads(n)
 
     def matmul(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         if x.shape[0] * x.shape[1] * w.shape[1] < THREADED_MATMUL_MACS:
@@ -160,8 +170,8 @@ class FsimStats:
 
 @dataclass
 class _StageState:
-    queue: deque = field(default_factory=deque)  # (index, insn) fetched, not yet started
-    current: tuple | None = None                  # (index, insn) started
+    queue: deque = field(default_factory=deque)  # indices of instructions fetched, not yet started
+    current: int | None = None                    # index of the instruction started
     popped: bool = False
     executed: bool = False
 
@@ -203,9 +213,11 @@ class Fsim:
         self.out = np.zeros((c.out_depth, c.batch, c.block_out), _INT[c.out_width])
         self.uop = np.zeros((c.uop_depth, 3), np.int64)  # decoded (acc, src, wgt)
         self._fdt = gemm_float_dtype(c)
-        # float copies of inp/wgt for the BLAS paths: made on first use, then kept current by loads
+        # float copies of inp/wgt for the BLAS paths, made on first use, then kept current by loads;
+        # the weights as (block_out, depth, block_in), so that a gather of weight tiles along axis 1
+        # is already the transposed operand BLAS reads in place (see _gemm_clustered)
         self._inp_f = None
-        self._wgt_f = None
+        self._wgt_ft = None
         self._plans: dict[tuple, _LoopPlan] = {}     # see _plan
         self._plan_elems = 0
         self._depth = {m: buffer_depth(c, m) for m in MemType}
@@ -241,44 +253,49 @@ class Fsim:
         if not any(isinstance(i, Finish) for i in insns):
             raise ExecError("program has no FINISH instruction; the accelerator would never raise done")
         limit = max_insns if max_insns is not None else len(insns)
-        # per instruction: its stage, op name, and the token queues it pops and pushes (None: a flag
-        # naming a missing neighbour)
-        stage_of, opname, pops, pushes = zip(*[_routing(i.stage, i.opcode, i.pop_prev, i.pop_next, i.push_prev,
-                                                        i.push_next) for i in insns])
-        stage_name = {s: s.name.lower() for s in Stage}
-        order = [(s, stages[s], stage_name[s]) for s in (Stage.LOAD, Stage.STORE, Stage.COMPUTE)]
+        # per instruction: its stage's command queue, its op name, its handler (None for FINISH) and the
+        # token queues it pops and pushes (None: a flag naming a missing neighbour), from a few lookups
+        handler = {Load: self._load, Store: self._store, Gemm: self._gemm, Alu: self._alu, Finish: None}
+        routes = [_routing(i.stage, i.opcode, i.pop_prev, i.pop_next, i.push_prev, i.push_next) for i in insns]
+        queue_of = [stages[r[0]].queue for r in routes]
+        run_of = [handler[type(i)] for i in insns]
+        order = [(s, stages[s]) for s in (Stage.LOAD, Stage.STORE, Stage.COMPUTE)]
         n_insns = len(insns)
         while not finished:
             progress = False
             # fetch: in order, stalls while the target command queue is full
             while pc < n_insns:
-                q = stages[stage_of[pc]].queue
+                q = queue_of[pc]
                 if len(q) >= depth:
                     break
-                q.append((pc, insns[pc]))
+                q.append(pc)
                 pc += 1
                 progress = True
             # load and store first, so compute meets FINISH as late as the tokens allow
-            for s, st, sname in order:
+            for s, st in order:
+                queue = st.queue
                 while True:
-                    if st.current is None:
-                        if not st.queue:
+                    idx = st.current
+                    if idx is None:
+                        if not queue:
                             break
-                        st.current, st.popped, st.executed = st.queue.popleft(), False, False
-                    idx, insn = st.current
+                        st.current = idx = queue.popleft()
+                        st.popped = st.executed = False
                     if not st.popped:
-                        qs = pops[idx]
-                        if None in qs:
-                            raise ExecError(f"instruction {idx} ({insn.opcode.name}): {sname} stage has "
-                                            f"no {'prev' if s == Stage.LOAD else 'next'} neighbour to pop from")
-                        if any(tokens[q] == 0 for q in qs):
-                            break
-                        for q in qs:
-                            tokens[q] -= 1
+                        qs = routes[idx][2]
+                        if qs:
+                            if None in qs:
+                                raise ExecError(f"instruction {idx} ({insns[idx].opcode.name}): {s.name.lower()} stage "
+                                                f"has no {'prev' if s == Stage.LOAD else 'next'} neighbour to pop from")
+                            if 0 in [tokens[q] for q in qs]:
+                                break
+                            for q in qs:
+                                tokens[q] -= 1
                         st.popped = True
                         progress = True
                     if not st.executed:
-                        if isinstance(insn, Finish):
+                        run = run_of[idx]
+                        if run is None:   # FINISH
                             busy = [t.name.lower() for t in (Stage.LOAD, Stage.STORE)
                                     if stages[t].current is not None or stages[t].queue]
                             if busy or pc < n_insns:
@@ -289,22 +306,21 @@ class Fsim:
                                     f"(pop_next after the last store's push_prev) and put FINISH last")
                             finished = True
                         else:
-                            self._execute(idx, insn, dram, stats)
+                            run(idx, insns[idx], dram, stats)
                         st.executed = True
                         executed += 1
-                        stats.insns[opname[idx]] = stats.insns.get(opname[idx], 0) + 1
-                        stats.per_stage[sname] = stats.per_stage.get(sname, 0) + 1
                         progress = True
                         if executed > limit:
                             raise SimError(f"instruction limit {limit} exceeded")
-                    qs = pushes[idx]
-                    if None in qs:
-                        raise ExecError(f"instruction {idx} ({insn.opcode.name}): {sname} stage has "
-                                        f"no {'prev' if s == Stage.LOAD else 'next'} neighbour to push to")
-                    if any(tokens[q] >= tdepth for q in qs):
-                        break
-                    for q in qs:
-                        tokens[q] += 1
+                    qs = routes[idx][3]
+                    if qs:
+                        if None in qs:
+                            raise ExecError(f"instruction {idx} ({insns[idx].opcode.name}): {s.name.lower()} stage "
+                                            f"has no {'prev' if s == Stage.LOAD else 'next'} neighbour to push to")
+                        if max([tokens[q] for q in qs]) >= tdepth:
+                            break
+                        for q in qs:
+                            tokens[q] += 1
                     st.current = None
                     progress = True
                     if finished:
@@ -313,6 +329,13 @@ class Fsim:
                     break
             if not finished and not progress:
                 raise DeadlockError(self._deadlock_report(stages, tokens, pc, insns))
+        # what ran: every instruction but those still queued behind FINISH
+        left = {idx for st in stages.values() for idx in st.queue}
+        for idx, (stage, opname, _, _) in enumerate(routes):
+            if idx not in left:
+                stats.insns[opname] = stats.insns.get(opname, 0) + 1
+                sname = stage.name.lower()
+                stats.per_stage[sname] = stats.per_stage.get(sname, 0) + 1
         stats.leftover_tokens = {q: n for q, n in tokens.items() if n}
         if stats.leftover_tokens:
             log.warning("program ended with unconsumed dependency tokens %s", stats.leftover_tokens)
@@ -325,7 +348,8 @@ class Fsim:
                 if st.queue:
                     lines.append(f"{s.name.lower()}: idle with queued work (internal error)")
                 continue
-            idx, insn = st.current
+            idx = st.current
+            insn = insns[idx]
             if not st.popped:
                 waits = [f"{f} on empty queue {token_queue(s, f)}" for f in ("pop_prev", "pop_next")
                          if getattr(insn, f) and tokens[token_queue(s, f)] == 0]
@@ -340,16 +364,6 @@ class Fsim:
         return "deadlock: " + "; ".join(lines) + f"; tokens {tokens}"
 
     # ---- instructions -----------------------------------------------------------------------
-    def _execute(self, idx: int, insn: Insn, dram: np.ndarray, stats: FsimStats) -> None:
-        if isinstance(insn, Load):
-            self._load(idx, insn, dram, stats)
-        elif isinstance(insn, Store):
-            self._store(idx, insn, dram, stats)
-        elif isinstance(insn, Gemm):
-            self._gemm(idx, insn, stats)
-        elif isinstance(insn, Alu):
-            self._alu(idx, insn, stats)
-
     def _dram_tile(self, idx, insn, dram, eb) -> np.ndarray:
         """The bytes of a 2-D tile as a (y_size, x_size, eb) strided view of the DRAM (no index
         arrays), bounds-checked. Rows overlap where x_stride < x_size."""
@@ -394,8 +408,8 @@ class Fsim:
             tile[insn.y_pad0:insn.y_pad0 + insn.y_size, insn.x_pad0:insn.x_pad0 + insn.x_size] = src
         if mem == MemType.INP and self._inp_f is not None:
             self._inp_f[lo:hi] = self.inp[lo:hi]
-        elif mem == MemType.WGT and self._wgt_f is not None:
-            self._wgt_f[lo:hi] = self.wgt[lo:hi]
+        elif mem == MemType.WGT and self._wgt_ft is not None:
+            self._wgt_ft[:, lo:hi] = self.wgt[lo:hi].transpose(1, 0, 2)
 
     def _store(self, idx: int, insn: Store, dram: np.ndarray, stats: FsimStats) -> None:
         c = self.cfg
@@ -461,7 +475,7 @@ class Fsim:
             self._plans[key] = plan
         return plan
 
-    def _gemm(self, idx: int, insn: Gemm, stats: FsimStats) -> None:
+    def _gemm(self, idx: int, insn: Gemm, dram: np.ndarray, stats: FsimStats) -> None:
         c = self.cfg
         plan = self._plan(idx, insn, "GEMM")
         dst, src, wgt = plan.dst, plan.src, plan.wgt
@@ -505,7 +519,7 @@ class Fsim:
         if plan is None:
             return False
         c, (fdt, groups, dst, touched) = self.cfg, plan
-        inp_f, wgt_f = self._floats()
+        inp_f, wgt_ft = self._floats()
         # exact integers: int32 holds any float32-exact sum and wraps like a 32-bit accumulator
         y = np.empty((sum(s.shape[0] * w.shape[0] for s, w in groups), c.batch, c.block_out),
                      np.int32 if fdt == np.float32 else np.int64)
@@ -515,9 +529,9 @@ class Fsim:
             n = wgt_idx.shape[0]
             x = np.take(inp_f, src_idx, axis=0)                                 # (rows, K, batch, bin)
             x = x.transpose(0, 2, 1, 3).reshape(rows * c.batch, k * c.block_in).astype(fdt, copy=False)
-            w = np.take(wgt_f, wgt_idx, axis=0)                                 # (n, K, bout, bin)
-            w = w.transpose(1, 3, 0, 2).reshape(k * c.block_in, n * c.block_out).astype(fdt, copy=False)
-            part = blas_threads().matmul(x, w).reshape(rows, c.batch, n, c.block_out).transpose(2, 0, 1, 3)
+            w = np.take(wgt_ft, wgt_idx, axis=1)                                # (bout, n, K, bin)
+            w = w.reshape(c.block_out * n, k * c.block_in).astype(fdt, copy=False).T   # a transposed view
+            part = blas_threads().matmul(x, w).reshape(rows, c.batch, c.block_out, n).transpose(3, 0, 1, 2)
             np.copyto(y[at:at + n * rows].reshape(n, rows, c.batch, c.block_out), part, casting="unsafe")
             at += n * rows
         if touched is not None:   # destinations repeat: sum per entry first
@@ -604,13 +618,13 @@ class Fsim:
     def _floats(self):
         if self._inp_f is None:
             self._inp_f = self.inp.astype(self._fdt)
-        if self._wgt_f is None:
-            self._wgt_f = self.wgt.astype(self._fdt)
-        return self._inp_f, self._wgt_f
+        if self._wgt_ft is None:
+            self._wgt_ft = self.wgt.transpose(1, 0, 2).astype(self._fdt, order="C")
+        return self._inp_f, self._wgt_ft
 
     def _gemm_grouped(self, dst, src, wgt, shape, vary) -> None:
         c = self.cfg
-        inp_f, wgt_f = self._floats()
+        inp_f, wgt_ft = self._floats()
         # Move the loop dims the weight index varies over first: each group of rows shares one
         # weight tile, and all groups go to BLAS as one stacked (G, rows*batch, block_in) matmul.
         order = [d for d in range(3) if vary[d]] + [d for d in range(3) if not vary[d]]
@@ -621,7 +635,7 @@ class Fsim:
         w3 = w3.reshape(d3.shape)
         groups, rows = d3.shape
         x = inp_f[s3].reshape(groups, rows * c.batch, c.block_in)
-        w = wgt_f[w3[:, 0]].transpose(0, 2, 1)                 # (G, block_in, block_out)
+        w = np.take(wgt_ft, w3[:, 0], axis=1).transpose(1, 2, 0)   # (G, block_in, block_out)
         y = np.matmul(x, w)                                    # exact: see gemm_float_dtype
         total = y.astype(np.int64).reshape(groups * rows, c.batch, c.block_out)
         # Sum contributions per destination in int64, then one wrapped update.
@@ -637,13 +651,13 @@ class Fsim:
 
     def _gemm_gathered(self, dst, src, wgt) -> None:
         if self._fdt is not None:
-            inp_f, wgt_f = self._floats()
-            prod = np.matmul(inp_f[src], wgt_f[wgt].transpose(0, 2, 1)).astype(np.int64)
+            inp_f, wgt_ft = self._floats()
+            prod = np.matmul(inp_f[src], np.take(wgt_ft, wgt, axis=1).transpose(1, 2, 0)).astype(np.int64)
         else:
             prod = np.einsum("nbk,nok->nbo", self.inp[src].astype(np.int64), self.wgt[wgt].astype(np.int64))
         self._accumulate_sorted(dst, prod)
 
-    def _alu(self, idx: int, insn: Alu, stats: FsimStats) -> None:
+    def _alu(self, idx: int, insn: Alu, dram: np.ndarray, stats: FsimStats) -> None:
         plan = self._plan(idx, insn, "ALU")
         dst, src = plan.dst, plan.src
         if dst.size == 0:

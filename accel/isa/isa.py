@@ -350,11 +350,13 @@ def decode_uops(data: bytes | np.ndarray, cfg: AccelConfig) -> np.ndarray:
     raw = np.frombuffer(bytes(data), dtype=np.uint8) if isinstance(data, (bytes, bytearray)) else np.asarray(data, np.uint8)
     if raw.size % cfg.uop_elem_bytes:
         raise EncodingError(f"micro-op data of {raw.size} bytes is not a multiple of {cfg.uop_elem_bytes}")
-    word = raw.view("<u4" if cfg.uop_bits == 32 else "<u8").astype(np.uint64)
+    # 32-bit words widen to int64 (Python-int shifts and masks then stay int64); 64-bit ones stay unsigned
+    word = raw.view("<u4").astype(np.int64) if cfg.uop_bits == 32 else raw.view("<u8")
     out = np.empty((len(word), 3), dtype=np.int64)
     pos = 0
     for col, (name, width) in enumerate(uop_format(cfg)):
-        out[:, col] = ((word >> np.uint64(pos)) & np.uint64((1 << width) - 1)).astype(np.int64)
+        np.bitwise_and(word >> word.dtype.type(pos), word.dtype.type((1 << width) - 1), out=out[:, col],
+                       casting="unsafe")
         pos += width
     return out
 

@@ -44,7 +44,7 @@ def test_fsim_float_gemm_paths_exact_at_extremes(cfg):
                  Gemm(uop_bgn=0, uop_end=1, iter_out=4, iter_in=8, dst_factor_out=8, dst_factor_in=1),  # grouped
                  Gemm(uop_bgn=0, uop_end=n, iter_out=2, iter_in=3, dst_factor_out=3, dst_factor_in=1,
                       src_factor_out=1, wgt_factor_in=1)):  # separable matmul
-        sim._gemm(0, insn, _Stats())
+        sim._gemm(0, insn, None, _Stats())
         _gemm_per_uop(sim, insn, ref)
         assert (sim.acc == _wrapped(ref, cfg.acc_width)).all(), insn
     # the convolution pattern: 2 destinations x 8 taps, every dst distinct across the loops
@@ -103,7 +103,7 @@ def test_fsim_gemm_every_path_matches_per_uop_definition(data):
                 dst_factor_in=data.draw(f), src_factor_out=data.draw(f), src_factor_in=data.draw(f),
                 wgt_factor_out=data.draw(st.sampled_from([0, 0, 1])), wgt_factor_in=data.draw(st.sampled_from([0, 0, 1])))
     ref = sim.acc.astype(np.int64)
-    sim._gemm(0, insn, _Stats())
+    sim._gemm(0, insn, None, _Stats())
     _gemm_per_uop(sim, insn, ref)
     assert (sim.acc == _wrapped(ref, cfg.acc_width)).all(), insn
     touched = sorted({int(u[0]) + i0 * insn.dst_factor_out + i1 * insn.dst_factor_in
@@ -129,11 +129,11 @@ def test_fsim_plan_cache_follows_the_micro_ops_and_stays_bounded(monkeypatch):
     for step in range(4):
         sim.uop[:8] = [(k // 4 * 32, (k + step) % 5, (3 * k + step) % 16) for k in range(8)]
         sim.uop[8] = (40, step, 0)   # acc[40 + i] += acc[step]: a new operand entry each time
-        sim._gemm(0, gemm, _Stats())
+        sim._gemm(0, gemm, None, _Stats())
         _gemm_per_uop(sim, gemm, ref)
         assert (sim.acc == _wrapped(ref, cfg.acc_width)).all(), step
         before = sim.acc[:, 0, 0].astype(np.int64).tolist()
-        sim._alu(0, alu, fsim_mod.FsimStats())
+        sim._alu(0, alu, None, fsim_mod.FsimStats())
         assert sim.acc[40:46, 0, 0].tolist() == [_wrapped(before[40 + i] + before[step], 32) for i in range(6)]
         ref[40:46] = sim.acc[40:46]
         assert sum(p.dst.size for p in sim._plans.values()) <= 64
@@ -365,11 +365,13 @@ def test_fsim_gemm_through_dram_end_to_end():
 
 
 class _FakeBlas:
-    def __init__(self):
+    def __init__(self, num_threads=2):
         self.calls = []
+        self.num_threads = num_threads
 
     def set_num_threads(self, n):
         self.calls.append(n)
+        self.num_threads = n
 
 
 @pytest.mark.parametrize("idle, threads", [(1, 2), (0, 1)])
@@ -389,11 +391,12 @@ def test_fsim_threads_only_big_matmuls_on_idle_cores(monkeypatch, idle, threads)
     big = rng.integers(-128, 128, (64, k)).astype(np.float32), rng.integers(-128, 128, (k, 64)).astype(np.float32)
     with bt.run():
         assert (bt.matmul(*small) == small[0] @ small[1]).all()
-        assert fake.calls == [] and counted == []
+        assert fake.calls == [1] and counted == []
         for _ in range(2):
             assert (bt.matmul(*big) == big[0] @ big[1]).all()
-        assert fake.calls == ([threads, 1] * 2 if threads > 1 else [])
+        assert fake.calls == [1] + ([threads, 1] * 2 if threads > 1 else [])
         assert len(counted) == 1
+    assert fake.num_threads == 2      # the caller's setting, given back
 
 
 def test_idle_cores_leaves_out_this_process_and_busy_ones(monkeypatch):
