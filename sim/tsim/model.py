@@ -60,10 +60,13 @@ class TsimStats:
         return out
 
 
+_LOAD_STAGE_MEMS = frozenset((MemType.INP, MemType.WGT))
+
+
 def stage_of(insn: Insn) -> Stage:
     """Fetch's routing: LOAD of INP/WGT -> load, STORE -> store, the rest -> compute."""
     if isinstance(insn, Load):
-        return Stage.LOAD if insn.mem_type in (MemType.INP, MemType.WGT) else Stage.COMPUTE
+        return Stage.LOAD if insn.mem_type in _LOAD_STAGE_MEMS else Stage.COMPUTE
     if isinstance(insn, Store):
         return Stage.STORE
     return Stage.COMPUTE
@@ -88,7 +91,7 @@ class _Loader:
             done(s + 1 + n_rows * n_cols)
             return
         self.insn, self.done = insn, done
-        self.E = E = elem_bytes(self.m.cfg, insn.mem_type)
+        self.E = E = self.m.elem_bytes[insn.mem_type]
         self.addr0, self.step = insn.dram_base * E, insn.x_stride * E
         self.tau = s + 1 + insn.y_pad0 * n_cols
         self.row = 0
@@ -116,7 +119,37 @@ class _Loader:
         addr0, step, count, E = self.addr0, self.step, insn.x_size, self.E
         B, maxb = self.m.cfg.bus_bytes, self.m.cfg.max_burst_beats
         beats = 0                                        # of the inlined bursts, added to bus.beats on return
+        # rows that start on the same beat offset (step a whole number of beats) have the same bursts
+        # while none crosses a 4 KiB boundary: a run of such one-burst rows is one step (see below)
+        uniform = not throttled and step % B == 0
         while True:
+            if uniform and bi == 0 and len(bursts) == 1 and g <= horizon:
+                nb, per, span = bursts[0]
+                D = latency + span + 2 + insn.x_pad1 + insn.x_pad0          # grant to the next row's grant
+                am = (addr0 + row * step) % BOUNDARY_BYTES
+                st = step % BOUNDARY_BYTES
+                n = insn.y_size - row
+                if st:   # rows j = 0.. of the run stay below the boundary: am + j*st - am%B + nb*B <= 4 KiB
+                    n = min(n, (BOUNDARY_BYTES - nb * B + am % B - am) // st + 1)
+                n = min(n, (horizon - g) // D + 1)                          # every later grant <= horizon
+                if n > 1:
+                    beats += n * nb
+                    row += n
+                    f = g + (n - 1) * D + latency + span
+                    if row == insn.y_size:
+                        self.row = row
+                        bus.beats += beats
+                        self.done(f + 1 + insn.x_pad1 + insn.y_pad1 * (insn.x_pad0 + insn.x_size + insn.x_pad1))
+                        return f
+                    g += n * D
+                    tau = g - 1
+                    bursts = row_plan((addr0 + row * step) % BOUNDARY_BYTES, count, E, B, maxb)
+                    if g > horizon:
+                        self.bursts, self.bi, self.row, self.tau = bursts, 0, row, tau
+                        bus.beats += beats
+                        bus.request(self.client, g, self._granted)
+                        return f
+                    continue
             nb, per, span = bursts[bi]
             if throttled:
                 f = burst_times(g, nb, per)
@@ -347,6 +380,7 @@ class Tsim:
     def __init__(self, cfg: AccelConfig, dram: DramModel | None = None):
         self.cfg = cfg
         self.dram = dram or DramModel()
+        self.elem_bytes = {m: elem_bytes(cfg, m) for m in MemType}
 
     def run_insns(self, insns: list[Insn], insn_addr: int = 0, max_cycles: int = 1 << 62,
                   trace: bool = False) -> TsimStats:
