@@ -120,36 +120,22 @@ class _Loader:
         B, maxb = self.m.cfg.bus_bytes, self.m.cfg.max_burst_beats
         beats = 0                                        # of the inlined bursts, added to bus.beats on return
         # rows that start on the same beat offset (step a whole number of beats) have the same bursts
-        # while none crosses a 4 KiB boundary: a run of such one-burst rows is one step (see below)
+        # while none crosses a 4 KiB boundary: all but the last row of a run of such one-burst rows
+        # are one step, and the loop below runs the last one as it runs any row
         uniform = not throttled and step % B == 0
         while True:
-            if uniform and bi == 0 and len(bursts) == 1 and g <= horizon:
-                nb, per, span = bursts[0]
+            if uniform and bi == 0 and len(bursts) == 1:
+                nb, _, span = bursts[0]
                 D = latency + span + 2 + insn.x_pad1 + insn.x_pad0          # grant to the next row's grant
                 am = (addr0 + row * step) % BOUNDARY_BYTES
                 st = step % BOUNDARY_BYTES
-                n = insn.y_size - row
+                n = min(insn.y_size - row, (horizon - g) // D + 1)          # every later grant <= horizon
                 if st:   # rows j = 0.. of the run stay below the boundary: am + j*st - am%B + nb*B <= 4 KiB
                     n = min(n, (BOUNDARY_BYTES - nb * B + am % B - am) // st + 1)
-                n = min(n, (horizon - g) // D + 1)                          # every later grant <= horizon
                 if n > 1:
-                    beats += n * nb
-                    row += n
-                    f = g + (n - 1) * D + latency + span
-                    if row == insn.y_size:
-                        self.row = row
-                        bus.beats += beats
-                        self.done(f + 1 + insn.x_pad1 + insn.y_pad1 * (insn.x_pad0 + insn.x_size + insn.x_pad1))
-                        return f
-                    g += n * D
-                    tau = g - 1
-                    bursts = row_plan((addr0 + row * step) % BOUNDARY_BYTES, count, E, B, maxb)
-                    if g > horizon:
-                        self.bursts, self.bi, self.row, self.tau = bursts, 0, row, tau
-                        bus.beats += beats
-                        bus.request(self.client, g, self._granted)
-                        return f
-                    continue
+                    beats += (n - 1) * nb
+                    row += n - 1
+                    g += (n - 1) * D
             nb, per, span = bursts[bi]
             if throttled:
                 f = burst_times(g, nb, per)
