@@ -4,6 +4,11 @@ A STORE only talks to the write channel, which nothing else uses, so its duratio
 on when it starts: the unit is modelled cycle by cycle here, register for register, once per
 distinct (y_size, x_size, DRAM row alignment) and memoized. Returns U (cycles from the unit's
 start to the first cycle it is not busy) and the W beats it wrote.
+
+Inside a burst on an unthrottled bus, with an output element of at least one beat, the unit
+streams one beat a cycle and its registers move by a fixed rule; those stretches are advanced in
+one step (`skip`), so a store costs a few steps per burst instead of one per beat. The keys differ
+by DRAM address, so a network's first run meets hundreds of them.
 """
 from __future__ import annotations
 
@@ -23,13 +28,21 @@ def store_key(cfg, dram: DramModel, y_size: int, x_size: int, dram_base: int, x_
 
 @lru_cache(maxsize=4096)
 def store_timing(key: tuple) -> tuple[int, int]:
-    """(U, W beats) of a STORE, from store_key(...). Mirrors StoreUnit's registers cycle by cycle."""
+    """(U, W beats) of a STORE, from store_key(...)."""
+    return store_cycles(key)
+
+
+def store_cycles(key: tuple, skip: bool = True) -> tuple[int, int]:
+    """(U, W beats) of a STORE, mirroring StoreUnit's registers cycle by cycle; with `skip`, a burst's
+    streaming stretch in one step (tests compare both ways)."""
     B, E, maxb, WL, bpc, y_size, x_size, base_b, stride_b = key
     if y_size == 0 or x_size == 0:
         return 1, 0
     throttled = 0 < bpc < B
     small = E < B
     per = B // E if small else E // B
+    skip = skip and not small and not throttled
+    n_elems = y_size * x_size
     # DRAM byte addresses modulo 4 KiB suffice: every quantity below is taken modulo a divisor of it.
     # ---- registers (state after the `go` cycle s) ----
     rd_more, rd_valid, rd_x, rd_y = True, False, 0, 0
@@ -48,6 +61,27 @@ def store_timing(key: tuple) -> tuple[int, int]:
     beats = 0
     t = 1                                    # cycle relative to s
     while True:
+        if skip and w_full and rd_valid and state == "W" and t > aw_cycle and burst_left > 1:
+            # Streaming: each cycle a beat fires, the packer reloads W with the element's next piece and
+            # takes a new element after its last piece. Run the burst up to its last beat: the reader
+            # cannot run dry before then, since every beat of the burst is data still to be read.
+            k = burst_left - 1
+            takes = (piece + k) // per
+            piece = (piece + k) % per
+            if takes:
+                issued = rd_y * x_size + rd_x
+                rd_y, rd_x = divmod(issued + takes, x_size)
+                row_ent_b = (row_ent_b + (rd_y - issued // x_size) * stride_b) % BOUNDARY_BYTES
+                m_row_last = rd_x == 0
+                rd_more = issued + takes < n_elems
+            beats += k
+            k_in_burst += k
+            burst_left = 1
+            t += k
+            while b_next < len(b_times) and b_times[b_next] < t:   # B responses: only counted in W
+                b_next += 1
+                outstanding -= 1
+            continue
         # ---- combinational ----
         b_fire = b_next < len(b_times) and b_times[b_next] == t
         in_w = state == "W"
