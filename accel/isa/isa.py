@@ -254,17 +254,6 @@ def _pack(values: dict[str, int], fmt: list[tuple[str, int]], what: str) -> int:
     return word
 
 
-def _unpack(word: int, fmt: list[tuple[str, int]]) -> dict[str, int]:
-    out, pos = {}, 0
-    for name, width in fmt:
-        v = (word >> pos) & ((1 << width) - 1)
-        if name in SIGNED_FIELDS and v >> (width - 1):
-            v -= 1 << width
-        out[name] = v
-        pos += width
-    return out
-
-
 def encode_insn(insn: Insn, cfg: AccelConfig, index: int | None = None) -> int:
     """Instruction -> 128-bit integer. Raises EncodingError naming the field that does not fit."""
     what = f"{insn.opcode.name} instruction" + (f" {index}" if index is not None else "")
@@ -275,31 +264,63 @@ def encode_insn(insn: Insn, cfg: AccelConfig, index: int | None = None) -> int:
 
 def decode_insn(word: int, cfg: AccelConfig, index: int | None = None) -> Insn:
     """128-bit integer -> instruction; the exact inverse of encode_insn."""
-    where = f"instruction {index}" if index is not None else "instruction"
     op = word & ((1 << OPCODE_BITS) - 1)
-    try:
-        opcode = Opcode(op)
-    except ValueError:
-        raise EncodingError(f"{where}: unknown opcode {op} (opcodes are "
-                            f"{', '.join(f'{o.name}={o.value}' for o in Opcode)})") from None
-    fmt = _formats(cfg)[opcode.name]
-    used = sum(w for _, w in fmt)
+    dec = _decoders(cfg).get(op)
+    if dec is None:
+        raise EncodingError(f"{_where(index)}: unknown opcode {op} (opcodes are "
+                            f"{', '.join(f'{o.name}={o.value}' for o in Opcode)})")
+    cls, used, plain, signed, flags, enums = dec
     if word >> used:
-        raise EncodingError(f"{where}: {opcode.name} has non-zero bits above bit {used - 1}")
-    values = _unpack(word, fmt)
-    del values["opcode"]
-    cls = INSN_CLASSES[opcode]
-    for key, enum in (("mem_type", MemType), ("alu_op", AluOp)):
-        if key in values:
-            try:
-                values[key] = enum(values[key])
-            except ValueError:
-                raise EncodingError(f"{where}: {opcode.name} field {key}={values[key]} is not one of "
-                                    f"{', '.join(f'{e.name}={e.value}' for e in enum)}") from None
-    for key in ("reset", "use_imm", *DEP_FLAGS):
-        if key in values:
-            values[key] = bool(values[key])
-    return cls(**values)
+        raise EncodingError(f"{_where(index)}: {cls.opcode.name} has non-zero bits above bit {used - 1}")
+    values = {name: (word >> pos) & mask for name, pos, mask in plain}
+    for name, pos, width in signed:
+        v = (word >> pos) & ((1 << width) - 1)
+        values[name] = v - (1 << width) if v >> (width - 1) else v
+    for name, pos in flags:
+        values[name] = bool((word >> pos) & 1)
+    for name, pos, mask, table in enums:
+        v = (word >> pos) & mask
+        if v not in table:
+            enum = type(next(iter(table.values())))
+            raise EncodingError(f"{_where(index)}: {cls.opcode.name} field {name}={v} is not one of "
+                                f"{', '.join(f'{e.name}={e.value}' for e in enum)}")
+        values[name] = table[v]
+    insn = object.__new__(cls)      # every field is in `values` (checked in _decoders): the frozen
+    insn.__dict__.update(values)    # dataclass's __init__ would only set them one by one, 3x slower
+    return insn
+
+
+def _where(index: int | None) -> str:
+    return f"instruction {index}" if index is not None else "instruction"
+
+
+@functools.lru_cache(maxsize=None)
+def _decoders(cfg: AccelConfig) -> dict[int, tuple]:
+    """Per opcode value, its field layout prepared for decode_insn: (class, bits used, plain fields
+    (name, shift, mask), signed fields (name, shift, width), one-bit flags (name, shift), enum fields
+    (name, shift, mask, value -> member)).
+    Decoding is on every simulator's first run of a program (a network has thousands of instructions)."""
+    bools = {"reset", "use_imm", *DEP_FLAGS}
+    enums = {"mem_type": MemType, "alu_op": AluOp}
+    out = {}
+    for opcode in Opcode:
+        plain, signed, flags, enum_fields, pos = [], [], [], [], 0
+        for name, width in _formats(cfg)[opcode.name]:
+            if name in SIGNED_FIELDS:
+                signed.append((name, pos, width))
+            elif name in bools:
+                flags.append((name, pos))
+            elif name in enums:
+                enum_fields.append((name, pos, (1 << width) - 1, {int(e): e for e in enums[name]}))
+            elif name != "opcode":
+                plain.append((name, pos, (1 << width) - 1))
+            pos += width
+        cls = INSN_CLASSES[opcode]
+        named = {f[0] for group in (plain, signed, flags, enum_fields) for f in group}
+        assert named == {f.name for f in fields(cls)}, f"{opcode.name}: format and class fields differ"
+        out[int(opcode)] = (cls, pos, tuple(plain), tuple(signed), tuple(flags),
+                            tuple(enum_fields))
+    return out
 
 
 def encode_program(insns: list[Insn], cfg: AccelConfig) -> np.ndarray:
