@@ -139,3 +139,19 @@ def test_estimate_clock_comes_from_the_ecp5_fit_and_says_so():
         if (r.get("timing") or {}).get("fmax_mhz"):
             got = estimate(AccelConfig.from_dict(r["config"]), "ecp5").fmax_mhz
             assert abs(got - r["timing"]["fmax_mhz"]) <= r["timing"]["fmax_mhz"] * (fm["max_error_pct"] + 0.5) / 100
+
+
+def test_rekey_keeps_only_records_whose_verilog_is_unchanged(tmp_path):
+    """A source change that leaves the Verilog alone re-keys the stored synthesis results; a record
+    whose Verilog differs is reported and keeps its old key."""
+    from accel.hw.fpga import rtl_for_config
+    from accel.hw.fpga.estimate import current_source_key
+    cfg = preset("tiny")
+    same = {"name": "tiny", "family": "xc7", "config": cfg.to_dict(), "rtl_sha256": rtl_for_config(cfg).sha256,
+            "rtl_source_key": "old"}
+    changed = dict(same, family="ecp5", rtl_sha256="0" * 64)
+    path = tmp_path / "calibration_data.json"
+    calibrate.save_data({"format": "accel-calibration/1", "runs": [same, changed]}, path)
+    assert calibrate.rekey(path) == ["tiny ecp5"]
+    keys = [r["rtl_source_key"] for r in calibrate.load_data(path)["runs"]]
+    assert keys == [current_source_key(), "old"]

@@ -3,6 +3,7 @@ per-module results, fit the LUT/FF model, and record its error on configurations
 
     python -m accel.hw.fpga.calibrate run [--family xc7 ecp5] [--pnr] [--only NAME ...]
     python -m accel.hw.fpga.calibrate fit
+    python -m accel.hw.fpga.calibrate rekey        # sources changed, Verilog did not: keep the records
     python -m accel.hw.fpga.calibrate check        # estimator vs the stored yosys results
 
 `run` appends to calibration_data.json (one record per config and family, with the RTL's hash,
@@ -141,6 +142,26 @@ def run(names: list[str], families: list[str], pnr: bool, path: Path = DATA_PATH
             save_data(data, path)
             print(f"{name:>10} {fam}: {rep['utilization']} ({'cached' if rep['cached'] else f'{time.monotonic() - t0:.0f} s'})",
                   flush=True)
+
+
+def rekey(path: Path = DATA_PATH) -> list[str]:
+    """Records whose config still generates the Verilog they were synthesized from (same sha256) get
+    today's RTL source key: a change under accel/ that leaves the Verilog alone (a refactor, a faster
+    decoder) would otherwise cost a full re-synthesis when the synthesis cache is gone. Returns the
+    "name family" of the records whose Verilog changed; those need `run`."""
+    from .rtl import rtl_for_config
+    data = load_data(path)
+    key, sha, stale = est.current_source_key(), {}, []
+    for rec in data["runs"]:
+        name = rec["name"]
+        if name not in sha:
+            sha[name] = rtl_for_config(AccelConfig.from_dict(rec["config"])).sha256
+        if sha[name] == rec["rtl_sha256"]:
+            rec["rtl_source_key"] = key
+        else:
+            stale.append(f"{name} {rec['family']}")
+    save_data(data, path)
+    return stale
 
 
 # ---- fitting --------------------------------------------------------------------------------------------
@@ -312,6 +333,7 @@ def main(argv=None) -> int:
     r.add_argument("--pnr", action="store_true", help="also place and route ECP5 runs (Fmax; slow)")
     sub.add_parser("fit", help="fit estimate_model.json from the stored results")
     sub.add_parser("check", help="print the estimator's error on every stored result")
+    sub.add_parser("rekey", help="give records whose Verilog is unchanged today's RTL source key")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.cmd == "run":
@@ -321,6 +343,12 @@ def main(argv=None) -> int:
         model = fit(model_before=before)
         est.MODEL_PATH.write_text(json.dumps(model, indent=1) + "\n")
         print(json.dumps(model["errors"], indent=1))
+    elif args.cmd == "rekey":
+        stale = rekey()
+        if stale:
+            print(f"Verilog changed since synthesis, re-run `calibrate run` for: {', '.join(stale)}")
+            return 1
+        print("every record's Verilog is unchanged; records re-keyed (run `fit` next)")
     else:
         print(json.dumps(errors(load_data(), est.load_model()), indent=1))
     return 0
