@@ -17,6 +17,7 @@ import functools
 import logging
 import math
 import os
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
@@ -74,6 +75,9 @@ def gemm_float_dtype(cfg: AccelConfig):
 
 #: a matmul of at least this many multiply-adds may use the idle cores (2 threads: 1.4x at 0.5M, 1.9x at 4M)
 THREADED_MATMUL_MACS = 1 << 18
+#: a run within this many seconds of the last idle-core count reuses it (a count reads /proc for
+#: ~0.13 ms, a tenth of a small program's run; a network makes one run per accelerator layer)
+IDLE_RECOUNT_S = 0.5
 
 
 class BlasThreads:
@@ -81,19 +85,22 @@ class BlasThreads:
     BLAS on them costs more in hand-offs than it gains, and on a loaded machine a descheduled BLAS
     thread stalls every call (measured: 4.7x slower bench/fsim_speed.py with a second process busy).
     So a run holds BLAS to one thread, and a matmul of at least THREADED_MATMUL_MACS also takes the
-    cores no other process is running on, counted at the run's first such matmul."""
+    cores no other process is running on, counted at the run's first such matmul unless a count is
+    less than IDLE_RECOUNT_S old."""
 
     def __init__(self):
         from threadpoolctl import ThreadpoolController
         self.controller = ThreadpoolController()
         self.libs = self.controller.select(user_api="blas").lib_controllers
         self.threads = None
+        self.counted_at = 0.0
 
     @contextlib.contextmanager
     def run(self):
         """The context of one run: one BLAS thread, the caller's setting given back after (set on
         the libraries directly: threadpoolctl's limit() re-reads every library's state, ~30 us)."""
-        self.threads = None
+        if time.monotonic() - self.counted_at > IDLE_RECOUNT_S:
+            self.threads = None
         before = [lib.num_threads for lib in self.libs]
         for lib in self.libs:
             lib.set_num_threads(1)
@@ -108,6 +115,7 @@ class BlasThreads:
             return x @ w
         if self.threads is None:
             self.threads = idle_cores() + 1
+            self.counted_at = time.monotonic()
         if self.threads == 1:
             return x @ w
         for lib in self.libs:

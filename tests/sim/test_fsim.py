@@ -399,6 +399,24 @@ def test_fsim_threads_only_big_matmuls_on_idle_cores(monkeypatch, idle, threads)
     assert fake.num_threads == 2      # the caller's setting, given back
 
 
+def test_fsim_recounts_idle_cores_only_after_the_window(monkeypatch):
+    """Runs within IDLE_RECOUNT_S of the last count reuse it; a later run counts again."""
+    import sim.fsim as fsim_mod
+    from sim.fsim import IDLE_RECOUNT_S, THREADED_MATMUL_MACS, BlasThreads
+    counted, clock = [], [100.0]
+    monkeypatch.setattr(fsim_mod, "idle_cores", lambda: counted.append(1) or 1)
+    monkeypatch.setattr(fsim_mod.time, "monotonic", lambda: clock[0])
+    bt = BlasThreads()
+    bt.libs = [_FakeBlas()]
+    k = THREADED_MATMUL_MACS // (64 * 64)
+    big = np.ones((64, k), np.float32), np.ones((k, 64), np.float32)
+    for dt, expect in ((0.0, 1), (IDLE_RECOUNT_S / 2, 1), (IDLE_RECOUNT_S * 2, 2)):
+        clock[0] += dt
+        with bt.run():
+            bt.matmul(*big)
+        assert len(counted) == expect, dt
+
+
 def test_idle_cores_leaves_out_this_process_and_busy_ones(monkeypatch):
     """Two cores, this process running on one: one idle; a second process running: none."""
     import builtins
