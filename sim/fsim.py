@@ -19,7 +19,7 @@ import math
 import os
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -173,7 +173,12 @@ class FsimStats:
     leftover_tokens: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """asdict's result (ints and dicts of ints, copied) without its recursive deep copy (60 us, a
+        noticeable share of a small program's run)."""
+        d = dict(self.__dict__)
+        for k in ("insns", "per_stage", "leftover_tokens"):
+            d[k] = dict(d[k])
+        return d
 
 
 @dataclass

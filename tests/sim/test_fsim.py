@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program,
                        encode_uops)
 from sim.errors import DeadlockError, ExecError, SimError
-from sim.fsim import Fsim, alu_apply, alu_apply_int32, gemm_float_dtype
+from sim.fsim import Fsim, FsimStats, alu_apply, alu_apply_int32, gemm_float_dtype
 
 TINY = PRESETS["tiny"]
 TINY_ACC16 = dataclasses.replace(TINY, acc_width=16, out_buff_bytes=2048)
@@ -452,3 +452,15 @@ def test_fsim_limits_blas_threads_only_while_running():
     _run(TINY, prog, sim=sim)
     assert seen and all(n == 1 for n in seen[0])
     assert [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"] == before
+
+
+def test_fsim_stats_to_dict_is_asdict_with_its_own_dicts():
+    """to_dict (hand-written for speed) gives asdict's result, and its dicts are copies."""
+    from dataclasses import asdict, fields
+    stats = FsimStats(**{f.name: ({"a": i} if f.type.startswith("dict") else i) for i, f in enumerate(fields(FsimStats))})
+    d = stats.to_dict()
+    assert d == asdict(stats) and list(d) == list(asdict(stats))
+    for k, v in d.items():
+        if isinstance(v, dict):
+            v["a"] = -1
+            assert getattr(stats, k)["a"] != -1, k
