@@ -344,11 +344,14 @@ class Fsim:
                 raise DeadlockError(self._deadlock_report(stages, tokens, pc, insns))
         # what ran: every instruction but those still queued behind FINISH
         left = {idx for st in stages.values() for idx in st.queue}
+        ran: dict = {}                                   # (stage, op name) -> count; stages named once
         for idx, (stage, opname, _, _) in enumerate(routes):
             if idx not in left:
-                stats.insns[opname] = stats.insns.get(opname, 0) + 1
-                sname = stage.name.lower()
-                stats.per_stage[sname] = stats.per_stage.get(sname, 0) + 1
+                ran[stage, opname] = ran.get((stage, opname), 0) + 1
+        for (stage, opname), n in ran.items():
+            stats.insns[opname] = stats.insns.get(opname, 0) + n
+            sname = stage.name.lower()
+            stats.per_stage[sname] = stats.per_stage.get(sname, 0) + n
         stats.leftover_tokens = {q: n for q, n in tokens.items() if n}
         if stats.leftover_tokens:
             log.warning("program ended with unconsumed dependency tokens %s", stats.leftover_tokens)
