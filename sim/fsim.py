@@ -682,6 +682,8 @@ class Fsim:
         if not plan.derive("hazard", lambda: self._alu_hazard(plan, insn.use_imm)):
             d = plan.run or dst
             if insn.alu_op == AluOp.MOV and not insn.use_imm:   # a copy: entries are acc_width values already
+                if self._mov_broadcast(insn, plan):
+                    return
                 res = self.acc[plan.src]
                 self.acc[d] = res
                 self.out[d] = res.astype(self.out.dtype)
@@ -696,6 +698,29 @@ class Fsim:
                 res = self._alu_apply(insn.alu_op, self.acc[d], b)
                 self.acc[d] = res
                 self.out[d] = res.astype(self.out.dtype)
+
+    def _mov_broadcast(self, insn: Alu, plan: _LoopPlan) -> bool:
+        """A MOV whose every iteration copies the same micro-op sources (a bias over an output tile)
+        as broadcast copies of those few entries into slices, instead of a gather and a scatter of
+        every element: the iterations' destinations of the tile in micro-op order (plan.run), or of
+        each micro-op a contiguous block (the compiler's channel-block-major tiles). Only without
+        hazards (then every read precedes every write, as in-order execution gives)."""
+        nu, n_it = insn.uop_end - insn.uop_bgn, insn.iter_out * insn.iter_in
+        if insn.src_factor_out or insn.src_factor_in or nu > 64:
+            return False
+        res = self.acc[plan.src[:nu]]
+        res_out = res.astype(self.out.dtype)
+        if plan.run is not None:
+            self.acc[plan.run].reshape(n_it, *res.shape)[...] = res
+            self.out[plan.run].reshape(n_it, *res.shape)[...] = res_out
+            return True
+        if not ((insn.iter_in == 1 or insn.dst_factor_in == 1) and
+                (insn.iter_out == 1 or insn.dst_factor_out == insn.iter_in)):
+            return False
+        for k, lo in enumerate(plan.dst[:nu].tolist()):         # uop k writes lo .. lo + n_it - 1
+            self.acc[lo:lo + n_it] = res[k]
+            self.out[lo:lo + n_it] = res_out[k]
+        return True
 
     def _alu_apply(self, op: AluOp, a: np.ndarray, b) -> np.ndarray:
         """alu_apply, in int32 where alu_apply_int32 takes the op (a 32-bit accumulator)."""

@@ -218,6 +218,44 @@ def test_fsim_alu_int32_path_matches_python_integers(op, shared, data):
     assert got.reshape(-1).tolist() == want, (op, a, b)
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_fsim_alu_instruction_matches_in_order_micro_ops(data):
+    """Random ALU instructions (every op, immediate or accumulator operand, loop factors of 0 that
+    repeat sources, e.g. a bias MOV over a tile, and overlapping dst/src ranges) give what running
+    their micro-ops one at a time in loop order gives, on acc and out."""
+    cfg = data.draw(st.sampled_from([TINY, TINY_ACC16]))
+    sim = Fsim(cfg)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1)))
+    sim.acc[:] = rng.integers(-2 ** (cfg.acc_width - 1), 2 ** (cfg.acc_width - 1), sim.acc.shape)
+    nu = data.draw(st.integers(1, 4))
+    f = st.sampled_from([0, 0, 1, 2, nu, 5])
+    lo = data.draw(st.sampled_from([0, 8, 40]))            # dst range vs the sources at 0..15
+    bias = data.draw(st.booleans())    # a bias MOV: the same sources every iteration
+    # destinations: free; one contiguous tile in micro-op order; or a contiguous block per micro-op
+    layout = data.draw(st.sampled_from(["tile", "blocks"] if bias else ["free", "tile", "blocks"]))
+    it_o, it_i = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+    base = {"free": lambda k: data.draw(st.sampled_from([k, int(rng.integers(0, 8))])), "tile": lambda k: k,
+            "blocks": lambda k: k * it_o * it_i}[layout]
+    sim.uop[:nu] = [(lo + base(k), int(rng.integers(0, 16)), 0) for k in range(nu)]
+    factors = {"free": (data.draw(f), data.draw(f)), "tile": (nu * it_i, nu), "blocks": (it_i, 1)}[layout]
+    insn = Alu(alu_op=AluOp.MOV if bias else data.draw(st.sampled_from(list(AluOp))),
+               use_imm=not bias and data.draw(st.booleans()), imm=int(rng.integers(-64, 64)), uop_bgn=0, uop_end=nu,
+               iter_out=it_o, iter_in=it_i, dst_factor_out=factors[0], dst_factor_in=factors[1],
+               src_factor_out=0 if bias else data.draw(f), src_factor_in=0 if bias else data.draw(f))
+    acc, out = sim.acc.copy(), sim.out.copy()
+    for i0 in range(insn.iter_out):
+        for i1 in range(insn.iter_in):
+            for u in sim.uop[:nu]:
+                d = u[0] + i0 * insn.dst_factor_out + i1 * insn.dst_factor_in
+                s = u[1] + i0 * insn.src_factor_out + i1 * insn.src_factor_in
+                b = np.int64(insn.imm) if insn.use_imm else acc[s].astype(np.int64)
+                acc[d] = alu_apply(insn.alu_op, acc[d].astype(np.int64), b, cfg.acc_width)
+                out[d] = acc[d].astype(out.dtype)
+    sim._alu(0, insn, None, FsimStats())
+    assert (sim.acc == acc).all() and (sim.out == out).all(), insn
+
+
 def test_fsim_alu_chained_hazard_runs_in_order():
     """acc[i+1] += acc[i] over one instruction is a prefix sum only if executed in order."""
     cfg = TINY
