@@ -708,15 +708,16 @@ class Fsim:
         nu, n_it = insn.uop_end - insn.uop_bgn, insn.iter_out * insn.iter_in
         if insn.src_factor_out or insn.src_factor_in or nu > 64:
             return False
+        blocks = plan.run is None
+        if blocks and not ((insn.iter_in == 1 or insn.dst_factor_in == 1) and
+                           (insn.iter_out == 1 or insn.dst_factor_out == insn.iter_in)):
+            return False
         res = self.acc[plan.src[:nu]]
         res_out = res.astype(self.out.dtype)
-        if plan.run is not None:
+        if not blocks:
             self.acc[plan.run].reshape(n_it, *res.shape)[...] = res
             self.out[plan.run].reshape(n_it, *res.shape)[...] = res_out
             return True
-        if not ((insn.iter_in == 1 or insn.dst_factor_in == 1) and
-                (insn.iter_out == 1 or insn.dst_factor_out == insn.iter_in)):
-            return False
         for k, lo in enumerate(plan.dst[:nu].tolist()):         # uop k writes lo .. lo + n_it - 1
             self.acc[lo:lo + n_it] = res[k]
             self.out[lo:lo + n_it] = res_out[k]
