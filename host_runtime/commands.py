@@ -352,21 +352,25 @@ class CommandStream:
         return self._append(Gemm(reset=bool(reset), uop_bgn=bgn, uop_end=end, **kernel.loop_fields(),
                                  **kernel.wgt_factors()))
 
-    def push_alu(self, kernel: UopKernel, op, imm: int | None = None) -> int:
-        """ALU over the kernel: acc[dst] = op(acc[dst], acc[src]), or op(acc[dst], imm) when imm is given."""
+    def push_alu(self, kernel: UopKernel, op, imm: int | None = None, use_imm: bool | None = None) -> int:
+        """ALU over the kernel: acc[dst] = op(acc[dst], acc[src]), or op(acc[dst], imm) when imm is given.
+        use_imm=False with an imm: the register operand, and the immediate as FLUSH's parameters."""
         op = _alu_op(op)
         c = self.cfg
+        use_imm = imm is not None if use_imm is None else bool(use_imm)
+        if use_imm and imm is None:
+            raise CommandError(f"push_alu({op.name}): use_imm=True needs an imm")
         checks = [("dst", kernel.max_dst, c.acc_depth, "accumulator")]
-        if imm is None:
+        if not use_imm:
             checks.append(("src", kernel.max_src, c.acc_depth, "accumulator"))
-        else:
+        if imm is not None:
             lo, hi = -(1 << (ALU_IMM_BITS - 1)), (1 << (ALU_IMM_BITS - 1)) - 1
             if not lo <= imm <= hi:
                 raise CommandError(f"push_alu({op.name}): imm={imm} outside the signed {ALU_IMM_BITS}-bit range "
                                    f"[{lo}, {hi}]")
         self._check_reach(f"push_alu({op.name})", kernel, checks)
         bgn, end = self._resident_range(kernel)
-        return self._append(Alu(alu_op=op, use_imm=imm is not None, imm=0 if imm is None else int(imm),
+        return self._append(Alu(alu_op=op, use_imm=use_imm, imm=0 if imm is None else int(imm),
                                 uop_bgn=bgn, uop_end=end, **kernel.loop_fields()))
 
     # ---- dependency tokens ----------------------------------------------------------------

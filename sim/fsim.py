@@ -679,25 +679,31 @@ class Fsim:
         if dst.size == 0:
             return
         stats.alu_uops += dst.size
-        if not plan.derive("hazard", lambda: self._alu_hazard(plan, insn.use_imm)):
+        op, w = insn.alu_op, self.cfg.acc_width
+        use_imm = insn.use_imm and op != AluOp.FLUSH    # FLUSH seeds from the register whatever use_imm says
+        if not plan.derive("hazard", lambda: self._alu_hazard(plan, use_imm)):
             d = plan.run or dst
-            if insn.alu_op == AluOp.MOV and not insn.use_imm:   # a copy: entries are acc_width values already
-                if self._mov_broadcast(insn, plan):
-                    return
-                res = self.acc[plan.src]
-                self.acc[d] = res
-                self.out[d] = res.astype(self.out.dtype)
+            # FLUSH: the output buffer gets the requantized sums, read before the seeds overwrite them
+            q = flush_requant(self.acc[d], insn.imm, w) if op == AluOp.FLUSH else None
+            if op in (AluOp.MOV, AluOp.FLUSH) and not use_imm:   # a copy: acc_width values already
+                if not self._mov_broadcast(insn, plan):
+                    res = self.acc[plan.src]
+                    self.acc[d] = res
+                    self.out[d] = res.astype(self.out.dtype)
+                if q is not None:
+                    self.out[d] = q.astype(self.out.dtype)
                 return
-            res = self._alu_apply(insn.alu_op, self.acc[d], self._alu_operand(insn, plan))
+            res = self._alu_apply(op, self.acc[d], self._alu_operand(insn, plan))
             self.acc[d] = res
-            self.out[d] = res.astype(self.out.dtype)
+            self.out[d] = (res if q is None else q).astype(self.out.dtype)
         else:   # in order, one vector step per run of elements that do not see each other's writes
-            for seg in plan.derive("runs", lambda: _independent_runs(dst, src, insn.use_imm)):
+            for seg in plan.derive("runs", lambda: _independent_runs(dst, src, use_imm)):
                 d = dst[seg]
-                b = np.int64(insn.imm) if insn.use_imm else self.acc[src[seg]].astype(np.int64)
-                res = self._alu_apply(insn.alu_op, self.acc[d], b)
+                b = np.int64(insn.imm) if use_imm else self.acc[src[seg]].astype(np.int64)
+                q = flush_requant(self.acc[d], insn.imm, w) if op == AluOp.FLUSH else None
+                res = self._alu_apply(op, self.acc[d], b)
                 self.acc[d] = res
-                self.out[d] = res.astype(self.out.dtype)
+                self.out[d] = (res if q is None else q).astype(self.out.dtype)
 
     def _mov_broadcast(self, insn: Alu, plan: _LoopPlan) -> bool:
         """A MOV whose every iteration copies the same micro-op sources (a bias over an output tile)
@@ -791,7 +797,7 @@ def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.nda
     elif op == AluOp.CLIP:
         nb = wrap(-b, acc_width).astype(np.int64)
         r = np.minimum(np.maximum(a, nb), b)
-    elif op == AluOp.MOV:
+    elif op in (AluOp.MOV, AluOp.FLUSH):   # FLUSH's accumulator side; its output side is flush_requant
         r = np.broadcast_to(b, a.shape)
     elif op in (AluOp.CLAMP, AluOp.REQUANT):
         lo, hi = ((b & 0xFF) ^ 0x80) - 0x80, (((b >> 8) & 0xFF) ^ 0x80) - 0x80
@@ -830,7 +836,7 @@ def alu_apply_int32(op: AluOp, a: np.ndarray, b) -> np.ndarray | None:
     if op == AluOp.SHR:
         sh = ((v & 63) ^ 32) - 32                                       # the signed low 6 bits
         return a >> np.int32(sh) if sh >= 0 else (a << np.int32(-sh) if sh > -32 else np.zeros_like(a))
-    if op == AluOp.MOV:
+    if op in (AluOp.MOV, AluOp.FLUSH):
         return np.full_like(a, v)
     if op == AluOp.CLIP:
         nv = -v if v != -(1 << 31) else v                               # -b wrapped to 32 bits
@@ -847,6 +853,17 @@ def alu_apply_int32(op: AluOp, a: np.ndarray, b) -> np.ndarray | None:
         np.maximum(r, np.int32(lo), out=r)
         return np.minimum(r, np.int32(hi), out=r)
     return None
+
+
+def flush_requant(a: np.ndarray, imm: int, acc_width: int) -> np.ndarray:
+    """AluOp.FLUSH's output side: clamp((a + r) >> s, lo, hi) with s = imm[4:0], r = 2^(s-1) when
+    imm[5] (the sum wrapping to acc_width bits), hi = imm[14:7] signed, lo = 0 if imm[6] else -hi-1."""
+    s, hi = imm & 31, (((imm >> 7) & 0xFF) ^ 0x80) - 0x80
+    lo = 0 if imm >> 6 & 1 else -hi - 1
+    m = 1 << acc_width
+    half = ((1 << s >> 1) if imm >> 5 & 1 else 0) & (m - 1)
+    v = (((a.astype(np.int64) + (half + (m >> 1))) & (m - 1)) - (m >> 1)) >> s
+    return np.clip(v, lo, hi)
 
 
 def scale_fixed(a: np.ndarray, b_unsigned: np.ndarray, acc_width: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from accel.isa import AccelConfig, AluOp, MemType, Program, Stage, Symbol
+from accel.isa import AccelConfig, AluOp, MemType, Program, Stage, Symbol, flush_immediate
 from host_runtime import Device
 from host_runtime.commands import CommandStream
 
@@ -131,6 +131,11 @@ class _Gen:
     def alu(self, slot: int, op: AluOp | None = None) -> None:
         op = AluOp(self.r(0, len(AluOp) - 1)) if op is None else op
         imm = None
+        if op == AluOp.FLUSH:   # the immediate holds its parameters; FLUSH reads the register even with use_imm
+            hi = self.r(-128, 127) if self.rng.random() < 0.3 else self.r(0, 127)
+            imm = flush_immediate(self.r(0, 31), hi, self.rng.random() < 0.5, self.rng.random() < 0.5)
+            self.s.push_alu(self._kernel(slot, False), op, imm, use_imm=self.rng.random() < 0.2)
+            return
         if self.rng.random() < 0.5:
             if op == AluOp.SHR:
                 imm = self.r(-40, 40)

@@ -150,7 +150,8 @@ class ReferenceMachine:
             for b_ in range(c.batch):
                 for o in range(c.block_out):
                     a = int(self.acc[dst, b_, o])
-                    b = wrap(insn.imm, w) if insn.use_imm else int(self.acc[src, b_, o])
+                    imm_operand = insn.use_imm and insn.alu_op != AluOp.FLUSH   # FLUSH: always the register
+                    b = wrap(insn.imm, w) if imm_operand else int(self.acc[src, b_, o])
                     op = insn.alu_op
                     if op == AluOp.MIN:
                         r = min(a, b)
@@ -178,10 +179,17 @@ class ReferenceMachine:
                         k = (bu >> 24) & 63
                         r = (a * (bu & 0xFFFFFF) + (1 << (k - 1) if k else 0)) >> k
                         r = min(max(r, -(1 << (w - 1))), (1 << (w - 1)) - 1)
+                    elif op == AluOp.FLUSH:   # out: the requantized sum; acc: the seed b
+                        imm = insn.imm
+                        s, hi = imm & 31, wrap((imm >> 7) & 0xFF, 8)
+                        lo = 0 if (imm >> 6) & 1 else -hi - 1
+                        half = 1 << (s - 1) if s > 0 and (imm >> 5) & 1 else 0
+                        q = min(max(wrap(a + half, w) >> s, lo), hi)
+                        r = b
                     else:
                         raise ReferenceError(f"instruction {idx}: unknown ALU op {op}")
                     self.acc[dst, b_, o] = wrap(r, w)
-                    self.out[dst, b_, o] = wrap(r, c.out_width)
+                    self.out[dst, b_, o] = wrap(q if op == AluOp.FLUSH else r, c.out_width)
 
 
 def run_reference(cfg: AccelConfig, insns: list[Insn], dram: np.ndarray) -> np.ndarray:

@@ -9,6 +9,8 @@ s = signed low log2(w)+1 bits of b (arithmetic right by s, or left by -s when s 
 CLIP min(max(a, -b), b); MOV b; CLAMP min(max(a, lo), hi), lo/hi = b's bytes 0/1 as signed;
 REQUANT the CLAMP of (a + r) >> s, s = b[20:16], r = 2^(s-1) when b[21] (neither when w < 22);
 SCALE sat((a * M + 2^(k-1)) >> k), M = b[23:0], k = b[29:24] (b unsigned; a w+24-bit product).
+FLUSH gives the output buffer the clamp of (a + r) >> s with s, r, lo, hi from the immediate (its
+lanes' result) and the accumulator the source entry (the compute stage's write mux; wb_flush).
 """
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ if IDLE_OP in set(AluOp):
     raise RuntimeError(f"ALU op code {IDLE_OP} is defined by the ISA; the ALU needs an undefined one to idle on")
 
 
-def alu_lane(m: Module, op, a, b, width: int):
-    """One lane of the ALU: returns a signed(width) signal = op(a, b). a, b: signed(width).
+def alu_lane(m: Module, op, a, b, width: int, imm=None):
+    """One lane of the ALU: returns a signed(width) signal = op(a, b), for FLUSH its requantized
+    value (what the output buffer gets; the accumulator gets the source entry). a, b, imm:
+    signed(width), imm FLUSH's parameters.
 
     Each op's arithmetic is built inside its own case, by a helper called once per use (no named
     intermediate shared between cases), and only SCALE's sum is wider than 64 bits: synthesis
@@ -115,15 +119,41 @@ def alu_lane(m: Module, op, a, b, width: int):
             m.d.comb += out.eq(clamp(requant_shifted))
         with m.Case(AluOp.SCALE):
             m.d.comb += out.eq(Mux(scaled() > top, top, Mux(scaled() < bottom, bottom, scaled()[:width])))
+        with m.Case(AluOp.FLUSH):
+            m.d.comb += out.eq(flush_lane(a, imm))
         with m.Default():   # undefined op codes leave dst unchanged
             m.d.comb += out.eq(a)
     return out
 
 
+def flush_lane(a, imm):
+    """FLUSH's output-buffer value of one lane: clamp((a + r) >> s) to [lo, hi], the parameters
+    from the immediate (see AluOp.FLUSH). a, imm: signed(width). Every term is built per use, as
+    alu_lane's: a term with two readers is evaluated on every cycle in simulation."""
+    width = len(a)
+    def f_s():
+        return imm[0:5]
+
+    def f_hi():
+        return imm[7:15].as_signed()
+
+    def f_lo():
+        return Mux(imm[6], 0, ~f_hi())
+
+    def shifted():
+        return (a + Mux(imm[5], (Const(1, 33) << f_s())[1:width + 1], 0))[:width].as_signed() >> f_s()
+
+    def up():
+        return Mux(shifted() < f_lo(), f_lo(), shifted())
+    return Mux(up() > f_hi(), f_hi(), up())
+
+
 class TensorAlu(wiring.Component):
     """in_valid / in_dst / in_src / in_op / in_use_imm / in_imm (In): a micro-op in S1.
     acc_rd_a (dst) and acc_rd_b (src): acc read ports driven by the ALU. wb_valid / wb_idx /
-    wb_data (Out): the entry written this cycle. busy (Out): a micro-op is in S2.
+    wb_data (Out): the lanes' results written this cycle (the accumulator's entry, and narrowed the
+    output buffer's); wb_flush (Out): they are a FLUSH's, whose accumulator entry is instead the
+    source entry read on acc_rd_b. busy (Out): a micro-op is in S2.
     """
 
     def __init__(self, cfg: AccelConfig):
@@ -134,7 +164,8 @@ class TensorAlu(wiring.Component):
             "in_valid": In(1), "in_dst": In(cfg.acc_idx_bits), "in_src": In(cfg.acc_idx_bits),
             "in_op": In(ALU_OPCODE_BITS), "in_use_imm": In(1), "in_imm": In(signed(ALU_IMM_BITS)),
             "acc_rd_a": In(rs), "acc_rd_b": In(rs),
-            "wb_valid": Out(1), "wb_idx": Out(cfg.acc_idx_bits), "wb_data": Out(self.acc_bits), "busy": Out(1)})
+            "wb_valid": Out(1), "wb_idx": Out(cfg.acc_idx_bits), "wb_data": Out(self.acc_bits),
+            "wb_flush": Out(1), "busy": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -154,6 +185,10 @@ class TensorAlu(wiring.Component):
         for k in range(n):
             bk = Signal(signed(w), name=f"b_{k}")
             m.d.comb += bk.eq(Mux(p2_use_imm, p2_imm, b[k]))
-            m.d.comb += self.wb_data[k * w:(k + 1) * w].eq(alu_lane(m, p2_op, a[k], bk, w))
-        m.d.comb += [self.wb_valid.eq(p2_valid), self.wb_idx.eq(p2_dst), self.busy.eq(p2_valid)]
+            m.d.comb += self.wb_data[k * w:(k + 1) * w].eq(alu_lane(m, p2_op, a[k], bk, w, p2_imm))
+        # FLUSH: the lanes' results go to the output buffer, the source entry to the accumulator (the
+        # compute stage picks it from acc_rd_b); one result per lane, so a simulator evaluates
+        # FLUSH's arithmetic only when it runs
+        m.d.comb += [self.wb_valid.eq(p2_valid), self.wb_idx.eq(p2_dst), self.busy.eq(p2_valid),
+                     self.wb_flush.eq(p2_valid & (p2_op == AluOp.FLUSH))]
         return m

@@ -9,7 +9,8 @@ cycles after `start` for GEMM and n + 2 for ALU (none when n = 0). LOADs of UOP/
 a TileLoader (see load.py). FINISH does nothing but raise `finished` when it retires, after which no more
 instructions are taken. Other opcodes and LOADs of other buffers retire as no-ops.
 Every GEMM/ALU write-back also writes the narrowed value (low out_width bits of each lane)
-to the same index of the output buffer.
+to the same index of the output buffer; an ALU FLUSH writes its requantized value there and the
+entry its source read (acc_rd_b) to the accumulator.
 """
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ class ComputeStage(wiring.Component):
         wb_data = Mux(gemm.wb_valid, gemm.wb_data, alu.wb_data)
         m.d.comb += [self.wr_acc.en.eq(ld_acc.en | wb_valid),
                      self.wr_acc.addr.eq(Mux(ld_acc.en, ld_acc.addr, wb_idx)),
-                     self.wr_acc.data.eq(Mux(ld_acc.en, ld_acc.data, wb_data))]
+                     self.wr_acc.data.eq(Mux(ld_acc.en, ld_acc.data, Mux(alu.wb_flush, self.acc_rd_b.data, wb_data)))]
         n, aw, ow = cfg.batch * cfg.block_out, cfg.acc_width, cfg.out_width
         acc_lanes = lanes(wb_data, n, aw, sign=False)
         m.d.comb += [self.wr_out.en.eq(wb_valid), self.wr_out.addr.eq(wb_idx)]

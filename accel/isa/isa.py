@@ -61,6 +61,12 @@ class AluOp(IntEnum):
     fixed-point multiply by M * 2^-k, rounded half up, for scales that are not powers of two
     (b is read as an unsigned acc_width-bit value, so narrower accumulators see k = 0); it reads a
     register operand like REQUANT.
+    FLUSH: the end of a sum and the start of the next in one pass: out[dst] = the CLAMP of
+    (dst + r) >> s as REQUANT computes it, with its parameters in the immediate (s = imm[4:0],
+    r = 2^(s-1) if imm[5] and s > 0, hi = imm[14:7] as a signed byte, lo = 0 if imm[6] else
+    -hi - 1; the sum wraps like ADD, the shift is arithmetic), while acc[dst] = acc[src], whatever
+    use_imm says (the next sum's seed: a bias). Its output buffer entry is that requantized value
+    (narrowed), not the narrowed accumulator as for every other op. flush_immediate encodes it.
     """
     MIN = 0
     MAX = 1
@@ -72,6 +78,16 @@ class AluOp(IntEnum):
     CLAMP = 7
     REQUANT = 8
     SCALE = 9
+    FLUSH = 10
+
+
+def flush_immediate(shift: int, hi: int, lo_zero: bool = False, round_half: bool = False) -> int:
+    """The (signed 16-bit) immediate of an ALU FLUSH: shift 0..31, hi a signed byte, lo = 0 when
+    lo_zero else -hi - 1, round half up when round_half."""
+    if not 0 <= shift < 32 or not -128 <= hi <= 127:
+        raise EncodingError(f"FLUSH: shift {shift} must be in 0..31 and hi {hi} in -128..127")
+    v = shift | int(round_half) << 5 | int(lo_zero) << 6 | (hi & 0xFF) << 7
+    return v - (1 << 16) if v >= 1 << 15 else v
 
 
 class Stage(IntEnum):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accel.isa import AccelConfig, AluOp, MemType
+from accel.isa import AccelConfig, AluOp, MemType, flush_immediate
 from accel.isa.config import PAD_BITS
 
 from ..errors import CompilerError
@@ -318,6 +318,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             raise TilingError(f"{spec.name}: tiling {t.describe()} leaves no room for the fused residual; "
                               f"plan it with residual=True")
     acc_slot = t.o_t * t.h_t * t.w_t + t.o_t + PARAM_ENTRIES
+    # FLUSH ends a tile's sums and seeds the slot's next tile with its bias in one pass, so that tile
+    # needs no bias MOV of its own when it has the same shape (seeds[slot]: the (o0, shape) seeded)
+    flush = flush_params(requant) if bias is not None and residual is None and channel_scales is None else None
+    seeds: dict[int, tuple] = {}
     n_ic = _ceil(g.cb, t.ic_t)
     resident = n_ic == 1  # weights of an output-channel tile stay for all its row/column tiles
 
@@ -375,12 +379,14 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             pipe.before_compute()
             if ci == 0:
                 pipe.before_tile(ti)
-                if ti < S:
+                if ti < S and flush is None:
                     set_requant_operand(stream, param_base, requant)
                     if residual is not None:
                         set_requant_operand(stream, param_base + 1, residual.requant)
                 if bias is None:
                     stream.push_gemm(_tile_kernel(stream, "reset", acc_base, o_a, h_a, w_a), reset=True)
+                elif seeds.get(ti % S) == (o0, o_a, h_a, w_a):
+                    pass   # the slot's previous tile left this tile's bias in its accumulators (FLUSH)
                 else:  # start the sums from the bias: one ALU MOV pass instead of a reset and an ADD
                     stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
                     stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
@@ -394,26 +400,38 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 pipe.after_chunk(j)  # with a residual, the slot is released after the residual GEMM
             j += 1
         # ---- epilogue on the accumulator tile
-        ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
-        if channel_scales is not None:  # the bias entries are free again: one SCALE operand per channel block
-            stream.load_2d(MemType.ACC, bias_base, channel_scales, o0, y_size=1, x_size=o_a)
+        if flush is not None:
+            seeds.pop(ti % S, None)
+            nxt = tiles[ti + S] if ti + S < len(tiles) else None
+            if nxt is not None and (min(t.o_t, g.ob - nxt[1]), min(t.h_t, spec.oh - nxt[2]),
+                                    min(t.w_t, spec.ow - nxt[3])) == (o_a, h_a, w_a):
+                if nxt[1] != o0:   # the next tile's channels: its bias replaces this one's
+                    stream.load_2d(MemType.ACC, bias_base, bias, nxt[1], y_size=1, x_size=o_a)
+                seeds[ti % S] = (nxt[1], o_a, h_a, w_a)
             stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
                                           lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)),
-                            AluOp.SCALE)
-        emit_requant(stream, ew, requant, lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
-        if residual is not None:
-            r = residual
-            res_base = ((j - 1) % S) * inp_slot + res_off
-            res = stream.kernel(("conv.residual", acc_base, res_base, ident_idx, o_a * h_a * w_a),
-                                lambda k: _build_walk(k, o_a * h_a * w_a, acc_base, res_base, ident_idx))
-            if r.ka > r.kb:
-                stream.push_alu(ew, AluOp.SHR, -(r.ka - r.kb))
-            stream.push_gemm(res)
-            if min(r.ka, r.kb):
-                stream.push_alu(ew, AluOp.SHR, -min(r.ka, r.kb))
-            pipe.after_chunk(j - 1)
-            emit_requant(stream, ew, r.requant,
-                         lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
+                            AluOp.FLUSH, flush, use_imm=False)
+        else:
+            ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
+            if channel_scales is not None:  # the bias entries are free again: one SCALE operand per channel block
+                stream.load_2d(MemType.ACC, bias_base, channel_scales, o0, y_size=1, x_size=o_a)
+                stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
+                                              lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)),
+                                AluOp.SCALE)
+            emit_requant(stream, ew, requant, lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
+            if residual is not None:
+                r = residual
+                res_base = ((j - 1) % S) * inp_slot + res_off
+                res = stream.kernel(("conv.residual", acc_base, res_base, ident_idx, o_a * h_a * w_a),
+                                    lambda k: _build_walk(k, o_a * h_a * w_a, acc_base, res_base, ident_idx))
+                if r.ka > r.kb:
+                    stream.push_alu(ew, AluOp.SHR, -(r.ka - r.kb))
+                stream.push_gemm(res)
+                if min(r.ka, r.kb):
+                    stream.push_alu(ew, AluOp.SHR, -min(r.ka, r.kb))
+                pipe.after_chunk(j - 1)
+                emit_requant(stream, ew, r.requant,
+                             lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
         pipe.after_tile()
         # ---- store stage
         pipe.before_store()
@@ -435,6 +453,16 @@ def requant_operand(requant: Requant, acc_width: int) -> int | None:
     if not 0 < requant.shift < 32 or not -128 <= requant.lo <= requant.hi <= 127 or acc_width < 22:
         return None
     return (int(requant.round) << 21) | (requant.shift << 16) | ((requant.hi & 0xFF) << 8) | (requant.lo & 0xFF)
+
+
+def flush_params(requant: Requant) -> int | None:
+    """The ALU FLUSH immediate doing this requantization in one pass (shift, rounding, a clamp to
+    [0, hi] or [-hi-1, hi]), or None when FLUSH cannot (a multiplier, a zero point, a left shift,
+    other bounds)."""
+    if (requant.fixed_point or requant.zero_point or not 0 <= requant.shift < 32
+            or not -128 <= requant.hi <= 127 or requant.lo not in (0, -requant.hi - 1)):
+        return None
+    return flush_immediate(requant.shift, requant.hi, requant.lo == 0, requant.round and requant.shift > 0)
 
 
 def channel_scale_operands(muls: np.ndarray, shift: int, acc_width: int) -> np.ndarray:

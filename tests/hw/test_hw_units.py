@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from amaranth.hdl import Elaboratable, Module, Signal, signed, unsigned
+from amaranth.hdl import Elaboratable, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.sim import Simulator
 
-from accel.isa import AccelConfig, AluOp, preset
+from accel.isa import AccelConfig, AluOp, flush_immediate, preset
 from accel.hw.alu import TensorAlu, alu_lane
 from accel.isa.config import ALU_OPCODE_BITS
 from accel.hw.dma import ReadDMA
 from accel.hw.gemm import GemmCore
 from accel.hw.queues import Queue
 from accel.hw.stage import POP_PREV, PUSH_NEXT, StageControl
-from sim.fsim import alu_apply
+from sim.fsim import alu_apply, flush_requant
 
 CFG = preset("tiny")
 BATCH2 = AccelConfig(batch=2, block_in=4, block_out=4, uop_buff_bytes=1024, inp_buff_bytes=1024, wgt_buff_bytes=2048,
@@ -149,19 +149,28 @@ def test_gemm_core_one_uop_per_cycle_with_back_to_back_hazards(cfg):
 
 # ---- tensor ALU --------------------------------------------------------------------------------
 class _AluHarness(Elaboratable):
+    """TensorAlu on an accumulator memory, written as the compute stage writes it (a FLUSH: the
+    source entry), and an output memory of the results' low bytes (FLUSH: its requantized value)."""
     def __init__(self, cfg, acc):
         self.cfg, self.alu = cfg, TensorAlu(cfg)
         self.acc = Memory(shape=unsigned(cfg.acc_elem_bytes * 8), depth=cfg.acc_depth,
                           init=[pack(t, cfg.acc_width) for t in acc])
+        self.out = Memory(shape=unsigned(cfg.batch * cfg.block_out * 8), depth=cfg.acc_depth, init=[])
 
     def elaborate(self, platform):
         m = Module()
         alu = m.submodules.alu = self.alu
-        m.submodules.acc = self.acc
-        wp = self.acc.write_port()
+        m.submodules.acc, m.submodules.out = self.acc, self.out
+        wp, op = self.acc.write_port(), self.out.write_port()
+        rb = self.acc.read_port(transparent_for=(wp,))
         wiring.connect(m, alu.acc_rd_a, self.acc.read_port(transparent_for=(wp,)))
-        wiring.connect(m, alu.acc_rd_b, self.acc.read_port(transparent_for=(wp,)))
-        m.d.comb += [wp.en.eq(alu.wb_valid), wp.addr.eq(alu.wb_idx), wp.data.eq(alu.wb_data)]
+        wiring.connect(m, alu.acc_rd_b, rb)
+        m.d.comb += [wp.en.eq(alu.wb_valid), wp.addr.eq(alu.wb_idx),
+                     wp.data.eq(Mux(alu.wb_flush, rb.data, alu.wb_data)),
+                     op.en.eq(alu.wb_valid), op.addr.eq(alu.wb_idx)]
+        w = self.cfg.acc_width
+        for k in range(self.cfg.batch * self.cfg.block_out):
+            m.d.comb += op.data[8 * k:8 * k + 8].eq(alu.wb_data[w * k:w * k + 8])
         return m
 
 
@@ -179,10 +188,12 @@ def test_tensor_alu_matches_the_isa_definition(op):
     pairs = 24
     a = rng.choice(vals, (pairs, c.batch, c.block_out))
     b = rng.choice(vals, (pairs, c.batch, c.block_out))
-    imms = [-(1 << 15), (1 << 15) - 1, -1, 0, 5, -33, 31, 40]
+    imms = [-(1 << 15), (1 << 15) - 1, -1, 0, 5, -33, 31, 40,
+            flush_immediate(8, 127, True, True), flush_immediate(3, 5), flush_immediate(0, 127), flush_immediate(31, 100)]
     acc0 = np.concatenate([a, b])                 # acc[i] = a_i, acc[pairs + i] = b_i
-    # micro-ops: register operand for each pair, then immediates; then a dependent chain on acc[0]
-    ops = [(i, pairs + i, False, 0) for i in range(pairs)]
+    # micro-ops: register operand for each pair (with an immediate too: FLUSH's parameters), then
+    # immediates; then a dependent chain on acc[0]
+    ops = [(i, pairs + i, False, imms[-1 - i % len(imms)]) for i in range(pairs)]
     ops += [(i, 0, True, imms[i % len(imms)]) for i in range(pairs)]
     ops += [(0, 0, False, 0), (0, 0, False, 0), (1, 0, False, 0)]   # back to back on the same entries
     h = _AluHarness(c, acc0)
@@ -202,36 +213,43 @@ def test_tensor_alu_matches_the_isa_definition(op):
         for _ in range(3):
             await ctx.tick()
         for i in range(2 * pairs):
-            final[i] = ctx.get(h.acc.data[i])
+            final[i] = ctx.get(h.acc.data[i]), ctx.get(h.out.data[i])
 
     simulate(h, tb)
     ref = acc0.astype(np.int64).copy()
+    out = {}
     for d, s, use_imm, imm in ops:
-        bval = np.full(ref[d].shape, imm) if use_imm else ref[s]
+        bval = np.full(ref[d].shape, imm) if use_imm and op != AluOp.FLUSH else ref[s]
+        q = flush_requant(ref[d], imm, c.acc_width) if op == AluOp.FLUSH else None
         ref[d] = alu_apply(op, ref[d:d + 1], bval[None], c.acc_width)[0]
+        out[d] = ref[d] if q is None else q
     for i in range(2 * pairs):
-        assert unpack(final[i], n, c.acc_width).tolist() == ref[i].reshape(-1).tolist(), (op.name, i)
+        assert unpack(final[i][0], n, c.acc_width).tolist() == ref[i].reshape(-1).tolist(), (op.name, i)
+        if i in out:
+            assert unpack(final[i][1], n, 8).tolist() == ((np.asarray(out[i]) + 128) % 256 - 128).reshape(-1).tolist(), (op.name, i)
 
 
-def _lane_outputs(width: int, cases: list[tuple[AluOp, int, int]]) -> list[int]:
-    """alu_lane's output for each (op, a, b), combinationally, in Amaranth's simulator."""
+def _lane_outputs(width: int, cases: list[tuple]) -> list[int]:
+    """alu_lane's output for each (op, a, b[, imm]), combinationally, in Amaranth's simulator."""
     class Lane(Elaboratable):
         def __init__(self):
             self.op, self.a, self.b = Signal(ALU_OPCODE_BITS), Signal(signed(width)), Signal(signed(width))
+            self.imm = Signal(signed(width))
             self.out = Signal(signed(width))
 
         def elaborate(self, platform):
             m = Module()
-            m.d.comb += self.out.eq(alu_lane(m, self.op, self.a, self.b, width))
+            m.d.comb += self.out.eq(alu_lane(m, self.op, self.a, self.b, width, self.imm))
             return m
     lane = Lane()
     got = []
 
     async def tb(ctx):
-        for op, a, b in cases:
+        for op, a, b, *imm in cases:
             ctx.set(lane.op, op)
             ctx.set(lane.a, a)
             ctx.set(lane.b, b)
+            ctx.set(lane.imm, imm[0] if imm else 0)
             await ctx.delay(1e-9)
             got.append(ctx.get(lane.out))
 
@@ -241,9 +259,16 @@ def _lane_outputs(width: int, cases: list[tuple[AluOp, int, int]]) -> list[int]:
     return got
 
 
-def _assert_lane_matches(width: int, cases: list[tuple[AluOp, int, int]]) -> None:
+def _assert_lane_matches(width: int, cases: list[tuple]) -> None:
+    """Each case's result is alu_apply's; FLUSH's (its output-buffer side; TensorAlu writes b to
+    the accumulator) flush_requant's."""
     got = _lane_outputs(width, cases)
-    want = [int(alu_apply(op, np.array([a]), np.array([b]), width)[0]) for op, a, b in cases]
+    want = []
+    for op, a, b, *imm in cases:
+        if op == AluOp.FLUSH:
+            want.append(int(flush_requant(np.array([a]), imm[0] if imm else 0, width)[0]))
+        else:
+            want.append(int(alu_apply(op, np.array([a]), np.array([b]), width)[0]))
     wrong = [(c, g, w) for c, g, w in zip(cases, got, want) if g != w]
     assert not wrong, wrong[:5]
 
@@ -258,6 +283,8 @@ def test_alu_lane_matches_the_isa_definition_at_each_accumulator_width(width):
     if width == 32:   # SCALE operands around the shift counts where the result reaches 0
         vals += [(k << 24) | m for k in (0, 1, 23, 55, 56, 57, 63) for m in (1, 12345, 0xFFFFFF)]
     cases = [(op, int(rng.choice(vals)), int(rng.choice(vals))) for op in AluOp for _ in range(120)]
+    cases += [(AluOp.FLUSH, int(rng.choice(vals)), int(rng.choice(vals)), int(rng.integers(-(1 << 15), 1 << 15)))
+              for _ in range(200)]
     _assert_lane_matches(width, cases)
 
 
@@ -278,6 +305,9 @@ def test_alu_lane_every_shift_count(width):
         for k in range(64):
             for m in (1, 0x800000, 0xFFFFFF, int(rng.integers(1, 1 << 24))):
                 cases += [(AluOp.SCALE, a, as_lane(k << 24 | m)) for a in a_vals[:5]]
+    for s in range(32):   # FLUSH: every shift, rounding or not, with a relu clamp, a symmetric one and a narrow one
+        for rnd, lo_zero, hi in ((0, 0, 127), (1, 1, 127), (1, 0, 5), (0, 1, -3)):
+            cases += [(AluOp.FLUSH, a, 7, flush_immediate(s, hi, bool(lo_zero), bool(rnd))) for a in a_vals]
     _assert_lane_matches(width, cases)
 
 

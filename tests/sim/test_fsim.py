@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program,
                        encode_uops)
 from sim.errors import DeadlockError, ExecError, SimError
-from sim.fsim import Fsim, FsimStats, alu_apply, alu_apply_int32, gemm_float_dtype
+from sim.fsim import Fsim, FsimStats, alu_apply, alu_apply_int32, flush_requant, gemm_float_dtype
 
 TINY = PRESETS["tiny"]
 TINY_ACC16 = dataclasses.replace(TINY, acc_width=16, out_buff_bytes=2048)
@@ -147,7 +147,7 @@ def _py_alu(op, a, b, w):
     if op == AluOp.MAX: return max(a, b)
     if op == AluOp.ADD: return wr(a + b)
     if op == AluOp.MUL: return wr(a * b)
-    if op == AluOp.MOV: return b
+    if op in (AluOp.MOV, AluOp.FLUSH): return b   # FLUSH's accumulator side (its output side: _py_flush)
     if op == AluOp.CLIP: return min(max(a, wr(-b)), b)
     if op == AluOp.CLAMP: return min(max(a, ((b & 255) ^ 128) - 128), (((b >> 8) & 255) ^ 128) - 128)
     if op == AluOp.SCALE:
@@ -163,6 +163,15 @@ def _py_alu(op, a, b, w):
     s = b & ((1 << sb) - 1)
     s = s - (1 << sb) if s >= 1 << (sb - 1) else s
     return a >> s if s >= 0 else wr(a << -s)
+
+
+def _py_flush(a, imm, w):
+    """FLUSH's output buffer value, from the ISA text with Python integers."""
+    s, hi = imm & 31, (((imm >> 7) & 255) ^ 128) - 128
+    lo = 0 if (imm >> 6) & 1 else -hi - 1
+    half = 1 << (s - 1) if s > 0 and (imm >> 5) & 1 else 0
+    v = ((a + half + (1 << (w - 1))) % (1 << w)) - (1 << (w - 1))
+    return min(max(v >> s, lo), hi)
 
 
 def _alu_values(w):
@@ -181,6 +190,15 @@ def test_fsim_alu_matches_python_integers(op, w, data):
     a, b = data.draw(vals), data.draw(st.one_of(vals, scale_operands))
     got = int(alu_apply(op, np.array([a], dtype=np.int64), np.array([b], dtype=np.int64), w)[0])
     assert got == _py_alu(op, a, b, w), (op, a, b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(w=st.sampled_from([16, 32]), imm=st.integers(-(1 << 15), (1 << 15) - 1), data=st.data())
+def test_fsim_flush_output_matches_python_integers(w, imm, data):
+    """FLUSH's output side (requantize by the immediate's shift, rounding and clamp) on a w-bit lane."""
+    a = data.draw(st.lists(_alu_values(w), min_size=1, max_size=6))
+    got = flush_requant(np.array(a, np.int64), imm, w).tolist()
+    assert got == [_py_flush(x, imm, w) for x in a], (a, imm)
 
 
 @settings(max_examples=200, deadline=None)
@@ -239,8 +257,10 @@ def test_fsim_alu_instruction_matches_in_order_micro_ops(data):
             "blocks": lambda k: k * it_o * it_i}[layout]
     sim.uop[:nu] = [(lo + base(k), int(rng.integers(0, 16)), 0) for k in range(nu)]
     factors = {"free": (data.draw(f), data.draw(f)), "tile": (nu * it_i, nu), "blocks": (it_i, 1)}[layout]
-    insn = Alu(alu_op=AluOp.MOV if bias else data.draw(st.sampled_from(list(AluOp))),
-               use_imm=not bias and data.draw(st.booleans()), imm=int(rng.integers(-64, 64)), uop_bgn=0, uop_end=nu,
+    op = data.draw(st.sampled_from([AluOp.MOV, AluOp.FLUSH])) if bias else data.draw(st.sampled_from(list(AluOp)))
+    # (FLUSH without the bias layout too, reading the register whatever use_imm says)
+    imm = int(rng.integers(-(1 << 15), 1 << 15)) if op == AluOp.FLUSH else int(rng.integers(-64, 64))
+    insn = Alu(alu_op=op, use_imm=not bias and data.draw(st.booleans()), imm=imm, uop_bgn=0, uop_end=nu,
                iter_out=it_o, iter_in=it_i, dst_factor_out=factors[0], dst_factor_in=factors[1],
                src_factor_out=0 if bias else data.draw(f), src_factor_in=0 if bias else data.draw(f))
     acc, out = sim.acc.copy(), sim.out.copy()
@@ -249,9 +269,10 @@ def test_fsim_alu_instruction_matches_in_order_micro_ops(data):
             for u in sim.uop[:nu]:
                 d = u[0] + i0 * insn.dst_factor_out + i1 * insn.dst_factor_in
                 s = u[1] + i0 * insn.src_factor_out + i1 * insn.src_factor_in
-                b = np.int64(insn.imm) if insn.use_imm else acc[s].astype(np.int64)
+                b = np.int64(insn.imm) if insn.use_imm and op != AluOp.FLUSH else acc[s].astype(np.int64)
+                q = flush_requant(acc[d], insn.imm, cfg.acc_width) if op == AluOp.FLUSH else None
                 acc[d] = alu_apply(insn.alu_op, acc[d].astype(np.int64), b, cfg.acc_width)
-                out[d] = acc[d].astype(out.dtype)
+                out[d] = (acc[d] if q is None else q).astype(out.dtype)
     sim._alu(0, insn, None, FsimStats())
     assert (sim.acc == acc).all() and (sim.out == out).all(), insn
 

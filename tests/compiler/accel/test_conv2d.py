@@ -40,6 +40,30 @@ def test_conv2d_random_shapes_and_configs(cfg, n, c, h, w, o, k, pads, strides, 
                               mul=(1, 3, 181, (1 << 23) + 4321)[seed % 4], zero_point=zp), vt, seed, bias=seed % 2 == 0)
 
 
+@pytest.mark.parametrize("vt", [1, 2])
+@pytest.mark.parametrize("rq", [Requant(7, 0, 127, round=True), Requant(0, -128, 127), Requant(12, 0, 6),
+                                Requant(5, -6, 5)], ids=["relu", "shift0", "relu6", "narrow"])
+def test_conv2d_flush_seeds_the_next_tile_of_its_slot(vt, rq):
+    """FLUSH ends each tile (requantized into the output buffer) and seeds its slot's next tile with
+    that tile's bias, loading it first when the channels change, so only each slot's first tile
+    takes a bias MOV (3 channel groups x 2 row tiles). With edge tiles (5 channel blocks: groups of
+    2, 2, 1; rows 4, 4, 1) a tile shaped unlike its slot's previous one takes a MOV. Bit-exact
+    against the reference either way."""
+    from accel.isa import AluOp
+    from compiler.accel.conv2d import ConvTiling
+    cfg = PRESETS["tiny"]
+    for blocks, rows in ((6, 8), (5, 9)):
+        spec = Conv2dSpec(1, 8, rows, 6, blocks * cfg.block_out, 3, 3, (1, 1, 1, 1), name="flush")
+        x, w, b = _rand(np.random.default_rng(11), spec)
+        y, res, stream = run_conv2d(Device(cfg), x, w, b, spec, rq, vt, ConvTiling(2, 4, 6, 1, vt))
+        assert np.array_equal(y, conv2d_reference(x, w, b, spec, rq)), (blocks, rows)
+        ops = [i.alu_op for i in stream.last_insns if getattr(i, "alu_op", None) is not None]
+        tiles = 3 * ((rows + 3) // 4)
+        assert ops.count(AluOp.FLUSH) == tiles
+        if blocks == 6:
+            assert ops.count(AluOp.MOV) == vt and res.stats["alu_uops"] == blocks * rows * 6 + vt * 2 * 4 * 6
+
+
 @pytest.mark.parametrize("cfg", [PRESETS["tiny"], ODD], ids=["tiny", "b2x8x16"])
 def test_conv2d_virtual_threads_give_identical_bytes(cfg):
     spec = Conv2dSpec(2, 24, 14, 14, 20, 3, 3, (1, 1, 1, 1), (1, 1))

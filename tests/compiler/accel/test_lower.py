@@ -91,12 +91,12 @@ def test_lower_instruction_counts_comparable_to_template(name):
     # the same multiply-accumulate work; the template starts its sums from the bias with an ALU MOV
     # where the TE path resets (a GEMM pass over the tile) and adds the bias later
     assert te_s["macs"] == tm_s["macs"]
-    # and requantizes with one REQUANT (shift and clamp to [0, 127]) where the TE path shifts, then
-    # takes MIN and MAX: per output entry the TE path does one GEMM pass (reset) and four ALU passes
-    # (ADD bias, SHR, MIN, MAX), the template two (MOV bias, REQUANT) plus 3 per tile slot that set
-    # the REQUANT operand
+    # and requantizes where the TE path shifts, then takes MIN and MAX: per output entry the TE path
+    # does one GEMM pass (reset) and four ALU passes (ADD bias, SHR, MIN, MAX), the template one
+    # FLUSH (requantize, and seed the slot's next tile with its bias), plus a bias MOV on the tiles
+    # no FLUSH seeded (the first of each slot, a tile shaped unlike its slot's previous one)
     entries = te_s["gemm_uops"] - tm_s["gemm_uops"]
-    assert entries > 0 and te_s["alu_uops"] == 4 * entries and tm_s["alu_uops"] == 2 * entries + 3 * 2
+    assert entries > 0 and te_s["alu_uops"] == 4 * entries and entries < tm_s["alu_uops"] <= 2 * entries
 
 
 def test_lower_conv2d_printable_tir():
