@@ -146,7 +146,7 @@ def test_cli_compile_op_prints_loop_nest_and_instructions(capsys, tmp_path):
     code, out, _ = _run(capsys, "compile-op", "conv2d", "--template", "--config", "tiny", "--c", "8", "--o", "8",
                      "--h", "6", "--w", "6", "--relu", "--max-insns", "0")
     assert code == 0
-    assert "for ic0 in range(0, 2, 2)" in out and "gemm: for oh in range(h_a)" in out
+    assert "for ic0 in range(0, 2, 1)" in out and "gemm: for oh in range(h_a)" in out
     assert "load inp y_size=6 x_size=6 x_stride=6 y_pad0=1 y_pad1=1 x_pad0=1 x_pad1=1" in out
     assert "finish pop_next" in out and "OK: bit-exact" in out
     code, out, _ = _run(capsys, "compile-op", "dense", "--config", "tiny", "--rows", "5", "--c", "9", "--o", "6")

@@ -196,7 +196,7 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
 
     Per tile: the load stage's time (its input rows, each a DMA row waited on to the end; weights
     per chunk, or once per output-channel group when they stay resident), the compute stage's (GEMM
-    micro-ops, the bias and requantization passes, instruction overhead) and the store stage's
+    micro-ops, the FLUSH pass and the bias MOVs it leaves, instruction overhead) and the store stage's
     (output rows). With two virtual threads the stages overlap, so tiles go at the slowest stage's
     pace, plus the pipeline's fill (the first chunk's loads, weights included, before any compute)
     and drain (the last tile's epilogue and store); with one they add up."""
@@ -223,7 +223,11 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
         load_tile = n_ic * (inp_chunk + wgt_chunk + CHUNK_CYCLES) + res_tile
         first_load = inp_chunk + wgt_chunk
     gemm_tile = entries * (g.cb * khw + (1 if residual else 0)) + n_ic * (INSN_CYCLES + CHUNK_CYCLES)
-    passes = 3 if residual else 2   # bias MOV and REQUANT (and the residual's REQUANT)
+    if residual:   # bias MOV, REQUANT, the residual's REQUANT
+        passes = 3
+    else:          # FLUSH, and a bias MOV on the tiles it did not seed: each slot's first, and where
+        full = g.nb * (g.ob // t.o_t) * (spec.oh // t.h_t) * (spec.ow // t.w_t)   # shapes change
+        passes = 1 + min(tiles, t.vt + 2 * (tiles - full)) / tiles
     epilogue = passes * entries + t.o_t * cfg.acc_elem_bytes / bus + read_row + 3 * INSN_CYCLES
     store_tile = t.o_t * t.h_t * (t.w_t * cfg.out_elem_bytes / bus + write_row)
     compute_tile = gemm_tile + epilogue
