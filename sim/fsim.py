@@ -862,6 +862,11 @@ def flush_requant(a: np.ndarray, imm: int, acc_width: int) -> np.ndarray:
     lo = 0 if imm >> 6 & 1 else -hi - 1
     m = 1 << acc_width
     half = ((1 << s >> 1) if imm >> 5 & 1 else 0) & (m - 1)
+    if a.dtype == np.int32 and acc_width == 32:   # int32 arithmetic wraps as the lane's sum does
+        v = a + np.int32(half - (m if half >> 31 else 0))
+        v >>= np.int32(s)
+        np.maximum(v, np.int32(lo), out=v)
+        return np.minimum(v, np.int32(hi), out=v)
     v = (((a.astype(np.int64) + (half + (m >> 1))) & (m - 1)) - (m >> 1)) >> s
     return np.clip(v, lo, hi)
 

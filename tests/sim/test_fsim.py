@@ -195,10 +195,13 @@ def test_fsim_alu_matches_python_integers(op, w, data):
 @settings(max_examples=300, deadline=None)
 @given(w=st.sampled_from([16, 32]), imm=st.integers(-(1 << 15), (1 << 15) - 1), data=st.data())
 def test_fsim_flush_output_matches_python_integers(w, imm, data):
-    """FLUSH's output side (requantize by the immediate's shift, rounding and clamp) on a w-bit lane."""
+    """FLUSH's output side (requantize by the immediate's shift, rounding and clamp) on a w-bit lane,
+    from int64 entries and (a 32-bit accumulator's own) int32 ones."""
     a = data.draw(st.lists(_alu_values(w), min_size=1, max_size=6))
-    got = flush_requant(np.array(a, np.int64), imm, w).tolist()
-    assert got == [_py_flush(x, imm, w) for x in a], (a, imm)
+    want = [_py_flush(x, imm, w) for x in a]
+    assert flush_requant(np.array(a, np.int64), imm, w).tolist() == want, (a, imm)
+    if w == 32:
+        assert flush_requant(np.array(a, np.int32), imm, w).tolist() == want, (a, imm)
 
 
 @settings(max_examples=200, deadline=None)
