@@ -186,8 +186,9 @@ def _fits(spec, cfg, t, residual=False) -> bool:
 
 #: compute-stage cycles an instruction costs beyond its micro-ops (issue, pipeline fill), and a load
 #: chunk's beyond its instructions (the token hand-offs between the stages); fitted on tsim over the
-#: 1x1 and 3x3 layers of ResNet-18 and MobileNetV2 (bench/e2e.py), where picks ranked with them
-#: came within 0.7% of the best measured tiling (the estimate without the pipeline's fill: 3.3%)
+#: 1x1 and 3x3 layers of ResNet-18 and MobileNetV2 (bench/e2e.py): picks ranked with them came
+#: within 0.2% (ResNet-18) and 1.9% (MobileNetV2) of the best of their top six measured; the
+#: estimate before, without the pipeline's fill, picked 2.1% and 8.1% slower than the best known
 INSN_CYCLES, CHUNK_CYCLES = 30, 20
 
 
@@ -300,6 +301,9 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     residual: an add fused into the epilogue (the tiling must be planned with residual=True);
     channel_scales: per-output-channel SCALE operands in the bias layout (channel_scale_operands),
     loaded into the bias entries once the MOV has used them; then `requant` only clamps.
+    A tile's sums start from its bias (an ALU MOV) and end in one FLUSH when the requantization
+    fits its immediate (flush_params) and there is a bias but no residual or channel scales; FLUSH
+    also seeds the next tile of the slot with its bias, so that tile skips the MOV.
     Returns counts (tiles, chunks) for reporting."""
     cfg, t = stream.cfg, tiling
     g = _Geom.of(spec, cfg)
