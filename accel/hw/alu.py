@@ -131,6 +131,7 @@ def flush_lane(a, imm):
     from the immediate (see AluOp.FLUSH). a, imm: signed(width). Every term is built per use, as
     alu_lane's: a term with two readers is evaluated on every cycle in simulation."""
     width = len(a)
+
     def f_s():
         return imm[0:5]
 

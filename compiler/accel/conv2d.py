@@ -224,11 +224,10 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
         load_tile = n_ic * (inp_chunk + wgt_chunk + CHUNK_CYCLES) + res_tile
         first_load = inp_chunk + wgt_chunk
     gemm_tile = entries * (g.cb * khw + (1 if residual else 0)) + n_ic * (INSN_CYCLES + CHUNK_CYCLES)
-    if residual:   # bias MOV, REQUANT, the residual's REQUANT
-        passes = 3
-    else:          # FLUSH, and a bias MOV on the tiles it did not seed: each slot's first, and where
-        full = g.nb * (g.ob // t.o_t) * (spec.oh // t.h_t) * (spec.ow // t.w_t)   # shapes change
-        passes = 1 + min(tiles, t.vt + 2 * (tiles - full)) / tiles
+    # FLUSH (after a residual, the conv's own REQUANT too), and a bias MOV on the tiles FLUSH did
+    # not seed: each slot's first, and those next to a shape change
+    full = g.nb * (g.ob // t.o_t) * (spec.oh // t.h_t) * (spec.ow // t.w_t)
+    passes = (2 if residual else 1) + min(tiles, t.vt + 2 * (tiles - full)) / tiles
     epilogue = passes * entries + t.o_t * cfg.acc_elem_bytes / bus + read_row + 3 * INSN_CYCLES
     store_tile = t.o_t * t.h_t * (t.w_t * cfg.out_elem_bytes / bus + write_row)
     compute_tile = gemm_tile + epilogue
@@ -301,9 +300,9 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     residual: an add fused into the epilogue (the tiling must be planned with residual=True);
     channel_scales: per-output-channel SCALE operands in the bias layout (channel_scale_operands),
     loaded into the bias entries once the MOV has used them; then `requant` only clamps.
-    A tile's sums start from its bias (an ALU MOV) and end in one FLUSH when the requantization
-    fits its immediate (flush_params) and there is a bias but no residual or channel scales; FLUSH
-    also seeds the next tile of the slot with its bias, so that tile skips the MOV.
+    A tile's sums start from its bias (an ALU MOV) and end in one FLUSH when the last requantization
+    (a fused residual's, if any) fits its immediate (flush_params) and there is a bias but no channel
+    scales; FLUSH also seeds the next tile of the slot with its bias, so that tile skips the MOV.
     Returns counts (tiles, chunks) for reporting."""
     cfg, t = stream.cfg, tiling
     g = _Geom.of(spec, cfg)
@@ -328,7 +327,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     acc_slot = t.o_t * t.h_t * t.w_t + t.o_t + PARAM_ENTRIES
     # FLUSH ends a tile's sums and seeds the slot's next tile with its bias in one pass, so that tile
     # needs no bias MOV of its own when it has the same shape (seeds[slot]: the (o0, shape) seeded)
-    flush = flush_params(requant) if bias is not None and residual is None and channel_scales is None else None
+    last_requant = requant if residual is None else residual.requant   # the one that makes the int8 output
+    flush = flush_params(last_requant) if bias is not None and channel_scales is None else None
     seeds: dict[int, tuple] = {}
     n_ic = _ceil(g.cb, t.ic_t)
     resident = n_ic == 1  # weights of an output-channel tile stay for all its row/column tiles
@@ -387,9 +387,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             pipe.before_compute()
             if ci == 0:
                 pipe.before_tile(ti)
-                if ti < S and flush is None:
-                    set_requant_operand(stream, param_base, requant)
-                    if residual is not None:
+                if ti < S:
+                    if flush is None or residual is not None:
+                        set_requant_operand(stream, param_base, requant)
+                    if residual is not None and flush is None:
                         set_requant_operand(stream, param_base + 1, residual.requant)
                 if bias is None:
                     stream.push_gemm(_tile_kernel(stream, "reset", acc_base, o_a, h_a, w_a), reset=True)
@@ -408,18 +409,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 pipe.after_chunk(j)  # with a residual, the slot is released after the residual GEMM
             j += 1
         # ---- epilogue on the accumulator tile
-        if flush is not None:
-            seeds.pop(ti % S, None)
-            nxt = tiles[ti + S] if ti + S < len(tiles) else None
-            if nxt is not None and (min(t.o_t, g.ob - nxt[1]), min(t.h_t, spec.oh - nxt[2]),
-                                    min(t.w_t, spec.ow - nxt[3])) == (o_a, h_a, w_a):
-                if nxt[1] != o0:   # the next tile's channels: its bias replaces this one's
-                    stream.load_2d(MemType.ACC, bias_base, bias, nxt[1], y_size=1, x_size=o_a)
-                seeds[ti % S] = (nxt[1], o_a, h_a, w_a)
-            stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
-                                          lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)),
-                            AluOp.FLUSH, flush, use_imm=False)
-        else:
+        if flush is None or residual is not None:
             ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
             if channel_scales is not None:  # the bias entries are free again: one SCALE operand per channel block
                 stream.load_2d(MemType.ACC, bias_base, channel_scales, o0, y_size=1, x_size=o_a)
@@ -438,8 +428,20 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 if min(r.ka, r.kb):
                     stream.push_alu(ew, AluOp.SHR, -min(r.ka, r.kb))
                 pipe.after_chunk(j - 1)
-                emit_requant(stream, ew, r.requant,
-                             lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
+                if flush is None:
+                    emit_requant(stream, ew, r.requant,
+                                 lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
+        if flush is not None:   # the last requantization, and the seeds of the slot's next tile
+            seeds.pop(ti % S, None)
+            nxt = tiles[ti + S] if ti + S < len(tiles) else None
+            if nxt is not None and (min(t.o_t, g.ob - nxt[1]), min(t.h_t, spec.oh - nxt[2]),
+                                    min(t.w_t, spec.ow - nxt[3])) == (o_a, h_a, w_a):
+                if nxt[1] != o0:   # the next tile's channels: its bias replaces this one's
+                    stream.load_2d(MemType.ACC, bias_base, bias, nxt[1], y_size=1, x_size=o_a)
+                seeds[ti % S] = (nxt[1], o_a, h_a, w_a)
+            stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
+                                          lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)),
+                            AluOp.FLUSH, flush, use_imm=False)
         pipe.after_tile()
         # ---- store stage
         pipe.before_store()

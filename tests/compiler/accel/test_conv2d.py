@@ -155,7 +155,9 @@ def test_layout_pack_unpack_roundtrip(n, c, h, w, b, k):
        o=st.integers(1, 40), k=st.sampled_from([1, 3]), stride=st.integers(1, 2), ka=st.integers(0, 4),
        d=st.integers(-3, 6), vt=st.sampled_from([1, 2]), seed=st.integers(0, 9))
 def test_conv2d_fused_residual_add(cfg, c, hw, o, k, stride, ka, d, vt, seed):
-    """conv -> requant -> (y << ka) + (r << kb) -> requant in one epilogue equals the two-step reference."""
+    """conv -> requant -> (y << ka) + (r << kb) -> requant in one epilogue equals the two-step
+    reference; the last requantization is a FLUSH (which also seeds the slot's next tile)."""
+    from accel.isa import AluOp
     from compiler.accel.eltwise import add_reference
     kb = max(0, ka + d)
     spec = Conv2dSpec(1, c, hw, hw, o, k, k, (k // 2,) * 4, (stride, stride))
@@ -165,6 +167,7 @@ def test_conv2d_fused_residual_add(cfg, c, hw, o, k, stride, ka, d, vt, seed):
     y, _, stream = run_conv2d(Device(cfg), x, w, b, spec, rq1, vt, residual=(r, ka, kb, rq2))
     ref = add_reference(conv2d_reference(x, w, b, spec, rq1), r, ka, kb, rq2)
     assert np.array_equal(y, ref)
+    assert any(getattr(i, "alu_op", None) == AluOp.FLUSH for i in stream.last_insns)
 
 
 def test_conv2d_tiles_wholly_in_the_padding():
