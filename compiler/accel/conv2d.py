@@ -335,12 +335,16 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
 
     tiles = [(n, o0, h0, w0) for n in range(g.nb) for o0 in range(0, g.ob, t.o_t)
              for h0 in range(0, spec.oh, t.h_t) for w0 in range(0, spec.ow, t.w_t)]
+
+    def shape(i):   # channel blocks, rows and columns of tile i (smaller at the edges)
+        _, o0, h0, w0 = tiles[i]
+        return min(t.o_t, g.ob - o0), min(t.h_t, spec.oh - h0), min(t.w_t, spec.ow - w0)
     n_loads = len(tiles) * n_ic
     pipe = TokenPipeline(stream, S, n_loads, len(tiles))
     j = 0  # load/compute iteration (one input-channel chunk of one tile)
     group, last_group = -1, None
     for ti, (n, o0, h0, w0) in enumerate(tiles):
-        o_a, h_a, w_a = min(t.o_t, g.ob - o0), min(t.h_t, spec.oh - h0), min(t.w_t, spec.ow - w0)
+        o_a, h_a, w_a = shape(ti)
         acc_base = (ti % S) * acc_slot
         bias_base = acc_base + t.o_t * t.h_t * t.w_t
         param_base = bias_base + t.o_t   # REQUANT operands, set when the slot is first used
@@ -398,8 +402,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                     pass   # the slot's previous tile left this tile's bias in its accumulators (FLUSH)
                 else:  # start the sums from the bias: one ALU MOV pass instead of a reset and an ADD
                     stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
-                    stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
-                                                  lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)),
+                    stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
                                     AluOp.MOV)
             stream.push_gemm(stream.kernel(
                 ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base, acc_base),
@@ -413,8 +416,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
             if channel_scales is not None:  # the bias entries are free again: one SCALE operand per channel block
                 stream.load_2d(MemType.ACC, bias_base, channel_scales, o0, y_size=1, x_size=o_a)
-                stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
-                                              lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)),
+                stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
                                 AluOp.SCALE)
             emit_requant(stream, ew, requant, lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
             if residual is not None:
@@ -433,14 +435,12 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                                  lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
         if flush is not None:   # the last requantization, and the seeds of the slot's next tile
             seeds.pop(ti % S, None)
-            nxt = tiles[ti + S] if ti + S < len(tiles) else None
-            if nxt is not None and (min(t.o_t, g.ob - nxt[1]), min(t.h_t, spec.oh - nxt[2]),
-                                    min(t.w_t, spec.ow - nxt[3])) == (o_a, h_a, w_a):
-                if nxt[1] != o0:   # the next tile's channels: its bias replaces this one's
-                    stream.load_2d(MemType.ACC, bias_base, bias, nxt[1], y_size=1, x_size=o_a)
-                seeds[ti % S] = (nxt[1], o_a, h_a, w_a)
-            stream.push_alu(stream.kernel(("conv.bias", acc_base, bias_base, o_a, h_a * w_a),
-                                          lambda k: _build_bias(k, acc_base, bias_base, o_a, h_a * w_a)),
+            if ti + S < len(tiles) and shape(ti + S) == (o_a, h_a, w_a):
+                o_next = tiles[ti + S][1]
+                if o_next != o0:   # the next tile's channels: its bias replaces this one's
+                    stream.load_2d(MemType.ACC, bias_base, bias, o_next, y_size=1, x_size=o_a)
+                seeds[ti % S] = (o_next, o_a, h_a, w_a)
+            stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
                             AluOp.FLUSH, flush, use_imm=False)
         pipe.after_tile()
         # ---- store stage
@@ -546,6 +546,13 @@ def emit_requant(stream, kernel, requant: Requant, operand_kernel=None) -> None:
     else:
         stream.push_alu(kernel, AluOp.MIN, requant.hi)
         stream.push_alu(kernel, AluOp.MAX, requant.lo)
+
+
+def _bias_kernel(stream, acc_base, bias_base, o_a, hw):
+    """The walk over a tile's entries reading each one's channel-block entry at bias_base (a bias
+    MOV, per-channel SCALE operands, FLUSH's seeds)."""
+    return stream.kernel(("conv.bias", acc_base, bias_base, o_a, hw),
+                         lambda k: _build_bias(k, acc_base, bias_base, o_a, hw))
 
 
 def _tile_kernel(stream, kind, acc_base, o_a, h_a, w_a):
