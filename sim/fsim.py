@@ -686,10 +686,11 @@ class Fsim:
             # FLUSH: the output buffer gets the requantized sums, read before the seeds overwrite them
             q = flush_requant(self.acc[d], insn.imm, w) if op == AluOp.FLUSH else None
             if op in (AluOp.MOV, AluOp.FLUSH) and not use_imm:   # a copy: acc_width values already
-                if not self._mov_broadcast(insn, plan):
+                if not self._mov_broadcast(insn, plan, write_out=q is None):
                     res = self.acc[plan.src]
                     self.acc[d] = res
-                    self.out[d] = res.astype(self.out.dtype)
+                    if q is None:
+                        self.out[d] = res.astype(self.out.dtype)
                 if q is not None:
                     self.out[d] = q.astype(self.out.dtype)
                 return
@@ -705,12 +706,13 @@ class Fsim:
                 self.acc[d] = res
                 self.out[d] = (res if q is None else q).astype(self.out.dtype)
 
-    def _mov_broadcast(self, insn: Alu, plan: _LoopPlan) -> bool:
+    def _mov_broadcast(self, insn: Alu, plan: _LoopPlan, write_out: bool = True) -> bool:
         """A MOV whose every iteration copies the same micro-op sources (a bias over an output tile)
         as broadcast copies of those few entries into slices, instead of a gather and a scatter of
         every element: the iterations' destinations of the tile in micro-op order (plan.run), or of
         each micro-op a contiguous block (the compiler's channel-block-major tiles). Only without
-        hazards (then every read precedes every write, as in-order execution gives)."""
+        hazards (then every read precedes every write, as in-order execution gives). write_out=False:
+        the accumulator only (a FLUSH writes its own output values)."""
         nu, n_it = insn.uop_end - insn.uop_bgn, insn.iter_out * insn.iter_in
         if insn.src_factor_out or insn.src_factor_in or nu > 64:
             return False
@@ -719,14 +721,16 @@ class Fsim:
                            (insn.iter_out == 1 or insn.dst_factor_out == insn.iter_in)):
             return False
         res = self.acc[plan.src[:nu]]
-        res_out = res.astype(self.out.dtype)
+        res_out = res.astype(self.out.dtype) if write_out else None
         if not blocks:
             self.acc[plan.run].reshape(n_it, *res.shape)[...] = res
-            self.out[plan.run].reshape(n_it, *res.shape)[...] = res_out
+            if write_out:
+                self.out[plan.run].reshape(n_it, *res.shape)[...] = res_out
             return True
         for k, lo in enumerate(plan.dst[:nu].tolist()):         # uop k writes lo .. lo + n_it - 1
             self.acc[lo:lo + n_it] = res[k]
-            self.out[lo:lo + n_it] = res_out[k]
+            if write_out:
+                self.out[lo:lo + n_it] = res_out[k]
         return True
 
     def _alu_apply(self, op: AluOp, a: np.ndarray, b) -> np.ndarray:
