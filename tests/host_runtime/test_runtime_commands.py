@@ -111,6 +111,7 @@ def test_commands_bad_tokens_raise(dev, calls, match):
     (lambda s, b: s.kernel("field", lambda k: k.push(0, 0, TINY.wgt_depth)), "field wgt=128"),
     (lambda s, b: s.push_alu(s.kernel("k", lambda k: k.push(0)), AluOp.ADD, 1 << 15), "imm=32768"),
     (lambda s, b: s.push_alu(s.kernel("k", lambda k: k.push(0)), "pow"), "unknown ALU op"),
+    (lambda s, b: s.push_alu(s.kernel("k", lambda k: k.push(0)), AluOp.ADD, use_imm=True), "use_imm=True needs an imm"),
     (lambda s, b: s.kernel("big", lambda k: [k.push(0) for _ in range(TINY.uop_depth + 1)]), "micro-op buffer"),
     (lambda s, b: s.kernel("order", lambda k: (k.push(0), k.loop_begin(2))), "loop_begin after push"),
     (lambda s, b: s.kernel("three", lambda k: [k.loop_begin(2) for _ in range(3)]), "more than 2 loops"),

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, AsmError, ConfigError, EncodingError, Finish, Gemm,
                        Load, MemType, Program, ProgramFormatError, Store, Uop, assemble_text, decode_insn,
                        decode_program, decode_uops, disassemble, encode_insn, encode_program, encode_uops,
-                       formats_for, preset)
+                       flush_immediate, formats_for, preset)
 
 CONFIGS = [PRESETS["default"], PRESETS["tiny"], AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024,
                                                             out_buff_bytes=16 * 1024, dram_addr_width=24)]
@@ -77,6 +77,10 @@ def test_isa_field_overflow_names_field():
         encode_insn(Alu(imm=40000), cfg)
     with pytest.raises(EncodingError, match="micro-op 1: field acc=256"):
         encode_uops([Uop(0, 0, 0), Uop(256, 0, 0)], cfg)
+    with pytest.raises(EncodingError, match="FLUSH: shift 32 must be in 0..31"):
+        flush_immediate(32, 127)
+    with pytest.raises(EncodingError, match="hi 128 in -128..127"):
+        flush_immediate(8, 128)
 
 
 def test_isa_decode_rejects_bad_words():
