@@ -387,15 +387,21 @@ def decode_uops(data: bytes | np.ndarray, cfg: AccelConfig) -> np.ndarray:
     raw = np.frombuffer(bytes(data), dtype=np.uint8) if isinstance(data, (bytes, bytearray)) else np.asarray(data, np.uint8)
     if raw.size % cfg.uop_elem_bytes:
         raise EncodingError(f"micro-op data of {raw.size} bytes is not a multiple of {cfg.uop_elem_bytes}")
-    # 32-bit words widen to int64 (Python-int shifts and masks then stay int64); 64-bit ones stay unsigned
+    shifts, masks = _uop_fields(cfg.uop_bits, cfg.acc_idx_bits, cfg.src_idx_bits, cfg.wgt_idx_bits)
+    # one shift and one mask over all fields (three passes: a micro-op load is a handful of words,
+    # so numpy's per-call cost is what counts); 32-bit words widen to int64 first, 64-bit ones stay
+    # unsigned until masked to their (narrower) fields
     word = raw.view("<u4").astype(np.int64) if cfg.uop_bits == 32 else raw.view("<u8")
-    out = np.empty((len(word), 3), dtype=np.int64)
-    pos = 0
-    for col, (name, width) in enumerate(uop_format(cfg)):
-        np.bitwise_and(word >> word.dtype.type(pos), word.dtype.type((1 << width) - 1), out=out[:, col],
-                       casting="unsafe")
-        pos += width
-    return out
+    out = (word[:, None] >> shifts) & masks
+    return out if out.dtype == np.int64 else out.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _uop_fields(uop_bits: int, *widths: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shift and mask of each micro-op field (uop_format's order), in the word's integer type."""
+    dt = np.int64 if uop_bits == 32 else np.uint64
+    pos = np.cumsum((0,) + widths[:-1])
+    return pos.astype(dt), ((np.ones(len(widths), np.uint64) << np.array(widths, np.uint64)) - np.uint64(1)).astype(dt)
 
 
 def elem_bytes(cfg: AccelConfig, mem: MemType) -> int:

@@ -1,6 +1,7 @@
 """ISA: config validation, binary round-trips of every instruction kind, assembler round-trips."""
 import dataclasses
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -57,7 +58,12 @@ def test_isa_binary_and_text_roundtrip(cfg):
     check()
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["default", "tiny", "b2x8x16"])
+#: big buffers, a small micro-op buffer: 37 index bits, so 64-bit micro-op words
+UOP64 = AccelConfig(uop_buff_bytes=1 << 10, inp_buff_bytes=1 << 17, acc_buff_bytes=1 << 19, out_buff_bytes=1 << 17,
+                    wgt_buff_bytes=1 << 19)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS + [UOP64], ids=["default", "tiny", "b2x8x16", "uop64"])
 def test_isa_uop_roundtrip(cfg):
     @settings(max_examples=50, deadline=None)
     @given(st.lists(st.tuples(st.integers(0, (1 << cfg.acc_idx_bits) - 1), st.integers(0, (1 << cfg.src_idx_bits) - 1),
@@ -66,7 +72,9 @@ def test_isa_uop_roundtrip(cfg):
         data = encode_uops([Uop(*r) for r in rows], cfg)
         assert data.size == len(rows) * cfg.uop_elem_bytes
         assert decode_uops(data, cfg).tolist() == [list(r) for r in rows]
+        assert decode_uops(data.tobytes(), cfg).dtype == np.int64
     check()
+    assert cfg.uop_bits == (64 if cfg is UOP64 else 32)
 
 
 def test_isa_field_overflow_names_field():
