@@ -166,8 +166,8 @@ class _Loader:
 class _Stage:
     """StageControl of one stage: WAIT -> EXEC -> PUSH, counters, spans."""
 
-    __slots__ = ("m", "sid", "insns", "cmdq", "k", "w0", "v_cmd", "t_pop", "p", "halted", "unit", "pops",
-                 "pushes", "last_retire", "loader", "spans")
+    __slots__ = ("m", "sid", "insns", "cmdq", "k", "w0", "v_cmd", "t_pop", "p", "halted", "pops", "pushes",
+                 "units", "last_retire", "loader", "spans")
 
     def __init__(self, model, sid: Stage, insns, cmdq: TimedFifo, tokq: dict, loader):
         self.m, self.sid, self.insns, self.cmdq = model, int(sid), insns, cmdq
@@ -182,7 +182,28 @@ class _Stage:
         push_by = {fl: tuple(tokq[q] for f, q in _PUSH[sid].items() if fl[f == "push_next"]) for fl in flags}
         self.pops = [pop_by[insn.pop_prev, insn.pop_next] for _, insn in insns]
         self.pushes = [push_by[insn.push_prev, insn.push_next] for _, insn in insns]
+        self.units = [self._unit(insn) for _, insn in insns]
         self.spans = model.stats.spans
+
+    def _unit(self, insn: Insn) -> tuple[int | None, int, int, int]:
+        """What EXEC does for an instruction, known before the run: (cycles the unit is busy, or None
+        for a load the tile loader times on the bus; GEMM micro-ops, ALU micro-ops, bytes written).
+        GEMM takes n + 4 cycles, ALU n + 3, for its n micro-op iterations; a STORE's time depends on
+        its shape only (store.py); FINISH and LOADs of buffers this stage does not serve, 1."""
+        m = self.m
+        if isinstance(insn, (Gemm, Alu)):
+            n = 0
+            if insn.uop_end > insn.uop_bgn and insn.iter_out and insn.iter_in:
+                n = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
+            if isinstance(insn, Gemm):
+                return (n + 4 if n else 1), n, 0, 0
+            return (n + 3 if n else 1), 0, n, 0
+        if isinstance(insn, Load) and self.loader is not None and insn.mem_type in m.loader_types[self.sid]:
+            return None, 0, 0, 0
+        if isinstance(insn, Store):
+            u, beats = store_timing(store_key(m.cfg, m.dram, insn.y_size, insn.x_size, insn.dram_base, insn.x_stride))
+            return u, 0, 0, beats * m.cfg.bus_bytes
+        return 1, 0, 0, 0
 
     # WAIT: the instruction and its tokens are popped in the first cycle all are visible
     def try_pop(self, now: int, _=None) -> None:
@@ -208,33 +229,27 @@ class _Stage:
 
     def _pop(self, t: int, _=None) -> None:
         m = self.m
+        stats = m.stats
         ready = self.v_cmd if self.v_cmd > self.w0 else self.w0
-        m.stats.stall[self.sid] += t - ready
+        stats.stall[self.sid] += t - ready
         self.t_pop = t
         self.cmdq.read(t)
-        for q in self.pops[self.k]:
+        k = self.k
+        for q in self.pops[k]:
             q.read(t)
-        s = t + 1
-        insn = self.insns[self.k][1]
-        if isinstance(insn, Gemm) or isinstance(insn, Alu):
-            n = 0
-            if insn.uop_end > insn.uop_bgn and insn.iter_out and insn.iter_in:
-                n = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
-            if isinstance(insn, Gemm):
-                m.stats.gemm_uops += n
-                self._unit_done(s + (n + 4 if n else 1))
-            else:
-                m.stats.alu_uops += n
-                self._unit_done(s + (n + 3 if n else 1))
-        elif isinstance(insn, Load) and self.loader is not None and insn.mem_type in m.loader_types[self.sid]:
-            self.loader.start(s, insn, self._unit_done)
-        elif isinstance(insn, Store):
-            u, beats = store_timing(store_key(m.cfg, m.dram, insn.y_size, insn.x_size, insn.dram_base,
-                                              insn.x_stride))
-            m.stats.bytes_written += beats * m.cfg.bus_bytes
-            self._unit_done(s + u)
-        else:  # FINISH, and LOADs of buffers this stage does not serve: no-ops
-            self._unit_done(s + 1)
+        u, gemm_uops, alu_uops, written = self.units[k]
+        if u is None:
+            self.loader.start(t + 1, self.insns[k][1], self._unit_done)
+            return
+        if gemm_uops:
+            stats.gemm_uops += gemm_uops
+        elif alu_uops:
+            stats.alu_uops += alu_uops
+        elif written:
+            stats.bytes_written += written
+        # EXEC ends in cycle t + 1 + u (the first cycle the unit is not busy); PUSH from the next
+        self.p = t + 2 + u
+        m.loop.at(t + 2 + u, self._push)
 
     def _unit_done(self, c: int) -> None:
         # EXEC ends in cycle c (first cycle the unit is not busy); PUSH from c + 1
@@ -333,28 +348,36 @@ class _Fetch:
         return f
 
     def dispatch(self, now: int, _=None) -> None:
-        ib = self.ibuf
-        j = len(ib.R)
-        if j == len(self.dest):
-            return
-        if len(ib.W) <= j:
-            ib.cons_wait = self.dispatch
-            return
-        v = ib.visible_at(j)
-        if v > now:
-            self.m.loop.at(v, self.dispatch)
-            return
-        q = self.dest[j]
-        if not q.can_write(now):
-            r = q.retry_time(now)
-            if r is None:
-                q.prod_wait = self._dispatch_later
-            else:
-                self.m.loop.at(r, self.dispatch)
-            return
-        ib.read(now)
-        q.write(now)
-        self.m.loop.at(now + 1, self.dispatch)
+        """One instruction a cycle from the instruction buffer into its stage's command queue. The
+        next cycle's dispatch runs here, without the event heap, while no other event comes first
+        (one scheduled for the same cycle would run before it)."""
+        ib, dest, loop = self.ibuf, self.dest, self.m.loop
+        heap, n = loop.heap, len(self.dest)
+        while True:
+            j = len(ib.R)
+            if j == n:
+                return
+            if len(ib.W) <= j:
+                ib.cons_wait = self.dispatch
+                return
+            v = ib.visible_at(j)
+            if v > now:
+                loop.at(v, self.dispatch)
+                return
+            q = dest[j]
+            if not q.can_write(now):
+                r = q.retry_time(now)
+                if r is None:
+                    q.prod_wait = self._dispatch_later
+                else:
+                    loop.at(r, self.dispatch)
+                return
+            ib.read(now)
+            q.write(now)
+            now += 1
+            if (heap and heap[0][0] <= now) or now > loop.limit:
+                loop.at(now, self.dispatch)
+                return
 
     def _dispatch_later(self, r: int) -> None:
         self.m.loop.at(r + 1, self.dispatch)
