@@ -94,24 +94,28 @@ class BlasThreads:
         self.libs = self.controller.select(user_api="blas").lib_controllers
         self.threads = None
         self.counted_at = 0.0
+        self.single = False
 
     @contextlib.contextmanager
-    def run(self):
+    def run(self, single: bool = False):
         """The context of one run: one BLAS thread, the caller's setting given back after (set on
-        the libraries directly: threadpoolctl's limit() re-reads every library's state, ~30 us)."""
+        the libraries directly: threadpoolctl's limit() re-reads every library's state, ~30 us).
+        single: no extra threads for big matmuls either (the caller keeps the other cores busy)."""
         if time.monotonic() - self.counted_at > IDLE_RECOUNT_S:
             self.threads = None
         before = [lib.num_threads for lib in self.libs]
         for lib in self.libs:
             lib.set_num_threads(1)
+        self.single = single
         try:
             yield
         finally:
+            self.single = False
             for lib, n in zip(self.libs, before):
                 lib.set_num_threads(n)
 
     def matmul(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        if x.shape[0] * x.shape[1] * w.shape[1] < THREADED_MATMUL_MACS:
+        if self.single or x.shape[0] * x.shape[1] * w.shape[1] < THREADED_MATMUL_MACS:
             return x @ w
         if self.threads is None:
             self.threads = idle_cores() + 1
@@ -251,10 +255,12 @@ class Fsim:
             raise ExecError(f"cannot decode the program: {e}") from None
         return self.run_insns(dram, insns, max_insns)
 
-    def run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None = None) -> FsimStats:
-        """Execute decoded instructions with the decoupled stage/queue model."""
+    def run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None = None,
+                  single_thread: bool = False) -> FsimStats:
+        """Execute decoded instructions with the decoupled stage/queue model. single_thread: BLAS
+        on this thread only (the caller runs other work on the idle cores)."""
         _check_dram(dram)
-        with blas_threads().run():
+        with blas_threads().run(single_thread):
             return self._run_insns(dram, insns, max_insns)
 
     def _run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None) -> FsimStats:

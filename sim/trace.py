@@ -173,6 +173,7 @@ class TimingRun:
     """RunResult.raw of the timing drivers: the counters and, when traced, the timeline."""
     counters: Counters
     timeline: Timeline | None = None
+    model_in_helper: bool = False       # tsim: the timing model ran in sim/tsim/helper.py's process
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
