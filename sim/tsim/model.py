@@ -348,36 +348,28 @@ class _Fetch:
         return f
 
     def dispatch(self, now: int, _=None) -> None:
-        """One instruction a cycle from the instruction buffer into its stage's command queue. The
-        next cycle's dispatch runs here, without the event heap, while no other event comes first
-        (one scheduled for the same cycle would run before it)."""
-        ib, dest, loop = self.ibuf, self.dest, self.m.loop
-        heap, n = loop.heap, len(self.dest)
-        while True:
-            j = len(ib.R)
-            if j == n:
-                return
-            if len(ib.W) <= j:
-                ib.cons_wait = self.dispatch
-                return
-            v = ib.visible_at(j)
-            if v > now:
-                loop.at(v, self.dispatch)
-                return
-            q = dest[j]
-            if not q.can_write(now):
-                r = q.retry_time(now)
-                if r is None:
-                    q.prod_wait = self._dispatch_later
-                else:
-                    loop.at(r, self.dispatch)
-                return
-            ib.read(now)
-            q.write(now)
-            now += 1
-            if (heap and heap[0][0] <= now) or now > loop.limit:
-                loop.at(now, self.dispatch)
-                return
+        ib = self.ibuf
+        j = len(ib.R)
+        if j == len(self.dest):
+            return
+        if len(ib.W) <= j:
+            ib.cons_wait = self.dispatch
+            return
+        v = ib.visible_at(j)
+        if v > now:
+            self.m.loop.at(v, self.dispatch)
+            return
+        q = self.dest[j]
+        if not q.can_write(now):
+            r = q.retry_time(now)
+            if r is None:
+                q.prod_wait = self._dispatch_later
+            else:
+                self.m.loop.at(r, self.dispatch)
+            return
+        ib.read(now)
+        q.write(now)
+        self.m.loop.at(now + 1, self.dispatch)
 
     def _dispatch_later(self, r: int) -> None:
         self.m.loop.at(r + 1, self.dispatch)
