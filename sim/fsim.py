@@ -689,20 +689,26 @@ class Fsim:
         use_imm = insn.use_imm and op != AluOp.FLUSH    # FLUSH seeds from the register whatever use_imm says
         if not plan.derive("hazard", lambda: self._alu_hazard(plan, use_imm)):
             d = plan.run or dst
-            # FLUSH: the output buffer gets the requantized sums, read before the seeds overwrite them
-            q = flush_requant(self.acc[d], insn.imm, w) if op == AluOp.FLUSH else None
+            # elements that only read their own entry and one operand for all can go in any order:
+            # by the contiguous blocks of their entries, each a view (no gather and scatter)
+            blocks = plan.derive("blocks", lambda: _entry_blocks(dst, plan.run)) or [d]
+            if op == AluOp.FLUSH:   # the output buffer gets the requantized sums, then the seeds come
+                for b in blocks:
+                    self.out[b] = flush_requant(self.acc[b], insn.imm, w).astype(self.out.dtype)
             if op in (AluOp.MOV, AluOp.FLUSH) and not use_imm:   # a copy: acc_width values already
-                if not self._mov_broadcast(insn, plan, write_out=q is None):
+                if not self._mov_broadcast(insn, plan, write_out=op == AluOp.MOV):
                     res = self.acc[plan.src]
                     self.acc[d] = res
-                    if q is None:
+                    if op == AluOp.MOV:
                         self.out[d] = res.astype(self.out.dtype)
-                if q is not None:
-                    self.out[d] = q.astype(self.out.dtype)
                 return
-            res = self._alu_apply(op, self.acc[d], self._alu_operand(insn, plan))
-            self.acc[d] = res
-            self.out[d] = (res if q is None else q).astype(self.out.dtype)
+            operand = self._alu_operand(insn, plan)
+            if np.ndim(operand) == 3:    # one entry per element, in element order
+                blocks = [d]
+            for b in blocks:
+                res = self._alu_apply(op, self.acc[b], operand)
+                self.acc[b] = res
+                self.out[b] = res.astype(self.out.dtype)
         else:   # in order, one vector step per run of elements that do not see each other's writes
             for seg in plan.derive("runs", lambda: _independent_runs(dst, src, use_imm)):
                 d = dst[seg]
@@ -765,6 +771,18 @@ class Fsim:
             return np.int64(insn.imm)
         one = plan.derive("one_src", lambda: int(plan.src[0]) if (plan.src == plan.src[0]).all() else -1)
         return self.acc[one if one >= 0 else plan.src].astype(np.int64)
+
+
+def _entry_blocks(dst: np.ndarray, run: slice | None, most: int = 16) -> list[slice] | None:
+    """The accumulator entries of dst (distinct) as contiguous blocks, in entry order; None when
+    dst is one run already or has more than `most` blocks."""
+    if run is not None:
+        return None
+    s = np.sort(dst)
+    cuts = [0, *(np.flatnonzero(np.diff(s) != 1) + 1).tolist(), s.size]
+    if len(cuts) - 1 > most:
+        return None
+    return [slice(int(s[a]), int(s[b - 1]) + 1) for a, b in zip(cuts, cuts[1:])]
 
 
 def _independent_runs(dst: np.ndarray, src: np.ndarray, use_imm: bool) -> list[slice]:
