@@ -542,18 +542,24 @@ class Fsim:
             return False
         c, (fdt, groups, dst, touched) = self.cfg, plan
         inp_f, wgt_ft = self._floats()
+        if len(groups) == 1 and isinstance(dst, slice) and fdt == np.float32 and self.acc.dtype == np.int32:
+            # one matmul into one run of a 32-bit accumulator: its exact int32 sums added in place
+            # (int32 adds wrap as the accumulator does), no staging array
+            (src_idx, wgt_idx), n = groups[0], groups[0][1].shape[0]
+            rows = src_idx.shape[0]
+            part = self._cluster_matmul(fdt, inp_f, wgt_ft, src_idx, wgt_idx).astype(np.int32)
+            acc = self.acc[dst]
+            acc.reshape(n, rows, c.batch, c.block_out)[...] += part.reshape(rows, c.batch, c.block_out, n).transpose(3, 0, 1, 2)
+            self.out[dst] = acc
+            return True
         # exact integers: int32 holds any float32-exact sum and wraps like a 32-bit accumulator
         y = np.empty((sum(s.shape[0] * w.shape[0] for s, w in groups), c.batch, c.block_out),
                      np.int32 if fdt == np.float32 else np.int64)
         at = 0
         for src_idx, wgt_idx in groups:
-            rows, k = src_idx.shape
-            n = wgt_idx.shape[0]
-            x = np.take(inp_f, src_idx, axis=0)                                 # (rows, K, batch, bin)
-            x = x.transpose(0, 2, 1, 3).reshape(rows * c.batch, k * c.block_in).astype(fdt, copy=False)
-            w = np.take(wgt_ft, wgt_idx, axis=1)                                # (bout, n, K, bin)
-            w = w.reshape(c.block_out * n, k * c.block_in).astype(fdt, copy=False).T   # a transposed view
-            part = blas_threads().matmul(x, w).reshape(rows, c.batch, c.block_out, n).transpose(3, 0, 1, 2)
+            rows, n = src_idx.shape[0], wgt_idx.shape[0]
+            part = self._cluster_matmul(fdt, inp_f, wgt_ft, src_idx, wgt_idx).reshape(rows, c.batch, c.block_out, n)
+            part = part.transpose(3, 0, 1, 2)
             np.copyto(y[at:at + n * rows].reshape(n, rows, c.batch, c.block_out), part, casting="unsafe")
             at += n * rows
         if touched is not None:   # destinations repeat: sum per entry first
@@ -563,6 +569,19 @@ class Fsim:
         self._add_to_acc(dst, y)
         self.out[dst] = self.acc[dst].astype(self.out.dtype)
         return True
+
+    def _cluster_matmul(self, fdt, inp_f, wgt_ft, src_idx: np.ndarray, wgt_idx: np.ndarray) -> np.ndarray:
+        """One group of _gemm_clustered: its gathered input rows (rows x K micro-ops) times the
+        weights of its n clusters (n x K micro-ops), as (rows * batch, block_out * n) floats of
+        type fdt (float64 where K * block_in products could pass float32's exact range)."""
+        c = self.cfg
+        rows, k = src_idx.shape
+        n = wgt_idx.shape[0]
+        x = np.take(inp_f, src_idx, axis=0)                                     # (rows, K, batch, bin)
+        x = x.transpose(0, 2, 1, 3).reshape(rows * c.batch, k * c.block_in).astype(fdt, copy=False)
+        w = np.take(wgt_ft, wgt_idx, axis=1)                                    # (bout, n, K, bin)
+        w = w.reshape(c.block_out * n, k * c.block_in).astype(fdt, copy=False).T   # a transposed view
+        return blas_threads().matmul(x, w)
 
     def _make_cluster_plan(self, insn: Gemm, u: np.ndarray):
         """Index plan of _gemm_clustered: (float type, [(src rows x K, wgt n x K) per group of

@@ -56,6 +56,26 @@ def test_fsim_float_gemm_paths_exact_at_extremes(cfg):
     assert (sim.acc == _wrapped(ref, cfg.acc_width)).all()
 
 
+def test_fsim_clustered_gemm_goes_float64_past_float32s_exact_range():
+    """A convolution-pattern GEMM whose destinations sum 512 micro-ops x 16 odd products near 127^2
+    (2^27: float32 sums round there, measured; at 2^24-2^25 BLAS's blocked sums happened to stay
+    exact); the clustered path must switch to float64."""
+    cfg = PRESETS["default"]
+    sim = Fsim(cfg)
+    rng = np.random.default_rng(7)
+    sim.inp[:] = rng.choice([-127, -125, -123], sim.inp.shape)
+    sim.wgt[:] = rng.choice([-127, -125], sim.wgt.shape)
+    k = 512
+    sim.uop[:k] = [(0, t, t) for t in range(k)]
+    insn = Gemm(uop_bgn=0, uop_end=k, iter_out=3, iter_in=1, dst_factor_out=1, src_factor_out=k)
+    assert sim._make_cluster_plan(insn, sim.uop[:k])[0] == np.float64
+    ref = np.zeros(sim.acc.shape, np.int64)
+    assert sim._gemm_clustered(insn, sim._plan(0, insn, "GEMM"))
+    _gemm_per_uop(sim, insn, ref)
+    assert np.abs(ref).max() > 1 << 24
+    assert (sim.acc == _wrapped(ref, cfg.acc_width)).all()
+
+
 class _Stats:
     gemm_uops = macs = 0
 
