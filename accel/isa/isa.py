@@ -387,7 +387,7 @@ def decode_uops(data: bytes | np.ndarray, cfg: AccelConfig) -> np.ndarray:
     raw = np.frombuffer(bytes(data), dtype=np.uint8) if isinstance(data, (bytes, bytearray)) else np.asarray(data, np.uint8)
     if raw.size % cfg.uop_elem_bytes:
         raise EncodingError(f"micro-op data of {raw.size} bytes is not a multiple of {cfg.uop_elem_bytes}")
-    shifts, masks = _uop_fields(cfg.uop_bits, cfg.acc_idx_bits, cfg.src_idx_bits, cfg.wgt_idx_bits)
+    shifts, masks = _uop_fields(cfg.uop_bits, tuple(width for _, width in uop_format(cfg)))
     # one shift and one mask over all fields (three passes: a micro-op load is a handful of words,
     # so numpy's per-call cost is what counts); 32-bit words widen to int64 first, 64-bit ones stay
     # unsigned until masked to their (narrower) fields
@@ -397,7 +397,7 @@ def decode_uops(data: bytes | np.ndarray, cfg: AccelConfig) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def _uop_fields(uop_bits: int, *widths: int) -> tuple[np.ndarray, np.ndarray]:
+def _uop_fields(uop_bits: int, widths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Shift and mask of each micro-op field (uop_format's order), in the word's integer type."""
     dt = np.int64 if uop_bits == 32 else np.uint64
     pos = np.cumsum((0,) + widths[:-1])

@@ -110,6 +110,10 @@ def _stop(why: str, failure: bool = True) -> None:
         _failed = why
     if _helper is not None:
         _helper.proc.kill()
+        try:
+            _helper.proc.wait(timeout=2)                     # reap it
+        except subprocess.TimeoutExpired:
+            pass
         _helper = None
 
 
@@ -245,20 +249,24 @@ def serve() -> None:
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr                          # a stray print must not land in the replies
     models: dict[bytes, Tsim] = {}                    # by their pickled (config, DRAM model)
-    _write_frame(out, _READY)
-    while True:
-        try:
-            request = _read_frame(inp)
-        except EOFError:
-            return
-        setup, program, insn_addr, max_cycles, trace = pickle.loads(request)
-        try:
-            model = models.get(setup)
-            if model is None:
-                cfg_d, dram_d = pickle.loads(setup)
-                model = models[setup] = Tsim(AccelConfig.from_dict(cfg_d), DramModel.from_dict(dram_d))
-            stats = model.run_insns(decode_program(program, model.cfg), insn_addr, max_cycles, trace=trace)
-            reply = ("ok", stats)
-        except Exception as e:  # noqa: BLE001 - every failure goes back to the caller, by class name
-            reply = ("err", (type(e).__name__, str(e)))
-        _write_frame(out, reply)
+
+    def run(setup: bytes, program: bytes, insn_addr: int, max_cycles: int, trace: bool):
+        model = models.get(setup)
+        if model is None:
+            if len(models) >= 16:                    # a test session's many configs: keep a few
+                models.clear()
+            cfg_d, dram_d = pickle.loads(setup)
+            model = models[setup] = Tsim(AccelConfig.from_dict(cfg_d), DramModel.from_dict(dram_d))
+        return model.run_insns(decode_program(program, model.cfg), insn_addr, max_cycles, trace=trace)
+
+    try:
+        _write_frame(out, _READY)
+        while True:
+            request = pickle.loads(_read_frame(inp))
+            try:
+                reply = ("ok", run(*request))
+            except Exception as e:  # noqa: BLE001 - every failure goes back to the caller, by class name
+                reply = ("err", (type(e).__name__, str(e)))
+            _write_frame(out, reply)
+    except (EOFError, OSError):       # the parent closed the pipe (or is gone): done
+        return
