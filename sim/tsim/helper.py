@@ -246,7 +246,9 @@ def serve() -> None:
     from accel.isa.isa import decode_program
     from ..dram import DramModel
     from .model import Tsim
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C in a terminal is for the parent, which
+    inp, out = sys.stdin.buffer, sys.stdout.buffer   # ends this helper by closing its pipe
     sys.stdout = sys.stderr                          # a stray print must not land in the replies
     models: dict[bytes, Tsim] = {}                    # by their pickled (config, DRAM model)
 

@@ -133,3 +133,15 @@ def test_interrupted_run_stops_the_helper_without_giving_up(ready_helper):
     assert helper._helper is None and old.proc.wait(timeout=10) is not None
     assert helper.enabled()
     assert helper.start(wait=60) and helper._helper is not old
+
+
+def test_helper_ignores_ctrl_c(ready_helper):
+    """Ctrl-C in a terminal signals the whole process group: the helper leaves it to its parent."""
+    import os
+    import signal
+    import time
+    os.kill(helper._helper.proc.pid, signal.SIGINT)
+    time.sleep(0.3)
+    prog, _ = random_program(TINY, 6)
+    res, _ = _run(get_driver("tsim", TINY), prog.dram_image(), prog.insn_addr, len(prog.insns))
+    assert res.raw.model_in_helper
