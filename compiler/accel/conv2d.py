@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accel.isa import AccelConfig, AluOp, MemType, flush_immediate
+from accel.isa import AccelConfig, AluOp, EncodingError, MemType, flush_immediate
 from accel.isa.config import PAD_BITS
 
 from ..errors import CompilerError
@@ -469,10 +469,12 @@ def flush_params(requant: Requant) -> int | None:
     """The ALU FLUSH immediate doing this requantization in one pass (shift, rounding, a clamp to
     [0, hi] or [-hi-1, hi]), or None when FLUSH cannot (a multiplier, a zero point, a left shift,
     other bounds)."""
-    if (requant.fixed_point or requant.zero_point or not 0 <= requant.shift < 32
-            or not -128 <= requant.hi <= 127 or requant.lo not in (0, -requant.hi - 1)):
+    if requant.fixed_point or requant.zero_point or requant.lo not in (0, -requant.hi - 1):
         return None
-    return flush_immediate(requant.shift, requant.hi, requant.lo == 0, requant.round and requant.shift > 0)
+    try:   # flush_immediate checks the shift's and hi's ranges
+        return flush_immediate(requant.shift, requant.hi, requant.lo == 0, requant.round and requant.shift > 0)
+    except EncodingError:
+        return None
 
 
 def channel_scale_operands(muls: np.ndarray, shift: int, acc_width: int) -> np.ndarray:

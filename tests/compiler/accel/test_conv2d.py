@@ -176,3 +176,15 @@ def test_conv2d_tiles_wholly_in_the_padding():
     spec = Conv2dSpec(1, 1, 9, 12, 25, 1, 1, (3, 3, 2, 3))
     for cfg in (PRESETS["tiny"], PRESETS["default"]):
         _check(cfg, spec, Requant(4, -127, 127))
+
+
+def test_flush_params_takes_only_what_one_flush_can_do():
+    """flush_params gives FLUSH's immediate for a shift-round-clamp requantization, and None (MOV and
+    REQUANT instead) for a multiplier, a zero point, a left shift, a shift past 31 or other bounds."""
+    from accel.isa import flush_immediate
+    from compiler.accel.conv2d import flush_params
+    assert flush_params(Requant(8, 0, 127, True)) == flush_immediate(8, 127, lo_zero=True, round_half=True)
+    assert flush_params(Requant(0, -128, 127, True)) == flush_immediate(0, 127)    # no rounding at shift 0
+    for r in (Requant(8, mul=3), Requant(8, zero_point=5), Requant(-2), Requant(32), Requant(8, -100, 100),
+              Requant(8, 0, 200)):
+        assert flush_params(r) is None, r
