@@ -228,8 +228,7 @@ class _Stage:
         self.m.loop.at(v if v > now else now, self._pop)
 
     def _pop(self, t: int, _=None) -> None:
-        m = self.m
-        stats = m.stats
+        stats = self.m.stats
         ready = self.v_cmd if self.v_cmd > self.w0 else self.w0
         stats.stall[self.sid] += t - ready
         self.t_pop = t
@@ -247,9 +246,7 @@ class _Stage:
             stats.alu_uops += alu_uops
         elif written:
             stats.bytes_written += written
-        # EXEC ends in cycle t + 1 + u (the first cycle the unit is not busy); PUSH from the next
-        self.p = t + 2 + u
-        m.loop.at(t + 2 + u, self._push)
+        self._unit_done(t + 1 + u)
 
     def _unit_done(self, c: int) -> None:
         # EXEC ends in cycle c (first cycle the unit is not busy); PUSH from c + 1
