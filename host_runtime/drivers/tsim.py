@@ -18,12 +18,15 @@ import numpy as np
 from accel.isa.isa import INSN_BYTES
 
 from ..device import Driver, RunResult, register_driver
+from ..errors import DriverError
 
 
 @register_driver("tsim")
 class TsimDriver(Driver):
     def __init__(self, cfg, dram=None, trace: bool = False, max_cycles: int = 1 << 40, helper: bool = True):
         super().__init__(cfg)
+        if not isinstance(helper, bool):
+            raise DriverError(f"driver 'tsim': option helper={helper!r} must be True or False")
         from sim.dram import DramModel
         from sim.fsim import Fsim
         from sim.tsim import Tsim

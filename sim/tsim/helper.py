@@ -41,11 +41,19 @@ _READY = b"ready"
 _PIPE_ERRORS = (OSError, EOFError, ValueError, pickle.UnpicklingError, struct.error)
 
 
+_SWITCH = {"": True, "1": True, "true": True, "yes": True, "on": True,
+           "0": False, "false": False, "no": False, "off": False}
+
+
 def enabled() -> bool:
-    """Whether runs may use a helper: POSIX, two or more cores, ACCEL_TSIM_HELPER not 0, and no
-    failed helper in this process."""
-    return (_failed is None and os.name == "posix" and (os.cpu_count() or 1) > 1
-            and os.environ.get("ACCEL_TSIM_HELPER", "1").strip().lower() not in ("0", "false", "no", "off"))
+    """Whether runs may use a helper: POSIX, two or more cores, ACCEL_TSIM_HELPER not off, and no
+    failed helper in this process. A value of ACCEL_TSIM_HELPER it does not know is an error."""
+    value = os.environ.get("ACCEL_TSIM_HELPER", "1")
+    switch = _SWITCH.get(value.strip().lower())
+    if switch is None:
+        from ..errors import SimError
+        raise SimError(f"ACCEL_TSIM_HELPER={value!r}: expected one of 1, 0, true, false, yes, no, on, off")
+    return switch and _failed is None and os.name == "posix" and (os.cpu_count() or 1) > 1
 
 
 def _write_frame(f, obj) -> None:

@@ -112,6 +112,20 @@ def test_dead_helper_falls_back_in_process(ready_helper, caplog):
     assert _run(drv, image, addr, count)[0].raw.model_in_helper
 
 
+def test_helper_switch_rejects_bad_values(monkeypatch):
+    """A misspelt ACCEL_TSIM_HELPER or a non-bool helper option is an error naming it, not a guess."""
+    from host_runtime.errors import DriverError
+    from sim.errors import SimError
+    with pytest.raises(DriverError, match="helper='no' must be True or False"):
+        get_driver("tsim", TINY, helper="no")
+    monkeypatch.setenv("ACCEL_TSIM_HELPER", "maybe")
+    with pytest.raises(SimError, match="ACCEL_TSIM_HELPER='maybe': expected one of"):
+        helper.enabled()
+    prog, _ = random_program(TINY, 1)
+    with pytest.raises(SimError, match="ACCEL_TSIM_HELPER"):
+        get_driver("tsim", TINY).run(prog.dram_image(), prog.insn_addr, len(prog.insns))
+
+
 def test_helper_off_by_environment(monkeypatch):
     monkeypatch.setenv("ACCEL_TSIM_HELPER", "0")
     assert not helper.enabled() and not helper.start()
