@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from accel.isa import (INSN_BYTES, Alu, AluOp, Finish, Gemm, Insn, Load, MemType, Program, Stage, Store,
+from accel.isa import (INSN_BYTES, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Program, Stage, Store,
                        Symbol, buffer_depth, elem_bytes, encode_insn, encode_program, encode_uops)
 from accel.isa.config import ALU_IMM_BITS, LOOP_ITER_BITS, PAD_BITS, SIZE_BITS
 from accel.isa.errors import EncodingError
@@ -189,6 +189,7 @@ class CommandStream:
         self._resident: dict[Any, tuple[int, int]] = {}  # kernel key -> (uop_bgn, uop_end)
         self._uop_top = 0
         self._finished = False
+        self._epilogue: Epilogue | None = None   # the latest push_epilogue, which flushing GEMMs use
 
     @property
     def insns(self) -> list[Insn]:
@@ -341,16 +342,39 @@ class CommandStream:
                 raise CommandError(f"{what} with kernel {k.key!r}: {name} index reaches {reach}, beyond the "
                                    f"{buf} buffer's {depth} entries")
 
-    def push_gemm(self, kernel: UopKernel, reset: bool = False) -> int:
-        """GEMM over the kernel: acc[dst] += inp[src] @ wgt[wgt].T, or acc[dst] = 0 with reset."""
+    def push_gemm(self, kernel: UopKernel, reset: bool = False, flush: bool = False) -> int:
+        """GEMM over the kernel: acc[dst] += inp[src] @ wgt[wgt].T, or acc[dst] = 0 with reset.
+        flush: each pass's last micro-op ends its sum with the latest push_epilogue's parameters
+        (Gemm.flush: the requantized sum to the output buffer, the pass's seed to the accumulator)."""
         c = self.cfg
         checks = [("dst", kernel.max_dst, c.acc_depth, "accumulator")]
         if not reset:
             checks += [("src", kernel.max_src, c.inp_depth, "input"), ("wgt", kernel.max_wgt, c.wgt_depth, "weight")]
+        loops = kernel.loop_fields()
+        if flush:
+            e = self._epilogue
+            if e is None:
+                raise CommandError(f"push_gemm(flush=True) with kernel {kernel.key!r}: no push_epilogue before it "
+                                   f"sets the flush parameters and seeds")
+            seed = e.seed_base + (loops["iter_out"] - 1) * e.seed_factor_out + (loops["iter_in"] - 1) * e.seed_factor_in
+            checks.append(("seed", seed, c.acc_depth, "accumulator"))
         self._check_reach("push_gemm", kernel, checks)
         bgn, end = self._resident_range(kernel)
-        return self._append(Gemm(reset=bool(reset), uop_bgn=bgn, uop_end=end, **kernel.loop_fields(),
+        return self._append(Gemm(reset=bool(reset), flush=bool(flush), uop_bgn=bgn, uop_end=end, **loops,
                                  **kernel.wgt_factors()))
+
+    def push_epilogue(self, imm: int, seed_base: int, seed_factor_out: int = 0, seed_factor_in: int = 0) -> int:
+        """EPILOGUE: the FLUSH immediate (flush_immediate) and the affine seed index
+        (seed_base + i0*seed_factor_out + i1*seed_factor_in) of the flushing GEMMs that follow."""
+        lo, hi = -(1 << (ALU_IMM_BITS - 1)), (1 << (ALU_IMM_BITS - 1)) - 1
+        if not lo <= imm <= hi:
+            raise CommandError(f"push_epilogue: imm={imm} outside the signed {ALU_IMM_BITS}-bit range [{lo}, {hi}]")
+        for name, v in (("seed_base", seed_base), ("seed_factor_out", seed_factor_out), ("seed_factor_in", seed_factor_in)):
+            if not 0 <= v < self.cfg.acc_depth:
+                raise CommandError(f"push_epilogue: {name}={v} outside [0, {self.cfg.acc_depth}) (accumulator entries)")
+        self._epilogue = Epilogue(imm=int(imm), seed_base=int(seed_base), seed_factor_out=int(seed_factor_out),
+                                  seed_factor_in=int(seed_factor_in))
+        return self._append(self._epilogue)
 
     def push_alu(self, kernel: UopKernel, op, imm: int | None = None, use_imm: bool | None = None) -> int:
         """ALU over the kernel: acc[dst] = op(acc[dst], acc[src]), or op(acc[dst], imm) when imm is given.

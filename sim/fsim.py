@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from accel.isa import (AccelConfig, Alu, AluOp, Finish, Gemm, Insn, Load, MemType, Stage, Store,
+from accel.isa import (AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Stage, Store,
                        buffer_depth, decode_program, decode_uops, elem_bytes)
 from accel.isa.errors import EncodingError
 from accel.isa.isa import INSN_BYTES
@@ -229,6 +229,7 @@ class Fsim:
         self.acc = np.zeros((c.acc_depth, c.batch, c.block_out), _INT[c.acc_width])
         self.out = np.zeros((c.out_depth, c.batch, c.block_out), _INT[c.out_width])
         self.uop = np.zeros((c.uop_depth, 3), np.int64)  # decoded (acc, src, wgt)
+        self.epilogue = Epilogue()   # the registers a flushing GEMM reads (zero, as after reset)
         self._fdt = gemm_float_dtype(c)
         # float copies of inp/wgt for the BLAS paths, made on first use, then kept current by loads;
         # the weights as (block_out, depth, block_in), so that a gather of weight tiles along axis 1
@@ -274,7 +275,8 @@ class Fsim:
         limit = max_insns if max_insns is not None else len(insns)
         # per instruction: its stage's command queue, its op name, its handler (None for FINISH) and the
         # token queues it pops and pushes (None: a flag naming a missing neighbour), from a few lookups
-        handler = {Load: self._load, Store: self._store, Gemm: self._gemm, Alu: self._alu, Finish: None}
+        handler = {Load: self._load, Store: self._store, Gemm: self._gemm, Alu: self._alu,
+                   Epilogue: self._set_epilogue, Finish: None}
         routes = [_routing(i.stage, i.opcode, i.pop_prev, i.pop_next, i.push_prev, i.push_next) for i in insns]
         queue_of = [stages[r[0]].queue for r in routes]
         run_of = [handler[type(i)] for i in insns]
@@ -497,6 +499,9 @@ class Fsim:
             self._plans[key] = plan
         return plan
 
+    def _set_epilogue(self, idx: int, insn: Epilogue, dram: np.ndarray, stats: FsimStats) -> None:
+        self.epilogue = insn
+
     def _gemm(self, idx: int, insn: Gemm, dram: np.ndarray, stats: FsimStats) -> None:
         c = self.cfg
         plan = self._plan(idx, insn, "GEMM")
@@ -504,12 +509,27 @@ class Fsim:
         if dst.size == 0:
             return
         stats.gemm_uops += dst.size
+        if not insn.reset:
+            stats.macs += dst.size * c.macs_per_cycle
+        if insn.flush:
+            flushed, seeds, in_order = self._flush_plan(idx, insn, plan)
+            if in_order:   # each flushed sum's value depends on the micro-ops before it only
+                self._gemm_sums(insn, plan)
+                self._flush(flushed, seeds, self.acc[flushed])
+                return
+            self._gemm_in_order(insn, plan, flushed, seeds)
+            return
+        self._gemm_sums(insn, plan)
+
+    def _gemm_sums(self, insn: Gemm, plan: _LoopPlan) -> None:
+        """Every micro-op's sum, and out = narrow(acc) on the entries they write."""
+        c = self.cfg
+        dst, src, wgt = plan.dst, plan.src, plan.wgt
         if insn.reset:
             d = plan.run or dst
             self.acc[d] = 0
             self.out[d] = 0
             return
-        stats.macs += dst.size * c.macs_per_cycle
         if self._gemm_clustered(insn, plan):
             return  # updated acc and out itself
         # wgt varies over the loop dims with a non-zero factor; group rows by those dims so
@@ -526,6 +546,55 @@ class Fsim:
             self._gemm_gathered(dst, src, wgt)
         touched = plan.derive("touched", lambda: plan.run or np.unique(dst))
         self.out[touched] = wrap(self.acc[touched], c.out_width)
+
+    def _flush_plan(self, idx: int, insn: Gemm, plan: _LoopPlan):
+        """A flushing GEMM's (flushed entries, seed entries, in_order) for the current EPILOGUE:
+        each pass's last micro-op flushes; in_order when no flushed entry is flushed twice or
+        written after its flush and no seed is written by the instruction, so that the sums can
+        go first and the flushes after them."""
+        e = self.epilogue
+        nu = insn.uop_end - insn.uop_bgn
+
+        def make():
+            i0 = np.arange(insn.iter_out, dtype=np.int64)[:, None]
+            i1 = np.arange(insn.iter_in, dtype=np.int64)[None, :]
+            seeds = (e.seed_base + i0 * e.seed_factor_out + i1 * e.seed_factor_in).reshape(-1)
+            if seeds.size and int(seeds.max()) >= self.cfg.acc_depth:
+                k = int(np.argmax(seeds >= self.cfg.acc_depth))
+                raise ExecError(f"instruction {idx} (GEMM): flush seed index {int(seeds[k])} out of range "
+                                f"[0, {self.cfg.acc_depth}) at iteration ({k // insn.iter_in}, {k % insn.iter_in}) "
+                                f"(EPILOGUE seed_base {e.seed_base}, factors {e.seed_factor_out}, {e.seed_factor_in})")
+            flushed = plan.dst.reshape(-1, nu)[:, -1]
+            at = np.arange(nu - 1, plan.dst.size, nu)
+            last = np.full(self.cfg.acc_depth, -1, np.int64)
+            last[plan.dst] = np.arange(plan.dst.size)   # the last write of each entry (later ones win)
+            in_order = (np.unique(flushed).size == flushed.size and (last[flushed] == at).all()
+                        and not np.isin(seeds, plan.dst).any())
+            return flushed, seeds, bool(in_order)
+        return plan.derive(("flush", e.seed_base, e.seed_factor_out, e.seed_factor_in), make)
+
+    def _flush(self, flushed, seeds, sums: np.ndarray) -> None:
+        """out[flushed] = the FLUSH requantization of their sums; acc[flushed] = acc[seeds]."""
+        self.out[flushed] = flush_requant(sums, self.epilogue.imm, self.cfg.acc_width).astype(self.out.dtype)
+        self.acc[flushed] = self.acc[seeds]
+
+    def _gemm_in_order(self, insn: Gemm, plan: _LoopPlan, flushed, seeds) -> None:
+        """A flushing GEMM whose writes and seeds overlap: one micro-op after another, as the
+        hardware runs them (the slow path; compilers do not emit this)."""
+        w, nu = self.cfg.acc_width, insn.uop_end - insn.uop_bgn
+        for k in range(plan.dst.size):
+            d = plan.dst[k]
+            if insn.reset:
+                v = np.zeros(self.acc[d].shape, np.int64)
+            else:
+                v = self.acc[d].astype(np.int64) + (self.inp[plan.src[k]].astype(np.int64)
+                                                    @ self.wgt[plan.wgt[k]].astype(np.int64).T)
+            v = wrap(v, w)
+            if k % nu == nu - 1:
+                self._flush([d], [seeds[k // nu]], v[None])
+            else:
+                self.acc[d] = v
+                self.out[d] = v.astype(self.out.dtype)
 
     def _gemm_clustered(self, insn: Gemm, loop: _LoopPlan) -> bool:
         """The convolution pattern: weights do not move with the loops, so the micro-ops that

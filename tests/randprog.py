@@ -126,7 +126,24 @@ class _Gen:
         return k
 
     def gemm(self, slot: int) -> None:
-        self.s.push_gemm(self._kernel(slot, True), reset=self.rng.random() < 0.2)
+        k = self._kernel(slot, True)
+        flush = self.rng.random() < 0.15
+        if flush:
+            self.epilogue(slot, k)
+        self.s.push_gemm(k, reset=self.rng.random() < 0.2, flush=flush)
+
+    def epilogue(self, slot: int, k) -> None:
+        """EPILOGUE for a flushing GEMM over kernel k: random FLUSH parameters and seeds inside the
+        slot's accumulator area (which may be the entries the GEMM writes: the in-order case)."""
+        acc_n = self.size[MemType.ACC]
+        loops = k.loop_fields()
+        f = [self.r(0, 3), self.r(0, 3)]
+        reach = lambda: (loops["iter_out"] - 1) * f[0] + (loops["iter_in"] - 1) * f[1]   # noqa: E731
+        while reach() >= acc_n:
+            f = [max(0, v - 1) for v in f]
+        hi = self.r(-128, 127) if self.rng.random() < 0.3 else self.r(0, 127)
+        imm = flush_immediate(self.r(0, 31), hi, self.rng.random() < 0.5, self.rng.random() < 0.5)
+        self.s.push_epilogue(imm, slot * acc_n + self.r(0, acc_n - 1 - reach()), *f)
 
     def alu(self, slot: int, op: AluOp | None = None) -> None:
         op = AluOp(self.r(0, len(AluOp) - 1)) if op is None else op

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from accel.isa import AccelConfig, Alu, AluOp, Finish, Gemm, Insn, Load, MemType, Store, decode_uops
+from accel.isa import AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Store, decode_uops
 
 
 class ReferenceError(ValueError):
@@ -38,6 +38,14 @@ def _dtype(width: int) -> str:
     return f"<i{width // 8}"
 
 
+def _flush_requant(a: int, imm: int, w: int) -> int:
+    """FLUSH's requantization of one lane: clamp((a + r) >> s, lo, hi), parameters from imm."""
+    s, hi = imm & 31, wrap((imm >> 7) & 0xFF, 8)
+    lo = 0 if (imm >> 6) & 1 else -hi - 1
+    half = 1 << (s - 1) if s > 0 and (imm >> 5) & 1 else 0
+    return min(max(wrap(a + half, w) >> s, lo), hi)
+
+
 class ReferenceMachine:
     def __init__(self, cfg: AccelConfig):
         c = self.cfg = cfg
@@ -46,6 +54,7 @@ class ReferenceMachine:
         self.acc = np.zeros((c.acc_depth, c.batch, c.block_out), np.int64)
         self.out = np.zeros((c.out_depth, c.batch, c.block_out), np.int64)
         self.uop = [(0, 0, 0)] * c.uop_depth
+        self.epilogue = Epilogue()
 
     # ---- memory helpers ------------------------------------------------------------------
     def _entry_shape(self, mem: MemType):
@@ -86,6 +95,8 @@ class ReferenceMachine:
                 self.gemm(idx, insn)
             elif isinstance(insn, Alu):
                 self.alu(idx, insn)
+            elif isinstance(insn, Epilogue):
+                self.epilogue = insn
         return dram
 
     def load(self, idx: int, insn: Load, dram: np.ndarray) -> None:
@@ -133,14 +144,22 @@ class ReferenceMachine:
                     yield dst, src, wgt
 
     def gemm(self, idx: int, insn: Gemm) -> None:
-        c = self.cfg
-        for dst, src, wgt in self._iterations(insn):
+        c, e = self.cfg, self.epilogue
+        nu = insn.uop_end - insn.uop_bgn
+        for k, (dst, src, wgt) in enumerate(self._iterations(insn)):
             if insn.reset:
-                self.acc[dst] = 0
+                v = np.zeros_like(self.acc[dst])
             else:
                 product = self.inp[src] @ self.wgt[wgt].T  # (batch, block_out), exact in int64
-                self.acc[dst] = _wrap_arr(self.acc[dst] + product, c.acc_width)
-            self.out[dst] = _wrap_arr(self.acc[dst], c.out_width)
+                v = _wrap_arr(self.acc[dst] + product, c.acc_width)
+            if insn.flush and k % nu == nu - 1:   # the pass's last micro-op: requantize, then the seed
+                p = k // nu
+                seed = e.seed_base + p // insn.iter_in * e.seed_factor_out + p % insn.iter_in * e.seed_factor_in
+                self.out[dst] = [[_flush_requant(int(x), e.imm, c.acc_width) for x in row] for row in v]
+                self.acc[dst] = self.acc[seed].copy()
+            else:
+                self.acc[dst] = v
+                self.out[dst] = _wrap_arr(v, c.out_width)
 
     def alu(self, idx: int, insn: Alu) -> None:
         c = self.cfg
@@ -180,11 +199,7 @@ class ReferenceMachine:
                         r = (a * (bu & 0xFFFFFF) + (1 << (k - 1) if k else 0)) >> k
                         r = min(max(r, -(1 << (w - 1))), (1 << (w - 1)) - 1)
                     elif op == AluOp.FLUSH:   # out: the requantized sum; acc: the seed b
-                        imm = insn.imm
-                        s, hi = imm & 31, wrap((imm >> 7) & 0xFF, 8)
-                        lo = 0 if (imm >> 6) & 1 else -hi - 1
-                        half = 1 << (s - 1) if s > 0 and (imm >> 5) & 1 else 0
-                        q = min(max(wrap(a + half, w) >> s, lo), hi)
+                        q = _flush_requant(a, insn.imm, w)
                         r = b
                     else:
                         raise ReferenceError(f"instruction {idx}: unknown ALU op {op}")

@@ -21,7 +21,7 @@ from amaranth.lib.wiring import In, Out
 from accel.isa import AccelConfig, AluOp
 from accel.isa.config import ALU_IMM_BITS, ALU_OPCODE_BITS
 
-from .gemm import lanes, read_signature
+from .layouts import lanes, read_signature
 
 IDLE_OP = (1 << ALU_OPCODE_BITS) - 1   # an op code the ISA leaves undefined (idle S2; see TensorAlu)
 if IDLE_OP in set(AluOp):

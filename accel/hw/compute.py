@@ -10,7 +10,9 @@ a TileLoader (see load.py). FINISH does nothing but raise `finished` when it ret
 instructions are taken. Other opcodes and LOADs of other buffers retire as no-ops.
 Every GEMM/ALU write-back also writes the narrowed value (low out_width bits of each lane)
 to the same index of the output buffer; an ALU FLUSH writes its requantized value there and the
-entry its source read (acc_rd_b) to the accumulator.
+entry its source read (acc_rd_b) to the accumulator. EPILOGUE retires as a no-op that sets the
+epilogue registers; a flushing GEMM's last micro-op of each pass gets its seed index from them
+(kept as running sums like the other indices) and reads the seed on acc_rd_b (GemmCore).
 """
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ from accel.isa.config import INSN_BITS, OPCODE_BITS
 
 from .alu import TensorAlu
 from .axi import ReadClientSignature
-from .gemm import GemmCore, lanes, read_signature
-from .layouts import decode, uop_layout
+from .gemm import GemmCore
+from .layouts import decode, lanes, read_signature, uop_layout
 from .load import TileLoader, buffer_write_signature, port_name
 from .queues import QueueReadSignature, QueueWriteSignature
 from .stage import StageControl
@@ -74,7 +76,13 @@ class ComputeStage(wiring.Component):
         insn = ctrl.insn
         opcode = insn[:OPCODE_BITS]
         is_gemm, is_alu = opcode == Opcode.GEMM, opcode == Opcode.ALU
-        g, a = decode(cfg, "GEMM", insn), decode(cfg, "ALU", insn)
+        g, a, e = decode(cfg, "GEMM", insn), decode(cfg, "ALU", insn), decode(cfg, "EPILOGUE", insn)
+        # ---- epilogue registers (EPILOGUE) ---------------------------------------------------------
+        epi_imm = Signal.like(e.imm)
+        epi_base, epi_fo, epi_fi = (Signal(cfg.acc_idx_bits, name=n) for n in ("seed_base", "seed_fo", "seed_fi"))
+        with m.If(ctrl.start & (opcode == Opcode.EPILOGUE)):
+            m.d.sync += [epi_imm.eq(e.imm), epi_base.eq(e.seed_base), epi_fo.eq(e.seed_factor_out),
+                         epi_fi.eq(e.seed_factor_in)]
         m.d.comb += [loader.start.eq(ctrl.start & (opcode == Opcode.LOAD)), loader.insn.eq(insn)]
 
         # ---- loop sequencer (S0) -------------------------------------------------------------
@@ -89,41 +97,47 @@ class ComputeStage(wiring.Component):
         d_out, d_in = Signal(cfg.acc_idx_bits), Signal(cfg.acc_idx_bits)
         s_out, s_in = Signal(sb), Signal(sb)
         w_out, w_in = Signal(cfg.wgt_idx_bits), Signal(cfg.wgt_idx_bits)
+        e_out, e_in = Signal(cfg.acc_idx_bits), Signal(cfg.acc_idx_bits)   # seed offsets
         dfo, dfi = pick("dst_factor_out"), pick("dst_factor_in")
         sfo, sfi = pick("src_factor_out"), pick("src_factor_in")
 
         with m.If(ctrl.start & (is_gemm | is_alu)):
             m.d.sync += [active.eq((end > bgn) & (iter_out != 0) & (iter_in != 0)), u.eq(bgn), i0.eq(0), i1.eq(0),
-                         d_out.eq(0), d_in.eq(0), s_out.eq(0), s_in.eq(0), w_out.eq(0), w_in.eq(0)]
+                         d_out.eq(0), d_in.eq(0), s_out.eq(0), s_in.eq(0), w_out.eq(0), w_in.eq(0),
+                         e_out.eq(0), e_in.eq(0)]
         with m.Elif(active):
             with m.If(u + 1 == end):
                 m.d.sync += u.eq(bgn)
                 with m.If(i1 + 1 == iter_in):
                     m.d.sync += i1.eq(0)
-                    nd, ns, nw = d_out + dfo, s_out + sfo, w_out + g.wgt_factor_out
-                    m.d.sync += [d_out.eq(nd), d_in.eq(nd), s_out.eq(ns), s_in.eq(ns), w_out.eq(nw), w_in.eq(nw)]
+                    nd, ns, nw, ne = d_out + dfo, s_out + sfo, w_out + g.wgt_factor_out, e_out + epi_fo
+                    m.d.sync += [d_out.eq(nd), d_in.eq(nd), s_out.eq(ns), s_in.eq(ns), w_out.eq(nw), w_in.eq(nw),
+                                 e_out.eq(ne), e_in.eq(ne)]
                     with m.If(i0 + 1 == iter_out):
                         m.d.sync += active.eq(0)
                     with m.Else():
                         m.d.sync += i0.eq(i0 + 1)
                 with m.Else():
                     m.d.sync += [i1.eq(i1 + 1), d_in.eq(d_in + dfi), s_in.eq(s_in + sfi),
-                                 w_in.eq(w_in + g.wgt_factor_in)]
+                                 w_in.eq(w_in + g.wgt_factor_in), e_in.eq(e_in + epi_fi)]
             with m.Else():
                 m.d.sync += u.eq(u + 1)
         m.d.comb += [self.uop_rd.addr.eq(u), self.uop_rd.en.eq(1),
                      self.gemm_uop.eq(active & is_gemm), self.alu_uop.eq(active & is_alu)]
 
         # ---- S1: resolve indices -----------------------------------------------------------
-        p1_valid = Signal()
-        p1_d, p1_s, p1_w = Signal.like(d_in), Signal.like(s_in), Signal.like(w_in)
-        m.d.sync += [p1_valid.eq(active), p1_d.eq(d_in), p1_s.eq(s_in), p1_w.eq(w_in)]
+        p1_valid, p1_last = Signal(), Signal()
+        p1_d, p1_s, p1_w, p1_e = Signal.like(d_in), Signal.like(s_in), Signal.like(w_in), Signal.like(e_in)
+        m.d.sync += [p1_valid.eq(active), p1_d.eq(d_in), p1_s.eq(s_in), p1_w.eq(w_in), p1_e.eq(e_in),
+                     p1_last.eq(u + 1 == end)]
         ul = uop_layout(cfg)
         uop = data.View(ul, self.uop_rd.data[:ul.size])
         dst = (uop.acc + p1_d)[:cfg.acc_idx_bits]
         src = (uop.src + p1_s)[:sb]
         m.d.comb += [gemm.in_valid.eq(p1_valid & is_gemm), gemm.in_acc.eq(dst), gemm.in_inp.eq(src[:cfg.inp_idx_bits]),
                      gemm.in_wgt.eq((uop.wgt + p1_w)[:cfg.wgt_idx_bits]), gemm.in_reset.eq(g.reset),
+                     gemm.in_flush.eq(g.flush & p1_last), gemm.in_seed.eq((epi_base + p1_e)[:cfg.acc_idx_bits]),
+                     gemm.flush_imm.eq(epi_imm),
                      alu.in_valid.eq(p1_valid & is_alu), alu.in_dst.eq(dst), alu.in_src.eq(src[:cfg.acc_idx_bits]),
                      alu.in_op.eq(a.alu_op), alu.in_use_imm.eq(a.use_imm), alu.in_imm.eq(a.imm)]
 
@@ -134,8 +148,8 @@ class ComputeStage(wiring.Component):
                      gemm.wgt_rd.data.eq(self.wgt_rd.data),
                      self.acc_rd_a.addr.eq(Mux(is_gemm, gemm.acc_rd.addr, alu.acc_rd_a.addr)), self.acc_rd_a.en.eq(1),
                      gemm.acc_rd.data.eq(self.acc_rd_a.data), alu.acc_rd_a.data.eq(self.acc_rd_a.data),
-                     self.acc_rd_b.addr.eq(alu.acc_rd_b.addr), self.acc_rd_b.en.eq(1),
-                     alu.acc_rd_b.data.eq(self.acc_rd_b.data)]
+                     self.acc_rd_b.addr.eq(Mux(is_gemm, gemm.seed_rd.addr, alu.acc_rd_b.addr)), self.acc_rd_b.en.eq(1),
+                     alu.acc_rd_b.data.eq(self.acc_rd_b.data), gemm.seed_rd.data.eq(self.acc_rd_b.data)]
 
         ld_acc = getattr(loader, port_name(MemType.ACC))
         wb_valid = gemm.wb_valid | alu.wb_valid
@@ -145,10 +159,12 @@ class ComputeStage(wiring.Component):
                      self.wr_acc.addr.eq(Mux(ld_acc.en, ld_acc.addr, wb_idx)),
                      self.wr_acc.data.eq(Mux(ld_acc.en, ld_acc.data, Mux(alu.wb_flush, self.acc_rd_b.data, wb_data)))]
         n, aw, ow = cfg.batch * cfg.block_out, cfg.acc_width, cfg.out_width
-        acc_lanes = lanes(wb_data, n, aw, sign=False)
+        acc_lanes = lanes(alu.wb_data, n, aw, sign=False)
         m.d.comb += [self.wr_out.en.eq(wb_valid), self.wr_out.addr.eq(wb_idx)]
+        alu_out = Signal(n * ow)
         for k in range(n):
-            m.d.comb += self.wr_out.data[k * ow:(k + 1) * ow].eq(acc_lanes[k][:ow])
+            m.d.comb += alu_out[k * ow:(k + 1) * ow].eq(acc_lanes[k][:ow])
+        m.d.comb += self.wr_out.data.eq(Mux(gemm.wb_valid, gemm.wb_out, alu_out))
 
         # ---- sequencing ----------------------------------------------------------------------
         finished = Signal()

@@ -7,25 +7,22 @@ compute, narrowed to out). Read-after-write on the same accumulator index: the m
 behind (in S2 while its predecessor is in S3) takes the S3 result through a bypass; the one two
 behind reads in S1 while S3 writes, which the acc read port's write-transparency covers. So the
 core never stalls; a micro-op whose indices arrive in cycle t is written back in cycle t+2.
+A flushing micro-op (in_flush: the last of a pass of a GEMM with flush) reads its seed entry on
+the second acc port in S1 (with the same S3 bypass) and writes the seed to the accumulator and
+the FLUSH requantization of its sum (flush_imm) to the output buffer; other micro-ops give the
+output buffer their narrowed sum. The bypass forwards what was written to the accumulator.
 """
 from __future__ import annotations
 
 from amaranth.hdl import Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
-from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
 
 from accel.isa import AccelConfig
+from accel.isa.config import ALU_IMM_BITS
 
-
-def read_signature(addr_width: int, bits: int) -> ReadPort.Signature:
-    return ReadPort.Signature(addr_width=addr_width, shape=unsigned(bits))
-
-
-def lanes(value, count: int, width: int, sign: bool = True) -> list:
-    """Split a packed entry into `count` elements of `width` bits, element 0 in the low bits."""
-    return [value[i * width:(i + 1) * width].as_signed() if sign else value[i * width:(i + 1) * width]
-            for i in range(count)]
+from .alu import flush_lane
+from .layouts import lanes, read_signature
 
 
 def tree_sum(values: list):
@@ -36,10 +33,11 @@ def tree_sum(values: list):
 
 
 class GemmCore(wiring.Component):
-    """in_valid / in_acc / in_inp / in_wgt / in_reset (In): a micro-op's resolved indices in S1.
-    inp_rd, wgt_rd, acc_rd (read ports, driven by the core). wb_valid / wb_idx / wb_data (Out):
-    the accumulator entry written this cycle. busy (Out): a micro-op is in S2 or S3.
-    reset micro-ops write zero.
+    """in_valid / in_acc / in_inp / in_wgt / in_reset / in_flush / in_seed (In): a micro-op's
+    resolved indices in S1. flush_imm (In): the FLUSH immediate of the current EPILOGUE.
+    inp_rd, wgt_rd, acc_rd, seed_rd (read ports, driven by the core). wb_valid / wb_idx / wb_data
+    (Out): the accumulator entry written this cycle; wb_out: the output buffer's (out_width lanes).
+    busy (Out): a micro-op is in S2 or S3. reset micro-ops sum to zero.
     """
 
     def __init__(self, cfg: AccelConfig):
@@ -47,11 +45,14 @@ class GemmCore(wiring.Component):
         self.acc_bits = cfg.batch * cfg.block_out * cfg.acc_width
         super().__init__({
             "in_valid": In(1), "in_acc": In(cfg.acc_idx_bits), "in_inp": In(cfg.inp_idx_bits),
-            "in_wgt": In(cfg.wgt_idx_bits), "in_reset": In(1),
+            "in_wgt": In(cfg.wgt_idx_bits), "in_reset": In(1), "in_flush": In(1),
+            "in_seed": In(cfg.acc_idx_bits), "flush_imm": In(signed(ALU_IMM_BITS)),
             "inp_rd": In(read_signature(cfg.inp_idx_bits, cfg.inp_elem_bytes * 8)),
             "wgt_rd": In(read_signature(cfg.wgt_idx_bits, cfg.wgt_elem_bytes * 8)),
             "acc_rd": In(read_signature(cfg.acc_idx_bits, self.acc_bits)),
-            "wb_valid": Out(1), "wb_idx": Out(cfg.acc_idx_bits), "wb_data": Out(self.acc_bits), "busy": Out(1)})
+            "seed_rd": In(read_signature(cfg.acc_idx_bits, self.acc_bits)),
+            "wb_valid": Out(1), "wb_idx": Out(cfg.acc_idx_bits), "wb_data": Out(self.acc_bits),
+            "wb_out": Out(cfg.batch * cfg.block_out * cfg.out_width), "busy": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -60,21 +61,28 @@ class GemmCore(wiring.Component):
 
         # S1: addresses
         m.d.comb += [self.inp_rd.addr.eq(self.in_inp), self.wgt_rd.addr.eq(self.in_wgt),
-                     self.acc_rd.addr.eq(self.in_acc),
-                     self.inp_rd.en.eq(1), self.wgt_rd.en.eq(1), self.acc_rd.en.eq(1)]
-        p2_valid, p2_idx, p2_reset = Signal(), Signal(cfg.acc_idx_bits), Signal()
-        m.d.sync += [p2_valid.eq(self.in_valid), p2_idx.eq(self.in_acc), p2_reset.eq(self.in_reset)]
+                     self.acc_rd.addr.eq(self.in_acc), self.seed_rd.addr.eq(self.in_seed),
+                     self.inp_rd.en.eq(1), self.wgt_rd.en.eq(1), self.acc_rd.en.eq(1), self.seed_rd.en.eq(1)]
+        p2_valid, p2_idx, p2_reset, p2_flush = Signal(), Signal(cfg.acc_idx_bits), Signal(), Signal()
+        p2_seed = Signal(cfg.acc_idx_bits)
+        m.d.sync += [p2_valid.eq(self.in_valid), p2_idx.eq(self.in_acc), p2_reset.eq(self.in_reset),
+                     p2_flush.eq(self.in_valid & self.in_flush), p2_seed.eq(self.in_seed)]
 
-        # S3 registers and result (declared first: S2 bypasses from the S3 result)
-        p3_valid, p3_idx, p3_reset = Signal(), Signal(cfg.acc_idx_bits), Signal()
+        # S3 registers and result (declared first: S2 bypasses from the S3 write)
+        p3_valid, p3_idx, p3_reset, p3_flush = Signal(), Signal(cfg.acc_idx_bits), Signal(), Signal()
         dot_w = cfg.inp_width + cfg.wgt_width + max(1, (ni - 1).bit_length())
         p3_dot = [Signal(signed(dot_w), name=f"dot_{k}") for k in range(nb * no)]
-        p3_acc = Signal(self.acc_bits)
+        p3_acc, p3_seed = Signal(self.acc_bits), Signal(self.acc_bits)
         result = Signal(self.acc_bits)
         old = lanes(p3_acc, nb * no, aw)
         for k in range(nb * no):
             m.d.comb += result[k * aw:(k + 1) * aw].eq(Mux(p3_reset, 0, old[k] + p3_dot[k]))
-        m.d.comb += [self.wb_valid.eq(p3_valid), self.wb_idx.eq(p3_idx), self.wb_data.eq(result)]
+        written = Mux(p3_flush, p3_seed, result)
+        m.d.comb += [self.wb_valid.eq(p3_valid), self.wb_idx.eq(p3_idx), self.wb_data.eq(written)]
+        # the output buffer: the narrowed sum, or a flushing micro-op's requantized sum
+        ow = cfg.out_width
+        for k, lane in enumerate(lanes(result, nb * no, aw)):
+            m.d.comb += self.wb_out[k * ow:(k + 1) * ow].eq(Mux(p3_flush, flush_lane(lane, self.flush_imm), lane)[:ow])
 
         # S2: products and dot products; accumulator value with the S3 -> S2 bypass
         inp = lanes(self.inp_rd.data, nb * ni, cfg.inp_width)
@@ -84,7 +92,9 @@ class GemmCore(wiring.Component):
                 prods = [inp[b * ni + i] * wgt[o * ni + i] for i in range(ni)]
                 m.d.sync += p3_dot[b * no + o].eq(tree_sum(prods))
         bypass = p3_valid & (p3_idx == p2_idx)
-        m.d.sync += [p3_valid.eq(p2_valid), p3_idx.eq(p2_idx), p3_reset.eq(p2_reset),
-                     p3_acc.eq(Mux(bypass, result, self.acc_rd.data))]
+        seed_bypass = p3_valid & (p3_idx == p2_seed)
+        m.d.sync += [p3_valid.eq(p2_valid), p3_idx.eq(p2_idx), p3_reset.eq(p2_reset), p3_flush.eq(p2_flush),
+                     p3_acc.eq(Mux(bypass, written, self.acc_rd.data)),
+                     p3_seed.eq(Mux(seed_bypass, written, self.seed_rd.data))]
         m.d.comb += self.busy.eq(p2_valid | p3_valid)
         return m

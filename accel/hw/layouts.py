@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from amaranth.hdl import signed, unsigned
 from amaranth.lib import data
+from amaranth.lib.memory import ReadPort
 
 from accel.isa import AccelConfig, MemType, formats_for, uop_format
 from accel.isa.isa import SIGNED_FIELDS
@@ -44,4 +45,14 @@ def idx_bits(cfg: AccelConfig, mem: MemType) -> int:
             MemType.ACC: cfg.acc_idx_bits, MemType.OUT: cfg.acc_idx_bits}[mem]
 
 
-__all__ = ["decode", "idx_bits", "insn_layout", "mem_type_of", "uop_layout"]
+def read_signature(addr_width: int, bits: int) -> ReadPort.Signature:
+    return ReadPort.Signature(addr_width=addr_width, shape=unsigned(bits))
+
+
+def lanes(value, count: int, width: int, sign: bool = True) -> list:
+    """Split a packed entry into `count` elements of `width` bits, element 0 in the low bits."""
+    return [value[i * width:(i + 1) * width].as_signed() if sign else value[i * width:(i + 1) * width]
+            for i in range(count)]
+
+
+__all__ = ["decode", "idx_bits", "insn_layout", "lanes", "mem_type_of", "read_signature", "uop_layout"]

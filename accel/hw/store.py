@@ -20,8 +20,7 @@ from accel.isa.config import BOUNDARY_BYTES, INSN_BITS
 
 from .axi import WriteClientSignature
 from .dma import log2
-from .gemm import read_signature
-from .layouts import decode
+from .layouts import decode, read_signature
 from .queues import QueueReadSignature, QueueWriteSignature
 from .stage import StageControl
 

@@ -4,7 +4,7 @@ Depends on numpy only; nothing here imports another package of the kit.
 """
 from .config import PRESETS, AccelConfig, preset, resolve_config
 from .errors import AccelError, AsmError, ConfigError, EncodingError, ProgramFormatError
-from .isa import (DEP_FLAGS, INSN_BYTES, Alu, AluOp, Finish, Gemm, Insn, Load, MemType, Opcode, Stage,
+from .isa import (DEP_FLAGS, INSN_BYTES, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Opcode, Stage,
                   Store, Uop, buffer_depth, decode_insn, decode_program, decode_uops, elem_bytes, flush_immediate,
                   encode_insn, encode_program, encode_uops, formats_for, uop_format)
 from .asm import assemble_text, disassemble, format_insn, parse_insn

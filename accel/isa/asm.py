@@ -3,6 +3,8 @@
     load inp sram_base=0 dram_base=0x40 y_size=2 x_size=4 x_stride=4 x_pad0=1 push_next
     gemm uop_bgn=0 uop_end=4 iter_out=2 dst_factor_out=4 reset pop_prev
     alu shr uop_bgn=4 uop_end=5 use_imm imm=8
+    epilogue imm=645 seed_base=64 seed_factor_out=1
+    gemm uop_bgn=5 uop_end=7 iter_in=16 dst_factor_in=1 src_factor_in=1 flush
     finish pop_next
 
 Fields left out are zero (iter_out/iter_in: one); boolean fields are bare words. `#` or `;`
@@ -18,7 +20,7 @@ from .errors import AsmError
 from .isa import (DEP_FLAGS, INSN_CLASSES, Alu, AluOp, Insn, Load, MemType, Opcode, Store,
                   decode_program, encode_insn)
 
-_BOOL_FIELDS = {"reset", "use_imm", *DEP_FLAGS}
+_BOOL_FIELDS = {"reset", "use_imm", "flush", *DEP_FLAGS}
 
 
 def _kind_word(insn: Insn) -> str | None:
@@ -66,7 +68,7 @@ def parse_insn(line: str, lineno: int = 1) -> Insn | None:
     rest = words[1:]
     if opcode == Opcode.LOAD or opcode == Opcode.ALU:
         enum, key = (MemType, "mem_type") if opcode == Opcode.LOAD else (AluOp, "alu_op")
-        if not rest or "=" in rest[0] or rest[0] in _BOOL_FIELDS:
+        if not rest or "=" in rest[0] or (rest[0] in _BOOL_FIELDS and rest[0] in names):
             raise AsmError(f"line {lineno}: {words[0]} needs a kind first, one of "
                            f"{', '.join(e.name.lower() for e in enum)}")
         try:

@@ -32,6 +32,7 @@ class Opcode(IntEnum):
     GEMM = 2
     ALU = 3
     FINISH = 4
+    EPILOGUE = 5
 
 
 class MemType(IntEnum):
@@ -181,11 +182,18 @@ class LoopInsn(Insn):
 
 @dataclass(frozen=True, kw_only=True)
 class Gemm(LoopInsn):
-    """acc[dst] += inp[src] @ wgt[wgt].T (or acc[dst] = 0 when reset); out[dst] = narrow(acc[dst])."""
+    """acc[dst] += inp[src] @ wgt[wgt].T (or acc[dst] = 0 when reset); out[dst] = narrow(acc[dst]).
+
+    flush: the last micro-op of each pass over [uop_bgn, uop_end) ends its destination's sum, with
+    the parameters the latest EPILOGUE set: out[dst] = the FLUSH requantization (AluOp.FLUSH) of the
+    value it computes, and acc[dst] = acc[seed], seed = seed_base + i0*seed_factor_out +
+    i1*seed_factor_in, read before this micro-op writes (the next sum's bias). The requantization
+    then costs no pass of its own: it rides on the GEMM's write-back."""
     opcode: ClassVar[Opcode] = Opcode.GEMM
     reset: bool = False
     wgt_factor_out: int = 0
     wgt_factor_in: int = 0
+    flush: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +203,23 @@ class Alu(LoopInsn):
     alu_op: AluOp = AluOp.ADD
     use_imm: bool = False
     imm: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Epilogue(Insn):
+    """Sets the compute stage's epilogue registers that a flushing GEMM uses (Gemm.flush): imm, the
+    FLUSH immediate (flush_immediate); seed_base, seed_factor_out, seed_factor_in, the affine
+    accumulator index of each pass's seed. They hold until the next EPILOGUE (zero after reset),
+    like Gemmini's configuration instructions; the instruction itself takes one cycle."""
+    opcode: ClassVar[Opcode] = Opcode.EPILOGUE
+    imm: int = 0
+    seed_base: int = 0
+    seed_factor_out: int = 0
+    seed_factor_in: int = 0
+
+    @property
+    def stage(self) -> Stage:
+        return Stage.COMPUTE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,7 +233,7 @@ class Finish(Insn):
 
 
 INSN_CLASSES: dict[Opcode, type[Insn]] = {Opcode.LOAD: Load, Opcode.STORE: Store, Opcode.GEMM: Gemm,
-                                          Opcode.ALU: Alu, Opcode.FINISH: Finish}
+                                          Opcode.ALU: Alu, Opcode.FINISH: Finish, Opcode.EPILOGUE: Epilogue}
 SIGNED_FIELDS = frozenset({"imm"})
 
 
@@ -224,10 +249,12 @@ def formats_for(cfg: AccelConfig) -> dict[str, list[tuple[str, int]]]:
             ("dst_factor_out", cfg.acc_idx_bits), ("dst_factor_in", cfg.acc_idx_bits)]
     gemm = head + [("reset", 1)] + loop + [
         ("src_factor_out", cfg.inp_idx_bits), ("src_factor_in", cfg.inp_idx_bits),
-        ("wgt_factor_out", cfg.wgt_idx_bits), ("wgt_factor_in", cfg.wgt_idx_bits)]
+        ("wgt_factor_out", cfg.wgt_idx_bits), ("wgt_factor_in", cfg.wgt_idx_bits), ("flush", 1)]
     alu = head + loop + [("src_factor_out", cfg.acc_idx_bits), ("src_factor_in", cfg.acc_idx_bits),
                          ("alu_op", ALU_OPCODE_BITS), ("use_imm", 1), ("imm", ALU_IMM_BITS)]
-    return {"LOAD": mem, "STORE": mem, "GEMM": gemm, "ALU": alu, "FINISH": head}
+    epilogue = head + [("imm", ALU_IMM_BITS), ("seed_base", cfg.acc_idx_bits),
+                       ("seed_factor_out", cfg.acc_idx_bits), ("seed_factor_in", cfg.acc_idx_bits)]
+    return {"LOAD": mem, "STORE": mem, "GEMM": gemm, "ALU": alu, "FINISH": head, "EPILOGUE": epilogue}
 
 
 def uop_format(cfg: AccelConfig) -> list[tuple[str, int]]:
@@ -316,7 +343,7 @@ def _decoders(cfg: AccelConfig) -> dict[int, tuple]:
     (name, shift, mask), signed fields (name, shift, width), one-bit flags (name, shift), enum fields
     (name, shift, mask, value -> member)).
     Decoding is on every simulator's first run of a program (a network has thousands of instructions)."""
-    bools = {"reset", "use_imm", *DEP_FLAGS}
+    bools = {"reset", "use_imm", "flush", *DEP_FLAGS}
     enums = {"mem_type": MemType, "alu_op": AluOp}
     out = {}
     for opcode in Opcode:

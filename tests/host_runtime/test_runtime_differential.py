@@ -74,7 +74,7 @@ def test_randprog_is_deterministic_and_writes_its_regions():
 def test_randprog_covers_the_isa():
     """Over the default seeds: every ALU op with both operand kinds, padding on every side of
     INP/WGT/ACC loads, GEMM with and without reset over two loop levels, overlap (two slots),
-    strided stores, and the micro-op buffer starting over."""
+    strided stores, the micro-op buffer starting over, and flushing GEMMs over two loop levels."""
     seen = set()
     for seed in SEEDS:
         prog, _ = random_program(CONFIGS["tiny"], seed)
@@ -84,6 +84,8 @@ def test_randprog_covers_the_isa():
                 seen.add(("alu", i.alu_op.name, i.use_imm))
             elif isinstance(i, Gemm) and i.uop_end > i.uop_bgn:
                 seen.add(("gemm", i.reset, i.iter_out > 1 and i.iter_in > 1))
+                if i.flush and i.iter_out > 1 and i.iter_in > 1:
+                    seen.add("gemm flush")
             elif isinstance(i, Load) and i.mem_type == MemType.UOP:
                 if i.sram_base < uop_top:
                     seen.add("uop restart")
@@ -99,7 +101,8 @@ def test_randprog_covers_the_isa():
             seen.add("load waits on compute")
     want = {("alu", op, imm) for op in ("MIN", "MAX", "ADD", "SHR", "MUL", "CLIP", "MOV", "CLAMP") for imm in (False, True)}
     want |= {(m, p) for m in ("INP", "WGT", "ACC") for p in ("y_pad0", "y_pad1", "x_pad0", "x_pad1")}
-    want |= {("gemm", True, True), ("gemm", False, True), "uop restart", "strided store", "load waits on compute"}
+    want |= {("gemm", True, True), ("gemm", False, True), "uop restart", "strided store", "load waits on compute",
+             "gemm flush"}
     assert want <= seen, f"not covered: {sorted(map(str, want - seen))}"
 
 
@@ -113,7 +116,7 @@ def test_differential_check_catches_a_wrong_simulator(monkeypatch):
         return b + 1 if insn.use_imm else b
     monkeypatch.setattr(fsim_mod.Fsim, "_alu_operand", off_by_one)
     caught = 0
-    for seed in range(20):
+    for seed in range(40):
         prog, _ = random_program(CONFIGS["tiny"], seed)
         got, want, _ = _both(CONFIGS["tiny"], prog)
         caught += not np.array_equal(got, want)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, AsmError, ConfigError, EncodingError, Finish, Gemm,
+from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, AsmError, ConfigError, EncodingError, Epilogue, Finish, Gemm,
                        Load, MemType, Program, ProgramFormatError, Store, Uop, assemble_text, decode_insn,
                        decode_program, decode_uops, disassemble, encode_insn, encode_program, encode_uops,
                        flush_immediate, formats_for, preset)
@@ -20,7 +20,7 @@ def _fields(cfg, name):
 
 @st.composite
 def insns(draw, cfg):
-    kind = draw(st.sampled_from(["LOAD", "STORE", "GEMM", "ALU", "FINISH"]))
+    kind = draw(st.sampled_from(["LOAD", "STORE", "GEMM", "ALU", "FINISH", "EPILOGUE"]))
     w = _fields(cfg, kind)
     deps = {f: draw(st.booleans()) for f in ("pop_prev", "pop_next", "push_prev", "push_next")}
 
@@ -35,10 +35,13 @@ def insns(draw, cfg):
         return Store(**vals, **deps)
     if kind == "FINISH":
         return Finish(**deps)
+    if kind == "EPILOGUE":
+        return Epilogue(imm=draw(st.integers(-(1 << 15), (1 << 15) - 1)), seed_base=u("seed_base"),
+                        seed_factor_out=u("seed_factor_out"), seed_factor_in=u("seed_factor_in"), **deps)
     loop = {k: u(k) for k in ("uop_bgn", "uop_end", "iter_out", "iter_in", "dst_factor_out", "dst_factor_in",
                               "src_factor_out", "src_factor_in")}
     if kind == "GEMM":
-        return Gemm(reset=draw(st.booleans()), wgt_factor_out=u("wgt_factor_out"),
+        return Gemm(reset=draw(st.booleans()), flush=draw(st.booleans()), wgt_factor_out=u("wgt_factor_out"),
                     wgt_factor_in=u("wgt_factor_in"), **loop, **deps)
     return Alu(alu_op=draw(st.sampled_from(list(AluOp))), use_imm=draw(st.booleans()),
                imm=draw(st.integers(-(1 << 15), (1 << 15) - 1)), **loop, **deps)
