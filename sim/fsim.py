@@ -973,9 +973,10 @@ def alu_apply_int32(op: AluOp, a: np.ndarray, b) -> np.ndarray | None:
 
 def flush_requant(a: np.ndarray, imm: int, acc_width: int) -> np.ndarray:
     """AluOp.FLUSH's output side: clamp((a + r) >> s, lo, hi) with s = imm[4:0], r = 2^(s-1) when
-    imm[5] (the sum wrapping to acc_width bits), hi = imm[14:7] signed, lo = 0 if imm[6] else -hi-1."""
+    imm[5] (the sum wrapping to acc_width bits), hi = imm[14:7] signed, lo = 0 if imm[6], else -hi if
+    imm[15], else -hi-1."""
     s, hi = imm & 31, (((imm >> 7) & 0xFF) ^ 0x80) - 0x80
-    lo = 0 if imm >> 6 & 1 else -hi - 1
+    lo = 0 if imm >> 6 & 1 else -hi if imm >> 15 & 1 else -hi - 1
     m = 1 << acc_width
     half = ((1 << s >> 1) if imm >> 5 & 1 else 0) & (m - 1)
     if a.dtype == np.int32 and acc_width == 32:   # int32 arithmetic wraps as the lane's sum does

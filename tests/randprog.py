@@ -142,7 +142,8 @@ class _Gen:
         while reach() >= acc_n:
             f = [max(0, v - 1) for v in f]
         hi = self.r(-128, 127) if self.rng.random() < 0.3 else self.r(0, 127)
-        imm = flush_immediate(self.r(0, 31), hi, self.rng.random() < 0.5, self.rng.random() < 0.5)
+        imm = flush_immediate(self.r(0, 31), hi, self.rng.random() < 0.5, self.rng.random() < 0.5,
+                              self.rng.random() < 0.3)
         self.s.push_epilogue(imm, slot * acc_n + self.r(0, acc_n - 1 - reach()), *f)
 
     def alu(self, slot: int, op: AluOp | None = None) -> None:
@@ -150,7 +151,8 @@ class _Gen:
         imm = None
         if op == AluOp.FLUSH:   # the immediate holds its parameters; FLUSH reads the register even with use_imm
             hi = self.r(-128, 127) if self.rng.random() < 0.3 else self.r(0, 127)
-            imm = flush_immediate(self.r(0, 31), hi, self.rng.random() < 0.5, self.rng.random() < 0.5)
+            imm = flush_immediate(self.r(0, 31), hi, self.rng.random() < 0.5, self.rng.random() < 0.5,
+                                  self.rng.random() < 0.3)
             self.s.push_alu(self._kernel(slot, False), op, imm, use_imm=self.rng.random() < 0.2)
             return
         if self.rng.random() < 0.5:

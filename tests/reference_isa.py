@@ -41,7 +41,7 @@ def _dtype(width: int) -> str:
 def _flush_requant(a: int, imm: int, w: int) -> int:
     """FLUSH's requantization of one lane: clamp((a + r) >> s, lo, hi), parameters from imm."""
     s, hi = imm & 31, wrap((imm >> 7) & 0xFF, 8)
-    lo = 0 if (imm >> 6) & 1 else -hi - 1
+    lo = 0 if (imm >> 6) & 1 else -hi if (imm >> 15) & 1 else -hi - 1
     half = 1 << (s - 1) if s > 0 and (imm >> 5) & 1 else 0
     return min(max(wrap(a + half, w) >> s, lo), hi)
 

@@ -138,8 +138,8 @@ def flush_lane(a, imm):
     def f_hi():
         return imm[7:15].as_signed()
 
-    def f_lo():
-        return Mux(imm[6], 0, ~f_hi())
+    def f_lo():                  # 0, -hi (symmetric) or -hi - 1
+        return Mux(imm[6], 0, Mux(imm[15], -f_hi(), ~f_hi()))
 
     def shifted():
         return (a + Mux(imm[5], (Const(1, 33) << f_s())[1:width + 1], 0))[:width].as_signed() >> f_s()

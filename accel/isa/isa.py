@@ -64,8 +64,9 @@ class AluOp(IntEnum):
     register operand like REQUANT.
     FLUSH: the end of a sum and the start of the next in one pass: out[dst] = the CLAMP of
     (dst + r) >> s as REQUANT computes it, with its parameters in the immediate (s = imm[4:0],
-    r = 2^(s-1) if imm[5] and s > 0, hi = imm[14:7] as a signed byte, lo = 0 if imm[6] else
-    -hi - 1; the sum wraps like ADD, the shift is arithmetic), while acc[dst] = acc[src], whatever
+    r = 2^(s-1) if imm[5] and s > 0, hi = imm[14:7] as a signed byte, lo = 0 if imm[6], else -hi
+    if imm[15] (the symmetric int8 range), else -hi - 1; the sum wraps like ADD, the shift is
+    arithmetic), while acc[dst] = acc[src], whatever
     use_imm says (the next sum's seed: a bias). Its output buffer entry is that requantized value
     (narrowed), not the narrowed accumulator as for every other op. flush_immediate encodes it.
     """
@@ -82,12 +83,13 @@ class AluOp(IntEnum):
     FLUSH = 10
 
 
-def flush_immediate(shift: int, hi: int, lo_zero: bool = False, round_half: bool = False) -> int:
+def flush_immediate(shift: int, hi: int, lo_zero: bool = False, round_half: bool = False,
+                    symmetric: bool = False) -> int:
     """The (signed 16-bit) immediate of an ALU FLUSH: shift 0..31, hi a signed byte, lo = 0 when
-    lo_zero else -hi - 1, round half up when round_half."""
+    lo_zero, else -hi when symmetric, else -hi - 1; round half up when round_half."""
     if not 0 <= shift < 32 or not -128 <= hi <= 127:
         raise EncodingError(f"FLUSH: shift {shift} must be in 0..31 and hi {hi} in -128..127")
-    v = shift | int(round_half) << 5 | int(lo_zero) << 6 | (hi & 0xFF) << 7
+    v = shift | int(round_half) << 5 | int(lo_zero) << 6 | (hi & 0xFF) << 7 | int(symmetric) << 15
     return v - (1 << 16) if v >= 1 << 15 else v
 
 

@@ -303,6 +303,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     A tile's sums start from its bias (an ALU MOV) and end in one FLUSH when the last requantization
     (a fused residual's, if any) fits its immediate (flush_params) and there is a bias but no channel
     scales; FLUSH also seeds the next tile of the slot with its bias, so that tile skips the MOV.
+    Without a residual, when the tile's output pixels read its input rows at one stride
+    (linear_pixels), the FLUSH rides on the last chunk's GEMM (Gemm.flush after an EPILOGUE): the
+    GEMM goes over (output-channel block, pixel) with the input channels and taps as its
+    micro-ops, so each pass ends one sum, and there is no FLUSH pass.
     Returns counts (tiles, chunks) for reporting."""
     cfg, t = stream.cfg, tiling
     g = _Geom.of(spec, cfg)
@@ -330,6 +334,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     last_requant = requant if residual is None else residual.requant   # the one that makes the int8 output
     flush = flush_params(last_requant) if bias is not None and channel_scales is None else None
     seeds: dict[int, tuple] = {}
+    log.debug("%s: epilogue %s", spec.name, "FLUSH on the GEMM where pixels are linear" if flush is not None and
+              residual is None else "FLUSH pass" if flush is not None else f"requantization passes ({last_requant})")
     n_ic = _ceil(g.cb, t.ic_t)
     resident = n_ic == 1  # weights of an output-channel tile stay for all its row/column tiles
 
@@ -361,6 +367,15 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             new_group = True
         else:
             new_group = False
+        fused = flush is not None and residual is None and linear_pixels(spec, h_a, w_a)
+
+        def seed_next():   # the bias the slot's next tile starts from, before this tile's FLUSH
+            seeds.pop(ti % S, None)
+            if ti + S < len(tiles) and shape(ti + S) == (o_a, h_a, w_a):
+                o_next = tiles[ti + S][1]
+                if o_next != o0:   # the next tile's channels: its bias replaces this one's
+                    stream.load_2d(MemType.ACC, bias_base, bias, o_next, y_size=1, x_size=o_a)
+                seeds[ti % S] = (o_next, o_a, h_a, w_a)
         for ci, ic0 in enumerate(range(0, g.cb, t.ic_t)):
             ic_a = min(t.ic_t, g.cb - ic0)
             islot = j % S
@@ -404,10 +419,21 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                     stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
                     stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
                                     AluOp.MOV)
-            stream.push_gemm(stream.kernel(
-                ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base, acc_base),
-                lambda k: _build_gemm(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw,
-                                      inp_base, wgt_base, acc_base)))
+            if fused:
+                if last_chunk:
+                    seed_next()
+                    stream.push_epilogue(flush, bias_base, seed_factor_out=1)
+                stream.push_gemm(stream.kernel(
+                    ("conv.gemm_by_block", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a * w_a, sw, inp_base,
+                     wgt_base, acc_base),
+                    lambda k: _build_gemm_by_block(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a * w_a, sw,
+                                                   inp_base, wgt_base, acc_base)), flush=last_chunk)
+            else:
+                stream.push_gemm(stream.kernel(
+                    ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base,
+                     acc_base),
+                    lambda k: _build_gemm(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw,
+                                          inp_base, wgt_base, acc_base)))
             if not (residual is not None and last_chunk):
                 pipe.after_chunk(j)  # with a residual, the slot is released after the residual GEMM
             j += 1
@@ -433,13 +459,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 if flush is None:
                     emit_requant(stream, ew, r.requant,
                                  lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
-        if flush is not None:   # the last requantization, and the seeds of the slot's next tile
-            seeds.pop(ti % S, None)
-            if ti + S < len(tiles) and shape(ti + S) == (o_a, h_a, w_a):
-                o_next = tiles[ti + S][1]
-                if o_next != o0:   # the next tile's channels: its bias replaces this one's
-                    stream.load_2d(MemType.ACC, bias_base, bias, o_next, y_size=1, x_size=o_a)
-                seeds[ti % S] = (o_next, o_a, h_a, w_a)
+        if flush is not None and not fused:   # the last requantization, and the seeds of the slot's next tile
+            seed_next()
             stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
                             AluOp.FLUSH, flush, use_imm=False)
         pipe.after_tile()
@@ -467,12 +488,13 @@ def requant_operand(requant: Requant, acc_width: int) -> int | None:
 
 def flush_params(requant: Requant) -> int | None:
     """The ALU FLUSH immediate doing this requantization in one pass (shift, rounding, a clamp to
-    [0, hi] or [-hi-1, hi]), or None when FLUSH cannot (a multiplier, a zero point, a left shift,
-    other bounds)."""
-    if requant.fixed_point or requant.zero_point or requant.lo not in (0, -requant.hi - 1):
+    [0, hi], [-hi, hi] or [-hi-1, hi]), or None when FLUSH cannot (a multiplier, a zero point, a left
+    shift, other bounds)."""
+    if requant.fixed_point or requant.zero_point or requant.lo not in (0, -requant.hi, -requant.hi - 1):
         return None
     try:   # flush_immediate checks the shift's and hi's ranges
-        return flush_immediate(requant.shift, requant.hi, requant.lo == 0, requant.round and requant.shift > 0)
+        return flush_immediate(requant.shift, requant.hi, requant.lo == 0, requant.round and requant.shift > 0,
+                               symmetric=requant.lo == -requant.hi != 0)
     except EncodingError:
         return None
 
@@ -577,6 +599,27 @@ def _build_gemm(k, o_a, ic_a, kh, kw, rows, cols, h_a, w_a, sh, sw, inp_base, wg
                 for x in range(kw):
                     k.push(acc_base + o * h_a * w_a, inp_base + ic * rows * cols + y * cols + x,
                            wgt_base + ((o * ic_a + ic) * kh + y) * kw + x)
+    k.loop_end()
+    k.loop_end()
+
+
+def linear_pixels(spec: Conv2dSpec, h_a: int, w_a: int) -> bool:
+    """Whether an h_a x w_a output tile's pixels, in row-major order, start their input windows at
+    one stride (the tile's input rows are (w_a - 1) * sw + kw entries wide): one loop level can then
+    walk them (_build_gemm_by_block). True for 1x1 stride-1 convs and dense layers, and one-row tiles."""
+    sh, sw = spec.strides
+    return h_a == 1 or sh * ((w_a - 1) * sw + spec.kw) == w_a * sw
+
+
+def _build_gemm_by_block(k, o_a, ic_a, kh, kw, rows, cols, pixels, sw, inp_base, wgt_base, acc_base):
+    """GEMM loops over (output-channel block, pixel), micro-ops over (input channel, tap): each pass
+    is one output entry's whole sum (what a flushing GEMM needs). Pixels at one input stride only."""
+    k.loop_begin(o_a, dst_factor=pixels, src_factor=0, wgt_factor=ic_a * kh * kw)
+    k.loop_begin(pixels, dst_factor=1, src_factor=sw)
+    for ic in range(ic_a):
+        for y in range(kh):
+            for x in range(kw):
+                k.push(acc_base, inp_base + ic * rows * cols + y * cols + x, wgt_base + (ic * kh + y) * kw + x)
     k.loop_end()
     k.loop_end()
 

@@ -189,7 +189,8 @@ def test_tensor_alu_matches_the_isa_definition(op):
     a = rng.choice(vals, (pairs, c.batch, c.block_out))
     b = rng.choice(vals, (pairs, c.batch, c.block_out))
     imms = [-(1 << 15), (1 << 15) - 1, -1, 0, 5, -33, 31, 40,
-            flush_immediate(8, 127, True, True), flush_immediate(3, 5), flush_immediate(0, 127), flush_immediate(31, 100)]
+            flush_immediate(8, 127, True, True), flush_immediate(3, 5), flush_immediate(0, 127), flush_immediate(31, 100),
+            flush_immediate(7, 127, symmetric=True), flush_immediate(2, -3, symmetric=True)]
     acc0 = np.concatenate([a, b])                 # acc[i] = a_i, acc[pairs + i] = b_i
     # micro-ops: register operand for each pair (with an immediate too: FLUSH's parameters), then
     # immediates; then a dependent chain on acc[0]
@@ -305,9 +306,10 @@ def test_alu_lane_every_shift_count(width):
         for k in range(64):
             for m in (1, 0x800000, 0xFFFFFF, int(rng.integers(1, 1 << 24))):
                 cases += [(AluOp.SCALE, a, as_lane(k << 24 | m)) for a in a_vals[:5]]
-    for s in range(32):   # FLUSH: every shift, rounding or not, with a relu clamp, a symmetric one and a narrow one
-        for rnd, lo_zero, hi in ((0, 0, 127), (1, 1, 127), (1, 0, 5), (0, 1, -3)):
-            cases += [(AluOp.FLUSH, a, 7, flush_immediate(s, hi, bool(lo_zero), bool(rnd))) for a in a_vals]
+    for s in range(32):   # FLUSH: every shift, rounding or not, with a relu clamp, the int8 ones, a narrow one
+        for rnd, lo_zero, hi, sym in ((0, 0, 127, 0), (1, 1, 127, 0), (1, 0, 5, 0), (0, 1, -3, 0), (1, 0, 127, 1),
+                                      (0, 0, 6, 1), (0, 1, 9, 1)):
+            cases += [(AluOp.FLUSH, a, 7, flush_immediate(s, hi, bool(lo_zero), bool(rnd), bool(sym))) for a in a_vals]
     _assert_lane_matches(width, cases)
 
 

@@ -59,9 +59,37 @@ def test_conv2d_flush_seeds_the_next_tile_of_its_slot(vt, rq):
         assert np.array_equal(y, conv2d_reference(x, w, b, spec, rq)), (blocks, rows)
         ops = [i.alu_op for i in stream.last_insns if getattr(i, "alu_op", None) is not None]
         tiles = 3 * ((rows + 3) // 4)
-        assert ops.count(AluOp.FLUSH) == tiles
+        # a one-row tile (rows 9: the last row tile) flushes on its GEMM (linear_pixels), the others in a pass
+        one_row = 3 * (rows % 4 == 1)
+        assert ops.count(AluOp.FLUSH) == tiles - one_row
+        assert sum(getattr(i, "flush", False) for i in stream.last_insns) == one_row
         if blocks == 6:
             assert ops.count(AluOp.MOV) == vt and res.stats["alu_uops"] == blocks * rows * 6 + vt * 2 * 4 * 6
+
+
+@pytest.mark.parametrize("vt", [1, 2])
+@pytest.mark.parametrize("rq", [Requant(7, 0, 127, round=True), Requant(5, -6, 5)], ids=["relu", "narrow"])
+def test_conv2d_1x1_flushes_on_its_gemm(vt, rq):
+    """A 1x1 stride-1 conv ends each tile's sums on the last chunk's GEMM (Gemm.flush after an
+    EPILOGUE naming the slot's bias entries), so it runs no FLUSH pass: its only ALU micro-ops are
+    each slot's first bias MOV (and the MOVs of tiles shaped unlike their slot's previous one).
+    Several input-channel chunks (only the last flushes), edge tiles, bit-exact."""
+    from accel.isa import AluOp, Epilogue, Gemm
+    from compiler.accel.conv2d import ConvTiling
+    cfg = PRESETS["tiny"]
+    spec = Conv2dSpec(1, 3 * cfg.block_in, 5, 7, 5 * cfg.block_out, 1, 1, name="pointwise")
+    x, w, b = _rand(np.random.default_rng(5), spec)
+    t = ConvTiling(2, 2, 7, 2, vt)   # channel groups 2, 2, 1; rows 2, 2, 1; input chunks 2, 1
+    y, res, stream = run_conv2d(Device(cfg), x, w, b, spec, rq, vt, t)
+    assert np.array_equal(y, conv2d_reference(x, w, b, spec, rq))
+    insns = stream.last_insns
+    tiles = 3 * 3
+    assert not [i for i in insns if getattr(i, "alu_op", None) == AluOp.FLUSH]
+    assert sum(isinstance(i, Gemm) and i.flush for i in insns) == tiles
+    assert sum(isinstance(i, Gemm) and not i.flush for i in insns) == tiles   # the first input chunk's
+    assert sum(isinstance(i, Epilogue) for i in insns) == tiles
+    movs = [i for i in insns if getattr(i, "alu_op", None) == AluOp.MOV]
+    assert vt <= len(movs) < tiles and res.stats["alu_uops"] < spec.oh * spec.ow * 5
 
 
 @pytest.mark.parametrize("cfg", [PRESETS["tiny"], ODD], ids=["tiny", "b2x8x16"])
@@ -179,12 +207,15 @@ def test_conv2d_tiles_wholly_in_the_padding():
 
 
 def test_flush_params_takes_only_what_one_flush_can_do():
-    """flush_params gives FLUSH's immediate for a shift-round-clamp requantization, and None (MOV and
+    """flush_params gives FLUSH's immediate for a shift-round-clamp requantization (clamps [0, hi],
+    [-hi, hi], [-hi-1, hi]), and None (MOV and
     REQUANT instead) for a multiplier, a zero point, a left shift, a shift past 31 or other bounds."""
     from accel.isa import flush_immediate
     from compiler.accel.conv2d import flush_params
     assert flush_params(Requant(8, 0, 127, True)) == flush_immediate(8, 127, lo_zero=True, round_half=True)
     assert flush_params(Requant(0, -128, 127, True)) == flush_immediate(0, 127)    # no rounding at shift 0
-    for r in (Requant(8, mul=3), Requant(8, zero_point=5), Requant(-2), Requant(32), Requant(8, -100, 100),
+    assert flush_params(Requant(7, -127, 127)) == flush_immediate(7, 127, symmetric=True)   # the int8 flow's
+    assert flush_params(Requant(8, -100, 100)) == flush_immediate(8, 100, symmetric=True)
+    for r in (Requant(8, mul=3), Requant(8, zero_point=5), Requant(-2), Requant(32), Requant(8, -100, 90),
               Requant(8, 0, 200)):
         assert flush_params(r) is None, r
