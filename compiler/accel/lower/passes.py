@@ -516,8 +516,14 @@ def _zero_fill(self, loops, st, where):
             fills.append(fill(off + at, yp, xp))
             at, rem = at + xp * yp, rem - xp * yp
         body: Stmt = seq(*fills)
-    else:
+    elif all(b is not None and b <= lim for b in (self.ana.bound(yh)[1], self.ana.bound(xw)[1])):
         body = fill(off, yh, xw)
+    else:   # a narrowed region that may pass the pads' width: rows of at most lim entries, enough for its
+        ub = self.ana.bound(n)[1]   # largest size (a row past the region's size fills nothing)
+        if ub is None:
+            raise LowerError(f"{where}: cannot bound the zero-filled region's {n} entries")
+        body = seq(*[fill(off + k * lim, 1, self.ana.simplify(E.min_expr(E.max_expr(n - k * lim, 0), lim)))
+                     for k in range(-(-ub // lim))])
     for m in reversed(outer):
         for lp in reversed(m.loops):
             body = For(lp.loop_var, lp.min, lp.extent, ForKind.SERIAL, body)

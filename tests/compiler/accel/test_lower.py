@@ -38,6 +38,14 @@ def test_lower_conv2d_tile_wholly_in_padding():
     _check(PRESETS["tiny"], spec, Requant(0, -127, 127), 2, 0, bias=True)
 
 
+def test_lower_conv2d_zero_fill_wider_than_the_pads():
+    """A tile wholly in the padding whose narrowed zero fill (4 input-channel blocks x 4 taps) is
+    wider than a LOAD pad can say (15): filled in rows of at most 15 entries (found by the
+    random-shape test)."""
+    spec = Conv2dSpec(1, 25, 1, 1, 17, 2, 2, (0, 1, 2, 0), (1, 2))
+    _check(PRESETS["tiny"], spec, Requant(0, -127, 127), 1, 0, bias=True)
+
+
 def test_lower_conv2d_input_tile_past_the_end():
     """Strided rows with padding on both sides: the last output-row tile's input rows lie past the
     tensor, its narrowed extent is negative, and the LOAD transfers nothing instead of asking for
