@@ -368,6 +368,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
         else:
             new_group = False
         fused = flush is not None and residual is None and linear_pixels(spec, h_a, w_a)
+        # with a residual, the FLUSH rides on the identity GEMM that adds it, unless a shift follows the add
+        fused_res = flush is not None and residual is not None and not min(residual.ka, residual.kb)
 
         def seed_next():   # the bias the slot's next tile starts from, before this tile's FLUSH
             seeds.pop(ti % S, None)
@@ -448,18 +450,26 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             if residual is not None:
                 r = residual
                 res_base = ((j - 1) % S) * inp_slot + res_off
-                res = stream.kernel(("conv.residual", acc_base, res_base, ident_idx, o_a * h_a * w_a),
-                                    lambda k: _build_walk(k, o_a * h_a * w_a, acc_base, res_base, ident_idx))
                 if r.ka > r.kb:
                     stream.push_alu(ew, AluOp.SHR, -(r.ka - r.kb))
-                stream.push_gemm(res)
+                if fused_res:   # by channel block, so that the seeds follow the blocks
+                    seed_next()
+                    stream.push_epilogue(flush, bias_base, seed_factor_out=1)
+                    stream.push_gemm(stream.kernel(
+                        ("conv.residual_by_block", acc_base, res_base, ident_idx, o_a, h_a * w_a),
+                        lambda k: _build_residual_by_block(k, o_a, h_a * w_a, acc_base, res_base, ident_idx)),
+                        flush=True)
+                else:
+                    stream.push_gemm(stream.kernel(
+                        ("conv.residual", acc_base, res_base, ident_idx, o_a * h_a * w_a),
+                        lambda k: _build_walk(k, o_a * h_a * w_a, acc_base, res_base, ident_idx)))
                 if min(r.ka, r.kb):
                     stream.push_alu(ew, AluOp.SHR, -min(r.ka, r.kb))
                 pipe.after_chunk(j - 1)
                 if flush is None:
                     emit_requant(stream, ew, r.requant,
                                  lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
-        if flush is not None and not fused:   # the last requantization, and the seeds of the slot's next tile
+        if flush is not None and not (fused or fused_res):   # the last requantization, and the next tile's seeds
             seed_next()
             stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
                             AluOp.FLUSH, flush, use_imm=False)
@@ -620,6 +630,16 @@ def _build_gemm_by_block(k, o_a, ic_a, kh, kw, rows, cols, pixels, sw, inp_base,
         for y in range(kh):
             for x in range(kw):
                 k.push(acc_base, inp_base + ic * rows * cols + y * cols + x, wgt_base + (ic * kh + y) * kw + x)
+    k.loop_end()
+    k.loop_end()
+
+
+def _build_residual_by_block(k, o_a, pixels, acc_base, res_base, ident):
+    """A fused residual's identity GEMM over (output-channel block, pixel), one micro-op a pass (so
+    a flushing GEMM's seeds can follow the blocks); the residual tile is laid out like the output's."""
+    k.loop_begin(o_a, dst_factor=pixels, src_factor=pixels)
+    k.loop_begin(pixels, dst_factor=1, src_factor=1)
+    k.push(acc_base, res_base, ident)
     k.loop_end()
     k.loop_end()
 

@@ -184,8 +184,9 @@ def test_layout_pack_unpack_roundtrip(n, c, h, w, b, k):
        d=st.integers(-3, 6), vt=st.sampled_from([1, 2]), seed=st.integers(0, 9))
 def test_conv2d_fused_residual_add(cfg, c, hw, o, k, stride, ka, d, vt, seed):
     """conv -> requant -> (y << ka) + (r << kb) -> requant in one epilogue equals the two-step
-    reference; the last requantization is a FLUSH (which also seeds the slot's next tile)."""
-    from accel.isa import AluOp
+    reference; the last requantization is a FLUSH (which also seeds the slot's next tile): on the
+    identity GEMM that adds the residual (Gemm.flush) unless a left shift follows the add."""
+    from accel.isa import AluOp, Gemm
     from compiler.accel.eltwise import add_reference
     kb = max(0, ka + d)
     spec = Conv2dSpec(1, c, hw, hw, o, k, k, (k // 2,) * 4, (stride, stride))
@@ -195,7 +196,10 @@ def test_conv2d_fused_residual_add(cfg, c, hw, o, k, stride, ka, d, vt, seed):
     y, _, stream = run_conv2d(Device(cfg), x, w, b, spec, rq1, vt, residual=(r, ka, kb, rq2))
     ref = add_reference(conv2d_reference(x, w, b, spec, rq1), r, ka, kb, rq2)
     assert np.array_equal(y, ref)
-    assert any(getattr(i, "alu_op", None) == AluOp.FLUSH for i in stream.last_insns)
+    alu_flushes = sum(getattr(i, "alu_op", None) == AluOp.FLUSH for i in stream.last_insns)
+    gemm_flushes = sum(isinstance(i, Gemm) and i.flush for i in stream.last_insns)
+    assert (alu_flushes, bool(gemm_flushes)) == ((0, True) if min(ka, kb) == 0 else (alu_flushes, False))
+    assert alu_flushes or gemm_flushes
 
 
 def test_conv2d_tiles_wholly_in_the_padding():
