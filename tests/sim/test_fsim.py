@@ -188,7 +188,7 @@ def _py_alu(op, a, b, w):
 def _py_flush(a, imm, w):
     """FLUSH's output buffer value, from the ISA text with Python integers."""
     s, hi = imm & 31, (((imm >> 7) & 255) ^ 128) - 128
-    lo = 0 if (imm >> 6) & 1 else -hi - 1
+    lo = 0 if (imm >> 6) & 1 else -hi if (imm >> 15) & 1 else -hi - 1   # imm < 0: bit 15 set (symmetric)
     half = 1 << (s - 1) if s > 0 and (imm >> 5) & 1 else 0
     v = ((a + half + (1 << (w - 1))) % (1 << w)) - (1 << (w - 1))
     return min(max(v >> s, lo), hi)
