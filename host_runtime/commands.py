@@ -80,6 +80,15 @@ class UopKernel:
         return {"wgt_factor_out": outer.wgt_factor, "wgt_factor_in": inner.wgt_factor}
 
 
+def _one_row(y_size: int, x_size: int, x_stride: int) -> tuple[int, int, int]:
+    """A 2-D transfer whose rows lie back to back in DRAM (x_stride == x_size, no padding) as one
+    row: the same entries in the same places, but the DMA streams it in as few bursts as the bus
+    allows instead of one or more per row, each waiting out the memory's latency."""
+    if y_size > 1 and x_stride == x_size and y_size * x_size < 1 << SIZE_BITS:
+        return 1, y_size * x_size, y_size * x_size
+    return y_size, x_size, x_stride
+
+
 class KernelBuilder:
     """Records a kernel, as VTA's UopLoopBegin / UopPush / UopLoopEnd:
 
@@ -267,6 +276,8 @@ class CommandStream:
             raise CommandError(f"{what}: sram_base={sram_base} + {n} entries (padding included) exceeds the "
                                f"{mem.name} buffer's {depth} entries")
         base = self._dram_base(what, mem, src, src_offset, y_size, x_size, x_stride)
+        if not (y_pad0 or y_pad1 or x_pad0 or x_pad1):
+            y_size, x_size, x_stride = _one_row(y_size, x_size, x_stride)
         return self._append(Load(mem_type=mem, sram_base=sram_base, dram_base=base, y_size=y_size, x_size=x_size,
                                  x_stride=x_stride, y_pad0=y_pad0, y_pad1=y_pad1, x_pad0=x_pad0, x_pad1=x_pad1))
 
@@ -282,6 +293,7 @@ class CommandStream:
             raise CommandError(f"{what}: sram_base={sram_base} + {n} entries exceeds the OUT buffer's "
                                f"{self.cfg.out_depth} entries")
         base = self._dram_base(what, MemType.OUT, dst, dst_offset, y_size, x_size, x_stride)
+        y_size, x_size, x_stride = _one_row(y_size, x_size, x_stride)
         return self._append(Store(sram_base=sram_base, dram_base=base, y_size=y_size, x_size=x_size,
                                   x_stride=x_stride))
 

@@ -210,26 +210,36 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
     rows_in = min(spec.h, (t.h_t - 1) * spec.strides[0] + spec.kh)
     cols_in = min(spec.w, (t.w_t - 1) * spec.strides[1] + spec.kw)
     dram, bus = DramModel(), cfg.bus_bytes
-    read_row, write_row = dram.read_latency + 1, dram.write_latency + 1   # each DMA row waits its latency
+    read_row, write_row = dram.read_latency + 1, dram.write_latency + 1   # each DMA burst waits its latency
+    burst = cfg.max_burst_beats * bus
     entries = t.o_t * t.h_t * t.w_t
 
-    inp_chunk = t.ic_t * rows_in * (cols_in * cfg.inp_elem_bytes / bus + read_row)
-    wgt_chunk = t.o_t * (t.ic_t * khw * cfg.wgt_elem_bytes / bus + read_row)
-    res_tile = t.o_t * t.h_t * (t.w_t * cfg.inp_elem_bytes / bus + read_row) if residual else 0
-    if n_ic == 1:   # resident weights: a group's are loaded with its first tile
-        wgt_group = t.o_t * (g.cb * khw * cfg.wgt_elem_bytes / bus + read_row)
+    def rows(n, row_bytes, latency, back_to_back=False):
+        """A transfer of n rows: its beats and a latency per burst (rows back to back in DRAM go
+        as one row: CommandStream._one_row)."""
+        if back_to_back:
+            n, row_bytes = 1, n * row_bytes
+        return n * (row_bytes / bus + latency * _ceil(int(row_bytes), burst))
+    whole_rows = not any(spec.pads) and cols_in == spec.w            # the tile's input rows are whole rows
+    inp_chunk = t.ic_t * rows(rows_in, cols_in * cfg.inp_elem_bytes, read_row, whole_rows)
+    wgt_chunk = t.o_t * rows(1, t.ic_t * khw * cfg.wgt_elem_bytes, read_row)
+    res_tile = t.o_t * rows(t.h_t, t.w_t * cfg.inp_elem_bytes, read_row, t.w_t == spec.ow) if residual else 0
+    if n_ic == 1:   # resident weights: a group's are loaded with its first tile (one row: all its channels)
+        wgt_group = rows(t.o_t, g.cb * khw * cfg.wgt_elem_bytes, read_row, True)
         load_tile = inp_chunk + CHUNK_CYCLES + res_tile + wgt_group * g.nb * n_o / tiles
         first_load = inp_chunk + wgt_group
     else:
         load_tile = n_ic * (inp_chunk + wgt_chunk + CHUNK_CYCLES) + res_tile
         first_load = inp_chunk + wgt_chunk
     gemm_tile = entries * (g.cb * khw + (1 if residual else 0)) + n_ic * (INSN_CYCLES + CHUNK_CYCLES)
-    # FLUSH (after a residual, the conv's own REQUANT too), and a bias MOV on the tiles FLUSH did
-    # not seed: each slot's first, and those next to a shape change
+    # the FLUSH pass, unless the last GEMM flushes (linear_pixels; after a residual, the identity
+    # GEMM, but the conv's own REQUANT stays), and a bias MOV on the tiles FLUSH did not seed: each
+    # slot's first, and those next to a shape change
     full = g.nb * (g.ob // t.o_t) * (spec.oh // t.h_t) * (spec.ow // t.w_t)
-    passes = (2 if residual else 1) + min(tiles, t.vt + 2 * (tiles - full)) / tiles
+    flush_pass = 0 if residual or linear_pixels(spec, t.h_t, t.w_t) else 1
+    passes = (1 if residual else 0) + flush_pass + min(tiles, t.vt + 2 * (tiles - full)) / tiles
     epilogue = passes * entries + t.o_t * cfg.acc_elem_bytes / bus + read_row + 3 * INSN_CYCLES
-    store_tile = t.o_t * t.h_t * (t.w_t * cfg.out_elem_bytes / bus + write_row)
+    store_tile = t.o_t * rows(t.h_t, t.w_t * cfg.out_elem_bytes, write_row, t.w_t == spec.ow)
     compute_tile = gemm_tile + epilogue
     if t.vt > 1:
         total = first_load + tiles * max(load_tile, compute_tile, store_tile) + epilogue + store_tile
