@@ -185,11 +185,11 @@ def _fits(spec, cfg, t, residual=False) -> bool:
 
 
 #: compute-stage cycles an instruction costs beyond its micro-ops (issue, pipeline fill), and a load
-#: chunk's beyond its instructions (the token hand-offs between the stages); fitted on tsim over the
-#: 1x1 and 3x3 layers of ResNet-18 and MobileNetV2 (bench/e2e.py): picks ranked with them came
-#: within 0.2% (ResNet-18) and 1.9% (MobileNetV2) of the best of their top six measured; the
-#: estimate before, without the pipeline's fill, picked 2.1% and 8.1% slower than the best known
-INSN_CYCLES, CHUNK_CYCLES = 30, 20
+#: chunk's beyond its instructions (the token hand-offs between the stages); fitted on tsim over every
+#: accelerator layer of ResNet-18 and MobileNetV2 (bench/e2e.py) on the default and ultra96 configs,
+#: 25 best-estimated tilings each: the pick is on average 1.0% slower than the best of its 25 (at
+#: worst 7.7%); 30 and 20, fitted before flushing GEMMs and one-row transfers, gave 1.5% (7.7%)
+INSN_CYCLES, CHUNK_CYCLES = 20, 10
 
 
 def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual: bool = False) -> dict[str, float]:
@@ -226,7 +226,8 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
     res_tile = t.o_t * rows(t.h_t, t.w_t * cfg.inp_elem_bytes, read_row, t.w_t == spec.ow) if residual else 0
     if n_ic == 1:   # resident weights: a group's are loaded with its first tile (one row: all its channels)
         wgt_group = rows(t.o_t, g.cb * khw * cfg.wgt_elem_bytes, read_row, True)
-        load_tile = inp_chunk + CHUNK_CYCLES + res_tile + wgt_group * g.nb * n_o / tiles
+        inp_tile = inp_chunk / tiles if input_resident(spec, cfg, t) else inp_chunk
+        load_tile = inp_tile + CHUNK_CYCLES + res_tile + wgt_group * g.nb * n_o / tiles
         first_load = inp_chunk + wgt_group
     else:
         load_tile = n_ic * (inp_chunk + wgt_chunk + CHUNK_CYCLES) + res_tile
@@ -348,6 +349,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
               residual is None else "FLUSH pass" if flush is not None else f"requantization passes ({last_requant})")
     n_ic = _ceil(g.cb, t.ic_t)
     resident = n_ic == 1  # weights of an output-channel tile stay for all its row/column tiles
+    # one spatial tile and one input chunk: every tile reads the same input, loaded once into slot 0
+    inp_resident = resident and input_resident(spec, cfg, t)
 
     tiles = [(n, o0, h0, w0) for n in range(g.nb) for o0 in range(0, g.ob, t.o_t)
              for h0 in range(0, spec.oh, t.h_t) for w0 in range(0, spec.ow, t.w_t)]
@@ -392,10 +395,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             ic_a = min(t.ic_t, g.cb - ic0)
             islot = j % S
             wslot = (group % S) if resident else islot
-            inp_base, wgt_base = islot * inp_slot, wslot * wgt_slot
+            inp_base, wgt_base = (0 if inp_resident else islot * inp_slot), wslot * wgt_slot
             # ---- load stage
             pipe.before_load(j)
-            for ic in range(ic_a):
+            for ic in range(0 if inp_resident and j else ic_a):
                 entry = ((n * g.cb + ic0 + ic) * spec.h + y0) * spec.w + x0
                 stream.load_2d(MemType.INP, inp_base + ic * rows * cols, inp, entry,
                                y_size=max(0, y1 - y0), x_size=max(0, x1 - x0), x_stride=spec.w,
@@ -411,7 +414,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 if last_chunk:
                     for o in range(o_a):
                         entry = ((n * g.ob + o0 + o) * spec.oh + h0) * spec.ow + w0
-                        stream.load_2d(MemType.INP, inp_base + res_off + o * h_a * w_a, residual.buf, entry,
+                        stream.load_2d(MemType.INP, islot * inp_slot + res_off + o * h_a * w_a, residual.buf, entry,
                                        y_size=h_a, x_size=w_a, x_stride=spec.ow)
             pipe.after_load()
             # ---- compute stage
@@ -621,6 +624,12 @@ def _build_gemm(k, o_a, ic_a, kh, kw, rows, cols, h_a, w_a, sh, sw, inp_base, wg
                            wgt_base + ((o * ic_a + ic) * kh + y) * kw + x)
     k.loop_end()
     k.loop_end()
+
+
+def input_resident(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling) -> bool:
+    """Whether every tile of this tiling reads the same input (one batch block, one tile of rows and
+    columns, one input-channel chunk): then it is loaded once and the output-channel groups reuse it."""
+    return _ceil(spec.n, cfg.batch) == 1 and t.h_t >= spec.oh and t.w_t >= spec.ow and t.ic_t >= _ceil(spec.c, cfg.block_in)
 
 
 def linear_pixels(spec: Conv2dSpec, h_a: int, w_a: int) -> bool:

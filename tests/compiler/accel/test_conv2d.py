@@ -92,6 +92,34 @@ def test_conv2d_1x1_flushes_on_its_gemm(vt, rq):
     assert vt <= len(movs) < tiles and res.stats["alu_uops"] < spec.oh * spec.ow * 5
 
 
+@pytest.mark.parametrize("vt", [1, 2])
+@pytest.mark.parametrize("residual", [False, True])
+def test_conv2d_one_spatial_tile_loads_its_input_once(vt, residual):
+    """One tile of rows and columns and one input chunk: every output-channel group reads the same
+    input, which is loaded once (input_resident); with a fused residual, each tile's residual still
+    goes to its own slot. Bit-exact against the reference."""
+    from accel.isa import Load, MemType
+    from compiler.accel.conv2d import ConvTiling, input_resident
+    from compiler.accel.eltwise import add_reference
+    cfg = PRESETS["tiny"]
+    spec = Conv2dSpec(1, 2 * cfg.block_in, 4, 5, 5 * cfg.block_out, 1, 1, name="resident")
+    x, w, b = _rand(np.random.default_rng(8), spec)
+    t = ConvTiling(2, 4, 5, 2, vt)   # output-channel groups 2, 2, 1
+    assert input_resident(spec, cfg, t)
+    rq = Requant(6, -127, 127)
+    if residual:
+        r = np.random.default_rng(9).integers(-127, 128, (1, spec.o, spec.oh, spec.ow), dtype=np.int8)
+        rq2 = Requant(1, -127, 127, True)
+        y, _, stream = run_conv2d(Device(cfg), x, w, b, spec, rq, vt, t, residual=(r, 0, 0, rq2))
+        want = add_reference(conv2d_reference(x, w, b, spec, rq), r, 0, 0, rq2)
+    else:
+        y, _, stream = run_conv2d(Device(cfg), x, w, b, spec, rq, vt, t)
+        want = conv2d_reference(x, w, b, spec, rq)
+    assert np.array_equal(y, want)
+    inp_loads = [i for i in stream.last_insns if isinstance(i, Load) and i.mem_type == MemType.INP]
+    assert len(inp_loads) == 2 + (5 if residual else 0)   # the input's two channel blocks once; residual blocks
+
+
 @pytest.mark.parametrize("cfg", [PRESETS["tiny"], ODD], ids=["tiny", "b2x8x16"])
 def test_conv2d_virtual_threads_give_identical_bytes(cfg):
     spec = Conv2dSpec(2, 24, 14, 14, 20, 3, 3, (1, 1, 1, 1), (1, 1))
