@@ -369,15 +369,18 @@ class CommandStream:
                 raise CommandError(f"push_gemm(flush=True) with kernel {kernel.key!r}: no push_epilogue before it "
                                    f"sets the flush parameters and seeds")
             seed = e.seed_base + (loops["iter_out"] - 1) * e.seed_factor_out + (loops["iter_in"] - 1) * e.seed_factor_in
-            checks.append(("seed", seed, c.acc_depth, "accumulator"))
+            if not e.to_acc:   # to_acc reads no seed
+                checks.append(("seed", seed, c.acc_depth, "accumulator"))
         self._check_reach("push_gemm", kernel, checks)
         bgn, end = self._resident_range(kernel)
         return self._append(Gemm(reset=bool(reset), flush=bool(flush), uop_bgn=bgn, uop_end=end, **loops,
                                  **kernel.wgt_factors()))
 
-    def push_epilogue(self, imm: int, seed_base: int, seed_factor_out: int = 0, seed_factor_in: int = 0) -> int:
+    def push_epilogue(self, imm: int, seed_base: int = 0, seed_factor_out: int = 0, seed_factor_in: int = 0,
+                      to_acc: bool = False) -> int:
         """EPILOGUE: the FLUSH immediate (flush_immediate) and the affine seed index
-        (seed_base + i0*seed_factor_out + i1*seed_factor_in) of the flushing GEMMs that follow."""
+        (seed_base + i0*seed_factor_out + i1*seed_factor_in) of the flushing GEMMs that follow; with
+        to_acc they write the requantized sums to the accumulator instead of the seeds."""
         lo, hi = -(1 << (ALU_IMM_BITS - 1)), (1 << (ALU_IMM_BITS - 1)) - 1
         if not lo <= imm <= hi:
             raise CommandError(f"push_epilogue: imm={imm} outside the signed {ALU_IMM_BITS}-bit range [{lo}, {hi}]")
@@ -385,7 +388,7 @@ class CommandStream:
             if not 0 <= v < self.cfg.acc_depth:
                 raise CommandError(f"push_epilogue: {name}={v} outside [0, {self.cfg.acc_depth}) (accumulator entries)")
         self._epilogue = Epilogue(imm=int(imm), seed_base=int(seed_base), seed_factor_out=int(seed_factor_out),
-                                  seed_factor_in=int(seed_factor_in))
+                                  seed_factor_in=int(seed_factor_in), to_acc=bool(to_acc))
         return self._append(self._epilogue)
 
     def push_alu(self, kernel: UopKernel, op, imm: int | None = None, use_imm: bool | None = None) -> int:

@@ -559,7 +559,7 @@ class Fsim:
             i0 = np.arange(insn.iter_out, dtype=np.int64)[:, None]
             i1 = np.arange(insn.iter_in, dtype=np.int64)[None, :]
             seeds = (e.seed_base + i0 * e.seed_factor_out + i1 * e.seed_factor_in).reshape(-1)
-            if seeds.size and int(seeds.max()) >= self.cfg.acc_depth:
+            if not e.to_acc and seeds.size and int(seeds.max()) >= self.cfg.acc_depth:
                 k = int(np.argmax(seeds >= self.cfg.acc_depth))
                 raise ExecError(f"instruction {idx} (GEMM): flush seed index {int(seeds[k])} out of range "
                                 f"[0, {self.cfg.acc_depth}) at iteration ({k // insn.iter_in}, {k % insn.iter_in}) "
@@ -569,14 +569,16 @@ class Fsim:
             last = np.full(self.cfg.acc_depth, -1, np.int64)
             last[plan.dst] = np.arange(plan.dst.size)   # the last write of each entry (later ones win)
             in_order = (np.unique(flushed).size == flushed.size and (last[flushed] == at).all()
-                        and not np.isin(seeds, plan.dst).any())
-            return flushed, seeds, bool(in_order)
-        return plan.derive(("flush", e.seed_base, e.seed_factor_out, e.seed_factor_in), make)
+                        and (e.to_acc or not np.isin(seeds, plan.dst).any()))
+            return flushed, seeds % self.cfg.acc_depth, bool(in_order)   # (to_acc reads no seed)
+        return plan.derive(("flush", e.seed_base, e.seed_factor_out, e.seed_factor_in, e.to_acc), make)
 
     def _flush(self, flushed, seeds, sums: np.ndarray) -> None:
-        """out[flushed] = the FLUSH requantization of their sums; acc[flushed] = acc[seeds]."""
-        self.out[flushed] = flush_requant(sums, self.epilogue.imm, self.cfg.acc_width).astype(self.out.dtype)
-        self.acc[flushed] = self.acc[seeds]
+        """out[flushed] = the FLUSH requantization of their sums; acc[flushed] = acc[seeds], or with
+        the EPILOGUE's to_acc the requantized sums."""
+        q = flush_requant(sums, self.epilogue.imm, self.cfg.acc_width)
+        self.out[flushed] = q.astype(self.out.dtype)
+        self.acc[flushed] = q.astype(self.acc.dtype) if self.epilogue.to_acc else self.acc[seeds]
 
     def _gemm_in_order(self, insn: Gemm, plan: _LoopPlan, flushed, seeds) -> None:
         """A flushing GEMM whose writes and seeds overlap: one micro-op after another, as the

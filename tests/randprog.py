@@ -144,7 +144,7 @@ class _Gen:
         hi = self.r(-128, 127) if self.rng.random() < 0.3 else self.r(0, 127)
         imm = flush_immediate(self.r(0, 31), hi, self.rng.random() < 0.5, self.rng.random() < 0.5,
                               self.rng.random() < 0.3)
-        self.s.push_epilogue(imm, slot * acc_n + self.r(0, acc_n - 1 - reach()), *f)
+        self.s.push_epilogue(imm, slot * acc_n + self.r(0, acc_n - 1 - reach()), *f, to_acc=self.rng.random() < 0.3)
 
     def alu(self, slot: int, op: AluOp | None = None) -> None:
         op = AluOp(self.r(0, len(AluOp) - 1)) if op is None else op

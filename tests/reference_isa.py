@@ -155,8 +155,9 @@ class ReferenceMachine:
             if insn.flush and k % nu == nu - 1:   # the pass's last micro-op: requantize, then the seed
                 p = k // nu
                 seed = e.seed_base + p // insn.iter_in * e.seed_factor_out + p % insn.iter_in * e.seed_factor_in
-                self.out[dst] = [[_flush_requant(int(x), e.imm, c.acc_width) for x in row] for row in v]
-                self.acc[dst] = self.acc[seed].copy()
+                q = [[_flush_requant(int(x), e.imm, c.acc_width) for x in row] for row in v]
+                self.out[dst] = q
+                self.acc[dst] = q if e.to_acc else self.acc[seed].copy()
             else:
                 self.acc[dst] = v
                 self.out[dst] = _wrap_arr(v, c.out_width)

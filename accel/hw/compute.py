@@ -78,11 +78,11 @@ class ComputeStage(wiring.Component):
         is_gemm, is_alu = opcode == Opcode.GEMM, opcode == Opcode.ALU
         g, a, e = decode(cfg, "GEMM", insn), decode(cfg, "ALU", insn), decode(cfg, "EPILOGUE", insn)
         # ---- epilogue registers (EPILOGUE) ---------------------------------------------------------
-        epi_imm = Signal.like(e.imm)
+        epi_imm, epi_to_acc = Signal.like(e.imm), Signal()
         epi_base, epi_fo, epi_fi = (Signal(cfg.acc_idx_bits, name=n) for n in ("seed_base", "seed_fo", "seed_fi"))
         with m.If(ctrl.start & (opcode == Opcode.EPILOGUE)):
             m.d.sync += [epi_imm.eq(e.imm), epi_base.eq(e.seed_base), epi_fo.eq(e.seed_factor_out),
-                         epi_fi.eq(e.seed_factor_in)]
+                         epi_fi.eq(e.seed_factor_in), epi_to_acc.eq(e.to_acc)]
         m.d.comb += [loader.start.eq(ctrl.start & (opcode == Opcode.LOAD)), loader.insn.eq(insn)]
 
         # ---- loop sequencer (S0) -------------------------------------------------------------
@@ -137,7 +137,7 @@ class ComputeStage(wiring.Component):
         m.d.comb += [gemm.in_valid.eq(p1_valid & is_gemm), gemm.in_acc.eq(dst), gemm.in_inp.eq(src[:cfg.inp_idx_bits]),
                      gemm.in_wgt.eq((uop.wgt + p1_w)[:cfg.wgt_idx_bits]), gemm.in_reset.eq(g.reset),
                      gemm.in_flush.eq(g.flush & p1_last), gemm.in_seed.eq((epi_base + p1_e)[:cfg.acc_idx_bits]),
-                     gemm.flush_imm.eq(epi_imm),
+                     gemm.flush_imm.eq(epi_imm), gemm.flush_to_acc.eq(epi_to_acc),
                      alu.in_valid.eq(p1_valid & is_alu), alu.in_dst.eq(dst), alu.in_src.eq(src[:cfg.acc_idx_bits]),
                      alu.in_op.eq(a.alu_op), alu.in_use_imm.eq(a.use_imm), alu.in_imm.eq(a.imm)]
 

@@ -9,7 +9,8 @@ behind reads in S1 while S3 writes, which the acc read port's write-transparency
 core never stalls; a micro-op whose indices arrive in cycle t is written back in cycle t+2.
 A flushing micro-op (in_flush: the last of a pass of a GEMM with flush) reads its seed entry on
 the second acc port in S1 (with the same S3 bypass) and writes the seed to the accumulator and
-the FLUSH requantization of its sum (flush_imm) to the output buffer; other micro-ops give the
+the FLUSH requantization of its sum (flush_imm) to the output buffer (with flush_to_acc, to the
+accumulator too, sign-extended, instead of the seed); other micro-ops give the
 output buffer their narrowed sum. The bypass forwards what was written to the accumulator.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ def tree_sum(values: list):
 
 class GemmCore(wiring.Component):
     """in_valid / in_acc / in_inp / in_wgt / in_reset / in_flush / in_seed (In): a micro-op's
-    resolved indices in S1. flush_imm (In): the FLUSH immediate of the current EPILOGUE.
+    resolved indices in S1. flush_imm, flush_to_acc (In): the current EPILOGUE's immediate and mode.
     inp_rd, wgt_rd, acc_rd, seed_rd (read ports, driven by the core). wb_valid / wb_idx / wb_data
     (Out): the accumulator entry written this cycle; wb_out: the output buffer's (out_width lanes).
     busy (Out): a micro-op is in S2 or S3. reset micro-ops sum to zero.
@@ -46,7 +47,7 @@ class GemmCore(wiring.Component):
         super().__init__({
             "in_valid": In(1), "in_acc": In(cfg.acc_idx_bits), "in_inp": In(cfg.inp_idx_bits),
             "in_wgt": In(cfg.wgt_idx_bits), "in_reset": In(1), "in_flush": In(1),
-            "in_seed": In(cfg.acc_idx_bits), "flush_imm": In(signed(ALU_IMM_BITS)),
+            "in_seed": In(cfg.acc_idx_bits), "flush_imm": In(signed(ALU_IMM_BITS)), "flush_to_acc": In(1),
             "inp_rd": In(read_signature(cfg.inp_idx_bits, cfg.inp_elem_bytes * 8)),
             "wgt_rd": In(read_signature(cfg.wgt_idx_bits, cfg.wgt_elem_bytes * 8)),
             "acc_rd": In(read_signature(cfg.acc_idx_bits, self.acc_bits)),
@@ -77,12 +78,16 @@ class GemmCore(wiring.Component):
         old = lanes(p3_acc, nb * no, aw)
         for k in range(nb * no):
             m.d.comb += result[k * aw:(k + 1) * aw].eq(Mux(p3_reset, 0, old[k] + p3_dot[k]))
-        written = Mux(p3_flush, p3_seed, result)
-        m.d.comb += [self.wb_valid.eq(p3_valid), self.wb_idx.eq(p3_idx), self.wb_data.eq(written)]
-        # the output buffer: the narrowed sum, or a flushing micro-op's requantized sum
+        # the output buffer: the narrowed sum, or a flushing micro-op's requantized sum (and with
+        # flush_to_acc the accumulator that, sign-extended)
         ow = cfg.out_width
+        requantized = Signal(self.acc_bits)
         for k, lane in enumerate(lanes(result, nb * no, aw)):
-            m.d.comb += self.wb_out[k * ow:(k + 1) * ow].eq(Mux(p3_flush, flush_lane(lane, self.flush_imm), lane)[:ow])
+            q = Signal(signed(aw), name=f"flushed_{k}")
+            m.d.comb += [q.eq(flush_lane(lane, self.flush_imm)), requantized[k * aw:(k + 1) * aw].eq(q),
+                         self.wb_out[k * ow:(k + 1) * ow].eq(Mux(p3_flush, q, lane)[:ow])]
+        written = Mux(p3_flush, Mux(self.flush_to_acc, requantized, p3_seed), result)
+        m.d.comb += [self.wb_valid.eq(p3_valid), self.wb_idx.eq(p3_idx), self.wb_data.eq(written)]
 
         # S2: products and dot products; accumulator value with the S3 -> S2 bypass
         inp = lanes(self.inp_rd.data, nb * ni, cfg.inp_width)

@@ -20,7 +20,7 @@ from .errors import AsmError
 from .isa import (DEP_FLAGS, INSN_CLASSES, Alu, AluOp, Insn, Load, MemType, Opcode, Store,
                   decode_program, encode_insn)
 
-_BOOL_FIELDS = {"reset", "use_imm", "flush", *DEP_FLAGS}
+_BOOL_FIELDS = {"reset", "use_imm", "flush", "to_acc", *DEP_FLAGS}
 
 
 def _kind_word(insn: Insn) -> str | None:

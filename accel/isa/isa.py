@@ -189,8 +189,10 @@ class Gemm(LoopInsn):
     flush: the last micro-op of each pass over [uop_bgn, uop_end) ends its destination's sum, with
     the parameters the latest EPILOGUE set: out[dst] = the FLUSH requantization (AluOp.FLUSH) of the
     value it computes, and acc[dst] = acc[seed], seed = seed_base + i0*seed_factor_out +
-    i1*seed_factor_in, read before this micro-op writes (the next sum's bias). The requantization
-    then costs no pass of its own: it rides on the GEMM's write-back."""
+    i1*seed_factor_in, read before this micro-op writes (the next sum's bias); with the EPILOGUE's
+    to_acc, acc[dst] = that requantized value instead (for a later GEMM to add to it, as a fused
+    residual does). The requantization then costs no pass of its own: it rides on the GEMM's
+    write-back."""
     opcode: ClassVar[Opcode] = Opcode.GEMM
     reset: bool = False
     wgt_factor_out: int = 0
@@ -211,13 +213,15 @@ class Alu(LoopInsn):
 class Epilogue(Insn):
     """Sets the compute stage's epilogue registers that a flushing GEMM uses (Gemm.flush): imm, the
     FLUSH immediate (flush_immediate); seed_base, seed_factor_out, seed_factor_in, the affine
-    accumulator index of each pass's seed. They hold until the next EPILOGUE (zero after reset),
-    like Gemmini's configuration instructions; the instruction itself takes one cycle."""
+    accumulator index of each pass's seed; to_acc, the requantized sum goes to the accumulator
+    instead of the seed. They hold until the next EPILOGUE (zero after reset), like Gemmini's
+    configuration instructions; the instruction itself takes one cycle."""
     opcode: ClassVar[Opcode] = Opcode.EPILOGUE
     imm: int = 0
     seed_base: int = 0
     seed_factor_out: int = 0
     seed_factor_in: int = 0
+    to_acc: bool = False
 
     @property
     def stage(self) -> Stage:
@@ -255,7 +259,7 @@ def formats_for(cfg: AccelConfig) -> dict[str, list[tuple[str, int]]]:
     alu = head + loop + [("src_factor_out", cfg.acc_idx_bits), ("src_factor_in", cfg.acc_idx_bits),
                          ("alu_op", ALU_OPCODE_BITS), ("use_imm", 1), ("imm", ALU_IMM_BITS)]
     epilogue = head + [("imm", ALU_IMM_BITS), ("seed_base", cfg.acc_idx_bits),
-                       ("seed_factor_out", cfg.acc_idx_bits), ("seed_factor_in", cfg.acc_idx_bits)]
+                       ("seed_factor_out", cfg.acc_idx_bits), ("seed_factor_in", cfg.acc_idx_bits), ("to_acc", 1)]
     return {"LOAD": mem, "STORE": mem, "GEMM": gemm, "ALU": alu, "FINISH": head, "EPILOGUE": epilogue}
 
 
@@ -345,7 +349,7 @@ def _decoders(cfg: AccelConfig) -> dict[int, tuple]:
     (name, shift, mask), signed fields (name, shift, width), one-bit flags (name, shift), enum fields
     (name, shift, mask, value -> member)).
     Decoding is on every simulator's first run of a program (a network has thousands of instructions)."""
-    bools = {"reset", "use_imm", "flush", *DEP_FLAGS}
+    bools = {"reset", "use_imm", "flush", "to_acc", *DEP_FLAGS}
     enums = {"mem_type": MemType, "alu_op": AluOp}
     out = {}
     for opcode in Opcode:

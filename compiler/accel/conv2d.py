@@ -235,12 +235,11 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
         load_tile = n_ic * (inp_chunk + wgt_chunk + CHUNK_CYCLES) + res_tile
         first_load = inp_chunk + wgt_chunk
     gemm_tile = entries * (g.cb * khw + (1 if residual else 0)) + n_ic * (INSN_CYCLES + CHUNK_CYCLES)
-    # the FLUSH pass, unless the last GEMM flushes (linear_pixels; after a residual, the identity
-    # GEMM, but the conv's own REQUANT stays), and a bias MOV on the tiles FLUSH did not seed: each
-    # slot's first, and those next to a shape change
+    # one pass (the FLUSH, or with a residual the conv's REQUANT) unless the last GEMM does it
+    # (linear_pixels), and a bias MOV on the tiles FLUSH did not seed: each slot's first, and those
+    # next to a shape change
     full = g.nb * (g.ob // t.o_t) * (spec.oh // t.h_t) * (spec.ow // t.w_t)
-    flush_pass = 0 if residual or linear_pixels(spec, t.h_t, t.w_t) else 1
-    passes = (1 if residual else 0) + flush_pass + min(tiles, t.vt + 2 * (tiles - full)) / tiles
+    passes = (0 if linear_pixels(spec, t.h_t, t.w_t) else 1) + min(tiles, t.vt + 2 * (tiles - full)) / tiles
     epilogue = passes * entries + t.o_t * cfg.acc_elem_bytes / bus + read_row + 3 * INSN_CYCLES
     store_tile = t.o_t * rows(t.h_t, t.w_t * cfg.out_elem_bytes, write_row, t.w_t == spec.ow)
     compute_tile = gemm_tile + epilogue
@@ -321,7 +320,9 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     Without a residual, when the tile's output pixels read its input rows at one stride
     (linear_pixels), the FLUSH rides on the last chunk's GEMM (Gemm.flush after an EPILOGUE): the
     GEMM goes over (output-channel block, pixel) with the input channels and taps as its
-    micro-ops, so each pass ends one sum, and there is no FLUSH pass.
+    micro-ops, so each pass ends one sum, and there is no FLUSH pass. With a residual, the last
+    GEMM requantizes into the accumulator instead (EPILOGUE to_acc) and the identity GEMM that adds
+    the residual flushes.
     Returns counts (tiles, chunks) for reporting."""
     cfg, t = stream.cfg, tiling
     g = _Geom.of(spec, cfg)
@@ -349,6 +350,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     last_requant = requant if residual is None else residual.requant   # the one that makes the int8 output
     flush = flush_params(last_requant) if bias is not None and channel_scales is None else None
     seeds: dict[int, tuple] = {}
+    # a fused residual's conv requantization into the accumulator on the last GEMM (EPILOGUE to_acc)
+    conv_to_acc = flush_params(requant) if residual is not None else None
     log.debug("%s: epilogue %s", spec.name, "FLUSH on the GEMM where pixels are linear" if flush is not None and
               residual is None else "FLUSH pass" if flush is not None else f"requantization passes ({last_requant})")
     n_ic = _ceil(g.cb, t.ic_t)
@@ -438,10 +441,12 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                     stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
                     stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
                                     AluOp.MOV)
-            if fused:
-                if last_chunk:
+            if fused or (conv_to_acc is not None and linear_pixels(spec, h_a, w_a)):
+                if last_chunk and fused:
                     seed_next()
                     stream.push_epilogue(flush, bias_base, seed_factor_out=1)
+                elif last_chunk:
+                    stream.push_epilogue(conv_to_acc, to_acc=True)
                 stream.push_gemm(stream.kernel(
                     ("conv.gemm_by_block", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a * w_a, sw, inp_base,
                      wgt_base, acc_base),
@@ -463,7 +468,9 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 stream.load_2d(MemType.ACC, bias_base, channel_scales, o0, y_size=1, x_size=o_a)
                 stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
                                 AluOp.SCALE)
-            emit_requant(stream, ew, requant, lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
+            if not (conv_to_acc is not None and linear_pixels(spec, h_a, w_a)):   # else the last GEMM did it
+                emit_requant(stream, ew, requant,
+                             lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
             if residual is not None:
                 r = residual
                 res_base = ((j - 1) % S) * inp_slot + res_off

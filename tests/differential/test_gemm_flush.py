@@ -1,8 +1,8 @@
 """The flushing GEMM (Gemm.flush with EPILOGUE) at its hazards, on the reference model, fsim, tsim and
 the RTL (tiny config): a seed that the micro-op just ahead writes (the RTL's S3 -> S2 seed bypass),
 a seed the micro-op two ahead writes (the read port's write-through), a flushed entry summed again
-later in the same instruction, and the conv pattern the compiler emits (a seed per output-channel
-block). Every executor must leave the same DRAM bytes, and tsim the RTL's cycles."""
+later in the same instruction, the conv pattern the compiler emits (a seed per output-channel
+block), and a requantization into the accumulator (EPILOGUE to_acc) that the next GEMM adds to. Every executor must leave the same DRAM bytes, and tsim the RTL's cycles."""
 import sys
 from pathlib import Path
 
@@ -59,6 +59,11 @@ def _program(case: str, seed: int = 0):
     elif case == "conv":                # what compiler.accel.conv2d emits: o blocks x pixels, seeds per block
         s.push_epilogue(imm, 28, seed_factor_out=1)
         gemm(case, [(2, 8, 0, 2), (8, 1, 1, 0)], [(0, 0, 0), (0, 8, 1)])
+    elif case == "to_acc_then_summed":  # requantized into acc (a fused residual's conv), then summed into again
+        s.push_epilogue(flush_immediate(6, 127, symmetric=True), to_acc=True)
+        gemm(case, [(2, 8, 0, 2), (8, 1, 1, 0)], [(0, 0, 0), (0, 8, 1)])
+        s.push_epilogue(imm, 28, seed_factor_out=1)
+        gemm(case + " 2", [(16, 1, 1, 0)], [(0, 0, 3)])   # entry p += inp[p] @ wgt[3], then flushed
     else:
         raise ValueError(case)
     s.push_alu(s.kernel("acc to out", lambda k: (k.loop_begin(2 * n, 1, 1), k.push(2 * n, 0), k.loop_end())),
@@ -70,7 +75,7 @@ def _program(case: str, seed: int = 0):
     return s.program({}), out
 
 
-CASES = ["seed_just_ahead", "seed_two_ahead", "summed_after_flush", "conv"]
+CASES = ["seed_just_ahead", "seed_two_ahead", "summed_after_flush", "conv", "to_acc_then_summed"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -84,6 +84,30 @@ def test_conv_layers_fsim_tsim_rtl(layer, vt):
     assert _counters(stats["tsim"]) == _counters(stats["rtl"])
 
 
+@pytest.mark.parametrize("vt", [1, 2])
+def test_conv1x1_fused_residual_fsim_tsim_rtl(vt):
+    """A 1x1 conv with a fused residual add, as MobileNetV2's project layers: the last GEMM
+    requantizes into the accumulator (EPILOGUE to_acc) and the identity GEMM flushes and seeds."""
+    from compiler.accel.eltwise import add_reference
+    spec = Conv2dSpec(1, 24, 6, 6, 16, 1, 1)
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, (1, 24, 6, 6), dtype=np.int8)
+    w = rng.integers(-128, 128, (16, 24, 1, 1), dtype=np.int8)
+    b = rng.integers(-(1 << 14), 1 << 14, 16).astype(np.int32)
+    r = rng.integers(-127, 128, (1, 16, 6, 6), dtype=np.int8)
+    rq1, rq2 = Requant(9, -127, 127), Requant(1, -127, 127, True)
+    ref = add_reference(conv2d_reference(x, w, b, spec, rq1), r, 0, 1, rq2)
+    dram, stats = {}, {}
+    for name in ("fsim", "tsim", "rtl"):
+        with Device(TINY, driver=name, dram_bytes=4 << 20) as dev:
+            y, res, stream = run_conv2d(dev, x, w, b, spec, rq1, vt, residual=(r, 0, 1, rq2))
+            dram[name], stats[name] = dev.memory.array.copy(), res.stats
+        assert np.array_equal(y, ref), name
+    assert any(getattr(i, "to_acc", False) for i in stream.last_insns)
+    assert np.array_equal(dram["tsim"], dram["fsim"]) and np.array_equal(dram["rtl"], dram["fsim"])
+    assert _counters(stats["tsim"]) == _counters(stats["rtl"])
+
+
 def test_dense_layer_tsim_rtl():
     rng = np.random.default_rng(2)
     x = rng.integers(-128, 128, (6, 40), dtype=np.int8)

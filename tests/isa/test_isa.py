@@ -37,7 +37,8 @@ def insns(draw, cfg):
         return Finish(**deps)
     if kind == "EPILOGUE":
         return Epilogue(imm=draw(st.integers(-(1 << 15), (1 << 15) - 1)), seed_base=u("seed_base"),
-                        seed_factor_out=u("seed_factor_out"), seed_factor_in=u("seed_factor_in"), **deps)
+                        seed_factor_out=u("seed_factor_out"), seed_factor_in=u("seed_factor_in"),
+                        to_acc=draw(st.booleans()), **deps)
     loop = {k: u(k) for k in ("uop_bgn", "uop_end", "iter_out", "iter_in", "dst_factor_out", "dst_factor_in",
                               "src_factor_out", "src_factor_in")}
     if kind == "GEMM":
