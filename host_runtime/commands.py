@@ -357,7 +357,8 @@ class CommandStream:
     def push_gemm(self, kernel: UopKernel, reset: bool = False, flush: bool = False) -> int:
         """GEMM over the kernel: acc[dst] += inp[src] @ wgt[wgt].T, or acc[dst] = 0 with reset.
         flush: each pass's last micro-op ends its sum with the latest push_epilogue's parameters
-        (Gemm.flush: the requantized sum to the output buffer, the pass's seed to the accumulator)."""
+        (Gemm.flush: the requantized sum to the output buffer, the pass's seed, or with to_acc the
+        requantized sum, to the accumulator)."""
         c = self.cfg
         checks = [("dst", kernel.max_dst, c.acc_depth, "accumulator")]
         if not reset:
@@ -384,7 +385,8 @@ class CommandStream:
         lo, hi = -(1 << (ALU_IMM_BITS - 1)), (1 << (ALU_IMM_BITS - 1)) - 1
         if not lo <= imm <= hi:
             raise CommandError(f"push_epilogue: imm={imm} outside the signed {ALU_IMM_BITS}-bit range [{lo}, {hi}]")
-        for name, v in (("seed_base", seed_base), ("seed_factor_out", seed_factor_out), ("seed_factor_in", seed_factor_in)):
+        for name, v in (("seed_base", seed_base), ("seed_factor_out", seed_factor_out),
+                        ("seed_factor_in", seed_factor_in)):
             if not 0 <= v < self.cfg.acc_depth:
                 raise CommandError(f"push_epilogue: {name}={v} outside [0, {self.cfg.acc_depth}) (accumulator entries)")
         self._epilogue = Epilogue(imm=int(imm), seed_base=int(seed_base), seed_factor_out=int(seed_factor_out),

@@ -66,8 +66,8 @@ class AluOp(IntEnum):
     (dst + r) >> s as REQUANT computes it, with its parameters in the immediate (s = imm[4:0],
     r = 2^(s-1) if imm[5] and s > 0, hi = imm[14:7] as a signed byte, lo = 0 if imm[6], else -hi
     if imm[15] (the symmetric int8 range), else -hi - 1; the sum wraps like ADD, the shift is
-    arithmetic), while acc[dst] = acc[src], whatever
-    use_imm says (the next sum's seed: a bias). Its output buffer entry is that requantized value
+    arithmetic), while acc[dst] = acc[src], whatever use_imm says (the next sum's seed: a bias).
+    Its output buffer entry is that requantized value
     (narrowed), not the narrowed accumulator as for every other op. flush_immediate encodes it.
     """
     MIN = 0

@@ -352,8 +352,15 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     seeds: dict[int, tuple] = {}
     # a fused residual's conv requantization into the accumulator on the last GEMM (EPILOGUE to_acc)
     conv_to_acc = flush_params(requant) if residual is not None else None
-    log.debug("%s: epilogue %s", spec.name, "FLUSH on the GEMM where pixels are linear" if flush is not None and
-              residual is None else "FLUSH pass" if flush is not None else f"requantization passes ({last_requant})")
+    if flush is None:
+        ends = f"in requantization passes ({last_requant})"
+    elif residual is None:
+        ends = "in a FLUSH on the last GEMM where pixels are linear (else a FLUSH pass)"
+    else:
+        ends = ("in a FLUSH on the identity GEMM" if not min(residual.ka, residual.kb) else "in a FLUSH pass") + \
+            (", the conv's requantization into the accumulator on its last GEMM where pixels are linear"
+             if conv_to_acc is not None else "")
+    log.debug("%s: tiles end %s", spec.name, ends)
     n_ic = _ceil(g.cb, t.ic_t)
     resident = n_ic == 1  # weights of an output-channel tile stay for all its row/column tiles
     # one spatial tile and one input chunk: every tile reads the same input, loaded once into slot 0
@@ -640,7 +647,8 @@ def _build_gemm(k, o_a, ic_a, kh, kw, rows, cols, h_a, w_a, sh, sw, inp_base, wg
 def input_resident(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling) -> bool:
     """Whether every tile of this tiling reads the same input (one batch block, one tile of rows and
     columns, one input-channel chunk): then it is loaded once and the output-channel groups reuse it."""
-    return _ceil(spec.n, cfg.batch) == 1 and t.h_t >= spec.oh and t.w_t >= spec.ow and t.ic_t >= _ceil(spec.c, cfg.block_in)
+    return (_ceil(spec.n, cfg.batch) == 1 and t.h_t >= spec.oh and t.w_t >= spec.ow
+            and t.ic_t >= _ceil(spec.c, cfg.block_in))
 
 
 def linear_pixels(spec: Conv2dSpec, h_a: int, w_a: int) -> bool:

@@ -189,7 +189,7 @@ class _Stage:
         """What EXEC does for an instruction, known before the run: (cycles the unit is busy, or None
         for a load the tile loader times on the bus; GEMM micro-ops, ALU micro-ops, bytes written).
         GEMM takes n + 4 cycles, ALU n + 3, for its n micro-op iterations; a STORE's time depends on
-        its shape only (store.py); FINISH and LOADs of buffers this stage does not serve, 1."""
+        its shape only (store.py); FINISH, EPILOGUE and LOADs of buffers this stage does not serve, 1."""
         m = self.m
         if isinstance(insn, (Gemm, Alu)):
             n = 0

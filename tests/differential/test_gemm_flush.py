@@ -2,7 +2,8 @@
 the RTL (tiny config): a seed that the micro-op just ahead writes (the RTL's S3 -> S2 seed bypass),
 a seed the micro-op two ahead writes (the read port's write-through), a flushed entry summed again
 later in the same instruction, the conv pattern the compiler emits (a seed per output-channel
-block), and a requantization into the accumulator (EPILOGUE to_acc) that the next GEMM adds to. Every executor must leave the same DRAM bytes, and tsim the RTL's cycles."""
+block), and a requantization into the accumulator (EPILOGUE to_acc) that the next GEMM adds to.
+Every executor must leave the same DRAM bytes, and tsim the RTL's cycles."""
 import sys
 from pathlib import Path
 
@@ -29,7 +30,8 @@ def _program(case: str, seed: int = 0):
     n = 16
     inp = mem.alloc_array(rng.integers(-128, 128, n * c.inp_elem_bytes).astype(np.int8), name="inp", align=64)
     wgt = mem.alloc_array(rng.integers(-128, 128, n * c.wgt_elem_bytes).astype(np.int8), name="wgt", align=64)
-    acc = mem.alloc_array(rng.integers(-5000, 5000, 2 * n * c.acc_elem_bytes // 4).astype(np.int32), name="acc", align=64)
+    acc = mem.alloc_array(rng.integers(-5000, 5000, 2 * n * c.acc_elem_bytes // 4).astype(np.int32), name="acc",
+                          align=64)
     s.load_2d(MemType.INP, 0, inp, 0, x_size=n)
     s.load_2d(MemType.WGT, 0, wgt, 0, x_size=n)
     s.dep_push("load", "compute")

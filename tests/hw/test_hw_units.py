@@ -189,8 +189,8 @@ def test_tensor_alu_matches_the_isa_definition(op):
     a = rng.choice(vals, (pairs, c.batch, c.block_out))
     b = rng.choice(vals, (pairs, c.batch, c.block_out))
     imms = [-(1 << 15), (1 << 15) - 1, -1, 0, 5, -33, 31, 40,
-            flush_immediate(8, 127, True, True), flush_immediate(3, 5), flush_immediate(0, 127), flush_immediate(31, 100),
-            flush_immediate(7, 127, symmetric=True), flush_immediate(2, -3, symmetric=True)]
+            flush_immediate(8, 127, True, True), flush_immediate(3, 5), flush_immediate(0, 127),
+            flush_immediate(31, 100), flush_immediate(7, 127, symmetric=True), flush_immediate(2, -3, symmetric=True)]
     acc0 = np.concatenate([a, b])                 # acc[i] = a_i, acc[pairs + i] = b_i
     # micro-ops: register operand for each pair (with an immediate too: FLUSH's parameters), then
     # immediates; then a dependent chain on acc[0]
