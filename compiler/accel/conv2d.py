@@ -394,7 +394,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             new_group = True
         else:
             new_group = False
-        fused = flush is not None and residual is None and linear_pixels(spec, h_a, w_a)
+        linear = linear_pixels(spec, h_a, w_a)
+        fused = flush is not None and residual is None and linear
+        # a residual's conv requantizes into the accumulator on its last GEMM (EPILOGUE to_acc)
+        conv_in_gemm = conv_to_acc is not None and linear
         # with a residual, the FLUSH rides on the identity GEMM that adds it, unless a shift follows the add
         fused_res = flush is not None and residual is not None and not min(residual.ka, residual.kb)
 
@@ -448,7 +451,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                     stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
                     stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
                                     AluOp.MOV)
-            if fused or (conv_to_acc is not None and linear_pixels(spec, h_a, w_a)):
+            if fused or conv_in_gemm:
                 if last_chunk and fused:
                     seed_next()
                     stream.push_epilogue(flush, bias_base, seed_factor_out=1)
@@ -475,7 +478,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 stream.load_2d(MemType.ACC, bias_base, channel_scales, o0, y_size=1, x_size=o_a)
                 stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
                                 AluOp.SCALE)
-            if not (conv_to_acc is not None and linear_pixels(spec, h_a, w_a)):   # else the last GEMM did it
+            if not conv_in_gemm:   # else the last GEMM did it
                 emit_requant(stream, ew, requant,
                              lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
             if residual is not None:

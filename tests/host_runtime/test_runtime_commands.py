@@ -191,3 +191,21 @@ def test_commands_program_matches_synchronize(dev):
     dram = prog.dram_image()
     Device(cfg, driver="fsim").driver.run(dram, prog.insn_addr, len(prog.insns))
     assert np.array_equal(dram[ob.addr:ob.end], dev.memory.array[ob.addr:ob.end])
+
+
+def test_flushing_gemm_bad_input_is_named(dev):
+    """A flushing GEMM with no EPILOGUE before it, an EPILOGUE field out of range, and seeds that
+    the loops carry past the accumulator each fail at the call, naming what is wrong."""
+    s = dev.stream()
+    k = s.kernel("flush", lambda b: (b.loop_begin(4, 1, 1), b.push(0, 0, 0), b.loop_end()))
+    with pytest.raises(CommandError, match="no push_epilogue"):
+        s.push_gemm(k, flush=True)
+    with pytest.raises(CommandError, match=r"seed_base=.* outside \[0, "):
+        s.push_epilogue(0, TINY.acc_depth)
+    with pytest.raises(CommandError, match="imm=70000 outside"):
+        s.push_epilogue(70000, 0)
+    s.push_epilogue(0, TINY.acc_depth - 2, seed_factor_out=1)   # seeds acc_depth-2 .. acc_depth+1
+    with pytest.raises(CommandError, match="seed index reaches"):
+        s.push_gemm(k, flush=True)
+    s.push_epilogue(0, TINY.acc_depth - 2, seed_factor_out=1, to_acc=True)   # to_acc reads no seed
+    s.push_gemm(k, flush=True)
