@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accel.isa import AccelConfig, AluOp, EncodingError, MemType, flush_immediate
+from accel.isa import AccelConfig, AluOp, EncodingError, MemType, Stage, flush_immediate
 from accel.isa.config import PAD_BITS
 
 from ..errors import CompilerError
@@ -350,6 +350,11 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     last_requant = requant if residual is None else residual.requant   # the one that makes the int8 output
     flush = flush_params(last_requant) if bias is not None and channel_scales is None else None
     seeds: dict[int, tuple] = {}
+    # every output-channel block's bias stays in the accumulator past the slots (one LOAD for the
+    # layer) when there is room: seeds and bias MOVs read it there, so no tile waits on a DRAM read
+    # in the compute stage for its bias
+    bias_all = (S * acc_slot if bias is not None and channel_scales is None and S * acc_slot + g.ob <= cfg.acc_depth
+                else None)
     # a fused residual's conv requantization into the accumulator on the last GEMM (EPILOGUE to_acc)
     conv_to_acc = flush_params(requant) if residual is not None else None
     if flush is None:
@@ -374,6 +379,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
         return min(t.o_t, g.ob - o0), min(t.h_t, spec.oh - h0), min(t.w_t, spec.ow - w0)
     n_loads = len(tiles) * n_ic
     pipe = TokenPipeline(stream, S, n_loads, len(tiles))
+    if bias_all is not None:
+        stream.load_2d(MemType.ACC, bias_all, bias, 0, y_size=1, x_size=g.ob)
     j = 0  # load/compute iteration (one input-channel chunk of one tile)
     group, last_group = -1, None
     for ti, (n, o0, h0, w0) in enumerate(tiles):
@@ -401,41 +408,74 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
         # with a residual, the FLUSH rides on the identity GEMM that adds it, unless a shift follows the add
         fused_res = flush is not None and residual is not None and not min(residual.ka, residual.kb)
 
-        def seed_next():   # the bias the slot's next tile starts from, before this tile's FLUSH
+        def seed_next() -> int:
+            """The first seed entry of this tile's FLUSH: the bias the slot's next tile starts from."""
             seeds.pop(ti % S, None)
+            o_next = o0
             if ti + S < len(tiles) and shape(ti + S) == (o_a, h_a, w_a):
                 o_next = tiles[ti + S][1]
-                if o_next != o0:   # the next tile's channels: its bias replaces this one's
+                if bias_all is None and o_next != o0:   # the next tile's channels: its bias replaces this one's
                     stream.load_2d(MemType.ACC, bias_base, bias, o_next, y_size=1, x_size=o_a)
                 seeds[ti % S] = (o_next, o_a, h_a, w_a)
+            return bias_base if bias_all is None else bias_all + o_next
+        # the layer's first chunk and last tile go in row bands when every step of theirs is a GEMM on
+        # whole rows: compute starts on the first band's input, and the store drains the last tile band
+        # by band (the pipeline's fill and drain)
+        last_tile = ti == len(tiles) - 1
+        banded = (h_a > 1 and (ti == 0 or last_tile) and spec.kh == spec.kw == 1 and (sh, sw) == (1, 1)
+                  and not any(spec.pads) and (fused or (conv_in_gemm and fused_res and residual.ka == 0)))
+        whole = [(0, h_a)]
+        bands = _row_bands(h_a, min(FILL_BANDS, cfg.dep_queue_depth - 2)) if banded else whole
+        store_bands = bands if last_tile else whole
+        tail_banded = False   # whether the last chunk's GEMMs did the whole epilogue band by band
         for ci, ic0 in enumerate(range(0, g.cb, t.ic_t)):
             ic_a = min(t.ic_t, g.cb - ic0)
             islot = j % S
             wslot = (group % S) if resident else islot
             inp_base, wgt_base = (0 if inp_resident else islot * inp_slot), wslot * wgt_slot
+            last_chunk = ci == n_ic - 1
+            load_bands = bands if ti == 0 and ci == 0 else whole
+            chunk_bands = bands if (ti == 0 and ci == 0) or (last_tile and last_chunk) else whole
             # ---- load stage
             pipe.before_load(j)
-            for ic in range(0 if inp_resident and j else ic_a):
-                entry = ((n * g.cb + ic0 + ic) * spec.h + y0) * spec.w + x0
-                stream.load_2d(MemType.INP, inp_base + ic * rows * cols, inp, entry,
-                               y_size=max(0, y1 - y0), x_size=max(0, x1 - x0), x_stride=spec.w,
-                               y_pad0=yp0, y_pad1=yp1, x_pad0=xp0, x_pad1=xp1)
-            if new_group or not resident:
-                stream.load_2d(MemType.WGT, wgt_base, wgt, (o0 * g.cb + ic0) * khw,
-                               y_size=o_a, x_size=ic_a * khw, x_stride=g.cb * khw)
-            new_group = False
-            last_chunk = ci == n_ic - 1
-            if residual is not None:
-                if j == 0:
+            if len(load_bands) > 1:   # 1x1, stride 1, no padding: a band's input rows are its output rows
+                if new_group or not resident:
+                    stream.load_2d(MemType.WGT, wgt_base, wgt, (o0 * g.cb + ic0) * khw,
+                                   y_size=o_a, x_size=ic_a * khw, x_stride=g.cb * khw)
+                if residual is not None and j == 0:
                     stream.load_2d(MemType.WGT, ident_idx, residual.ident, 0, x_size=1)
-                if last_chunk:
-                    for o in range(o_a):
-                        entry = ((n * g.ob + o0 + o) * spec.oh + h0) * spec.ow + w0
-                        stream.load_2d(MemType.INP, islot * inp_slot + res_off + o * h_a * w_a, residual.buf, entry,
-                                       y_size=h_a, x_size=w_a, x_stride=spec.ow)
+                for b, (a, z) in enumerate(load_bands):
+                    for ic in range(ic_a):
+                        entry = ((n * g.cb + ic0 + ic) * spec.h + y0 + a) * spec.w + x0
+                        stream.load_2d(MemType.INP, inp_base + ic * rows * cols + a * cols, inp, entry,
+                                       y_size=z - a, x_size=cols, x_stride=spec.w)
+                    if residual is not None and last_chunk:
+                        for o in range(o_a):
+                            entry = ((n * g.ob + o0 + o) * spec.oh + h0 + a) * spec.ow + w0
+                            stream.load_2d(MemType.INP, islot * inp_slot + res_off + o * h_a * w_a + a * w_a,
+                                           residual.buf, entry, y_size=z - a, x_size=w_a, x_stride=spec.ow)
+                    if b < len(load_bands) - 1:
+                        stream.dep_push(Stage.LOAD, Stage.COMPUTE)
+            else:
+                for ic in range(0 if inp_resident and j else ic_a):
+                    entry = ((n * g.cb + ic0 + ic) * spec.h + y0) * spec.w + x0
+                    stream.load_2d(MemType.INP, inp_base + ic * rows * cols, inp, entry,
+                                   y_size=max(0, y1 - y0), x_size=max(0, x1 - x0), x_stride=spec.w,
+                                   y_pad0=yp0, y_pad1=yp1, x_pad0=xp0, x_pad1=xp1)
+                if new_group or not resident:
+                    stream.load_2d(MemType.WGT, wgt_base, wgt, (o0 * g.cb + ic0) * khw,
+                                   y_size=o_a, x_size=ic_a * khw, x_stride=g.cb * khw)
+                if residual is not None:
+                    if j == 0:
+                        stream.load_2d(MemType.WGT, ident_idx, residual.ident, 0, x_size=1)
+                    if last_chunk:
+                        for o in range(o_a):
+                            entry = ((n * g.ob + o0 + o) * spec.oh + h0) * spec.ow + w0
+                            stream.load_2d(MemType.INP, islot * inp_slot + res_off + o * h_a * w_a, residual.buf,
+                                           entry, y_size=h_a, x_size=w_a, x_stride=spec.ow)
+            new_group = False
             pipe.after_load()
-            # ---- compute stage
-            pipe.before_compute()
+            # ---- compute stage: a tile's first chunk starts its sums (they need no input) while its loads run
             if ci == 0:
                 pipe.before_tile(ti)
                 if ti < S:
@@ -448,13 +488,43 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 elif seeds.get(ti % S) == (o0, o_a, h_a, w_a):
                     pass   # the slot's previous tile left this tile's bias in its accumulators (FLUSH)
                 else:  # start the sums from the bias: one ALU MOV pass instead of a reset and an ADD
-                    stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
-                    stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
-                                    AluOp.MOV)
+                    if bias_all is None:
+                        stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
+                    src = bias_base if bias_all is None else bias_all + o0
+                    stream.push_alu(_bias_kernel(stream, acc_base, src, o_a, h_a * w_a), AluOp.MOV)
+            pipe.before_compute()
+            if len(chunk_bands) > 1:   # GEMMs band by band; on the last chunk every step is one: the conv
+                # (flushing, or into the accumulator with a residual), then the residual's flushing identity GEMM
+                tail_banded = last_chunk
+                seed = seed_next() if last_chunk else None
+                res_base = islot * inp_slot + res_off
+                for b, (a, z) in enumerate(chunk_bands):
+                    if 0 < b < len(load_bands):
+                        stream.dep_pop(Stage.LOAD, Stage.COMPUTE)
+                    px = (a * w_a, z * w_a)
+                    if last_chunk and fused:
+                        stream.push_epilogue(flush, seed, seed_factor_out=1)
+                    elif last_chunk:
+                        stream.push_epilogue(conv_to_acc, to_acc=True)
+                    stream.push_gemm(stream.kernel(
+                        ("conv.gemm_by_block", o_a, ic_a, 1, 1, rows, cols, h_a * w_a, 1, inp_base, wgt_base,
+                         acc_base, px),
+                        lambda k: _build_gemm_by_block(k, o_a, ic_a, 1, 1, rows, cols, h_a * w_a, 1,
+                                                       inp_base, wgt_base, acc_base, px)), flush=last_chunk)
+                    if last_chunk and residual is not None:
+                        stream.push_epilogue(flush, seed, seed_factor_out=1)
+                        stream.push_gemm(stream.kernel(
+                            ("conv.residual_by_block", acc_base, res_base, ident_idx, o_a, h_a * w_a, px),
+                            lambda k: _build_residual_by_block(k, o_a, h_a * w_a, acc_base, res_base, ident_idx,
+                                                               px)), flush=True)
+                    if last_chunk and b < len(store_bands) - 1:
+                        stream.dep_push(Stage.COMPUTE, Stage.STORE)
+                pipe.after_chunk(j)
+                j += 1
+                continue
             if fused or conv_in_gemm:
                 if last_chunk and fused:
-                    seed_next()
-                    stream.push_epilogue(flush, bias_base, seed_factor_out=1)
+                    stream.push_epilogue(flush, seed_next(), seed_factor_out=1)
                 elif last_chunk:
                     stream.push_epilogue(conv_to_acc, to_acc=True)
                 stream.push_gemm(stream.kernel(
@@ -471,8 +541,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             if not (residual is not None and last_chunk):
                 pipe.after_chunk(j)  # with a residual, the slot is released after the residual GEMM
             j += 1
-        # ---- epilogue on the accumulator tile
-        if flush is None or residual is not None:
+        # ---- epilogue on the accumulator tile (a banded tile's was its GEMMs)
+        if not tail_banded and (flush is None or residual is not None):
             ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
             if channel_scales is not None:  # the bias entries are free again: one SCALE operand per channel block
                 stream.load_2d(MemType.ACC, bias_base, channel_scales, o0, y_size=1, x_size=o_a)
@@ -487,8 +557,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 if r.ka > r.kb:
                     stream.push_alu(ew, AluOp.SHR, -(r.ka - r.kb))
                 if fused_res:   # by channel block, so that the seeds follow the blocks
-                    seed_next()
-                    stream.push_epilogue(flush, bias_base, seed_factor_out=1)
+                    stream.push_epilogue(flush, seed_next(), seed_factor_out=1)
                     stream.push_gemm(stream.kernel(
                         ("conv.residual_by_block", acc_base, res_base, ident_idx, o_a, h_a * w_a),
                         lambda k: _build_residual_by_block(k, o_a, h_a * w_a, acc_base, res_base, ident_idx)),
@@ -503,16 +572,17 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 if flush is None:
                     emit_requant(stream, ew, r.requant,
                                  lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
-        if flush is not None and not (fused or fused_res):   # the last requantization, and the next tile's seeds
-            seed_next()
-            stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
+        if flush is not None and not (fused or fused_res or tail_banded):   # the last requantization, and the next tile's seeds
+            stream.push_alu(_bias_kernel(stream, acc_base, seed_next(), o_a, h_a * w_a),
                             AluOp.FLUSH, flush, use_imm=False)
         pipe.after_tile()
         # ---- store stage
-        pipe.before_store()
-        for o in range(o_a):
-            entry = ((n * g.ob + o0 + o) * spec.oh + h0) * spec.ow + w0
-            stream.store_2d(acc_base + o * h_a * w_a, out, entry, y_size=h_a, x_size=w_a, x_stride=spec.ow)
+        for a, z in store_bands:
+            pipe.before_store()
+            for o in range(o_a):
+                entry = ((n * g.ob + o0 + o) * spec.oh + h0 + a) * spec.ow + w0
+                stream.store_2d(acc_base + o * h_a * w_a + a * w_a, out, entry, y_size=z - a, x_size=w_a,
+                                x_stride=spec.ow)
         pipe.after_store(ti)
     return {"tiles": len(tiles), "chunks": n_loads}
 
@@ -647,6 +717,17 @@ def _build_gemm(k, o_a, ic_a, kh, kw, rows, cols, h_a, w_a, sh, sw, inp_base, wg
     k.loop_end()
 
 
+#: row bands the first and last tiles of a layer split into (where every step of theirs is a GEMM),
+#: so that compute starts on the first band's input and the store drains the last tile band by band
+FILL_BANDS = 2
+
+
+def _row_bands(h: int, n: int) -> list[tuple[int, int]]:
+    """n (at most h) contiguous row ranges covering 0..h-1, as even as can be."""
+    n = max(1, min(n, h))
+    return [(h * b // n, h * (b + 1) // n) for b in range(n)]
+
+
 def input_resident(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling) -> bool:
     """Whether every tile of this tiling reads the same input (one batch block, one tile of rows and
     columns, one input-channel chunk): then it is loaded once and the output-channel groups reuse it."""
@@ -662,25 +743,32 @@ def linear_pixels(spec: Conv2dSpec, h_a: int, w_a: int) -> bool:
     return h_a == 1 or sh * ((w_a - 1) * sw + spec.kw) == w_a * sw
 
 
-def _build_gemm_by_block(k, o_a, ic_a, kh, kw, rows, cols, pixels, sw, inp_base, wgt_base, acc_base):
+def _build_gemm_by_block(k, o_a, ic_a, kh, kw, rows, cols, pixels, sw, inp_base, wgt_base, acc_base,
+                         band=None):
     """GEMM loops over (output-channel block, pixel), micro-ops over (input channel, tap): each pass
-    is one output entry's whole sum (what a flushing GEMM needs). Pixels at one input stride only."""
+    is one output entry's whole sum (what a flushing GEMM needs). Pixels at one input stride only.
+    band=(p0, p1): only the tile's pixels p0..p1-1 (a band of a tile split for the pipeline's fill
+    and drain)."""
+    p0, p1 = band or (0, pixels)
     k.loop_begin(o_a, dst_factor=pixels, src_factor=0, wgt_factor=ic_a * kh * kw)
-    k.loop_begin(pixels, dst_factor=1, src_factor=sw)
+    k.loop_begin(p1 - p0, dst_factor=1, src_factor=sw)
     for ic in range(ic_a):
         for y in range(kh):
             for x in range(kw):
-                k.push(acc_base, inp_base + ic * rows * cols + y * cols + x, wgt_base + (ic * kh + y) * kw + x)
+                k.push(acc_base + p0, inp_base + p0 * sw + ic * rows * cols + y * cols + x,
+                       wgt_base + (ic * kh + y) * kw + x)
     k.loop_end()
     k.loop_end()
 
 
-def _build_residual_by_block(k, o_a, pixels, acc_base, res_base, ident):
+def _build_residual_by_block(k, o_a, pixels, acc_base, res_base, ident, band=None):
     """A fused residual's identity GEMM over (output-channel block, pixel), one micro-op a pass (so
-    a flushing GEMM's seeds can follow the blocks); the residual tile is laid out like the output's."""
+    a flushing GEMM's seeds can follow the blocks); the residual tile is laid out like the output's.
+    band=(p0, p1): only pixels p0..p1-1."""
+    p0, p1 = band or (0, pixels)
     k.loop_begin(o_a, dst_factor=pixels, src_factor=pixels)
-    k.loop_begin(pixels, dst_factor=1, src_factor=1)
-    k.push(acc_base, res_base, ident)
+    k.loop_begin(p1 - p0, dst_factor=1, src_factor=1)
+    k.push(acc_base + p0, res_base + p0, ident)
     k.loop_end()
     k.loop_end()
 

@@ -75,7 +75,7 @@ def test_conv2d_1x1_flushes_on_its_gemm(vt, rq):
     each slot's first bias MOV (and the MOVs of tiles shaped unlike their slot's previous one).
     Several input-channel chunks (only the last flushes), edge tiles, bit-exact."""
     from accel.isa import AluOp, Epilogue, Gemm
-    from compiler.accel.conv2d import ConvTiling
+    from compiler.accel.conv2d import FILL_BANDS, ConvTiling
     cfg = PRESETS["tiny"]
     spec = Conv2dSpec(1, 3 * cfg.block_in, 5, 7, 5 * cfg.block_out, 1, 1, name="pointwise")
     x, w, b = _rand(np.random.default_rng(5), spec)
@@ -86,7 +86,8 @@ def test_conv2d_1x1_flushes_on_its_gemm(vt, rq):
     tiles = 3 * 3
     assert not [i for i in insns if getattr(i, "alu_op", None) == AluOp.FLUSH]
     assert sum(isinstance(i, Gemm) and i.flush for i in insns) == tiles
-    assert sum(isinstance(i, Gemm) and not i.flush for i in insns) == tiles   # the first input chunk's
+    # the first input chunk's, the layer's first one in row bands (FILL_BANDS, its tile has 2 rows)
+    assert sum(isinstance(i, Gemm) and not i.flush for i in insns) == tiles + min(FILL_BANDS, 2) - 1
     assert sum(isinstance(i, Epilogue) for i in insns) == tiles
     movs = [i for i in insns if getattr(i, "alu_op", None) == AluOp.MOV]
     assert vt <= len(movs) < tiles and res.stats["alu_uops"] < spec.oh * spec.ow * 5
@@ -117,7 +118,9 @@ def test_conv2d_one_spatial_tile_loads_its_input_once(vt, residual):
         want = conv2d_reference(x, w, b, spec, rq)
     assert np.array_equal(y, want)
     inp_loads = [i for i in stream.last_insns if isinstance(i, Load) and i.mem_type == MemType.INP]
-    assert len(inp_loads) == 2 + (5 if residual else 0)   # the input's two channel blocks once; residual blocks
+    # the input's two channel blocks of 4x5 pixels once (the first tile loads them in row bands),
+    # and each of the five output blocks' residual
+    assert sum(i.y_size * i.x_size for i in inp_loads) == (2 + (5 if residual else 0)) * 20
 
 
 @pytest.mark.parametrize("cfg", [PRESETS["tiny"], ODD], ids=["tiny", "b2x8x16"])
