@@ -29,6 +29,7 @@ from accel.isa.errors import EncodingError
 from accel.isa.isa import INSN_BYTES
 
 from .errors import DeadlockError, ExecError, SimError
+from .races import RaceChecker
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +222,15 @@ class Fsim:
     """Functional simulator for one AccelConfig. Buffers persist across run() calls of an
     instance, as SRAM does across runs of the hardware; a new instance starts from zeros."""
 
-    def __init__(self, cfg: AccelConfig):
+    def __init__(self, cfg: AccelConfig, check_races: bool | None = None):
+        """check_races: run the token protocol's happens-before check (sim.races) on every program;
+        None reads the environment variable ACCEL_CHECK_RACES (1 turns it on, as the tests do)."""
         self.cfg = cfg
         c = cfg
+        if check_races is None:
+            check_races = os.environ.get("ACCEL_CHECK_RACES", "") == "1"
+        self.check_races = check_races
+        self.races = None   # the RaceChecker of the run in progress
         self.inp = np.zeros((c.inp_depth, c.batch, c.block_in), _INT[c.inp_width])
         self.wgt = np.zeros((c.wgt_depth, c.block_out, c.block_in), _INT[c.wgt_width])
         self.acc = np.zeros((c.acc_depth, c.batch, c.block_out), _INT[c.acc_width])
@@ -282,6 +289,13 @@ class Fsim:
         run_of = [handler[type(i)] for i in insns]
         order = [(s, stages[s]) for s in (Stage.LOAD, Stage.STORE, Stage.COMPUTE)]
         n_insns = len(insns)
+        c = self.cfg
+        races = self.races = RaceChecker({"uop": c.uop_depth, "inp": c.inp_depth, "wgt": c.wgt_depth,
+                                          "acc": c.acc_depth, "out": c.out_depth}) if self.check_races else None
+
+        def describe(i):
+            ins = insns[i]
+            return ins.opcode.name + (f" {ins.mem_type.name}" if isinstance(ins, (Load, Store)) else "")
         while not finished:
             progress = False
             # fetch: in order, stalls while the target command queue is full
@@ -312,6 +326,8 @@ class Fsim:
                                 break
                             for q in qs:
                                 tokens[q] -= 1
+                                if races:
+                                    races.pop(s, q)
                         st.popped = True
                         progress = True
                     if not st.executed:
@@ -327,6 +343,8 @@ class Fsim:
                                     f"(pop_next after the last store's push_prev) and put FINISH last")
                             finished = True
                         else:
+                            if races:
+                                races.begin(s, idx, describe)
                             run(idx, insns[idx], dram, stats)
                         st.executed = True
                         executed += 1
@@ -342,6 +360,8 @@ class Fsim:
                             break
                         for q in qs:
                             tokens[q] += 1
+                            if races:
+                                races.push(s, q)
                     st.current = None
                     progress = True
                     if finished:
@@ -413,6 +433,8 @@ class Fsim:
                             f"entries exceeds the {mem.name} buffer depth {depth}")
         lo, hi = insn.sram_base, insn.sram_base + rows * cols
         src = self._dram_tile(idx, insn, dram, eb) if insn.y_size and insn.x_size else None   # checked first
+        if self.races:
+            self.races.write(mem.name.lower(), slice(lo, hi))
         padded = rows != insn.y_size or cols != insn.x_size
         if src is not None:
             stats.bytes_read += insn.y_size * insn.x_size * eb
@@ -449,6 +471,8 @@ class Fsim:
                             f"OUT buffer depth {c.out_depth}")
         eb = c.out_elem_bytes
         view = self._dram_tile(idx, insn, dram, eb)
+        if self.races:
+            self.races.read("out", slice(insn.sram_base, insn.sram_base + n))
         data = self.out[insn.sram_base:insn.sram_base + n].astype(f"<i{c.out_width // 8}").view(np.uint8)
         data = data.reshape(insn.y_size, insn.x_size, eb)
         if insn.y_size == 1 or insn.x_stride >= insn.x_size:
@@ -511,6 +535,8 @@ class Fsim:
         stats.gemm_uops += dst.size
         if not insn.reset:
             stats.macs += dst.size * c.macs_per_cycle
+        if self.races:
+            self._race_accesses(insn, plan, gemm=True)
         if insn.flush:
             flushed, seeds, in_order = self._flush_plan(idx, insn, plan)
             if in_order:   # each flushed sum's value depends on the micro-ops before it only
@@ -520,6 +546,28 @@ class Fsim:
             self._gemm_in_order(insn, plan, flushed, seeds)
             return
         self._gemm_sums(insn, plan)
+
+    def _race_accesses(self, insn, plan: _LoopPlan, gemm: bool, use_imm: bool = False) -> None:
+        """A GEMM's or ALU's buffer accesses, for the race checker: its micro-ops, its operands and
+        the accumulator entries it updates (and a flush's seeds), then the entries it writes."""
+        r = self.races
+        u = plan.derive("race", lambda: {k: np.unique(a) for k, a in
+                                         (("dst", plan.dst), ("src", plan.src), ("wgt", plan.wgt)) if a is not None})
+        r.read("uop", slice(insn.uop_bgn, insn.uop_end))
+        if gemm and not insn.reset:
+            r.read("inp", u["src"])
+            r.read("wgt", u["wgt"])
+        if not (gemm and insn.reset):
+            r.read("acc", u["dst"])
+        if not gemm and not use_imm:
+            r.read("acc", u["src"])
+        if gemm and insn.flush and not self.epilogue.to_acc:
+            e = self.epilogue
+            i0 = np.arange(insn.iter_out, dtype=np.int64)[:, None]
+            i1 = np.arange(insn.iter_in, dtype=np.int64)[None, :]
+            r.read("acc", np.unique((e.seed_base + i0 * e.seed_factor_out + i1 * e.seed_factor_in) % self.cfg.acc_depth))
+        r.write("acc", u["dst"])
+        r.write("out", u["dst"])
 
     def _gemm_sums(self, insn: Gemm, plan: _LoopPlan) -> None:
         """Every micro-op's sum, and out = narrow(acc) on the entries they write."""
@@ -777,6 +825,8 @@ class Fsim:
         stats.alu_uops += dst.size
         op, w = insn.alu_op, self.cfg.acc_width
         use_imm = insn.use_imm and op != AluOp.FLUSH    # FLUSH seeds from the register whatever use_imm says
+        if self.races:
+            self._race_accesses(insn, plan, gemm=False, use_imm=use_imm)
         if not plan.derive("hazard", lambda: self._alu_hazard(plan, use_imm)):
             d = plan.run or dst
             # elements that only read their own entry and one operand for all can go in any order:

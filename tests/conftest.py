@@ -24,3 +24,7 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+# fsim checks every program the tests run for races between its stages (sim.races): a missing
+# dependency token fails a test even where the timing hides it
+os.environ.setdefault("ACCEL_CHECK_RACES", "1")

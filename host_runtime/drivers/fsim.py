@@ -13,10 +13,10 @@ from ..device import Driver, RunResult, register_driver
 
 @register_driver("fsim")
 class FsimDriver(Driver):
-    def __init__(self, cfg, max_insns: int | None = None):
+    def __init__(self, cfg, max_insns: int | None = None, check_races: bool | None = None):
         super().__init__(cfg)
         from sim.fsim import Fsim  # imported here: the registry stays importable without sim
-        self.sim = Fsim(cfg)
+        self.sim = Fsim(cfg, check_races=check_races)
         self.max_insns = max_insns
 
     def run(self, dram: np.ndarray, insn_addr: int, insn_count: int) -> RunResult:

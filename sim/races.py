@@ -1,0 +1,102 @@
+"""A happens-before checker for the dependency-token protocol, run inside the functional simulator.
+
+The three stages run concurrently on the hardware (and in tsim); only dependency tokens order
+them. fsim executes one valid interleaving, so a program that forgets a token can still give the
+right bytes there, and on tsim or the RTL too when the timing happens to hide it. This checker
+finds such races whatever the timing: each stage keeps a vector clock (one counter per stage),
+a token carries its producer's clock to the consumer, and every on-chip buffer entry remembers
+the clock of its last write and of each stage's last read. An access by one stage that another
+stage's earlier access of the same entry does not happen before (a read of an entry written by
+another stage, or a write of an entry another stage wrote or read) is a race, reported with both
+instructions. It is the FastTrack scheme with three threads and FIFO channels.
+
+DRAM is not tracked: within one program, stores write only outputs that its loads do not read.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from accel.isa import Stage
+
+from .errors import SimError
+
+_STAGES = (Stage.LOAD, Stage.COMPUTE, Stage.STORE)
+_INDEX = {s: i for i, s in enumerate(_STAGES)}
+
+
+class RaceError(SimError):
+    """Two stages access one buffer entry without a token ordering them."""
+
+
+class RaceChecker:
+    def __init__(self, depths: dict[str, int]):
+        self.clock = np.zeros((3, 3), np.int64)   # clock[stage] = that stage's vector clock
+        self.tokens: dict[str, deque] = {}
+        self.depths = depths
+        # per buffer: the last writer's stage (-1: none) and clock; each stage's last read clock
+        self.w_stage = {b: np.full(d, -1, np.int8) for b, d in depths.items()}
+        self.w_clock = {b: np.zeros(d, np.int64) for b, d in depths.items()}
+        self.w_insn = {b: np.full(d, -1, np.int64) for b, d in depths.items()}
+        self.r_clock = {b: np.zeros((3, d), np.int64) for b, d in depths.items()}
+        self.r_insn = {b: np.full((3, d), -1, np.int64) for b, d in depths.items()}
+        self.stage, self.insn, self.describe = 0, -1, None
+
+    # ---- the scheduler's hooks
+    def pop(self, stage: Stage, queue: str) -> None:
+        """`stage` took a token from `queue`: it now knows all its producer knew when it pushed."""
+        np.maximum(self.clock[_INDEX[stage]], self.tokens[queue].popleft(), out=self.clock[_INDEX[stage]])
+
+    def begin(self, stage: Stage, idx: int, describe) -> None:
+        """`stage` starts instruction idx (describe(i) names instruction i in a report)."""
+        self.stage, self.insn, self.describe = _INDEX[stage], idx, describe
+        self.clock[self.stage, self.stage] += 1
+
+    def push(self, stage: Stage, queue: str) -> None:
+        self.tokens.setdefault(queue, deque()).append(self.clock[_INDEX[stage]].copy())
+
+    # ---- accesses of the instruction begun last
+    def read(self, buf: str, entries) -> None:
+        e = self._entries(buf, entries)
+        self._against_writes(buf, e, "reads")
+        self.r_clock[buf][self.stage, e] = self.clock[self.stage, self.stage]
+        self.r_insn[buf][self.stage, e] = self.insn
+
+    def write(self, buf: str, entries) -> None:
+        e = self._entries(buf, entries)
+        self._against_writes(buf, e, "writes")
+        me = self.clock[self.stage]
+        for s in range(3):
+            if s != self.stage:
+                late = self.r_clock[buf][s, e] > me[s]
+                if late.any():
+                    k = e[np.argmax(late)]
+                    self._report(buf, k, "writes", "read", _STAGES[s], int(self.r_insn[buf][s, k]))
+        self.w_stage[buf][e] = self.stage
+        self.w_clock[buf][e] = me[self.stage]
+        self.w_insn[buf][e] = self.insn
+
+    def _entries(self, buf: str, entries) -> np.ndarray:
+        """entries: a slice, or an array of distinct entries."""
+        if isinstance(entries, slice):
+            return np.arange(entries.start, entries.stop)
+        return entries
+
+    def _against_writes(self, buf: str, e: np.ndarray, verb: str) -> None:
+        ws = self.w_stage[buf][e]
+        other = (ws >= 0) & (ws != self.stage)
+        if not other.any():
+            return
+        known = self.clock[self.stage][np.where(other, ws, 0)]
+        late = other & (self.w_clock[buf][e] > known)
+        if late.any():
+            k = e[np.argmax(late)]
+            self._report(buf, k, verb, "wrote", _STAGES[int(self.w_stage[buf][k])], int(self.w_insn[buf][k]))
+
+    def _report(self, buf, entry, verb, other_verb, other_stage, other_insn):
+        me = _STAGES[self.stage].name.lower()
+        raise RaceError(
+            f"race on {buf} buffer entry {int(entry)}: instruction {self.insn} ({self.describe(self.insn)}, "
+            f"{me} stage) {verb} it, and instruction {other_insn} ({self.describe(other_insn)}, "
+            f"{other_stage.name.lower()} stage) {other_verb} it with no dependency token ordering the two")
