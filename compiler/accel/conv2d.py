@@ -323,6 +323,11 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     micro-ops, so each pass ends one sum, and there is no FLUSH pass. With a residual, the last
     GEMM requantizes into the accumulator instead (EPILOGUE to_acc) and the identity GEMM that adds
     the residual flushes.
+    Every output-channel block's bias is loaded into the accumulator once, past the slots, when it
+    fits (MOVs and seeds read it there). A tile starts its sums before it waits for its loads. On 1x1
+    stride-1 layers the layer's first chunk and its last tile go in FILL_BANDS row bands with a token
+    per band, so compute starts on the first band's input and the store drains the last tile band by
+    band (the pipeline's fill and drain).
     Returns counts (tiles, chunks) for reporting."""
     cfg, t = stream.cfg, tiling
     g = _Geom.of(spec, cfg)
