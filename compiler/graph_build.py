@@ -573,7 +573,7 @@ class _Builder:
         from accel.isa.errors import AccelError
         s = self.dev.stream()
         try:
-            emit(s)
+            s.emit_preloaded(emit)   # the program's micro-op kernels load first, in one LOAD
             insns = s.finish()
             code = encode_program(insns, self.cfg)
         except AccelError as e:

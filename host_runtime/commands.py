@@ -197,6 +197,7 @@ class CommandStream:
         self._tokens: dict[tuple[Stage, Stage], int] = {q: 0 for q in _NEIGHBOURS}
         self._resident: dict[Any, tuple[int, int]] = {}  # kernel key -> (uop_bgn, uop_end)
         self._uop_top = 0
+        self.kernels_used: dict[Any, UopKernel] = {}      # every kernel a GEMM or ALU used, in first use order
         self._finished = False
         self._epilogue: Epilogue | None = None   # the latest push_epilogue, which flushing GEMMs use
 
@@ -333,6 +334,7 @@ class CommandStream:
         (compute executes in order, so overwriting micro-ops of earlier GEMMs is safe)."""
         if not len(k):
             return 0, 0
+        self.kernels_used.setdefault(k.key, k)
         r = self._resident.get(k.key)
         if r is not None:
             return r
@@ -347,6 +349,41 @@ class CommandStream:
         self._uop_top += n
         self._resident[k.key] = (bgn, bgn + n)
         return bgn, bgn + n
+
+    def preload(self, kernels) -> None:
+        """Make these kernels resident now with one LOAD: their micro-ops, copied back to back into
+        one DRAM block (cached on the device by their keys), go to the micro-op buffer together, so
+        the GEMM and ALU instructions that use them later load nothing. A program preloads its kernels
+        first, while the compute stage would wait for its first input anyway, instead of loading each
+        where it is first used, behind the load stage's bursts. Kernels already resident, empty or
+        too many for the buffer's free entries are left to load where they are used."""
+        todo = [k for k in kernels if len(k) and k.key not in self._resident]
+        n = sum(len(k) for k in todo)
+        if not todo or self._uop_top + n > self.cfg.uop_depth or n >= 1 << SIZE_BITS:
+            return
+        key = ("preload",) + tuple(k.key for k in todo)
+        bundle = self.device.kernels.get(key)
+        if bundle is None:
+            data = np.concatenate([encode_uops(k.uops, self.cfg) for k in todo])
+            bundle = self.device.memory.alloc(data.nbytes, name=f"uops preload of {len(todo)} kernels")
+            bundle.write(data)
+            self.device.kernels[key] = bundle
+        bgn = self._uop_top
+        self._append(Load(mem_type=MemType.UOP, sram_base=bgn, dram_base=bundle.entry_index(self.cfg.uop_elem_bytes),
+                          y_size=1, x_size=n, x_stride=n))
+        for k in todo:
+            self._resident[k.key] = (bgn, bgn + len(k))
+            self.kernels_used.setdefault(k.key, k)
+            bgn += len(k)
+        self._uop_top = bgn
+
+    def emit_preloaded(self, emit: Callable[["CommandStream"], Any]) -> Any:
+        """emit(self), its kernels preloaded first (preload): a dry run of emit on a scratch stream of
+        the same device names them. Returns what emit returns."""
+        dry = CommandStream(self.device)
+        emit(dry)
+        self.preload(dry.kernels_used.values())
+        return emit(self)
 
     def _check_reach(self, what: str, k: UopKernel, checks) -> None:
         for name, reach, depth, buf in checks:

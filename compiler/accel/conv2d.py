@@ -849,7 +849,8 @@ def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, sp
         bufs.append(scales)
     try:
         stream = device.stream()
-        emit_conv2d(stream, spec, tiling, bufs[0], bufs[1], out, bufs[2], requant, fused, scales)
+        stream.emit_preloaded(lambda s: emit_conv2d(s, spec, tiling, bufs[0], bufs[1], out, bufs[2], requant, fused,
+                                                   scales))
         result = stream.synchronize()
         y = unpack_activation(out.read(np.int8, oshape), spec.n, spec.o)
     finally:

@@ -40,8 +40,8 @@ def measure_conv2d(spec: Conv2dSpec, cfg: AccelConfig, tiling: ConvTiling, drive
                   "bias": cfg.acc_elem_bytes}
         bufs = {k: dev.memory.alloc(v, align=aligns[k], name=k) for k, v in sizes.items()}
         stream = dev.stream()
-        emit_conv2d(stream, spec, tiling, bufs["inp"], bufs["wgt"], bufs["out"], bufs["bias"] if bias else None,
-                    requant)
+        stream.emit_preloaded(lambda s: emit_conv2d(s, spec, tiling, bufs["inp"], bufs["wgt"], bufs["out"],
+                                                   bufs["bias"] if bias else None, requant))
         result = stream.synchronize()
     if result.cycles is None:
         raise ValueError(f"driver {driver!r} reports no cycles; tuning needs a timing driver")

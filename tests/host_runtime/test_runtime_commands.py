@@ -161,6 +161,57 @@ def test_commands_uop_buffer_starts_over_when_full(dev):
     assert r.stats["gemm_uops"] == 3 * n
 
 
+def test_commands_preload_loads_kernels_once_up_front(dev):
+    """preload: one LOAD for the kernels not yet resident (copied back to back into one DRAM block),
+    none where they are used; kernels that do not all fit in the free entries load where used."""
+    s = dev.stream()
+    ks = [s.kernel(f"k{i}", lambda k, i=i: [k.push(j % 8, j % 4) for j in range(i + 2)]) for i in range(3)]
+    s.push_alu(ks[0], AluOp.ADD, 1)
+    s.preload(ks + [ks[0]])                     # k0 is resident already: k1 and k2 only
+    assert len(s.insns) == 3 and s.insns[2].x_size == 3 + 4
+    for k in ks:
+        s.push_alu(k, AluOp.ADD)
+    alus = [i for i in s.insns if isinstance(i, Alu)]
+    assert len(s.insns) == 3 + 3 and [a.uop_end - a.uop_bgn for a in alus] == [2, 2, 3, 4]
+    assert alus[2].uop_bgn == alus[1].uop_end == 2 and alus[3].uop_bgn == 5
+    assert list(s.kernels_used) == ["k0", "k1", "k2"]
+    s.synchronize()
+    big = dev.stream()
+    huge = [big.kernel(f"h{i}", lambda k: [k.push(0) for _ in range(TINY.uop_depth // 2 + 1)]) for i in range(2)]
+    big.preload(huge)
+    assert not big.insns                        # more than the buffer holds: nothing preloaded
+
+
+@pytest.mark.parametrize("vt", [1, 2])
+def test_commands_emit_preloaded_conv_loads_its_kernels_first(vt):
+    """A conv emitted with its kernels preloaded (as compiled layers are): one micro-op LOAD, the
+    first compute instruction; the bytes are those of the conv emitted without it."""
+    from compiler.accel.conv2d import Conv2dSpec, Requant, emit_conv2d, plan_conv2d
+    spec = Conv2dSpec(1, 12, 6, 8, 8, 1, 1)
+    outs = []
+    for preload in (False, True):
+        rng = np.random.default_rng(0)
+        dev = Device(TINY, dram_bytes=1 << 20)
+        bufs = {n: dev.memory.alloc_array(rng.integers(-128, 128, 4096, dtype=np.int8), align=64) for n in ("x", "w")}
+        bias = dev.memory.alloc_array(rng.integers(-999, 999, 64, dtype=np.int32), align=64)
+        out = dev.memory.alloc(8 * 6 * 8, align=64)
+        t = plan_conv2d(spec, TINY, vt)
+        s = dev.stream()
+
+        def emit(st):
+            return emit_conv2d(st, spec, t, bufs["x"], bufs["w"], out, bias, Requant(7, -127, 127))
+        s.emit_preloaded(emit) if preload else emit(s)
+        uop_loads = [k for k, i in enumerate(s.insns) if isinstance(i, Load) and i.mem_type == MemType.UOP]
+        first_compute = next(k for k, i in enumerate(s.insns) if i.stage == Stage.COMPUTE)
+        s.synchronize()
+        outs.append(out.read(np.int8, (8 * 6 * 8,)))
+        if preload:
+            assert uop_loads == [first_compute]
+        else:
+            assert len(uop_loads) > 1
+    assert np.array_equal(outs[0], outs[1])
+
+
 def test_commands_program_matches_synchronize(dev):
     rng = np.random.default_rng(1)
     cfg = TINY
