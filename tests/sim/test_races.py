@@ -37,37 +37,34 @@ def _store(**flags):
     return Store(mem_type=MemType.OUT, sram_base=0, dram_base=0x200, y_size=1, x_size=1, x_stride=1, **flags)
 
 
-@pytest.mark.parametrize("ordered", [True, False])
-def test_compute_reading_a_load_it_did_not_wait_for_is_a_race(ordered):
-    prog = [_load_uop(), _load_inp(push_next=ordered), _gemm(pop_prev=ordered), Finish()]
-    if ordered:
-        _run(prog)
-    else:
-        with pytest.raises(RaceError, match=r"inp buffer entry 0: instruction 2 \(GEMM, compute stage\) reads it, "
-                                            r"and instruction 1 \(LOAD INP, load stage\) wrote it"):
-            _run(prog)
-    _run(prog, check=False)   # fsim alone runs it either way
+# name -> (the program with its tokens, the program without them, what the report says); fsim alone
+# runs both
+CASES = {
+    "compute reads a load it did not wait for": (
+        [_load_uop(), _load_inp(push_next=True), _gemm(pop_prev=True), Finish()],
+        [_load_uop(), _load_inp(), _gemm(), Finish()],
+        r"inp buffer entry 0: instruction 2 \(GEMM, compute stage\) reads it, and instruction 1 \(LOAD INP, "
+        r"load stage\) wrote it"),
+    # the second LOAD reuses entry 0: without compute's token back it may land before the GEMM reads
+    "a load overwrites what compute still reads": (
+        [_load_uop(), _load_inp(push_next=True), _gemm(pop_prev=True, push_prev=True),
+         _load_inp(pop_next=True, push_next=True), Finish(pop_prev=True)],
+        [_load_uop(), _load_inp(push_next=True), _load_inp(), _gemm(pop_prev=True), Finish()],
+        "inp buffer entry 0"),
+    # unordered, fsim happens to run the store first, so the GEMM's write is the access reported
+    "a store reads output compute did not hand over": (
+        [_load_uop(), _load_inp(push_next=True), _gemm(pop_prev=True, push_next=True),
+         _store(pop_prev=True, push_prev=True), Finish(pop_next=True)],
+        [_load_uop(), _load_inp(push_next=True), _gemm(pop_prev=True), _store(push_prev=True), Finish(pop_next=True)],
+        r"out buffer entry 0: instruction 2 \(GEMM, compute stage\) writes it, and instruction 3 \(STORE OUT, "
+        r"store stage\) read it"),
+}
 
 
-@pytest.mark.parametrize("ordered", [True, False])
-def test_a_load_overwriting_what_compute_still_reads_is_a_race(ordered):
-    """The second LOAD reuses entry 0; without compute's token back it may land before the GEMM reads."""
-    if ordered:
-        _run([_load_uop(), _load_inp(push_next=True), _gemm(pop_prev=True, push_prev=True),
-              _load_inp(pop_next=True, push_next=True), Finish(pop_prev=True)])
-    else:
-        with pytest.raises(RaceError, match="inp buffer entry 0"):
-            _run([_load_uop(), _load_inp(push_next=True), _load_inp(), _gemm(pop_prev=True), Finish()])
-
-
-@pytest.mark.parametrize("ordered", [True, False])
-def test_a_store_reading_output_compute_did_not_hand_over_is_a_race(ordered):
-    """Unordered, fsim happens to run the store first, so the GEMM's write is the access reported."""
-    prog = [_load_uop(), _load_inp(push_next=True), _gemm(pop_prev=True, push_next=ordered),
-            _store(pop_prev=ordered, push_prev=True), Finish(pop_next=True)]
-    if ordered:
-        _run(prog)
-    else:
-        with pytest.raises(RaceError, match=r"out buffer entry 0: instruction 2 \(GEMM, compute stage\) writes it, "
-                                            r"and instruction 3 \(STORE OUT, store stage\) read it"):
-            _run(prog)
+@pytest.mark.parametrize("case", CASES)
+def test_race_without_a_token_is_named_and_with_it_passes(case):
+    ordered, unordered, match = CASES[case]
+    _run(ordered)
+    with pytest.raises(RaceError, match=match):
+        _run(unordered)
+    _run(unordered, check=False)
