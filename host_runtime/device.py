@@ -123,7 +123,7 @@ class Device:
         # driver=None: a device that only builds programs (to save them), never runs them
         self.driver = driver if driver is None or isinstance(driver, Driver) else get_driver(
             driver, self.cfg, **driver_options)
-        self.kernels: dict[Any, Any] = {}  # key -> UopKernel (see commands.py)
+        self.kernels: dict[Any, Any] = {}  # key -> UopKernel, or a preload bundle's Buffer (see commands.py)
 
     def stream(self):
         from .commands import CommandStream

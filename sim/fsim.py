@@ -565,7 +565,8 @@ class Fsim:
             e = self.epilogue
             i0 = np.arange(insn.iter_out, dtype=np.int64)[:, None]
             i1 = np.arange(insn.iter_in, dtype=np.int64)[None, :]
-            r.read("acc", np.unique((e.seed_base + i0 * e.seed_factor_out + i1 * e.seed_factor_in) % self.cfg.acc_depth))
+            seeds = (e.seed_base + i0 * e.seed_factor_out + i1 * e.seed_factor_in) % self.cfg.acc_depth
+            r.read("acc", np.unique(seeds))
         r.write("acc", u["dst"])
         r.write("out", u["dst"])
 

@@ -577,7 +577,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 if flush is None:
                     emit_requant(stream, ew, r.requant,
                                  lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base + 1))
-        if flush is not None and not (fused or fused_res or tail_banded):   # the last requantization, and the next tile's seeds
+        if flush is not None and not (fused or fused_res or tail_banded):   # the last requantization, the next seeds
             stream.push_alu(_bias_kernel(stream, acc_base, seed_next(), o_a, h_a * w_a),
                             AluOp.FLUSH, flush, use_imm=False)
         pipe.after_tile()

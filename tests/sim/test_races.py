@@ -22,7 +22,8 @@ def _run(prog, check=True):
 
 
 def _load_uop(**flags):
-    return Load(mem_type=MemType.UOP, sram_base=0, dram_base=UOPS_AT // elem_bytes(TINY, MemType.UOP), y_size=1, x_size=1, x_stride=1, **flags)
+    return Load(mem_type=MemType.UOP, sram_base=0, dram_base=UOPS_AT // elem_bytes(TINY, MemType.UOP), y_size=1,
+                x_size=1, x_stride=1, **flags)
 
 
 def _load_inp(**flags):
