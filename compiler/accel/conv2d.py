@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from accel.isa import AccelConfig, AluOp, EncodingError, MemType, Stage, flush_immediate
-from accel.isa.config import PAD_BITS
+from accel.isa.config import PAD_BITS, SIZE_BITS
 
 from ..errors import CompilerError
 from ..graph.ops import shift_right_round
@@ -462,11 +462,17 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                     if b < len(load_bands) - 1:
                         stream.dep_push(Stage.LOAD, Stage.COMPUTE)
             else:
-                for ic in range(0 if inp_resident and j else ic_a):
-                    entry = ((n * g.cb + ic0 + ic) * spec.h + y0) * spec.w + x0
-                    stream.load_2d(MemType.INP, inp_base + ic * rows * cols, inp, entry,
-                                   y_size=max(0, y1 - y0), x_size=max(0, x1 - x0), x_stride=spec.w,
-                                   y_pad0=yp0, y_pad1=yp1, x_pad0=xp0, x_pad1=xp1)
+                if (not (inp_resident and j) and ic_a > 1 and cols == spec.w and not (yp0 or yp1 or xp0 or xp1)
+                        and rows * cols < 1 << SIZE_BITS):   # whole unpadded rows: every channel block in one LOAD
+                    entry = ((n * g.cb + ic0) * spec.h + y0) * spec.w
+                    stream.load_2d(MemType.INP, inp_base, inp, entry, y_size=ic_a, x_size=rows * cols,
+                                   x_stride=spec.h * spec.w)
+                else:
+                    for ic in range(0 if inp_resident and j else ic_a):
+                        entry = ((n * g.cb + ic0 + ic) * spec.h + y0) * spec.w + x0
+                        stream.load_2d(MemType.INP, inp_base + ic * rows * cols, inp, entry,
+                                       y_size=max(0, y1 - y0), x_size=max(0, x1 - x0), x_stride=spec.w,
+                                       y_pad0=yp0, y_pad1=yp1, x_pad0=xp0, x_pad1=xp1)
                 if new_group or not resident:
                     stream.load_2d(MemType.WGT, wgt_base, wgt, (o0 * g.cb + ic0) * khw,
                                    y_size=o_a, x_size=ic_a * khw, x_stride=g.cb * khw)

@@ -94,6 +94,26 @@ def test_conv2d_1x1_flushes_on_its_gemm(vt, rq):
 
 
 @pytest.mark.parametrize("vt", [1, 2])
+def test_conv2d_whole_row_tiles_load_their_channel_blocks_in_one_load(vt):
+    """A tile of whole unpadded rows loads all the channel blocks of its chunk in one LOAD (one DMA
+    row per block); the layer's first chunk, in row bands, loads a block per band; a padded 3x3
+    conv keeps a LOAD per block. Bit-exact."""
+    from accel.isa import Load, MemType
+    from compiler.accel.conv2d import FILL_BANDS, ConvTiling
+    cfg = PRESETS["tiny"]
+    for spec, t, want in ((Conv2dSpec(1, 3 * cfg.block_in, 6, 5, 2 * cfg.block_out, 1, 1, name="rows"),
+                           ConvTiling(2, 2, 5, 3, vt), 3 * FILL_BANDS + 2),   # 3 row tiles, tile 0 banded
+                          (Conv2dSpec(1, 3 * cfg.block_in, 6, 5, 2 * cfg.block_out, 3, 3, (1, 1, 1, 1), name="pad"),
+                           ConvTiling(2, 2, 5, 3, vt), 3 * 3)):
+        x, w, b = _rand(np.random.default_rng(3), spec)
+        rq = Requant(8, -127, 127)
+        y, _, stream = run_conv2d(Device(cfg), x, w, b, spec, rq, vt, t)
+        assert np.array_equal(y, conv2d_reference(x, w, b, spec, rq)), spec.name
+        loads = [i for i in stream.last_insns if isinstance(i, Load) and i.mem_type == MemType.INP]
+        assert len(loads) == want, spec.name
+
+
+@pytest.mark.parametrize("vt", [1, 2])
 @pytest.mark.parametrize("residual", [False, True])
 def test_conv2d_one_spatial_tile_loads_its_input_once(vt, residual):
     """One tile of rows and columns and one input chunk: every output-channel group reads the same
