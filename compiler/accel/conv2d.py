@@ -427,6 +427,11 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
         # whole rows: compute starts on the first band's input, and the store drains the last tile band
         # by band (the pipeline's fill and drain)
         last_tile = ti == len(tiles) - 1
+
+        def blocks_in_one(band_rows: int) -> bool:
+            """Whether the tile's output-shaped transfers (its stores, its residual) can move all its
+            channel blocks in one instruction: whole rows, the band the whole tile, more than one block."""
+            return o_a > 1 and w_a == spec.ow and band_rows == h_a and h_a * w_a < 1 << SIZE_BITS
         banded = (h_a > 1 and (ti == 0 or last_tile) and spec.kh == spec.kw == 1 and (sh, sw) == (1, 1)
                   and not any(spec.pads) and (fused or (conv_in_gemm and fused_res and residual.ka == 0)))
         whole = [(0, h_a)]
@@ -479,7 +484,11 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 if residual is not None:
                     if j == 0:
                         stream.load_2d(MemType.WGT, ident_idx, residual.ident, 0, x_size=1)
-                    if last_chunk:
+                    if last_chunk and blocks_in_one(h_a):
+                        stream.load_2d(MemType.INP, islot * inp_slot + res_off, residual.buf,
+                                       ((n * g.ob + o0) * spec.oh + h0) * spec.ow, y_size=o_a, x_size=h_a * w_a,
+                                       x_stride=spec.oh * spec.ow)
+                    elif last_chunk:
                         for o in range(o_a):
                             entry = ((n * g.ob + o0 + o) * spec.oh + h0) * spec.ow + w0
                             stream.load_2d(MemType.INP, islot * inp_slot + res_off + o * h_a * w_a, residual.buf,
@@ -590,6 +599,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
         # ---- store stage
         for a, z in store_bands:
             pipe.before_store()
+            if blocks_in_one(z - a):
+                stream.store_2d(acc_base, out, ((n * g.ob + o0) * spec.oh + h0) * spec.ow, y_size=o_a,
+                                x_size=h_a * w_a, x_stride=spec.oh * spec.ow)
+                continue
             for o in range(o_a):
                 entry = ((n * g.ob + o0 + o) * spec.oh + h0 + a) * spec.ow + w0
                 stream.store_2d(acc_base + o * h_a * w_a + a * w_a, out, entry, y_size=z - a, x_size=w_a,

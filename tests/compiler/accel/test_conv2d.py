@@ -96,9 +96,10 @@ def test_conv2d_1x1_flushes_on_its_gemm(vt, rq):
 @pytest.mark.parametrize("vt", [1, 2])
 def test_conv2d_whole_row_tiles_load_their_channel_blocks_in_one_load(vt):
     """A tile of whole unpadded rows loads all the channel blocks of its chunk in one LOAD (one DMA
-    row per block); the layer's first chunk, in row bands, loads a block per band; a padded 3x3
-    conv keeps a LOAD per block. Bit-exact."""
-    from accel.isa import Load, MemType
+    row per block) and stores its output blocks in one STORE; the layer's first chunk, in row bands,
+    loads a block per band, and its last tile stores a block per band; a padded 3x3 conv keeps a LOAD
+    per block. Bit-exact."""
+    from accel.isa import Load, MemType, Store
     from compiler.accel.conv2d import FILL_BANDS, ConvTiling
     cfg = PRESETS["tiny"]
     for spec, t, want in ((Conv2dSpec(1, 3 * cfg.block_in, 6, 5, 2 * cfg.block_out, 1, 1, name="rows"),
@@ -111,6 +112,8 @@ def test_conv2d_whole_row_tiles_load_their_channel_blocks_in_one_load(vt):
         assert np.array_equal(y, conv2d_reference(x, w, b, spec, rq)), spec.name
         loads = [i for i in stream.last_insns if isinstance(i, Load) and i.mem_type == MemType.INP]
         assert len(loads) == want, spec.name
+        if spec.kh == 1:   # 3 row tiles of 2 output blocks: one STORE each but the banded last
+            assert sum(isinstance(i, Store) for i in stream.last_insns) == 2 + FILL_BANDS * 2
 
 
 @pytest.mark.parametrize("vt", [1, 2])
