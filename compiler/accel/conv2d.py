@@ -189,8 +189,8 @@ def _fits(spec, cfg, t, residual=False) -> bool:
 #: non-critical stages' time that two virtual threads fail to hide; fitted by bench/tiling_fit.py
 #: --grid (every accelerator layer of ResNet-18 and MobileNetV2 in bench/e2e.py, fused residuals
 #: included, 16 best-estimated tilings each measured on tsim, default and ultra96 configs): the
-#: picks' total is 0.24% / 0.28% above the best measured (10, 10, 0.1, fitted before the row bands
-#: and resident biases: 0.52% / 0.40%)
+#: picks' total is 0.24% / 0.28% above the best measured, 0.20% / 0.25% with the merged transfers
+#: (10, 10, 0.1, fitted before the row bands and resident biases: 0.52% / 0.40%)
 INSN_CYCLES, CHUNK_CYCLES, OVERLAP_LOSS = 5, 5, 0.05
 
 
@@ -327,7 +327,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     fits (MOVs and seeds read it there). A tile starts its sums before it waits for its loads. On 1x1
     stride-1 layers the layer's first chunk and its last tile go in FILL_BANDS row bands with a token
     per band, so compute starts on the first band's input and the store drains the last tile band by
-    band (the pipeline's fill and drain).
+    band (the pipeline's fill and drain). A tile of whole unpadded rows moves all its channel blocks
+    in one LOAD (its input chunk, its residual) and one STORE.
     Returns counts (tiles, chunks) for reporting."""
     cfg, t = stream.cfg, tiling
     g = _Geom.of(spec, cfg)
