@@ -3,6 +3,7 @@
     accel config show [--config C]        accel config validate FILE
     accel asm IN.s -o OUT.accp [--config C] [--data ADDR=FILE] [--symbol NAME=ADDR:DTYPE:SHAPE]
     accel disasm IN.accp                  accel run PROG.accp [--driver fsim] [--dump SYMBOL] [--dump-dram F]
+    accel run ... --check-races           (fsim: fail on a buffer entry two stages touch unordered by tokens)
     accel compile MODEL.onnx --target accel|cpu [--config C] -o MODEL.accm [--calibration S.npz]
     accel run MODEL.accm --input x.npy|name=x.npy|in.npz --output y.npy|out.npz [--driver fsim|tsim|rtl] [--profile]
     accel demo [--config C] [--driver fsim]   (residual CNN end to end; --m M --k K --n N: the matmul demo)
@@ -197,6 +198,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--driver", default="fsim", help="executor (default: %(default)s)")
     p.add_argument("--dump", action="append", default=[], metavar="SYMBOL", help="print a symbol's values after the run")
     p.add_argument("--dump-dram", metavar="FILE", help="write the whole DRAM after the run to FILE")
+    p.add_argument("--check-races", action="store_true",
+                   help="fsim: fail on any buffer entry two stages touch with no dependency token ordering them")
     g = p.add_argument_group("timing drivers (tsim, rtl)")
     g.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (one track per stage) as JSON")
     g.add_argument("--timeline", metavar="FILE", help="write a timeline of the stages as a PNG")
@@ -207,6 +210,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
+    if args.check_races and args.driver != "fsim":
+        raise CliError(f"--check-races is fsim's check; it needs --driver fsim, not {args.driver!r}")
     if _is_module_file(args.input):
         if args.trace or args.timeline or args.counters:
             raise CliError(f"{args.input} is a compiled model; --trace/--timeline/--counters apply to program files "
@@ -224,7 +229,8 @@ def _run(args) -> int:
     timing = bool(args.trace or args.timeline or args.counters)
     if timing and args.driver not in ("tsim", "rtl"):
         raise CliError(f"--trace, --timeline and --counters need a timing driver (tsim or rtl), not {args.driver!r}")
-    driver = get_driver(args.driver, prog.config, **({"trace": True} if args.trace or args.timeline else {}))
+    driver = get_driver(args.driver, prog.config, **({"trace": True} if args.trace or args.timeline else {}),
+                        **({"check_races": True} if args.check_races else {}))
     try:
         result = driver.run(dram, prog.insn_addr, len(prog.insns))
     finally:
@@ -471,7 +477,7 @@ def _run_model(args) -> int:
     feeds = _read_inputs(mod, args.inputs)
     bar = _Progress("run")
     try:
-        with Executor(mod, driver=args.driver) as ex:
+        with Executor(mod, driver=args.driver, **({"check_races": True} if args.check_races else {})) as ex:
             outs = ex.run(feeds, progress=bar)
     finally:
         bar.close()

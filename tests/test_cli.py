@@ -79,6 +79,30 @@ def test_cli_run_random_program_matches_reference(capsys, tmp_path):
     _error(capsys, "unknown driver 'warp'", "run", str(path), "--driver", "warp")
 
 
+def test_cli_run_check_races(capsys, tmp_path, monkeypatch):
+    """--check-races: a program whose GEMM reads an input LOAD it never waited for fails naming both;
+    the same program with the token runs."""
+    from host_runtime import Device
+    paths = {}
+    for ordered in (False, True):
+        s = Device(TINY, dram_bytes=1 << 16).stream()
+        x = s.device.memory.alloc(64, align=64)
+        s.load_2d("inp", 0, x, x_size=1)
+        if ordered:
+            s.dep_push("load", "compute")
+            s.dep_pop("load", "compute")
+        s.push_gemm(s.kernel("k", lambda k: k.push(0, 0, 0)))
+        paths[ordered] = tmp_path / f"p{int(ordered)}.accp"
+        s.program().save(paths[ordered])
+    _error(capsys, "race on inp buffer entry 0", "run", str(paths[False]), "--check-races")
+    rc, out, _ = _run(capsys, "run", str(paths[True]), "--check-races")
+    assert rc == 0 and '"GEMM": 1' in out
+    monkeypatch.delenv("ACCEL_CHECK_RACES", raising=False)   # the tests turn the check on everywhere
+    rc, _, _ = _run(capsys, "run", str(paths[False]))   # unchecked, fsim's interleaving runs it
+    assert rc == 0
+    _error(capsys, "needs --driver fsim", "run", str(paths[True]), "--check-races", "--driver", "tsim")
+
+
 def test_cli_disasm_then_asm_round_trips(capsys, tmp_path):
     prog, _ = random_program(TINY, 5)
     src = tmp_path / "p.accp"
