@@ -211,6 +211,12 @@ class _LoopPlan:
         return self.derived[key]
 
 
+def _dram_rows(insn, eb: int) -> tuple[np.ndarray, np.ndarray]:
+    """The DRAM byte ranges [starts, ends) of a LOAD's or STORE's rows (for the race checker)."""
+    starts = (insn.dram_base + np.arange(insn.y_size, dtype=np.int64) * insn.x_stride) * eb
+    return starts, starts + insn.x_size * eb
+
+
 def _contiguous_run(idx: np.ndarray) -> slice | None:
     """idx as a slice when it is lo, lo+1, ..., hi (a view instead of a gather), else None."""
     if idx.size and int(idx[-1]) - int(idx[0]) == idx.size - 1 and (np.diff(idx) == 1).all():
@@ -435,6 +441,8 @@ class Fsim:
         src = self._dram_tile(idx, insn, dram, eb) if insn.y_size and insn.x_size else None   # checked first
         if self.races:
             self.races.write(mem.name.lower(), slice(lo, hi))
+            if src is not None:
+                self.races.dram_access("read", *_dram_rows(insn, eb))
         padded = rows != insn.y_size or cols != insn.x_size
         if src is not None:
             stats.bytes_read += insn.y_size * insn.x_size * eb
@@ -473,6 +481,7 @@ class Fsim:
         view = self._dram_tile(idx, insn, dram, eb)
         if self.races:
             self.races.read("out", slice(insn.sram_base, insn.sram_base + n))
+            self.races.dram_access("write", *_dram_rows(insn, eb))
         data = self.out[insn.sram_base:insn.sram_base + n].astype(f"<i{c.out_width // 8}").view(np.uint8)
         data = data.reshape(insn.y_size, insn.x_size, eb)
         if insn.y_size == 1 or insn.x_stride >= insn.x_size:

@@ -10,7 +10,9 @@ stage's earlier access of the same entry does not happen before (a read of an en
 another stage, or a write of an entry another stage wrote or read) is a race, reported with both
 instructions. It is the FastTrack scheme with three threads and FIFO channels.
 
-DRAM is not tracked: within one program, stores write only outputs that its loads do not read.
+DRAM is tracked by byte ranges: each LOAD's and STORE's rows (an instruction's bounding range
+first, its rows only where those overlap), so a load of bytes a store of another stage writes, or a
+store over bytes another stage still reads, needs a token chain between them too.
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ class RaceChecker:
         self.r_clock = {b: np.zeros((3, d), np.int64) for b, d in depths.items()}
         self.r_insn = {b: np.full((3, d), -1, np.int64) for b, d in depths.items()}
         self.stage, self.insn, self.describe = 0, -1, None
+        # DRAM accesses: per kind ("read", "write") a list of (lo, hi, stage, clock, insn, row starts, row ends)
+        self.dram: dict[str, list] = {"read": [], "write": []}
 
     # ---- the scheduler's hooks
     def pop(self, stage: Stage, queue: str) -> None:
@@ -77,6 +81,24 @@ class RaceChecker:
         self.w_clock[buf][e] = me[self.stage]
         self.w_insn[buf][e] = self.insn
 
+    def dram_access(self, kind: str, starts: np.ndarray, ends: np.ndarray) -> None:
+        """The instruction begun last reads ("read") or writes ("write") DRAM bytes [starts[i], ends[i])."""
+        if not starts.size:
+            return
+        lo, hi = int(starts.min()), int(ends.max())
+        me = self.clock[self.stage]
+        against = (("write", "wrote"),) if kind == "read" else (("write", "wrote"), ("read", "read"))
+        for other, verb in against:
+            for o_lo, o_hi, o_stage, o_clock, o_insn, o_starts, o_ends in self.dram[other]:
+                if o_stage == self.stage or o_hi <= lo or hi <= o_lo or o_clock <= me[o_stage]:
+                    continue
+                hit = (starts[:, None] < o_ends[None, :]) & (o_starts[None, :] < ends[:, None])
+                if hit.any():
+                    i, k = np.argwhere(hit)[0]
+                    at = max(int(starts[i]), int(o_starts[k]))
+                    self._report("DRAM", f"byte {at:#x}", f"{kind}s", verb, _STAGES[o_stage], o_insn)
+        self.dram[kind].append((lo, hi, self.stage, int(me[self.stage]), self.insn, starts, ends))
+
     def _entries(self, buf: str, entries) -> np.ndarray:
         """entries: a slice, or an array of distinct entries."""
         if isinstance(entries, slice):
@@ -96,7 +118,8 @@ class RaceChecker:
 
     def _report(self, buf, entry, verb, other_verb, other_stage, other_insn):
         me = _STAGES[self.stage].name.lower()
+        where = f"{buf} {entry}" if buf == "DRAM" else f"{buf} buffer entry {int(entry)}"
         raise RaceError(
-            f"race on {buf} buffer entry {int(entry)}: instruction {self.insn} ({self.describe(self.insn)}, "
+            f"race on {where}: instruction {self.insn} ({self.describe(self.insn)}, "
             f"{me} stage) {verb} it, and instruction {other_insn} ({self.describe(other_insn)}, "
             f"{other_stage.name.lower()} stage) {other_verb} it with no dependency token ordering the two")

@@ -56,11 +56,11 @@ def test_commands_push_after_pending_pop_commits_the_pop_first(dev):
 
 def test_commands_finish_waits_for_loads_and_stores(dev):
     s = dev.stream()
-    buf = dev.memory.alloc(1024)
+    buf, out = dev.memory.alloc(1024), dev.memory.alloc(1024)
     s.load_2d(MemType.INP, 0, buf, x_size=1)
     s.dep_push(C, S)
     s.dep_pop(C, S)
-    s.store_2d(0, buf, x_size=1)
+    s.store_2d(0, out, x_size=1)   # not over what the load reads: no token orders the two
     insns = s.finish()
     assert insns[0].push_next and insns[2].push_prev
     assert isinstance(insns[-1], Finish) and insns[-1].pop_prev and insns[-1].pop_next

@@ -38,6 +38,12 @@ def _store(**flags):
     return Store(mem_type=MemType.OUT, sram_base=0, dram_base=0x200, y_size=1, x_size=1, x_stride=1, **flags)
 
 
+def _load_stored(**flags):
+    """A LOAD of the bytes _store writes."""
+    at = 0x200 * elem_bytes(TINY, MemType.OUT) // elem_bytes(TINY, MemType.INP)
+    return Load(mem_type=MemType.INP, sram_base=1, dram_base=at, y_size=1, x_size=1, x_stride=1, **flags)
+
+
 # name -> (the program with its tokens, the program without them, what the report says); fsim alone
 # runs both
 CASES = {
@@ -59,6 +65,16 @@ CASES = {
         [_load_uop(), _load_inp(push_next=True), _gemm(pop_prev=True), _store(push_prev=True), Finish(pop_next=True)],
         r"out buffer entry 0: instruction 2 \(GEMM, compute stage\) writes it, and instruction 3 \(STORE OUT, "
         r"store stage\) read it"),
+    # DRAM: the load stage reads bytes the store stage writes; fsim runs the load first, so the store's
+    # write is the access reported
+    "a store overwrites DRAM a load of another stage reads": (
+        [_load_uop(), _load_inp(push_next=True), _gemm(pop_prev=True, push_next=True),
+         _store(pop_prev=True, push_prev=True), _gemm(pop_next=True, push_prev=True),
+         _load_stored(pop_next=True, push_next=True), Finish(pop_prev=True)],
+        [_load_uop(), _load_inp(push_next=True), _load_stored(), _gemm(pop_prev=True, push_next=True),
+         _store(pop_prev=True, push_prev=True), Finish(pop_next=True)],
+        r"DRAM byte 0x\w+: instruction 4 \(STORE OUT, store stage\) writes it, and instruction 2 \(LOAD INP, "
+        r"load stage\) read it"),
 }
 
 
