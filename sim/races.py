@@ -44,8 +44,9 @@ class RaceChecker:
         self.r_clock = {b: np.zeros((3, d), np.int64) for b, d in depths.items()}
         self.r_insn = {b: np.full((3, d), -1, np.int64) for b, d in depths.items()}
         self.stage, self.insn, self.describe = 0, -1, None
-        # DRAM accesses: per kind ("read", "write") a list of (lo, hi, stage, clock, insn, row starts, row ends)
-        self.dram: dict[str, list] = {"read": [], "write": []}
+        # DRAM accesses per kind ("read", "write"): bounding ranges, stage, clock and instruction as
+        # growing arrays (the first n rows in use), and each access's row ranges
+        self.dram = {k: {"n": 0, "meta": np.zeros((64, 5), np.int64), "rows": []} for k in ("read", "write")}
 
     # ---- the scheduler's hooks
     def pop(self, stage: Stage, queue: str) -> None:
@@ -89,15 +90,22 @@ class RaceChecker:
         me = self.clock[self.stage]
         against = (("write", "wrote"),) if kind == "read" else (("write", "wrote"), ("read", "read"))
         for other, verb in against:
-            for o_lo, o_hi, o_stage, o_clock, o_insn, o_starts, o_ends in self.dram[other]:
-                if o_stage == self.stage or o_hi <= lo or hi <= o_lo or o_clock <= me[o_stage]:
-                    continue
+            d = self.dram[other]
+            m = d["meta"][:d["n"]]   # lo, hi, stage, clock, insn
+            late = (m[:, 2] != self.stage) & (m[:, 0] < hi) & (lo < m[:, 1]) & (m[:, 3] > me[m[:, 2]])
+            for k in np.flatnonzero(late):
+                o_starts, o_ends = d["rows"][k]
                 hit = (starts[:, None] < o_ends[None, :]) & (o_starts[None, :] < ends[:, None])
                 if hit.any():
-                    i, k = np.argwhere(hit)[0]
-                    at = max(int(starts[i]), int(o_starts[k]))
-                    self._report("DRAM", f"byte {at:#x}", f"{kind}s", verb, _STAGES[o_stage], o_insn)
-        self.dram[kind].append((lo, hi, self.stage, int(me[self.stage]), self.insn, starts, ends))
+                    i, j = np.argwhere(hit)[0]
+                    at = max(int(starts[i]), int(o_starts[j]))
+                    self._report("DRAM", f"byte {at:#x}", f"{kind}s", verb, _STAGES[int(m[k, 2])], int(m[k, 4]))
+        d = self.dram[kind]
+        if d["n"] == len(d["meta"]):
+            d["meta"] = np.concatenate([d["meta"], np.zeros_like(d["meta"])])
+        d["meta"][d["n"]] = (lo, hi, self.stage, me[self.stage], self.insn)
+        d["n"] += 1
+        d["rows"].append((starts, ends))
 
     def _entries(self, buf: str, entries) -> np.ndarray:
         """entries: a slice, or an array of distinct entries."""
