@@ -28,15 +28,25 @@ _STAGES = (Stage.LOAD, Stage.COMPUTE, Stage.STORE)
 _INDEX = {s: i for i, s in enumerate(_STAGES)}
 
 
+def _entries(entries) -> np.ndarray:
+    """entries: a slice, or an array of distinct entries."""
+    if isinstance(entries, slice):
+        return np.arange(entries.start, entries.stop)
+    return entries
+
+
 class RaceError(SimError):
     """Two stages access one buffer entry without a token ordering them."""
 
 
 class RaceChecker:
+    """The happens-before state of one program run: fsim calls pop/begin/push as its scheduler moves
+    tokens and starts instructions, and read/write/dram_access for each instruction's accesses.
+    depths: entries of each on-chip buffer by name (uop, inp, wgt, acc, out)."""
+
     def __init__(self, depths: dict[str, int]):
         self.clock = np.zeros((3, 3), np.int64)   # clock[stage] = that stage's vector clock
         self.tokens: dict[str, deque] = {}
-        self.depths = depths
         # per buffer: the last writer's stage (-1: none) and clock; each stage's last read clock
         self.w_stage = {b: np.full(d, -1, np.int8) for b, d in depths.items()}
         self.w_clock = {b: np.zeros(d, np.int64) for b, d in depths.items()}
@@ -63,13 +73,13 @@ class RaceChecker:
 
     # ---- accesses of the instruction begun last
     def read(self, buf: str, entries) -> None:
-        e = self._entries(buf, entries)
+        e = _entries(entries)
         self._against_writes(buf, e, "reads")
         self.r_clock[buf][self.stage, e] = self.clock[self.stage, self.stage]
         self.r_insn[buf][self.stage, e] = self.insn
 
     def write(self, buf: str, entries) -> None:
-        e = self._entries(buf, entries)
+        e = _entries(entries)
         self._against_writes(buf, e, "writes")
         me = self.clock[self.stage]
         for s in range(3):
@@ -106,12 +116,6 @@ class RaceChecker:
         d["meta"][d["n"]] = (lo, hi, self.stage, me[self.stage], self.insn)
         d["n"] += 1
         d["rows"].append((starts, ends))
-
-    def _entries(self, buf: str, entries) -> np.ndarray:
-        """entries: a slice, or an array of distinct entries."""
-        if isinstance(entries, slice):
-            return np.arange(entries.start, entries.stop)
-        return entries
 
     def _against_writes(self, buf: str, e: np.ndarray, verb: str) -> None:
         ws = self.w_stage[buf][e]
