@@ -259,8 +259,9 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
 
 def conv2d_candidates(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool = False
                       ) -> list[tuple[float, ConvTiling]]:
-    """Every tiling that fits the buffers (for each o_t, ic_t, w_t the tallest balanced h_t), with
-    its estimate_cycles cost, cheapest first; TilingError naming the short buffer if none fits."""
+    """Every tiling that fits the buffers (for each o_t, ic_t, w_t every balanced h_t up to the
+    tallest that fits: fewer rows can pace the stages better, e.g. a store-bound 1x1 layer), with its
+    estimate_cycles cost, cheapest first; TilingError naming the short buffer if none fits."""
     if vt not in (1, 2):
         raise TilingError(f"{spec.name}: virtual threads must be 1 or 2, got {vt}")
     if max(spec.pads) >= 1 << PAD_BITS:
@@ -284,9 +285,9 @@ def conv2d_candidates(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual:
                 hi = mid - 1
         if lo == 0:
             continue
-        h_t = _ceil(spec.oh, _ceil(spec.oh, lo))  # balance the row tiles
-        t = ConvTiling(o_t, h_t, w_t, ic_t, vt)
-        found[t] = estimate_cycles(spec, cfg, t, residual)["cycles"]
+        for h_t in {h for h in cands(spec.oh) if h <= lo}:   # balanced row tiles, up to the tallest that fits
+            t = ConvTiling(o_t, h_t, w_t, ic_t, vt)
+            found[t] = estimate_cycles(spec, cfg, t, residual)["cycles"]
     if not found:
         need = _needs(spec, ConvTiling(1, 1, 1, 1, vt), residual)
         have = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth, "uop": cfg.uop_depth}
