@@ -274,6 +274,7 @@ def conv2d_candidates(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual:
         s.update(_ceil(n, k) for k in range(1, min(n, 64) + 1))
         return sorted(s)
     found: dict[ConvTiling, float] = {}
+    heights = cands(spec.oh)
     for o_t, ic_t, w_t in itertools.product(cands(g.ob), cands(g.cb), cands(spec.ow)):
         # the largest h_t that fits, found by bisection (needs grow with h_t)
         lo, hi = 0, spec.oh
@@ -285,7 +286,8 @@ def conv2d_candidates(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual:
                 hi = mid - 1
         if lo == 0:
             continue
-        for h_t in {h for h in cands(spec.oh) if h <= lo}:   # balanced row tiles, up to the tallest that fits
+        # balanced row tiles, up to the tallest that fits (itself, though cands() may not list it)
+        for h_t in {h for h in heights if h <= lo} | {_ceil(spec.oh, _ceil(spec.oh, lo))}:
             t = ConvTiling(o_t, h_t, w_t, ic_t, vt)
             found[t] = estimate_cycles(spec, cfg, t, residual)["cycles"]
     if not found:

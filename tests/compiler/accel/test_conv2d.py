@@ -40,6 +40,20 @@ def test_conv2d_random_shapes_and_configs(cfg, n, c, h, w, o, k, pads, strides, 
                               mul=(1, 3, 181, (1 << 23) + 4321)[seed % 4], zero_point=zp), vt, seed, bias=seed % 2 == 0)
 
 
+def test_conv2d_candidates_keep_the_tallest_balanced_row_tiles():
+    """For each (o_t, ic_t, w_t) the candidates reach the tallest row tile that fits, balanced over
+    the image, also on an image taller than the 64 splits the candidate heights come from."""
+    from compiler.accel.conv2d import ConvTiling, _ceil, _fits, conv2d_candidates
+    cfg = PRESETS["tiny"]
+    spec = Conv2dSpec(1, 4, 200, 200, 4, 3, 3, (1, 1, 1, 1))
+    heights: dict = {}
+    for _, t in conv2d_candidates(spec, cfg):
+        heights.setdefault((t.o_t, t.ic_t, t.w_t), set()).add(t.h_t)
+    for (o_t, ic_t, w_t), hs in heights.items():
+        lo = max(h for h in range(1, spec.oh + 1) if _fits(spec, cfg, ConvTiling(o_t, h, w_t, ic_t, 2)))
+        assert max(hs) == _ceil(spec.oh, _ceil(spec.oh, lo)), (o_t, ic_t, w_t, lo, sorted(hs))
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=st.sampled_from([PRESETS["tiny"], PRESETS["default"]]), n=st.integers(1, 2), c=st.integers(1, 48),
        h=st.integers(2, 12), w=st.integers(2, 12), o_blocks=st.integers(1, 4), k=st.sampled_from([1, 1, 3]),
