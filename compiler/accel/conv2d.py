@@ -427,15 +427,14 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                     stream.load_2d(MemType.ACC, bias_base, bias, o_next, y_size=1, x_size=o_a)
                 seeds[ti % S] = (o_next, o_a, h_a, w_a)
             return bias_base if bias_all is None else bias_all + o_next
-        # the layer's first chunk and last tile go in row bands when every step of theirs is a GEMM on
-        # whole rows: compute starts on the first band's input, and the store drains the last tile band
-        # by band (the pipeline's fill and drain)
-        last_tile = ti == len(tiles) - 1
-
         def blocks_in_one(band_rows: int) -> bool:
             """Whether the tile's output-shaped transfers (its stores, its residual) can move all its
             channel blocks in one instruction: whole rows, the band the whole tile, more than one block."""
             return o_a > 1 and w_a == spec.ow and band_rows == h_a and h_a * w_a < 1 << SIZE_BITS
+        # the layer's first chunk and last tile go in row bands when every step of theirs is a GEMM on
+        # whole rows: compute starts on the first band's input, and the store drains the last tile band
+        # by band (the pipeline's fill and drain)
+        last_tile = ti == len(tiles) - 1
         banded = (h_a > 1 and (ti == 0 or last_tile) and spec.kh == spec.kw == 1 and (sh, sw) == (1, 1)
                   and not any(spec.pads) and (fused or (conv_in_gemm and fused_res and residual.ka == 0)))
         whole = [(0, h_a)]
@@ -447,6 +446,19 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             islot = j % S
             wslot = (group % S) if resident else islot
             inp_base, wgt_base = (0 if inp_resident else islot * inp_slot), wslot * wgt_slot
+            res_base = islot * inp_slot + res_off   # a fused residual's tile, beside the last chunk
+
+            def gemm_by_block(band=None):   # the chunk's GEMM over (block, pixel); band: pixels p0..p1-1
+                return stream.kernel(
+                    ("conv.gemm_by_block", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a * w_a, sw, inp_base,
+                     wgt_base, acc_base, band),
+                    lambda k: _build_gemm_by_block(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a * w_a, sw,
+                                                   inp_base, wgt_base, acc_base, band))
+
+            def residual_by_block(band=None):   # the residual's identity GEMM over (block, pixel)
+                return stream.kernel(("conv.residual_by_block", acc_base, res_base, ident_idx, o_a, h_a * w_a, band),
+                                     lambda k: _build_residual_by_block(k, o_a, h_a * w_a, acc_base, res_base,
+                                                                        ident_idx, band))
             last_chunk = ci == n_ic - 1
             load_bands = bands if ti == 0 and ci == 0 else whole
             chunk_bands = bands if (ti == 0 and ci == 0) or (last_tile and last_chunk) else whole
@@ -466,8 +478,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                     if residual is not None and last_chunk:
                         for o in range(o_a):
                             entry = ((n * g.ob + o0 + o) * spec.oh + h0 + a) * spec.ow + w0
-                            stream.load_2d(MemType.INP, islot * inp_slot + res_off + o * h_a * w_a + a * w_a,
-                                           residual.buf, entry, y_size=z - a, x_size=w_a, x_stride=spec.ow)
+                            stream.load_2d(MemType.INP, res_base + o * h_a * w_a + a * w_a, residual.buf, entry,
+                                           y_size=z - a, x_size=w_a, x_stride=spec.ow)
                     if b < len(load_bands) - 1:
                         stream.dep_push(Stage.LOAD, Stage.COMPUTE)
             else:
@@ -489,14 +501,13 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                     if j == 0:
                         stream.load_2d(MemType.WGT, ident_idx, residual.ident, 0, x_size=1)
                     if last_chunk and blocks_in_one(h_a):
-                        stream.load_2d(MemType.INP, islot * inp_slot + res_off, residual.buf,
-                                       ((n * g.ob + o0) * spec.oh + h0) * spec.ow, y_size=o_a, x_size=h_a * w_a,
-                                       x_stride=spec.oh * spec.ow)
+                        stream.load_2d(MemType.INP, res_base, residual.buf, ((n * g.ob + o0) * spec.oh + h0) * spec.ow,
+                                       y_size=o_a, x_size=h_a * w_a, x_stride=spec.oh * spec.ow)
                     elif last_chunk:
                         for o in range(o_a):
                             entry = ((n * g.ob + o0 + o) * spec.oh + h0) * spec.ow + w0
-                            stream.load_2d(MemType.INP, islot * inp_slot + res_off + o * h_a * w_a, residual.buf,
-                                           entry, y_size=h_a, x_size=w_a, x_stride=spec.ow)
+                            stream.load_2d(MemType.INP, res_base + o * h_a * w_a, residual.buf, entry,
+                                           y_size=h_a, x_size=w_a, x_stride=spec.ow)
             new_group = False
             pipe.after_load()
             # ---- compute stage: a tile's first chunk starts its sums (they need no input) while its loads run
@@ -521,7 +532,6 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 # (flushing, or into the accumulator with a residual), then the residual's flushing identity GEMM
                 tail_banded = last_chunk
                 seed = seed_next() if last_chunk else None
-                res_base = islot * inp_slot + res_off
                 for b, (a, z) in enumerate(chunk_bands):
                     if 0 < b < len(load_bands):
                         stream.dep_pop(Stage.LOAD, Stage.COMPUTE)
@@ -530,17 +540,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                         stream.push_epilogue(flush, seed, seed_factor_out=1)
                     elif last_chunk:
                         stream.push_epilogue(conv_to_acc, to_acc=True)
-                    stream.push_gemm(stream.kernel(
-                        ("conv.gemm_by_block", o_a, ic_a, 1, 1, rows, cols, h_a * w_a, 1, inp_base, wgt_base,
-                         acc_base, px),
-                        lambda k: _build_gemm_by_block(k, o_a, ic_a, 1, 1, rows, cols, h_a * w_a, 1,
-                                                       inp_base, wgt_base, acc_base, px)), flush=last_chunk)
+                    stream.push_gemm(gemm_by_block(px), flush=last_chunk)
                     if last_chunk and residual is not None:
                         stream.push_epilogue(flush, seed, seed_factor_out=1)
-                        stream.push_gemm(stream.kernel(
-                            ("conv.residual_by_block", acc_base, res_base, ident_idx, o_a, h_a * w_a, px),
-                            lambda k: _build_residual_by_block(k, o_a, h_a * w_a, acc_base, res_base, ident_idx,
-                                                               px)), flush=True)
+                        stream.push_gemm(residual_by_block(px), flush=True)
                     if last_chunk and b < len(store_bands) - 1:
                         stream.dep_push(Stage.COMPUTE, Stage.STORE)
                 pipe.after_chunk(j)
@@ -551,11 +554,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                     stream.push_epilogue(flush, seed_next(), seed_factor_out=1)
                 elif last_chunk:
                     stream.push_epilogue(conv_to_acc, to_acc=True)
-                stream.push_gemm(stream.kernel(
-                    ("conv.gemm_by_block", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a * w_a, sw, inp_base,
-                     wgt_base, acc_base),
-                    lambda k: _build_gemm_by_block(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a * w_a, sw,
-                                                   inp_base, wgt_base, acc_base)), flush=last_chunk)
+                stream.push_gemm(gemm_by_block(), flush=last_chunk)
             else:
                 stream.push_gemm(stream.kernel(
                     ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base,
@@ -575,17 +574,13 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             if not conv_in_gemm:   # else the last GEMM did it
                 emit_requant(stream, ew, requant,
                              lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
-            if residual is not None:
+            if residual is not None:   # (res_base, residual_by_block: the last chunk's slot, which holds the residual)
                 r = residual
-                res_base = ((j - 1) % S) * inp_slot + res_off
                 if r.ka > r.kb:
                     stream.push_alu(ew, AluOp.SHR, -(r.ka - r.kb))
                 if fused_res:   # by channel block, so that the seeds follow the blocks
                     stream.push_epilogue(flush, seed_next(), seed_factor_out=1)
-                    stream.push_gemm(stream.kernel(
-                        ("conv.residual_by_block", acc_base, res_base, ident_idx, o_a, h_a * w_a),
-                        lambda k: _build_residual_by_block(k, o_a, h_a * w_a, acc_base, res_base, ident_idx)),
-                        flush=True)
+                    stream.push_gemm(residual_by_block(), flush=True)
                 else:
                     stream.push_gemm(stream.kernel(
                         ("conv.residual", acc_base, res_base, ident_idx, o_a * h_a * w_a),
