@@ -544,10 +544,10 @@ class Fsim:
         stats.gemm_uops += dst.size
         if not insn.reset:
             stats.macs += dst.size * c.macs_per_cycle
-        if self.races:
-            self._race_accesses(insn, plan, gemm=True)
+        flushed, seeds, in_order = self._flush_plan(idx, insn, plan) if insn.flush else (None, None, True)
+        if self.races:   # a flush reads its seeds, unless it requantizes into the accumulator
+            self._race_accesses(insn, plan, gemm=True, seeds=None if self.epilogue.to_acc else seeds)
         if insn.flush:
-            flushed, seeds, in_order = self._flush_plan(idx, insn, plan)
             if in_order:   # each flushed sum's value depends on the micro-ops before it only
                 self._gemm_sums(insn, plan)
                 self._flush(flushed, seeds, self.acc[flushed])
@@ -556,9 +556,10 @@ class Fsim:
             return
         self._gemm_sums(insn, plan)
 
-    def _race_accesses(self, insn, plan: _LoopPlan, gemm: bool, use_imm: bool = False) -> None:
+    def _race_accesses(self, insn, plan: _LoopPlan, gemm: bool, use_imm: bool = False, seeds=None) -> None:
         """A GEMM's or ALU's buffer accesses, for the race checker: its micro-ops, its operands and
-        the accumulator entries it updates (and a flush's seeds), then the entries it writes."""
+        the accumulator entries it updates (and a flush's seeds, from _flush_plan), then the entries
+        it writes."""
         r = self.races
         u = plan.derive("race", lambda: {k: np.unique(a) for k, a in
                                          (("dst", plan.dst), ("src", plan.src), ("wgt", plan.wgt)) if a is not None})
@@ -570,11 +571,7 @@ class Fsim:
             r.read("acc", u["dst"])
         if not gemm and not use_imm:
             r.read("acc", u["src"])
-        if gemm and insn.flush and not self.epilogue.to_acc:
-            e = self.epilogue
-            i0 = np.arange(insn.iter_out, dtype=np.int64)[:, None]
-            i1 = np.arange(insn.iter_in, dtype=np.int64)[None, :]
-            seeds = (e.seed_base + i0 * e.seed_factor_out + i1 * e.seed_factor_in) % self.cfg.acc_depth
+        if seeds is not None:
             r.read("acc", np.unique(seeds))
         r.write("acc", u["dst"])
         r.write("out", u["dst"])
