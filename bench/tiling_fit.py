@@ -12,6 +12,7 @@ same candidates (a pick outside the measured set is measured too). Writes bench/
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -19,7 +20,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -28,7 +28,7 @@ import compiler.accel.conv2d as conv  # noqa: E402
 from accel.isa.config import resolve_config  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
 from e2e import mobilenetv2, resnet18  # noqa: E402
-from host_runtime import Device  # noqa: E402
+from compiler.accel.tune import measure_conv2d  # noqa: E402
 
 
 def network_layers(cfg_name: str) -> Counter:
@@ -38,8 +38,7 @@ def network_layers(cfg_name: str) -> Counter:
     orig = cls.tiling
 
     def spy(self, spec, residual):
-        seen[(conv.Conv2dSpec(spec.n, spec.c, spec.h, spec.w, spec.o, spec.kh, spec.kw, spec.pads, spec.strides),
-              residual)] += 1
+        seen[(dataclasses.replace(spec, name="conv2d"), residual)] += 1
         return orig(self, spec, residual)
     cls.tiling = spy
     try:
@@ -53,20 +52,10 @@ def network_layers(cfg_name: str) -> Counter:
 def measure(cfg, spec, residual: bool, tiling) -> int:
     """tsim cycles of the layer with this tiling, with a bias, a symmetric requantization and, when
     asked, a fused residual add (as the networks' layers are compiled)."""
-    rng = np.random.default_rng(0)
-    x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
-    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
-    b = rng.integers(-1000, 1000, spec.o).astype(np.int32)
-    res = None
-    if residual:
-        r = rng.integers(-127, 128, (spec.n, spec.o, spec.oh, spec.ow), dtype=np.int8)
-        res = (r, 0, 1, conv.Requant(1, -127, 127, True))
-    with Device(cfg, driver="tsim") as dev:
-        _, result, _ = conv.run_conv2d(dev, x, w, b, spec, conv.Requant(9, -127, 127), 2, tiling, residual=res)
-    return int(result.cycles)
+    return measure_conv2d(spec, cfg, tiling, requant=conv.Requant(9, -127, 127), residual=residual)
 
 
-def picks_total(cfg, layers: Counter, cands: dict, cycles: dict) -> int:
+def picks_total(cfg, layers: Counter, cycles: dict) -> int:
     """Total measured cycles of the planner's current picks (measuring any pick not measured yet)."""
     total = 0
     for (spec, residual), n in layers.items():
@@ -100,7 +89,7 @@ def main(argv=None) -> int:
                 c = cycles[(spec, residual, t)] = measure(cfg, spec, residual, t)
                 best = c if best is None else min(best, c)
             best_total += n * best
-        pick = picks_total(cfg, layers, {}, cycles)
+        pick = picks_total(cfg, layers, cycles)
         report["configs"][name] = {"layers": sum(layers.values()), "distinct": len(layers), "picks_cycles": pick,
                                    "best_cycles": best_total, "picks_vs_best": pick / best_total,
                                    "seconds": time.perf_counter() - t0}
@@ -114,7 +103,7 @@ def main(argv=None) -> int:
         try:
             for consts in grid:
                 conv.INSN_CYCLES, conv.CHUNK_CYCLES, conv.OVERLAP_LOSS = consts
-                ratio = [picks_total(cfg, layers, {}, cycles) / best for cfg, layers, cycles, best in state.values()]
+                ratio = [picks_total(cfg, layers, cycles) / best for cfg, layers, cycles, best in state.values()]
                 results.append((sum(ratio) / len(ratio), consts, ratio))
         finally:
             conv.INSN_CYCLES, conv.CHUNK_CYCLES, conv.OVERLAP_LOSS = saved

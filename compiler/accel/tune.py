@@ -15,7 +15,8 @@ from pathlib import Path
 from accel.isa import AccelConfig
 from accel.isa.files import write_atomic
 
-from .conv2d import Conv2dSpec, ConvTiling, Requant, TilingError, _Geom, conv2d_candidates, emit_conv2d
+from .conv2d import (Conv2dSpec, ConvTiling, Requant, ResidualAdd, TilingError, _Geom, conv2d_candidates,
+                     emit_conv2d, residual_identity)
 
 log = logging.getLogger(__name__)
 
@@ -27,21 +28,27 @@ def _key(spec: Conv2dSpec, cfg: AccelConfig, vt: int, residual: bool = False) ->
 
 
 def measure_conv2d(spec: Conv2dSpec, cfg: AccelConfig, tiling: ConvTiling, driver: str = "tsim",
-                   bias: bool = True, requant: Requant = Requant(8, 0, 127)) -> int:
-    """Cycles of one conv2d with this tiling on a timing driver (zero data)."""
+                   bias: bool = True, requant: Requant = Requant(8, 0, 127), residual: bool = False) -> int:
+    """Cycles of one conv2d with this tiling on a timing driver (zero data); with `residual`, a
+    fused residual add as the compiler fuses MobileNetV2's (out = (y + 2 r) >> 1, clamped)."""
     from host_runtime import Device
     g = _Geom.of(spec, cfg)
+    out_bytes = g.nb * g.ob * spec.oh * spec.ow * cfg.out_elem_bytes
     sizes = {"inp": g.nb * g.cb * spec.h * spec.w * cfg.inp_elem_bytes,
              "wgt": g.ob * g.cb * spec.kh * spec.kw * cfg.wgt_elem_bytes,
-             "out": g.nb * g.ob * spec.oh * spec.ow * cfg.out_elem_bytes, "bias": g.ob * cfg.acc_elem_bytes}
+             "out": out_bytes, "bias": g.ob * cfg.acc_elem_bytes, "res": out_bytes if residual else 0}
     need = sum(sizes.values()) + (16 << 20)
     with Device(cfg, driver=driver, dram_bytes=min(1 << cfg.dram_addr_width, need)) as dev:
         aligns = {"inp": cfg.inp_elem_bytes, "wgt": cfg.wgt_elem_bytes, "out": cfg.out_elem_bytes,
-                  "bias": cfg.acc_elem_bytes}
-        bufs = {k: dev.memory.alloc(v, align=aligns[k], name=k) for k, v in sizes.items()}
+                  "bias": cfg.acc_elem_bytes, "res": cfg.out_elem_bytes}
+        bufs = {k: dev.memory.alloc(v, align=aligns[k], name=k) for k, v in sizes.items() if v}
+        fused = None
+        if residual:
+            ident = dev.memory.alloc_array(residual_identity(cfg, 0, 1), align=cfg.wgt_elem_bytes, name="identity")
+            fused = ResidualAdd(bufs["res"], ident, 0, 1, Requant(1, -127, 127, True))
         stream = dev.stream()
         stream.emit_preloaded(lambda s: emit_conv2d(s, spec, tiling, bufs["inp"], bufs["wgt"], bufs["out"],
-                                                   bufs["bias"] if bias else None, requant))
+                                                   bufs["bias"] if bias else None, requant, fused))
         result = stream.synchronize()
     if result.cycles is None:
         raise ValueError(f"driver {driver!r} reports no cycles; tuning needs a timing driver")

@@ -53,3 +53,15 @@ def test_estimate_counts_the_pipeline_fill_before_the_first_compute():
     assert estimate_cycles(spec, cfg, short)["cycles"] < estimate_cycles(spec, cfg, long)["cycles"]
     assert measure_conv2d(spec, cfg, short) < measure_conv2d(spec, cfg, long)
     assert plan_conv2d(spec, cfg, 2).ic_t <= 6
+
+
+def test_measure_conv2d_with_a_fused_residual():
+    """measure_conv2d(residual=True) runs the conv with its fused residual add (the residual's loads
+    and the identity GEMM cost cycles), deterministically, on zero data."""
+    from compiler.accel.conv2d import Requant
+    cfg = PRESETS["tiny"]
+    spec = Conv2dSpec(1, 8, 6, 6, 8, 1, 1, name="res")
+    t = plan_conv2d(spec, cfg, 2, residual=True)
+    rq = Requant(9, -127, 127)
+    plain, fused = (measure_conv2d(spec, cfg, t, requant=rq, residual=r) for r in (False, True))
+    assert fused > plain and fused == measure_conv2d(spec, cfg, t, requant=rq, residual=True)
