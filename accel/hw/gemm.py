@@ -88,8 +88,9 @@ class GemmCore(wiring.Component):
             m.d.comb += self.wb_out[k * ow:(k + 1) * ow].eq(Mux(p3_flush, flush_lane(lane, self.flush_imm), lane)[:ow])
         # lane by lane, so that each select stays narrow (a simulator evaluates a wide one's operands whole)
         seeds, sums = lanes(p3_seed, nb * no, aw, sign=False), lanes(result, nb * no, aw, sign=False)
-        written = Cat(*[Mux(p3_flush, Mux(self.flush_to_acc, Cat(v, v[-1].replicate(aw - ow)), seeds[k]), sums[k])
-                        for k, v in enumerate(self.wb_out[k * ow:(k + 1) * ow] for k in range(nb * no))])
+        outs = lanes(self.wb_out, nb * no, ow, sign=False)
+        written = Cat(*[Mux(p3_flush, Mux(self.flush_to_acc, Cat(q, q[-1].replicate(aw - ow)), seeds[k]), sums[k])
+                        for k, q in enumerate(outs)])
         m.d.comb += [self.wb_valid.eq(p3_valid), self.wb_idx.eq(p3_idx), self.wb_data.eq(written)]
 
         # S2: products and dot products; accumulator value with the S3 -> S2 bypass
