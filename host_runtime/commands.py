@@ -351,12 +351,13 @@ class CommandStream:
         return bgn, bgn + n
 
     def preload(self, kernels) -> None:
-        """Make these kernels resident now with one LOAD: their micro-ops, copied back to back into
-        one DRAM block (cached on the device by their keys), go to the micro-op buffer together, so
-        the GEMM and ALU instructions that use them later load nothing. A program preloads its kernels
-        first, while the compute stage would wait for its first input anyway, instead of loading each
-        where it is first used, behind the load stage's bursts. Kernels already resident, empty or
-        too many for the buffer's free entries are left to load where they are used."""
+        """Make these kernels resident now with one LOAD: their encoded micro-ops, copied from their
+        buffers back to back into one DRAM block (cached on the device by their keys), go to the
+        micro-op buffer together, so the GEMM and ALU instructions that use them later load nothing.
+        A program preloads its kernels first, while the compute stage would wait for its first input
+        anyway, instead of loading each where it is first used, behind the load stage's bursts.
+        Kernels already resident, empty or too many for the buffer's free entries are left to load
+        where they are used."""
         todo = [k for k in kernels if len(k) and k.key not in self._resident]
         n = sum(len(k) for k in todo)
         if not todo or self._uop_top + n > self.cfg.uop_depth or n >= 1 << SIZE_BITS:
@@ -364,7 +365,7 @@ class CommandStream:
         key = ("preload",) + tuple(k.key for k in todo)
         bundle = self.device.kernels.get(key)
         if bundle is None:
-            data = np.concatenate([encode_uops(k.uops, self.cfg) for k in todo])
+            data = np.concatenate([k.buffer.read(shape=(len(k) * self.cfg.uop_elem_bytes,)) for k in todo])
             bundle = self.device.memory.alloc(data.nbytes, name=f"uops preload of {len(todo)} kernels")
             bundle.write(data)
             self.device.kernels[key] = bundle
