@@ -60,6 +60,7 @@ def load_model(model, check_ops: bool = True) -> "onnx.ModelProto":
             raise ModelLoadError(f"{src}: cannot parse as an ONNX model (truncated or not ONNX): {e}") from None
     if not model.graph.node and not model.graph.output:
         raise ModelLoadError(f"{src}: the model has no graph (truncated or not ONNX)")
+    model = fold_constant_nodes(model)
     if check_ops:
         check_supported(model)
     try:
@@ -77,6 +78,62 @@ def load_model(model, check_ops: bool = True) -> "onnx.ModelProto":
                                  f"converter: {e}") from None
         log.info("upgraded %s from opset %d to %d", src, opset, MIN_OPSET)
     return model
+
+
+def fold_constant_nodes(model) -> "onnx.ModelProto":
+    """Nodes of op types without a converter whose inputs are all constant (initializers, Constant
+    nodes, or nodes folded here) become Constant nodes, evaluated by onnx's reference evaluator.
+    Exporters emit such shape arithmetic: PyTorch's MultiheadAttention computes Mod on two
+    constants. A node that cannot be evaluated is left for check_supported to report. Returns the
+    model, a copy when anything was folded."""
+    onnx = _onnx()
+    from onnx import numpy_helper
+    g = model.graph
+    opsets = {imp.domain or "": imp.version for imp in model.opset_import}
+    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+                                                for o in n.output}
+    folded: dict[int, list] = {}
+    for k, n in enumerate(g.node):
+        if n.op_type in CONVERTERS and n.domain in ("", "ai.onnx"):
+            continue
+        ins = [i for i in n.input if i]
+        if not ins or not all(i in consts for i in ins):
+            continue
+        try:
+            feeds = {i: _constant_value(model, i, folded) for i in ins}
+            from onnx.reference import ReferenceEvaluator
+            values = ReferenceEvaluator(n, opsets=opsets).run(None, feeds)
+        except Exception as e:   # not evaluable here: reported as unsupported
+            log.debug("cannot fold %s '%s': %s", n.op_type, n.name, e)
+            continue
+        folded[k] = [onnx.helper.make_node("Constant", [], [o], name=f"{n.name or n.op_type}/folded_{j}",
+                                           value=numpy_helper.from_array(np.asarray(v), o))
+                     for j, (o, v) in enumerate(zip(n.output, values)) if o]
+        consts.update(o for o in n.output if o)
+        log.info("folded %s '%s' on constant inputs", n.op_type, n.name)
+    if not folded:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    for k, n in enumerate(g.node):
+        out.graph.node.extend(folded.get(k, [n]))
+    return out
+
+
+def _constant_value(model, name: str, folded: dict) -> np.ndarray:
+    """The value of a constant tensor of `model` (an initializer, or the output of a Constant node,
+    one folded by fold_constant_nodes included)."""
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+    for t in model.graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    for k, n in enumerate(model.graph.node):
+        for c in folded.get(k, [n]):
+            if c.op_type == "Constant" and name in c.output:
+                return ReferenceEvaluator(c).run(None, {})[0]
+    raise KeyError(name)
 
 
 def check_supported(model) -> None:

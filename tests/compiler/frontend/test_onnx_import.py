@@ -145,6 +145,29 @@ def test_onnx_import_constant_and_shape_subgraph_fold_at_import():
     assert g.outputs[0].op == "reshape" and g.outputs[0].shape == (2, 12)
 
 
+
+def test_onnx_import_unsupported_ops_on_constants_fold_at_import():
+    """Ops without a converter whose inputs are all constant (PyTorch's MultiheadAttention exports
+    Mod on two constants) are evaluated by onnx's reference evaluator, chains included; the same
+    op on a graph input is still reported, with its node name."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
+    i64 = lambda name, v: helper.make_node("Constant", [], [name], name=f"c_{name}",
+                                           value=helper.make_tensor(name, TensorProto.INT64, [len(v)], v))
+    nodes = [i64("a", [14]), i64("b", [4]),
+             helper.make_node("Mod", ["a", "b"], ["r"], name="mod"),                 # 2
+             helper.make_node("Max", ["r", "three"], ["s"], name="max"),              # 3, an initializer input
+             helper.make_node("Concat", ["s", "m1"], ["target"], name="concat", axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"], name="reshape")]
+    inits = [onnx.numpy_helper.from_array(np.array([3], np.int64), "three"),
+             onnx.numpy_helper.from_array(np.array([-1], np.int64), "m1")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+                                            inits), opset_imports=[helper.make_opsetid("", 17)])
+    check_against_ort(m)
+    assert from_onnx(m).outputs[0].shape == (3, 4)
+    with pytest.raises(UnsupportedOpError) as e:   # on a graph input: not constant, not folded
+        from_onnx(single_op_model("Mod", [(3,), (3,)], [], {}))
+    assert e.value.unsupported == {"Mod": ["the_node"]}
+
 @pytest.mark.parametrize("name", sorted(zoo.MODELS))
 def test_onnx_import_zoo_network_matches_onnxruntime(name):
     m = zoo.MODELS[name]()
