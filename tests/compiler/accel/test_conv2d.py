@@ -54,6 +54,23 @@ def test_conv2d_candidates_keep_the_tallest_balanced_row_tiles():
         assert max(hs) == _ceil(spec.oh, _ceil(spec.oh, lo)), (o_t, ic_t, w_t, lo, sorted(hs))
 
 
+def test_conv2d_candidates_searched_once_per_shape(monkeypatch):
+    """The tiling search runs once per layer shape (names aside) and estimate constants; errors
+    still name the layer asked about."""
+    import compiler.accel.conv2d as conv
+    cfg = PRESETS["default"]
+    a, b = Conv2dSpec(1, 64, 14, 14, 96, 1, 1, name="a"), Conv2dSpec(1, 64, 14, 14, 96, 1, 1, name="b")
+    conv._ranked_tilings.cache_clear()
+    first = conv.conv2d_candidates(a, cfg)
+    assert conv.conv2d_candidates(b, cfg) == first and conv._ranked_tilings.cache_info().hits == 1
+    monkeypatch.setattr(conv, "INSN_CYCLES", conv.INSN_CYCLES + 1000)   # another estimate: searched again
+    again = conv.conv2d_candidates(a, cfg)
+    assert conv._ranked_tilings.cache_info().misses == 2 and [c for c, _ in again] != [c for c, _ in first]
+    for name in ("x", "y"):   # nothing fits: each error names its own layer
+        with pytest.raises(TilingError, match=f"^{name}: cannot be tiled .*short by 194"):
+            conv.conv2d_candidates(Conv2dSpec(1, 4, 8, 8, 4, 15, 15, (7, 7, 7, 7), name=name), PRESETS["tiny"])
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=st.sampled_from([PRESETS["tiny"], PRESETS["default"]]), n=st.integers(1, 2), c=st.integers(1, 48),
        h=st.integers(2, 12), w=st.integers(2, 12), o_blocks=st.integers(1, 4), k=st.sampled_from([1, 1, 3]),
