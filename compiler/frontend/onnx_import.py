@@ -275,6 +275,18 @@ def _leaky(c):
     return c.add("leaky_relu", [c.input(0)], {"alpha": float(c.attr("alpha", 0.01))})
 
 
+@converter("HardSigmoid", "HardSwish")
+def _hard_sigmoid(c):
+    """HardSigmoid = clip(alpha x + beta, 0, 1); HardSwish = x HardSigmoid(x) with alpha 1/6, beta 1/2."""
+    x = c.input(0)
+    swish = c.onnx_node.op_type == "HardSwish"
+    alpha, beta = (1 / 6, 0.5) if swish else (float(c.attr("alpha", 0.2)), float(c.attr("beta", 0.5)))
+    y = c.add("mul", [x, c.const(np.asarray(alpha, x.dtype), "alpha")], suffix="alpha")
+    y = c.add("add", [y, c.const(np.asarray(beta, x.dtype), "beta")], suffix="beta")
+    y = c.add("clip", [y], {"min": 0.0, "max": 1.0}, suffix="clip" if swish else "")
+    return c.add("mul", [x, y]) if swish else y
+
+
 @converter("Clip")
 def _clip(c):
     lo, hi = c.value(1, "min"), c.value(2, "max")
@@ -635,6 +647,69 @@ def _gather(c):
     idx = c.value(1, "indices")
     ax = int(c.attr("axis", 0)) % x.type.rank
     return c.add("take", [x], {"indices": np.asarray(idx, np.int64), "axis": ax})
+
+
+@converter("Resize")
+def _resize(c):
+    """Resize, one resized axis after another: nearest as a gather of input rows (exact, int8 too),
+    linear and cubic as a product with the axis's constant interpolation matrix. The index maps and
+    matrices are onnx's reference Resize applied to an index ramp or an identity along that axis
+    (Resize is linear in its input), so every coordinate transformation and rounding mode is the
+    spec's own."""
+    onnx = _onnx()
+    from onnx.reference import ReferenceEvaluator
+    x = c.input(0)
+    rank = x.type.rank
+    mode = c.attr("mode", "nearest")
+    if mode not in ("nearest", "linear", "cubic"):
+        c.fail(f"mode {mode!r} is not supported (nearest, linear, cubic)")
+    ctm = c.attr("coordinate_transformation_mode", "half_pixel")
+    if ctm == "tf_crop_and_resize":
+        c.fail("coordinate_transformation_mode 'tf_crop_and_resize' is not supported")
+    if c.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        c.fail(f"keep_aspect_ratio_policy {c.attr('keep_aspect_ratio_policy')!r} is not supported (stretch)")
+    axes = c.attr("axes")
+    axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
+    scales, sizes = c.value(2, "scales"), c.value(3, "sizes")
+    if scales is not None and np.size(scales) == 0:
+        scales = None
+    if (scales is None) == (sizes is None or np.size(sizes) == 0):
+        c.fail("give exactly one of scales and sizes")
+    per_axis = np.ravel(scales if scales is not None else sizes)
+    if len(per_axis) != len(axes):
+        c.fail(f"{'scales' if scales is not None else 'sizes'} has {len(per_axis)} values for {len(axes)} axes")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in c.onnx_node.attribute if a.name != "axes"}
+    y = x
+    for ax, v in zip(axes, per_axis):
+        n_in = x.shape[ax]
+        n_out = int(np.floor(n_in * float(v))) if scales is not None else int(v)
+        if n_out < 1:
+            c.fail(f"axis {ax}: {n_in} -> {n_out} elements")
+        if n_out == n_in and (scales is None or float(v) == 1.0):
+            continue
+        # the axis's map on a 2-D stand-in (n_in, n_in): rows an identity, the axis resized as axis 1
+        node = onnx.helper.make_node("Resize", ["x", "", "scales" if scales is not None else "", "sizes" if sizes is not None
+                                                else ""], ["y"], **attrs)
+        feeds = {"x": np.eye(n_in, dtype=np.float32)}
+        if scales is not None:
+            feeds["scales"] = np.array([1.0, float(v)], np.float32)
+        else:
+            feeds["sizes"] = np.array([n_in, n_out], np.int64)
+        try:
+            m = ReferenceEvaluator(node).run(None, feeds)[0].astype(np.float64)   # (n_in, n_out): column j's weights
+        except Exception as e:
+            c.fail(f"axis {ax}: cannot evaluate the resize map: {type(e).__name__}: {e}")
+        onehot = mode == "nearest" or (np.isin(m, (0.0, 1.0)).all() and (m.sum(0) == 1).all())
+        if onehot:
+            y = c.add("take", [y], {"indices": m.argmax(0).astype(np.int64), "axis": ax}, suffix=f"axis{ax}")
+            continue
+        # y = y x_ax m: move the axis last, multiply by the (n_in, n_out) matrix, move it back
+        perm = tuple(i for i in range(rank) if i != ax) + (ax,)
+        back = tuple(int(i) for i in np.argsort(perm))
+        t = c.add("transpose", [y], {"perm": perm}, suffix=f"axis{ax}_in") if ax != rank - 1 else y
+        t = c.add("matmul", [t, c.const(m.astype(x.dtype), f"axis{ax}_weights")], suffix=f"axis{ax}")
+        y = c.add("transpose", [t], {"perm": back}, suffix=f"axis{ax}_out") if ax != rank - 1 else t
+    return y if y is not x else c.add("reshape", [x], {"shape": x.shape})
 
 
 # ---- entry ------------------------------------------------------------------------------------

@@ -104,14 +104,43 @@ OP_CASES = {
     "dequantize_per_axis": ("DequantizeLinear", [], [("q", np.arange(-12, 12, dtype=np.int8).reshape(3, 8)),
                                                      ("s", np.array([0.1, 0.2, 0.3], np.float32)),
                                                      ("z", np.array([0, 1, -1], np.int8))], dict(axis=0)),
+    "hard_sigmoid": ("HardSigmoid", [(3, 4)], [], dict(alpha=0.3, beta=0.4)),
+    "hard_swish": ("HardSwish", [(2, 3, 5)], [], {}),
+    # Resize: X, roi (empty), scales, sizes
+    "resize_nearest_asymmetric_floor": ("Resize", [(1, 2, 3, 4)], [("r", np.zeros(0, np.float32)),
+                                        ("s", np.array([1, 1, 2, 3], np.float32))],
+                                        dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")),
+    "resize_nearest_half_pixel_down": ("Resize", [(1, 2, 6, 4)], [("r", np.zeros(0, np.float32)),
+                                       ("s", np.array([1, 1, 0.5, 2], np.float32))], {}),
+    "resize_nearest_sizes_align_corners_ceil": ("Resize", [(1, 2, 3, 4)], [("r", np.zeros(0, np.float32)),
+                                                ("s", np.zeros(0, np.float32)), ("z", i64(1, 2, 5, 7))],
+                                                dict(coordinate_transformation_mode="align_corners", nearest_mode="ceil")),
+    "resize_linear_half_pixel": ("Resize", [(1, 2, 4, 5)], [("r", np.zeros(0, np.float32)),
+                                 ("s", np.array([1, 1, 2, 1.5], np.float32))], dict(mode="linear")),
+    "resize_linear_sizes_align_corners": ("Resize", [(1, 2, 4, 5)], [("r", np.zeros(0, np.float32)),
+                                          ("s", np.zeros(0, np.float32)), ("z", i64(1, 2, 7, 3))],
+                                          dict(mode="linear", coordinate_transformation_mode="align_corners")),
+    "resize_cubic_pytorch_half_pixel": ("Resize", [(1, 1, 4, 4)], [("r", np.zeros(0, np.float32)),
+                                        ("s", np.array([1, 1, 2, 2], np.float32))],
+                                        dict(mode="cubic", coordinate_transformation_mode="pytorch_half_pixel")),
+    "resize_axes_opset18": ("Resize", [(1, 2, 3, 4)], [("r", np.zeros(0, np.float32)), ("s", np.array([2, 2], np.float32))],
+                            dict(axes=[2, 3], mode="nearest")),
 }
-OPSET = {"reduce_mean_attr": 13, "pad_axes_opset18": 18}
+OPSET = {"reduce_mean_attr": 13, "pad_axes_opset18": 18, "resize_axes_opset18": 18}
 
 
 @pytest.mark.parametrize("case", sorted(OP_CASES))
 def test_onnx_import_op_matches_onnxruntime(case):
     op, shapes, inits, attrs = OP_CASES[case]
     check_against_ort(single_op_model(op, shapes, inits, attrs, opset=OPSET.get(case, 17)))
+
+
+def test_onnx_import_resize_modes_it_cannot_do_fail_naming_the_node():
+    inits = [("r", np.zeros(0, np.float32)), ("s", np.array([1, 1, 2, 2], np.float32))]
+    for attrs, why in ((dict(coordinate_transformation_mode="tf_crop_and_resize"), "tf_crop_and_resize"),
+                       (dict(mode="area"), "mode 'area'")):
+        with pytest.raises(ConversionError, match=f"Resize 'the_node': .*{why}"):
+            from_onnx(single_op_model("Resize", [(1, 2, 3, 4)], inits, attrs))
 
 
 def test_onnx_import_opset18_reduce_mean_and_split_num_outputs():
