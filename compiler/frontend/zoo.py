@@ -1,6 +1,6 @@
 """Small ONNX models built with onnx.helper, seeded: the networks the compiler is tested and
 demonstrated on (conv-bn-relu-pool, a residual block, an MLP, a depthwise-separable block, a
-transformer encoder layer). Each builder returns an onnx.ModelProto; MODELS maps name -> builder.
+transformer encoder layer, an upsampling decoder). Each builder returns an onnx.ModelProto; MODELS maps name -> builder.
 ort_quantize gives any model as onnxruntime's quantization tools export it (QDQ).
 """
 from __future__ import annotations
@@ -156,12 +156,31 @@ def transformer_encoder(seed: int = 0, seq: int = 8, dim: int = 32, heads: int =
     return b.build([z])
 
 
+def upsample_decoder(seed: int = 0):
+    """Decoder of a segmentation net (FPN / U-Net style, MobileNetV3 activations): strided conv -
+    HardSwish, nearest 2x upsampling (as PyTorch exports it) concatenated with the skip path, conv -
+    HardSigmoid gate, bilinear 2x upsampling, 1x1 conv to 4 classes."""
+    b = ModelBuilder("upsample_decoder", seed)
+    x = b.input("x", (1, 16, 8, 8))
+    skip = b.op("Relu", [b.conv(x, 16, 16, name="conv_skip")], name="relu_skip")
+    y = b.op("HardSwish", [b.conv(skip, 16, 32, stride=2, name="conv_down")], name="hswish")
+    no_roi = b.init(np.zeros(0, np.float32), "no_roi")
+    y = b.op("Resize", [y, no_roi, b.init(np.array([1, 1, 2, 2], np.float32))], name="up_nearest", mode="nearest",
+             coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    y = b.op("Concat", [y, skip], name="concat", axis=1)
+    y = b.conv(y, 48, 16, name="conv_fuse")
+    y = b.op("Mul", [y, b.op("HardSigmoid", [y], name="hsigmoid", alpha=0.2, beta=0.5)], name="gate")
+    y = b.op("Resize", [y, no_roi, b.init(np.array([1, 1, 2, 2], np.float32))], name="up_linear", mode="linear")
+    return b.build([b.conv(y, 16, 4, k=1, name="classes")])
+
+
 MODELS = {
     "conv_bn_relu_pool": conv_bn_relu_pool,
     "residual_block": residual_block,
     "mlp": mlp,
     "depthwise_separable": depthwise_separable,
     "transformer_encoder": transformer_encoder,
+    "upsample_decoder": upsample_decoder,
 }
 
 

@@ -135,6 +135,26 @@ def test_e2e_onnxruntime_qdq_model_own_scales_match_its_int8_result(name, target
     _check_qdq_outputs(mod, qm, feeds[4:], name, fuse_qdq=True)
 
 
+@pytest.mark.parametrize("target", ["accel", "cpu"])
+def test_e2e_onnxruntime_qdq_model_leaves_unscaled_layers_float(target):
+    """A linear Resize imports as one dense layer per axis; in onnxruntime's QDQ export only the
+    Resize's output has a scale, so the first axis's layer has none: it runs in float (as
+    onnxruntime runs what a QDQ model leaves unquantized), the second, whose input is that float
+    result, too, and the output stays within one unit of onnxruntime's int8 result."""
+    m = zoo.upsample_decoder()
+    feeds = zoo.sample_inputs(m, 6, seed=2)
+    qm = zoo.ort_quantize(m, feeds[:4])
+    mod = compiler.build_model(qm, target=target, config="default")
+    assert (mod.count("accel") >= 1) == (target == "accel") and not mod.meta["warnings"]
+    ops = {n.name: n.op for n in _all_nodes(mod.graph)}
+    assert ops["up_linear/axis2/dense"] == ops["up_linear/axis3/dense"] == "dense"
+    assert [op for name, op in ops.items() if name.startswith("conv_fuse")].count("qconv2d") == 1
+    unit = _output_scale(qm)
+    for f in feeds[4:]:
+        got = next(iter(mod.run(f)[0].values()))
+        assert np.abs(got - ort_run(qm, f)[0]).max() <= unit * (1 + 1e-4)   # float32 differences of q * scale
+
+
 @pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
 @pytest.mark.parametrize("activations", ["int8", "uint8"])
 @pytest.mark.parametrize("target", ["accel", "cpu"])

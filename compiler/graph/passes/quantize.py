@@ -178,6 +178,21 @@ class _Quantizer:
                 return of(c.name)
         return self.qparams_for(old, "for its output")
 
+    def has_scales(self, old: Node, ins: list[Node]) -> bool:
+        """Whether a conv/dense has scales for its input and result, to run in int8. Calibration
+        gives every tensor one; a QDQ model quantizes only where it says (onnxruntime runs the rest
+        in float), and a layer the import made (a linear Resize's interpolation along one axis) may
+        have none: it stays float."""
+        if "qdq" not in self.cal.source.values():
+            return True
+        try:
+            self.out_qparams(old)
+            if id(ins[0]) not in self.scale:
+                self.qparams_for(old.inputs[0], "")
+        except QuantizeError:
+            return False
+        return True
+
     def model_scale(self, name: str) -> float | None:
         """The scale a QDQ model gives this tensor, where it gives one."""
         return self.cal.scales.get(name) if self.cal.source.get(name) == "qdq" else None
@@ -366,7 +381,7 @@ class _Quantizer:
         if n.op in ("input", "const"):
             return n
         if n.op in ("conv2d", "dense") and n.inputs[1].is_const and all(i.is_const for i in n.inputs[2:]) \
-                and n.dtype == "float32":
+                and n.dtype == "float32" and self.has_scales(old, ins):
             return self.gemm(ins, old)
         if n.op == "add" and not any(i.is_const for i in ins) and any(id(i) in self.scale for i in ins):
             return self.add(ins, old)
