@@ -82,7 +82,8 @@ class Node:
         arr = np.asarray(value, dtype=dtype)
         if arr.dtype == np.float64 and dtype is None:
             arr = arr.astype(np.float32)
-        arr = np.ascontiguousarray(arr)
+        if not arr.flags.c_contiguous:   # (np.ascontiguousarray would make a scalar 1-d)
+            arr = np.ascontiguousarray(arr)
         arr.setflags(write=False)
         return Node("const", (), {"value": arr}, name=name)
 
