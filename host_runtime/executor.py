@@ -445,7 +445,10 @@ class Executor:
             ins = [a for a in s.args]
 
             def call():
-                y = impl(attrs, *[self._arg(a) for a in ins])
+                try:
+                    y = impl(attrs, *[self._arg(a) for a in ins])
+                except (IndexError, ValueError) as e:   # bad data at run time (a gather index out of range)
+                    raise ExecutorError(f"step '{s.name}' ({s.op}): {e}") from None
                 out[...] = np.asarray(y).reshape(out.shape)
             return call
         raise ExecutorError(f"step '{s.name}': unknown kind {s.kind!r}; kinds are {', '.join(KINDS)}")

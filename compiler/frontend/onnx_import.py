@@ -287,6 +287,15 @@ def _hard_sigmoid(c):
     return c.add("mul", [x, y]) if swish else y
 
 
+@converter("PRelu")
+def _prelu(c):
+    """PRelu = relu(x) - slope relu(-x), slope broadcast (per channel as PyTorch exports it)."""
+    x, slope = c.input(0), c.input(1)
+    pos = c.add("relu", [x], suffix="pos")
+    neg = c.add("relu", [c.add("neg", [x], suffix="neg_x")], suffix="neg")
+    return c.add("sub", [pos, c.add("mul", [neg, slope], suffix="slope")])
+
+
 @converter("Clip")
 def _clip(c):
     lo, hi = c.value(1, "min"), c.value(2, "max")
@@ -643,10 +652,14 @@ def _shape(c):
 
 @converter("Gather")
 def _gather(c):
+    """Constant indices: take (injective, fuses, int8 passes through); indices computed at run
+    time (token ids into an embedding table): gather."""
     x = c.input(0)
-    idx = c.value(1, "indices")
     ax = int(c.attr("axis", 0)) % x.type.rank
-    return c.add("take", [x], {"indices": np.asarray(idx, np.int64), "axis": ax})
+    idx = c.input(1)
+    if not idx.is_const and any(m.op == "input" for m in topo_order([idx])):
+        return c.add("gather", [x, idx], {"axis": ax})
+    return c.add("take", [x], {"indices": np.asarray(c.value(1, "indices"), np.int64), "axis": ax})
 
 
 @converter("Resize")

@@ -467,7 +467,7 @@ def _transpose():
         if sorted(n.attrs["perm"]) != list(range(x.rank)):
             fail(n, f"perm {list(n.attrs['perm'])} is not a permutation of {x.rank} axes")
         return _t([x.shape[p] for p in n.attrs["perm"]], x.dtype)
-    return infer, lambda a, x: np.ascontiguousarray(np.transpose(x, a["perm"]))
+    return infer, lambda a, x: np.transpose(x, a["perm"]).copy()   # C order; a scalar stays 0-d
 
 
 @register("concat", Pattern.INJECTIVE, (1, 1 << 16), {"axis": REQUIRED}, doc="concatenate along one axis")
@@ -840,6 +840,26 @@ def _fused():
     def impl(a, *xs):
         from .interpret import run
         return run(a["body"], list(xs))[0]
+    return infer, impl
+
+
+@register("gather", Pattern.OPAQUE, 2, {"axis": 0},
+          doc="gather along one axis at indices computed at run time (ONNX Gather: an embedding lookup)")
+def _gather():
+    def infer(n):
+        x, idx = n.inputs[0].type, n.inputs[1].type
+        if idx.dtype not in ("int32", "int64"):
+            fail(n, f"indices must be int32 or int64, got {idx.dtype}")
+        ax = _norm_axes(n, [n.attrs["axis"]], x.rank)[0]
+        return _t(x.shape[:ax] + idx.shape + x.shape[ax + 1:], x.dtype)
+
+    def impl(a, x, idx):
+        ax = a["axis"] % x.ndim
+        n = x.shape[ax]
+        bad = (idx < -n) | (idx >= n)
+        if bad.any():
+            raise IndexError(f"gather: index {int(idx[bad].flat[0])} out of range [-{n}, {n - 1}] for axis {ax}")
+        return np.take(x, idx, axis=ax)
     return infer, impl
 
 

@@ -80,6 +80,29 @@ def test_e2e_accel_target_bit_exact_and_within_quantization_error(net, config):
     assert "total:" in format_profile(ex.profile, mod.config)
 
 
+def test_e2e_token_ids_through_an_embedding_table():
+    """A BERT-style front end: int64 token ids (an input) gather rows of an embedding table, then
+    a dense layer; cpu matches onnxruntime, accel is bit-exact against the int8 reference."""
+    from onnx import TensorProto
+    b = zoo.ModelBuilder("embed", seed=4)
+    ids = b.input("ids", (2, 8), TensorProto.INT64)
+    x = b.op("Gather", [b.init(b.rng.standard_normal((50, 32)).astype(np.float32)), ids], name="embedding", axis=0)
+    x = b.op("Relu", [b.linear(x, 32, 48, name="proj")], name="relu")
+    m = b.build([b.op("ReduceMean", [x], name="pool", axes=[1], keepdims=0)])
+    rng = np.random.default_rng(5)
+    feeds = [{"ids": rng.integers(-50, 50, (2, 8)).astype(np.int64)} for _ in range(6)]
+    cpu = compiler.build(m, target="cpu")
+    for f in feeds[4:]:
+        np.testing.assert_allclose(next(iter(cpu.run(f)[0].values())), ort_run(m, f)[0], rtol=1e-4, atol=1e-5)
+    mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:4], force_target={"qdense": "accel"})
+    assert mod.count("accel") == 1
+    for f in feeds[4:]:
+        got, _, _ = _run_bit_exact(mod, f, "embed")
+        assert cosine(got, ort_run(m, f)[0]) >= 0.99
+    with pytest.raises(ExecutorError, match=r"step 'embedding' \(gather\): gather: index 50 out of range \[-50, 49\]"):
+        mod.run({"ids": np.full((2, 8), 50, np.int64)})
+
+
 def test_ort_quantize_refuses_an_unknown_activation_type():
     with pytest.raises(ValueError, match=r"activations='fp8'; choose int8, uint8 or symmetric"):
         zoo.ort_quantize(zoo.mlp(), [], activations="fp8")

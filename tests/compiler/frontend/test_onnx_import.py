@@ -104,6 +104,10 @@ OP_CASES = {
     "dequantize_per_axis": ("DequantizeLinear", [], [("q", np.arange(-12, 12, dtype=np.int8).reshape(3, 8)),
                                                      ("s", np.array([0.1, 0.2, 0.3], np.float32)),
                                                      ("z", np.array([0, 1, -1], np.int8))], dict(axis=0)),
+    "gather_scalar_index": ("Gather", [(4, 5)], [("i", np.array(-2, np.int64))], dict(axis=1)),
+    "gather_runtime_indices": ("Gather", [(6, 3)], [], dict(axis=0)),   # x1: int64 indices (OP_DTYPES)
+    "prelu_per_channel": ("PRelu", [(2, 3, 4, 4)], [("s", w(3, 1, 1))], {}),
+    "prelu_scalar": ("PRelu", [(3, 4)], [("s", np.array([0.25], np.float32))], {}),
     "hard_sigmoid": ("HardSigmoid", [(3, 4)], [], dict(alpha=0.3, beta=0.4)),
     "hard_swish": ("HardSwish", [(2, 3, 5)], [], {}),
     # Resize: X, roi (empty), scales, sizes
@@ -132,7 +136,13 @@ OPSET = {"reduce_mean_attr": 13, "pad_axes_opset18": 18, "resize_axes_opset18": 
 @pytest.mark.parametrize("case", sorted(OP_CASES))
 def test_onnx_import_op_matches_onnxruntime(case):
     op, shapes, inits, attrs = OP_CASES[case]
-    check_against_ort(single_op_model(op, shapes, inits, attrs, opset=OPSET.get(case, 17)))
+    m = single_op_model(op, shapes, inits, attrs, opset=OPSET.get(case, 17))
+    feeds = None
+    if case == "gather_runtime_indices":   # a graph input of int64 indices, negative ones included
+        m = single_op_model(op, [(6, 3), (2, 4)], [], attrs)
+        m.graph.input[1].type.tensor_type.elem_type = TensorProto.INT64
+        feeds = {"x0": w(6, 3), "x1": np.array([[0, 5, -1, 2], [3, 3, -6, 1]], np.int64)}
+    check_against_ort(m, feeds=feeds)
 
 
 def test_onnx_import_resize_modes_it_cannot_do_fail_naming_the_node():
