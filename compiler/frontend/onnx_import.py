@@ -230,7 +230,7 @@ def converter(*op_types):
 
 def _unary_table():
     table = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp", "Sqrt": "sqrt",
-             "Neg": "neg", "Reciprocal": "reciprocal"}
+             "Neg": "neg", "Reciprocal": "reciprocal", "Abs": "abs", "Log": "log"}
     for onnx_op, op in table.items():
         converter(onnx_op)(lambda c, op=op: c.add(op, [c.input(0)]))
 
@@ -239,6 +239,17 @@ _unary_table()
 
 for _onnx_op, _op in {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}.items():
     converter(_onnx_op)(lambda c, op=_op: _binary(c, op))
+
+
+@converter("Max", "Min")
+def _max_min(c):
+    """Variadic elementwise Max/Min with broadcasting: a chain of binary maximum/minimum."""
+    op = "maximum" if c.onnx_node.op_type == "Max" else "minimum"
+    ins = [c.input(k) for k in range(len(c.onnx_node.input)) if c.input(k) is not None]
+    y = ins[0]
+    for k, x in enumerate(ins[1:]):
+        y = c.add(op, [y, x], suffix="" if k == len(ins) - 2 else str(k))
+    return y if len(ins) > 1 else c.add("reshape", [y], {"shape": y.shape})
 
 
 def _binary(c: _Ctx, op: str) -> Node:
@@ -461,9 +472,10 @@ def _avgpool(c):
     return c.add("avg_pool2d", [c.input(0)], attrs)
 
 
-@converter("GlobalAveragePool")
+@converter("GlobalAveragePool", "GlobalMaxPool")
 def _gap(c):
-    return c.add("global_avg_pool", [c.input(0)])
+    op = "global_avg_pool" if c.onnx_node.op_type == "GlobalAveragePool" else "global_max_pool"
+    return c.add(op, [c.input(0)])
 
 
 @converter("Flatten")
@@ -610,17 +622,43 @@ def _layer_norm(c):
                                      "epsilon": float(c.attr("epsilon", 1e-5))})
 
 
-@converter("ReduceMean")
-def _reduce_mean(c):
+@converter("ReduceMean", "ReduceSum", "ReduceMax")
+def _reduce(c):
     x = c.input(0)
-    axes = c.value(1, "axes") if c.opset >= 18 else c.attr("axes")
+    op = {"ReduceMean": "reduce_mean", "ReduceSum": "reduce_sum", "ReduceMax": "reduce_max"}[c.onnx_node.op_type]
+    # axes became an input: ReduceSum at opset 13, the others at 18
+    axes = c.value(1, "axes") if c.opset >= (13 if op == "reduce_sum" else 18) else c.attr("axes")
     if axes is None or np.size(axes) == 0:
         if c.attr("noop_with_empty_axes", 0):
             return x
         axes = None
     else:
         axes = tuple(int(a) % x.type.rank for a in np.ravel(axes))
-    return c.add("reduce_mean", [x], {"axes": axes, "keepdims": int(c.attr("keepdims", 1))})
+    return c.add(op, [x], {"axes": axes, "keepdims": int(c.attr("keepdims", 1))})
+
+
+@converter("LogSoftmax")
+def _log_softmax(c):
+    """(x - max) - log(sum(exp(x - max))) along the axis."""
+    x = c.input(0)
+    ax = int(c.attr("axis", -1)) % x.type.rank
+    d = c.add("sub", [x, c.add("reduce_max", [x], {"axes": (ax,), "keepdims": 1}, suffix="max")], suffix="shifted")
+    s = c.add("reduce_sum", [c.add("exp", [d], suffix="exp")], {"axes": (ax,), "keepdims": 1}, suffix="sum")
+    return c.add("sub", [d, c.add("log", [s], suffix="log")])
+
+
+@converter("InstanceNormalization")
+def _instance_norm(c):
+    """Per (sample, channel) over the spatial axes: layer_norm from axis 2 (unit scale), then the
+    per-channel scale and bias (PyTorch exports GroupNorm as reshape - this - reshape)."""
+    x, scale, bias = c.input(0), c.input(1), c.input(2)
+    inner = x.shape[2:]
+    ones = c.const(np.ones(inner, x.dtype), "unit_scale")
+    y = c.add("layer_norm", [x, ones], {"axis": 2, "epsilon": float(c.attr("epsilon", 1e-5))}, suffix="normalize")
+    per_channel = (x.shape[1],) + (1,) * len(inner)
+    sc = c.add("reshape", [scale], {"shape": per_channel}, suffix="scale_shape")
+    bi = c.add("reshape", [bias], {"shape": per_channel}, suffix="bias_shape")
+    return c.add("add", [c.add("mul", [y, sc], suffix="scale"), bi])
 
 
 @converter("QuantizeLinear")

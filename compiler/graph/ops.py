@@ -148,6 +148,8 @@ _unary("tanh", lambda a, x: np.tanh(x))
 _unary("exp", lambda a, x: np.exp(x))
 _unary("sqrt", lambda a, x: np.sqrt(x))
 _unary("neg", lambda a, x: -x, floats_only=False)
+_unary("abs", lambda a, x: np.abs(x))
+_unary("log", lambda a, x: np.log(x))
 _unary("reciprocal", lambda a, x: 1.0 / x)
 _unary("erf", lambda a, x: _erf(x.astype(np.float64)))
 _unary("gelu", lambda a, x: (0.5 * x * (1 + _erf(x.astype(np.float64) / math.sqrt(2))) if a["approximate"] == "none"
@@ -185,6 +187,8 @@ _binary("sub", np.subtract)
 _binary("mul", np.multiply)
 _binary("div", np.divide)
 _binary("pow", np.power)
+_binary("maximum", np.maximum)
+_binary("minimum", np.minimum)
 
 
 # ---- conv / dense --------------------------------------------------------------------------------
@@ -384,14 +388,22 @@ def _avg_pool():
     return _pool_infer, impl
 
 
+def _global_pool_infer(n):
+    x = n.inputs[0].type
+    if x.rank < 3:
+        fail(n, f"expects N C spatial..., got {x}")
+    return _t(x.shape[:2] + (1,) * (x.rank - 2), _float_input(n))
+
+
 @register("global_avg_pool", Pattern.OUT_ELEMWISE_FUSABLE, 1, doc="mean over H, W keeping dims")
 def _gap():
-    def infer(n):
-        x = n.inputs[0].type
-        if x.rank < 3:
-            fail(n, f"expects N C spatial..., got {x}")
-        return _t(x.shape[:2] + (1,) * (x.rank - 2), _float_input(n))
-    return infer, lambda a, x: x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=np.float64).astype(x.dtype)
+    return _global_pool_infer, lambda a, x: x.mean(axis=tuple(range(2, x.ndim)), keepdims=True,
+                                                  dtype=np.float64).astype(x.dtype)
+
+
+@register("global_max_pool", Pattern.OUT_ELEMWISE_FUSABLE, 1, doc="max over H, W keeping dims")
+def _gmp():
+    return _global_pool_infer, lambda a, x: x.max(axis=tuple(range(2, x.ndim)), keepdims=True)
 
 
 def _norm_axes(n, axes, rank):
@@ -403,19 +415,25 @@ def _norm_axes(n, axes, rank):
     return tuple(sorted(set(out)))
 
 
-@register("reduce_mean", Pattern.COMM_REDUCE, 1, {"axes": None, "keepdims": 1}, doc="mean over axes (None: all)")
-def _reduce_mean():
-    def infer(n):
-        x = n.inputs[0].type
-        axes = tuple(range(x.rank)) if n.attrs["axes"] is None else _norm_axes(n, n.attrs["axes"], x.rank)
-        shape = [1 if k in axes else d for k, d in enumerate(x.shape)] if n.attrs["keepdims"] else \
-            [d for k, d in enumerate(x.shape) if k not in axes]
-        return _t(shape, _float_input(n))
+def _reduction(name: str, f, doc: str):
+    def factory():
+        def infer(n):
+            x = n.inputs[0].type
+            axes = tuple(range(x.rank)) if n.attrs["axes"] is None else _norm_axes(n, n.attrs["axes"], x.rank)
+            shape = [1 if k in axes else d for k, d in enumerate(x.shape)] if n.attrs["keepdims"] else \
+                [d for k, d in enumerate(x.shape) if k not in axes]
+            return _t(shape, _float_input(n))
 
-    def impl(a, x):
-        axes = None if a["axes"] is None else tuple(ax % x.ndim for ax in a["axes"])
-        return x.mean(axis=axes, keepdims=bool(a["keepdims"]), dtype=np.float64).astype(x.dtype)
-    return infer, impl
+        def impl(a, x):
+            axes = None if a["axes"] is None else tuple(ax % x.ndim for ax in a["axes"])
+            return np.asarray(f(x, axes, bool(a["keepdims"]))).astype(x.dtype)
+        return infer, impl
+    register(name, Pattern.COMM_REDUCE, 1, {"axes": None, "keepdims": 1}, doc)(factory)
+
+
+_reduction("reduce_mean", lambda x, ax, kd: x.mean(axis=ax, keepdims=kd, dtype=np.float64), "mean over axes (None: all)")
+_reduction("reduce_sum", lambda x, ax, kd: x.sum(axis=ax, keepdims=kd, dtype=np.float64), "sum over axes (None: all)")
+_reduction("reduce_max", lambda x, ax, kd: x.max(axis=ax, keepdims=kd), "max over axes (None: all)")
 
 
 @register("softmax", Pattern.OPAQUE, 1, {"axis": -1}, doc="softmax along one axis")

@@ -69,6 +69,16 @@ def neg(x):
     return unary(x, lambda v: -v, "neg")
 
 
+def abs_(x):
+    _float(x, "abs")
+    return unary(x, te.abs, "abs")
+
+
+def log(x):
+    _float(x, "log")
+    return unary(x, te.log, "log")
+
+
 def reciprocal(x):
     _float(x, "reciprocal")
     return unary(x, lambda v: te.const(1.0, x.dtype) / v, "reciprocal")

@@ -190,6 +190,7 @@ _UNARY = {
     "relu": (ew.relu, {}, "Relu"), "sigmoid": (ew.sigmoid, {}, "Sigmoid"), "tanh": (ew.tanh, {}, "Tanh"),
     "exp": (ew.exp, {}, "Exp"), "sqrt": (ew.sqrt, {}, "Sqrt"), "neg": (ew.neg, {}, "Neg"),
     "reciprocal": (ew.reciprocal, {}, "Reciprocal"), "erf": (ew.erf, {}, "Erf"),
+    "abs": (ew.abs_, {}, "Abs"), "log": (ew.log, {}, "Log"),
     "gelu": (ew.gelu, {"approximate": "none"}, "Gelu"),
     "leaky_relu": (ew.leaky_relu, {"alpha": 0.01}, "LeakyRelu"),
     "clip": (ew.clip, {"min": None, "max": None}, "Clip"),

@@ -103,6 +103,37 @@ def test_e2e_token_ids_through_an_embedding_table():
         mod.run({"ids": np.full((2, 8), 50, np.int64)})
 
 
+def test_e2e_pytorch_export_patterns_group_norm_max_pool_log_softmax():
+    """What PyTorch's exporters emit for GroupNorm (Reshape - InstanceNormalization - Reshape),
+    torch.maximum / abs, adaptive max pooling, sum pooling and log_softmax: cpu matches onnxruntime,
+    accel (the convs offloaded, and on the tiny config the classifier) is bit-exact against the int8 reference and close to onnxruntime."""
+    b = zoo.ModelBuilder("export_patterns", seed=6)
+    x = b.input("x", (1, 3, 16, 16))
+    y = b.conv(x, 3, 16, name="conv1")
+    g = b.op("Reshape", [y, b.init(np.array([1, 4, -1], np.int64))], name="gn_groups")
+    g = b.op("InstanceNormalization", [g, b.init(np.ones(4, np.float32)), b.init(np.zeros(4, np.float32))],
+             name="gn", epsilon=1e-5)
+    g = b.op("Reshape", [g, b.init(np.array([1, 16, 16, 16], np.int64))], name="gn_back")
+    g = b.op("Add", [b.op("Mul", [g, b.init(b.rng.uniform(0.5, 1.5, (16, 1, 1)).astype(np.float32))]),
+                     b.init((b.rng.standard_normal((16, 1, 1)) * 0.1).astype(np.float32))], name="gn_affine")
+    y = b.op("Max", [g, b.op("Mul", [b.op("Abs", [g], name="abs"), b.init(np.float32(0.1))])], name="maximum")
+    y = b.conv(y, 16, 32, stride=2, name="conv2")
+    mx = b.op("Flatten", [b.op("GlobalMaxPool", [y], name="gmp")], name="flat")
+    sm = b.op("ReduceSum", [y, b.init(np.array([2, 3], np.int64))], name="sum_pool", keepdims=0)
+    z = b.op("Concat", [mx, sm], name="concat", axis=1)
+    z = b.op("Gemm", [z, b.weight((4, 64)), b.init(np.zeros(4, np.float32))], name="fc", transB=1)
+    m = b.build([b.op("LogSoftmax", [z], name="log_softmax", axis=-1)])
+    feeds = zoo.sample_inputs(m, 6, seed=7)
+    cpu = compiler.build(m, target="cpu")
+    for f in feeds[4:]:
+        np.testing.assert_allclose(next(iter(cpu.run(f)[0].values())), ort_run(m, f)[0], rtol=1e-4, atol=1e-4)
+    mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:4])
+    assert mod.count("accel") >= 2
+    for f in feeds[4:]:
+        got, _, _ = _run_bit_exact(mod, f, "export_patterns")
+        assert cosine(got, ort_run(m, f)[0]) >= 0.99
+
+
 def test_ort_quantize_refuses_an_unknown_activation_type():
     with pytest.raises(ValueError, match=r"activations='fp8'; choose int8, uint8 or symmetric"):
         zoo.ort_quantize(zoo.mlp(), [], activations="fp8")

@@ -104,6 +104,17 @@ OP_CASES = {
     "dequantize_per_axis": ("DequantizeLinear", [], [("q", np.arange(-12, 12, dtype=np.int8).reshape(3, 8)),
                                                      ("s", np.array([0.1, 0.2, 0.3], np.float32)),
                                                      ("z", np.array([0, 1, -1], np.int8))], dict(axis=0)),
+    "abs": ("Abs", [(3, 4)], [], {}),
+    "log": ("Log", [(3, 4)], [], {}),   # positive inputs: FEEDS
+    "max_variadic_broadcast": ("Max", [(2, 3, 4), (3, 1), (4,)], [], {}),
+    "min_two": ("Min", [(2, 3)], [("b", w(2, 3))], {}),
+    "reduce_sum_axes_input": ("ReduceSum", [(2, 3, 4)], [("a", i64(0, -1))], dict(keepdims=0)),
+    "reduce_sum_all": ("ReduceSum", [(2, 3, 4)], [], {}),
+    "reduce_max_attr": ("ReduceMax", [(2, 3, 4)], [], dict(axes=[1], keepdims=1)),
+    "reduce_max_axes_input_opset18": ("ReduceMax", [(2, 3, 4)], [("a", i64(2))], dict(keepdims=0)),
+    "log_softmax": ("LogSoftmax", [(2, 3, 5)], [], dict(axis=1)),
+    "instance_norm": ("InstanceNormalization", [(2, 3, 4, 5)], [("s", w(3)), ("b", w(3))], dict(epsilon=1e-3)),
+    "global_max_pool": ("GlobalMaxPool", [(2, 3, 5, 4)], [], {}),
     "gather_scalar_index": ("Gather", [(4, 5)], [("i", np.array(-2, np.int64))], dict(axis=1)),
     "gather_runtime_indices": ("Gather", [(6, 3)], [], dict(axis=0)),   # x1: int64 indices (OP_DTYPES)
     "prelu_per_channel": ("PRelu", [(2, 3, 4, 4)], [("s", w(3, 1, 1))], {}),
@@ -130,7 +141,7 @@ OP_CASES = {
     "resize_axes_opset18": ("Resize", [(1, 2, 3, 4)], [("r", np.zeros(0, np.float32)), ("s", np.array([2, 2], np.float32))],
                             dict(axes=[2, 3], mode="nearest")),
 }
-OPSET = {"reduce_mean_attr": 13, "pad_axes_opset18": 18, "resize_axes_opset18": 18}
+OPSET = {"reduce_mean_attr": 13, "pad_axes_opset18": 18, "resize_axes_opset18": 18, "reduce_max_axes_input_opset18": 18}
 
 
 @pytest.mark.parametrize("case", sorted(OP_CASES))
@@ -138,6 +149,8 @@ def test_onnx_import_op_matches_onnxruntime(case):
     op, shapes, inits, attrs = OP_CASES[case]
     m = single_op_model(op, shapes, inits, attrs, opset=OPSET.get(case, 17))
     feeds = None
+    if case == "log":
+        feeds = {"x0": np.abs(w(3, 4)) + 0.1}
     if case == "gather_runtime_indices":   # a graph input of int64 indices, negative ones included
         m = single_op_model(op, [(6, 3), (2, 4)], [], attrs)
         m.graph.input[1].type.tensor_type.elem_type = TensorProto.INT64

@@ -22,6 +22,7 @@ UNARY = {
     "gelu": (lambda x: 0.5 * x * (1 + erf(x / np.sqrt(2))), "Gelu", {}, {}),
     "leaky_relu": (lambda x: np.where(x >= 0, x, 0.1 * x), "LeakyRelu", {"alpha": 0.1}, {"alpha": 0.1}),
     "clip": (lambda x: np.clip(x, -0.5, 0.7), None, {"min": -0.5, "max": 0.7}, {}),
+    "abs": (np.abs, "Abs", {}, {}),
 }
 
 
@@ -39,6 +40,7 @@ def test_sqrt_reciprocal_and_gelu_tanh():
     x = np.random.default_rng(1).uniform(0.1, 5, (4, 16)).astype("float32")
     close(ops.compile_op("sqrt", [x.shape])(x), np.sqrt(x.astype(np.float64)))
     close(ops.compile_op("reciprocal", [x.shape])(x), 1 / x.astype(np.float64))
+    close(ops.compile_op("log", [x.shape])(x), np.log(x.astype(np.float64)))
     y = ops.compile_op("gelu", [x.shape], {"approximate": "tanh"})(x)
     close(y, run_onnx("Gelu", [x], {"approximate": "tanh"}, opset=20))
 
