@@ -22,8 +22,8 @@ import os  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+settings.register_profile("dev", print_blob=True)   # a failure prints the blob that reproduces it
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 # fsim checks every program the tests run for races between its stages (sim.races): a missing
 # dependency token fails a test even where the timing hides it
