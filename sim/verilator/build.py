@@ -208,14 +208,17 @@ def build_library(config, waves: str | None = None) -> Path:
         cflags = ["-fPIC", "-march=native", "-fno-semantic-interposition", "-fno-plt", "-flto=2", "-DACCEL_PROBES",
                   "-include", str(bdir / "probes.h")]
         cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "--top-module", SIM_TOP, "--prefix", "Vtop",
-               "-Mdir", str(obj), "-o", str(lib), "-Wno-fatal", *_flags(waves),
+               "-Mdir", str(obj), "-o", str(obj / LIB_NAME), "-Wno-fatal", *_flags(waves),
                "-CFLAGS", " ".join(cflags), "-LDFLAGS", "-shared -flto=2",
                "-MAKEFLAGS", "OPT_FAST=-O3 OPT_SLOW=-O0 OPT_GLOBAL=-O2",
                *map(str, vlts), str(HARNESS), str(src)]
         log.info("building the Verilator model of %s for config %s", TOP, cfg.digest())
         _run(cmd, bdir, f"Verilator build of {TOP}")
-        if not lib.exists():
-            raise BuildError(f"Verilator build of {TOP} finished without {lib}")
+        if not (obj / LIB_NAME).exists():
+            raise BuildError(f"Verilator build of {TOP} finished without {obj / LIB_NAME}")
+        # linked beside the objects, then moved into place in one rename: a process that finds the
+        # library (the check before the lock) never loads one the linker is still writing
+        os.replace(obj / LIB_NAME, lib)
         shutil.rmtree(obj, ignore_errors=True)   # keep only the library
         (bdir / "build.json").write_text(json.dumps({"config": cfg.to_dict(), "waves": waves,
                                                      "seconds": round(time.perf_counter() - t0, 1)}))
