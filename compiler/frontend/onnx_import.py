@@ -88,28 +88,36 @@ def fold_constant_nodes(model) -> "onnx.ModelProto":
     model, a copy when anything was folded."""
     onnx = _onnx()
     from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
     g = model.graph
     opsets = {imp.domain or "": imp.version for imp in model.opset_import}
-    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
-                                                for o in n.output}
+    inits = {t.name: t for t in g.initializer}
+    constant_nodes = {o: n for n in g.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") for o in n.output}
+    values: dict[str, np.ndarray] = {}   # constant tensors read so far, folded outputs included
+
+    def value(name: str) -> np.ndarray:
+        if name not in values:
+            values[name] = (numpy_helper.to_array(inits[name]) if name in inits
+                            else ReferenceEvaluator(constant_nodes[name]).run(None, {})[0])
+        return values[name]
     folded: dict[int, list] = {}
     for k, n in enumerate(g.node):
         if n.op_type in CONVERTERS and n.domain in ("", "ai.onnx"):
             continue
         ins = [i for i in n.input if i]
-        if not ins or not all(i in consts for i in ins):
+        if not ins or not all(i in inits or i in constant_nodes or i in values for i in ins):
             continue
         try:
-            feeds = {i: _constant_value(model, i, folded) for i in ins}
-            from onnx.reference import ReferenceEvaluator
-            values = ReferenceEvaluator(n, opsets=opsets).run(None, feeds)
+            outs = ReferenceEvaluator(n, opsets=opsets).run(None, {i: value(i) for i in ins})
         except Exception as e:   # not evaluable here: reported as unsupported
             log.debug("cannot fold %s '%s': %s", n.op_type, n.name, e)
             continue
-        folded[k] = [onnx.helper.make_node("Constant", [], [o], name=f"{n.name or n.op_type}/folded_{j}",
-                                           value=numpy_helper.from_array(np.asarray(v), o))
-                     for j, (o, v) in enumerate(zip(n.output, values)) if o]
-        consts.update(o for o in n.output if o)
+        folded[k] = []
+        for j, (o, v) in enumerate(zip(n.output, outs)):
+            if o:
+                values[o] = np.asarray(v)
+                folded[k].append(onnx.helper.make_node("Constant", [], [o], name=f"{n.name or n.op_type}/folded_{j}",
+                                                       value=numpy_helper.from_array(values[o], o)))
         log.info("folded %s '%s' on constant inputs", n.op_type, n.name)
     if not folded:
         return model
@@ -119,21 +127,6 @@ def fold_constant_nodes(model) -> "onnx.ModelProto":
     for k, n in enumerate(g.node):
         out.graph.node.extend(folded.get(k, [n]))
     return out
-
-
-def _constant_value(model, name: str, folded: dict) -> np.ndarray:
-    """The value of a constant tensor of `model` (an initializer, or the output of a Constant node,
-    one folded by fold_constant_nodes included)."""
-    from onnx import numpy_helper
-    from onnx.reference import ReferenceEvaluator
-    for t in model.graph.initializer:
-        if t.name == name:
-            return numpy_helper.to_array(t)
-    for k, n in enumerate(model.graph.node):
-        for c in folded.get(k, [n]):
-            if c.op_type == "Constant" and name in c.output:
-                return ReferenceEvaluator(c).run(None, {})[0]
-    raise KeyError(name)
 
 
 def check_supported(model) -> None:
@@ -197,7 +190,7 @@ class _Ctx:
             return default
         if n.is_const:
             return n.value
-        deps = [m for m in topo_order([n]) if m.op == "input"]
+        deps = _input_deps(n)
         if deps:
             self.fail(f"{what} (input {k}, '{self.onnx_node.input[k]}') must be constant, "
                       f"but it depends on graph input '{deps[0].name}'")
@@ -214,6 +207,11 @@ class _Ctx:
                     v = onnx.numpy_helper.to_array(v)
                 return v
         return default
+
+
+def _input_deps(n: Node) -> list[Node]:
+    """The graph inputs a node's value depends on (none: it folds to a constant at import)."""
+    return [m for m in topo_order([n]) if m.op == "input"]
 
 
 # ---- converters ---------------------------------------------------------------------------------
@@ -249,7 +247,7 @@ def _max_min(c):
     y = ins[0]
     for k, x in enumerate(ins[1:]):
         y = c.add(op, [y, x], suffix="" if k == len(ins) - 2 else str(k))
-    return y if len(ins) > 1 else c.add("reshape", [y], {"shape": y.shape})
+    return y
 
 
 def _binary(c: _Ctx, op: str) -> Node:
@@ -695,7 +693,7 @@ def _gather(c):
     x = c.input(0)
     ax = int(c.attr("axis", 0)) % x.type.rank
     idx = c.input(1)
-    if not idx.is_const and any(m.op == "input" for m in topo_order([idx])):
+    if _input_deps(idx):
         return c.add("gather", [x, idx], {"axis": ax})
     return c.add("take", [x], {"indices": np.asarray(c.value(1, "indices"), np.int64), "axis": ax})
 
@@ -760,7 +758,7 @@ def _resize(c):
         t = c.add("transpose", [y], {"perm": perm}, suffix=f"axis{ax}_in") if ax != rank - 1 else y
         t = c.add("matmul", [t, c.const(m.astype(x.dtype), f"axis{ax}_weights")], suffix=f"axis{ax}")
         y = c.add("transpose", [t], {"perm": back}, suffix=f"axis{ax}_out") if ax != rank - 1 else t
-    return y if y is not x else c.add("reshape", [x], {"shape": x.shape})
+    return y
 
 
 # ---- entry ------------------------------------------------------------------------------------

@@ -25,6 +25,12 @@ def _float(x, what):
         raise OpError(f"{what}: needs a float input, got {x.dtype}")
 
 
+def float_unary(x, fn, name):
+    """unary() on a float tensor (OpError naming the op otherwise)."""
+    _float(x, name)
+    return unary(x, fn, name)
+
+
 def relu(x):
     return unary(x, lambda v: te.elem_max(v, te.const(0, x.dtype)), "relu")
 
@@ -46,23 +52,19 @@ def clip(x, min=None, max=None):  # noqa: A002 - ONNX names
 
 
 def sigmoid(x):
-    _float(x, "sigmoid")
-    return unary(x, te.sigmoid, "sigmoid")
+    return float_unary(x, te.sigmoid, "sigmoid")
 
 
 def tanh(x):
-    _float(x, "tanh")
-    return unary(x, te.tanh, "tanh")
+    return float_unary(x, te.tanh, "tanh")
 
 
 def exp(x):
-    _float(x, "exp")
-    return unary(x, te.exp, "exp")
+    return float_unary(x, te.exp, "exp")
 
 
 def sqrt(x):
-    _float(x, "sqrt")
-    return unary(x, te.sqrt, "sqrt")
+    return float_unary(x, te.sqrt, "sqrt")
 
 
 def neg(x):
@@ -70,18 +72,15 @@ def neg(x):
 
 
 def abs_(x):
-    _float(x, "abs")
-    return unary(x, te.abs, "abs")
+    return float_unary(x, te.abs, "abs")
 
 
 def log(x):
-    _float(x, "log")
-    return unary(x, te.log, "log")
+    return float_unary(x, te.log, "log")
 
 
 def reciprocal(x):
-    _float(x, "reciprocal")
-    return unary(x, lambda v: te.const(1.0, x.dtype) / v, "reciprocal")
+    return float_unary(x, lambda v: te.const(1.0, x.dtype) / v, "reciprocal")
 
 
 def erf_expr(v):
@@ -106,8 +105,7 @@ def erf_expr(v):
 
 
 def erf(x):
-    _float(x, "erf")
-    return unary(x, erf_expr, "erf")
+    return float_unary(x, erf_expr, "erf")
 
 
 def gelu(x, approximate="none"):
