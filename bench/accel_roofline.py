@@ -27,7 +27,7 @@ from compiler.accel.conv2d import (Conv2dSpec, Requant, conv2d_reference, estima
 from compiler.accel.tune import tune_conv2d  # noqa: E402
 from host_runtime import Device, available_drivers  # noqa: E402
 
-WORKLOADS = ROOT.parent / "shared" / "workloads" / "resnet18_conv.json"
+from compiler.accel.workloads import RESNET18_CONV as WORKLOADS  # noqa: E402
 
 
 def main(argv=None) -> int:

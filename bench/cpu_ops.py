@@ -27,7 +27,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-WORKLOADS = Path(__file__).resolve().parents[1].parent / "shared" / "workloads" / "resnet18_conv.json"
+from compiler.accel.workloads import RESNET18_CONV as WORKLOADS  # noqa: E402
 
 from compiler import ops  # noqa: E402
 from compiler.codegen import runtime  # noqa: E402

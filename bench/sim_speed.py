@@ -3,7 +3,7 @@ harness), the `tsim` driver (timing model + functional data) and the cocotb path
 same Verilog under Verilator with a cocotb testbench), on the same programs in one run.
 
 Programs: small conv2d layers compiled by compiler.accel.conv2d, a few random programs, and
-full-size ResNet-18 layers (C2, C6, C10 of shared/workloads; what users simulate), each captured
+full-size ResNet-18 layers (C2, C6, C10 of compiler/accel/resnet18_conv.json; what users simulate), each captured
 once, then replayed on every executor from the same DRAM image. Figures are given per group
 (small programs, where fixed per-run costs weigh; layers) and over all. Each executor must leave the same
 DRAM bytes and tsim's cycle count must equal the RTL's (both are checked and reported); the
@@ -71,7 +71,7 @@ def conv_program(cfg, spec: Conv2dSpec, vt: int = 2, dram_bytes: int = 8 << 20):
     return cap.runs[-1]
 
 
-WORKLOADS = ROOT.parent / "shared" / "workloads" / "resnet18_conv.json"
+from compiler.accel.workloads import RESNET18_CONV as WORKLOADS  # noqa: E402
 #: Full-size ResNet-18 layers (what users simulate): a 3x3, a strided 3x3 and a strided 1x1.
 LAYERS = ("C2", "C6", "C10")
 

@@ -1,21 +1,14 @@
-"""Shared conv2d test cases: random int8 operands, ResNet-18 layers from the shared workload, and
+"""Shared conv2d test cases: random int8 operands, ResNet-18 layers (compiler/accel/workloads.py), and
 a bit-exact check of any conv2d runner (the template's or the TE path's) against the numpy reference."""
-import json
-from pathlib import Path
-
 import numpy as np
-import pytest
 
 from compiler.accel.conv2d import Conv2dSpec, conv2d_reference
+from compiler.accel.workloads import load_layers
 from host_runtime import Device
-
-WORKLOADS = Path(__file__).resolve().parents[1].parent / "shared" / "workloads" / "resnet18_conv.json"
 
 
 def resnet_layers() -> dict[str, list[int]]:
-    if not WORKLOADS.exists():
-        pytest.skip(f"{WORKLOADS} not found")
-    return json.loads(WORKLOADS.read_text())["layers"]
+    return load_layers()
 
 
 def resnet_layer(name: str) -> Conv2dSpec:

@@ -80,7 +80,7 @@ class Conv2dSpec:
 
     @classmethod
     def from_workload(cls, fields: list[int], name: str, n: int = 1) -> "Conv2dSpec":
-        """A row of shared/workloads/resnet18_conv.json: h, w, c, o, kh, kw, pad_h, pad_w, sh, sw."""
+        """A row of a workload file (compiler/accel/resnet18_conv.json): h, w, c, o, kh, kw, pad_h, pad_w, sh, sw."""
         h, w, c, o, kh, kw, ph, pw, sh, sw = fields
         return cls(n=n, c=c, h=h, w=w, o=o, kh=kh, kw=kw, pads=(ph, ph, pw, pw), strides=(sh, sw), name=name)
 
