@@ -654,8 +654,8 @@ def _demo_cnn(args) -> int:
 def _compile_op_args(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
     p.add_argument("op", choices=("conv2d", "dense"), help="operator")
-    p.add_argument("--layer", help="a layer of shared/workloads/resnet18_conv.json (C2..C11) instead of the sizes")
-    p.add_argument("--workloads", default=None, help="workload JSON (default: ../shared/workloads/resnet18_conv.json)")
+    p.add_argument("--layer", help="a ResNet-18 layer (C2..C11, compiler/accel/resnet18_conv.json) instead of the sizes")
+    p.add_argument("--workloads", default=None, help="workload JSON (default: compiler/accel/resnet18_conv.json)")
     for name, default in (("n", 1), ("c", 16), ("h", 8), ("w", 8), ("o", 16), ("k", 3), ("pad", 1), ("stride", 1),
                           ("rows", 16)):
         p.add_argument(f"--{name}", type=int, default=default, help=f"(default: %(default)s)")
@@ -673,11 +673,12 @@ def _compile_op(args) -> int:
     from accel.isa import disassemble, resolve_config
     from compiler.accel.conv2d import (Conv2dSpec, Requant, conv2d_reference, loop_nest_text, plan_conv2d,
                                        run_conv2d)
+    from compiler.accel.workloads import RESNET18_CONV, load_layers
     from host_runtime import Device
     cfg = resolve_config(args.config)
     if args.layer:
-        wl = Path(args.workloads) if args.workloads else Path(__file__).resolve().parents[2] / "shared" / "workloads" / "resnet18_conv.json"
-        layers = json.loads(wl.read_text())["layers"]
+        wl = Path(args.workloads) if args.workloads else RESNET18_CONV
+        layers = load_layers(wl)
         if args.layer not in layers:
             raise CliError(f"--layer {args.layer!r} is not in {wl}; layers are {', '.join(layers)}")
         spec = Conv2dSpec.from_workload(layers[args.layer], args.layer, n=args.n)
