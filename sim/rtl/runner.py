@@ -28,6 +28,7 @@ from accel.isa.files import file_lock
 
 from ..dram import DramModel
 from ..errors import CycleLimitError, SimError
+from ..tools import install_hint
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def simulators_available() -> dict[str, str | None]:
     except ImportError as e:
         missing = f"python package missing ({e.name}); pip install 'cocotb>=1.8,<1.9'"
     for sim, exe in (("verilator", "verilator"), ("icarus", "iverilog")):
-        why[sim] = missing or (None if shutil.which(exe) else f"{exe} not found (apt-get install {sim})")
+        why[sim] = missing or (None if shutil.which(exe) else f"{exe} not found ({install_hint(exe)})")
     return why
 
 

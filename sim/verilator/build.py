@@ -43,6 +43,7 @@ from accel.isa import AccelConfig, resolve_config
 from accel.isa.files import file_lock
 
 from ..errors import SimError
+from ..tools import install_hint
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,9 @@ class BuildError(SimError):
 
 def tools_available() -> str | None:
     """None if verilator and a C++ compiler are on PATH, else what is missing."""
-    for exe, pkg in (("verilator", "verilator"), ("g++", "g++"), ("make", "make")):
+    for exe in ("verilator", "g++", "make"):
         if shutil.which(exe) is None:
-            return f"{exe} not found (apt-get install {pkg})"
+            return f"{exe} not found ({install_hint(exe)})"
     return None
 
 
