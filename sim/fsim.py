@@ -500,9 +500,12 @@ class Fsim:
                             f"uop_end={insn.uop_end}) outside [0, {c.uop_depth}]")
         u = self.uop[insn.uop_bgn:insn.uop_end]
         gemm = isinstance(insn, Gemm)
+        # what the plan's checks and derived facts (hazards, runs) depend on: an ALU's source is read
+        # unless the immediate replaces it, and FLUSH reads it whatever use_imm says
+        reads_src = not gemm and not (insn.use_imm and insn.alu_op != AluOp.FLUSH)
         key = (u.tobytes(), insn.iter_out, insn.iter_in, insn.dst_factor_out, insn.dst_factor_in,
                insn.src_factor_out, insn.src_factor_in,
-               (insn.wgt_factor_out, insn.wgt_factor_in, insn.reset) if gemm else insn.use_imm)
+               (insn.wgt_factor_out, insn.wgt_factor_in, insn.reset) if gemm else reads_src)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -514,7 +517,7 @@ class Fsim:
         checks = [("accumulator (dst)", dst, c.acc_depth)]
         if gemm and not insn.reset:
             checks += [("input (src)", src, c.inp_depth), ("weight (wgt)", wgt, c.wgt_depth)]
-        elif not gemm and not insn.use_imm:
+        elif reads_src:
             checks += [("accumulator (src)", src, c.acc_depth)]
         for what, arr, depth in checks:
             if arr.size and int(arr.max()) >= depth:

@@ -546,3 +546,20 @@ def test_fsim_stats_to_dict_is_asdict_with_its_own_dicts():
         if isinstance(v, dict):
             v["a"] = -1
             assert getattr(stats, k)["a"] != -1, k
+
+
+def test_fsim_flush_with_use_imm_after_an_immediate_alu_of_the_same_shape():
+    """FLUSH reads its source whatever use_imm says: an immediate ADD of the same micro-ops and
+    loops must not lend it its cached hazard analysis (it had: a chain copy ran vectorized and gave
+    [5, 5, 0, 0] where in-order micro-ops give [5, 5, 5, 5])."""
+    sim = Fsim(TINY)
+    sim.acc[0] = 5
+    sim.uop[0] = (1, 0, 0)
+    kw = dict(use_imm=True, imm=0, uop_bgn=0, uop_end=1, iter_out=3, dst_factor_out=1, src_factor_out=1)
+    sim._alu(0, Alu(alu_op=AluOp.ADD, **kw), None, FsimStats())
+    sim._alu(1, Alu(alu_op=AluOp.FLUSH, **kw), None, FsimStats())
+    assert sim.acc[:4, 0, 0].tolist() == [5, 5, 5, 5]
+    # and its source range is checked although use_imm is set
+    with pytest.raises(ExecError, match=r"accumulator \(src\) index 256 out of range"):
+        sim._alu(2, Alu(alu_op=AluOp.FLUSH, use_imm=True, uop_bgn=0, uop_end=1, iter_in=200, src_factor_in=2),
+                 None, FsimStats())
