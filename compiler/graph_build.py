@@ -357,6 +357,11 @@ class _Builder:
         self.consts: dict[str, np.ndarray] = {}
         self.kernels = _Kernels()
         self.fallbacks: list[str] = []
+        # why an op runs on the CPU (partition's reason, or a failed accelerator lowering): step notes
+        from .graph.passes.partition import bare_reason
+        self.cpu_reason = {d.name: bare_reason(d.name, d.reason) for d in graph.meta.get("partition", [])
+                           if d.target == "cpu" and d.reason}
+        self.lowering_failed: dict[str, str] = {}   # op name -> why its accelerator lowering failed
         self.ident = None
         self.scratch_bytes = 0
 
@@ -439,7 +444,7 @@ class _Builder:
                 log.info("%s: group %s split into its ops: %s", name, label, why)
                 self.split_body(name, body, outer, out_tid)
                 return
-            note = f"no compiled kernel: {why}"
+            note = "; ".join(filter(None, (self._why_cpu(ops), f"no compiled kernel: {why}")))
             self.fallbacks.append(f"{name} ({label}) runs on numpy: {why}")
             self.simple_step(name, ops[0], outer, out_tid, "numpy", note)
             return
@@ -450,7 +455,11 @@ class _Builder:
             else:
                 args.append(("t", self.tensor_of(outer[ref])))
         self.steps.append(Step(name, "llvm", label, [a[1] for a in args if a[0] == "t"], out_tid, args, sym,
-                               macs=macs))
+                               macs=macs, note=self._why_cpu(ops)))
+
+    def _why_cpu(self, ops: list) -> str:
+        """The reason the first of `ops` that has one is kept off the accelerator ('' if none)."""
+        return next((self.cpu_reason[o.name] for o in ops if o.name in self.cpu_reason), "")
 
     def tensor_of(self, o) -> int:
         if isinstance(o, int):
@@ -510,6 +519,9 @@ class _Builder:
                 self.fallbacks.append(f"{head.name} ({'+'.join(o.op for o in group)}) on the CPU instead of the "
                                       f"accelerator: {why}")
                 log.warning("%s: accelerator lowering failed, running on the CPU: %s", head.name, why)
+                for o in group:
+                    self.lowering_failed[o.name] = why
+                    self.cpu_reason[o.name] = f"accelerator lowering failed: {why}"
                 params = [Node.input(f"p{k}", x.shape, x.dtype) for k, x in enumerate(head.inputs)]
                 ext = [env[id(x)] for x in head.inputs]
                 # the ops of this group as a body of their own: head's inputs, then its clamps
@@ -691,6 +703,27 @@ class _Builder:
         return spec
 
     # ---- the module ---------------------------------------------------------------------------
+    def explained(self, graph_in: Graph) -> dict:
+        """meta['partition']: per op its target and why (partition's decision, a failed accelerator
+        lowering, or --target cpu); meta['folded']: imported ops the graph passes folded away."""
+        rows = []
+        for d in self.g.meta.get("partition", []):
+            row = {"name": d.name, "op": d.op, "origin": d.origin, "target": d.target, "reason": d.reason,
+                   "kind": d.kind}
+            if d.name in self.lowering_failed:
+                row.update(target="cpu", kind="lowering", reason=f"{d.origin or d.op} '{d.name}': accelerator "
+                           f"lowering failed, runs on the CPU: {self.lowering_failed[d.name]}")
+            rows.append(row)
+        if not rows:   # no partition ran: the CPU target
+            for n in self.g.ops:
+                for o in (n.attrs["body"].ops if n.op == "fused" else [n]):
+                    rows.append({"name": o.name, "op": o.op, "origin": o.origin, "target": "cpu",
+                                 "reason": f"{o.origin or o.op} '{o.name}': compiled for --target cpu",
+                                 "kind": "target"})
+        seen = {r["name"] for r in rows}
+        folded = [{"name": n.name, "op": n.origin or n.op} for n in graph_in.ops if n.name not in seen]
+        return {"partition": rows, "folded": folded}
+
     def finish(self, name: str, target: str, graph_in: Graph, compile_t0: float, extra_meta: dict) -> CompiledModule:
         g = self.g
         outputs = []
@@ -721,8 +754,7 @@ class _Builder:
                 "peak_live_bytes": plan.peak_live_bytes, "constant_bytes": plan.constant_bytes,
                 "buffers": len(plan.buffers), "scratch_bytes": self.scratch_bytes},
             "macs": {"accel": acc_macs, "cpu": cpu_macs},
-            "partition": [{"name": d.name, "op": d.op, "target": d.target, "reason": d.reason}
-                          for d in g.meta.get("partition", [])],
+            **self.explained(graph_in),
             "fallbacks": self.fallbacks,
             "kernels": len(self.kernels.cache),
             **extra_meta,

@@ -7,7 +7,9 @@ elementwise ops (ALU: relu, clip, qadd) go where their producer is, so
 they fuse into an accelerator layer's output; everything else (float ops, pooling, softmax,
 quantize/dequantize, layout transforms) runs on the CPU. `force` maps an op type (graph op name
 or ONNX op type) to a target and overrides soft declines (such as channel waste); it cannot put
-an op on the accelerator that has no accelerator implementation.
+an op on the accelerator that has no accelerator implementation. Every decision carries a
+`kind` from KINDS (why it went where it went, in one word) beside its sentence, so that
+`accel compile --explain` and the run-time profile can group and show them.
 """
 from __future__ import annotations
 
@@ -21,6 +23,24 @@ from ..ir import Graph, Node, rewrite
 
 ACCEL, CPU = "accel", "cpu"
 TARGETS = (ACCEL, CPU)
+
+#: Why a node went where it went: kind -> what it means (the legend of `accel compile --explain`).
+KINDS = {
+    "offload": "int8 layer the accelerator runs",
+    "fused": "int8 elementwise op fused into the accelerator layer that feeds it",
+    "unsupported": "operator without an accelerator implementation",
+    "float": "float32 op; the accelerator computes int8 only",
+    "boundary": "precision or layout conversion at the accelerator boundary, done by the host",
+    "grouped": "grouped convolution does not map onto the GEMM core",
+    "depthwise": "depthwise convolution (one group per channel) does not map onto the GEMM core",
+    "dilated": "dilated convolution has no accelerator lowering",
+    "shape": "shape the accelerator lowering cannot take or would waste most of the GEMM core on",
+    "cost": "slower on the accelerator by the cost estimate (memory-bound)",
+    "placement": "elementwise op whose producer runs on the CPU stays beside it",
+    "forced": "forced by --force OP=TARGET",
+    "lowering": "the accelerator lowering failed at build time (the reason says why); runs on the CPU",
+    "target": "compiled with --target cpu",
+}
 
 
 @dataclass(frozen=True)
@@ -49,6 +69,7 @@ class Decision:
     target: str
     reason: str = ""
     hard: bool = False  # a hard decline cannot be forced onto the accelerator
+    kind: str = ""      # a key of KINDS
 
 
 def gemm_waste(channels: int, block: int) -> float:
@@ -70,13 +91,15 @@ def _label(n: Node) -> str:
     return f"{n.origin or n.op} '{n.name}'"
 
 
-def _check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> tuple[str, bool] | None:
-    """None if the accelerator takes this int8 GEMM layer, else (reason, hard)."""
+def _check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> tuple[str, bool, str] | None:
+    """None if the accelerator takes this int8 GEMM layer, else (reason, hard, kind)."""
     if n.op == "qconv2d":
         if n.attrs["groups"] != 1:
-            return f"{_label(n)}: grouped convolution (groups={n.attrs['groups']}) does not map onto the GEMM core", True
+            dw = n.attrs["groups"] == _channels(n.inputs[0])
+            return (f"{_label(n)}: grouped convolution (groups={n.attrs['groups']}) does not map onto the GEMM core",
+                    True, "depthwise" if dw else "grouped")
         if tuple(n.attrs["dilations"]) != (1, 1):
-            return f"{_label(n)}: dilated convolution is not supported by the accelerator lowering", True
+            return f"{_label(n)}: dilated convolution is not supported by the accelerator lowering", True, "dilated"
         cin, cout = n.inputs[0].shape[1], n.shape[1]
     else:
         cin, cout = n.inputs[0].shape[1], n.shape[1]
@@ -85,12 +108,18 @@ def _check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> tuple[str, bool
         w = gemm_waste(c, block)
         if w > rules.max_gemm_waste:
             return (f"{_label(n)}: {c} {what} {'<' if c < block else 'padded to'} {key} {block} wastes "
-                    f"{w:.0%} of the GEMM core"), False
+                    f"{w:.0%} of the GEMM core"), False, "shape"
     eff, macs, nbytes = roofline_efficiency(n, cfg)
     if eff < rules.min_roofline_efficiency:
         return (f"{_label(n)}: memory-bound, {macs / nbytes:.1f} MACs per DRAM byte keep the GEMM core at most "
-                f"{eff:.0%} busy ({cfg.macs_per_cycle / cfg.bus_bytes:.0f} needed on the {cfg.bus_bytes}-byte bus)"), False
+                f"{eff:.0%} busy ({cfg.macs_per_cycle / cfg.bus_bytes:.0f} needed on the {cfg.bus_bytes}-byte bus)"), \
+            False, "cost"
     return None
+
+
+def _channels(t: Node) -> int:
+    """Channels of a conv input, plain (N C H W) or packed (N C' H W n c)."""
+    return t.shape[1] * t.shape[-1] if len(t.shape) == 6 else t.shape[1]
 
 
 def decide(graph: Graph, cfg: AccelConfig, force: dict[str, str] | None = None,
@@ -108,32 +137,35 @@ def decide(graph: Graph, cfg: AccelConfig, force: dict[str, str] | None = None,
         if n.op in rules.gemm_ops:
             declined = _check_gemm(n, cfg, rules)
             if declined is None:
-                d.target = ACCEL
+                d.target, d.kind = ACCEL, "offload"
             else:
-                d.reason, d.hard = declined
+                d.reason, d.hard, d.kind = declined
         elif n.op in rules.alu_ops and n.dtype == "int8":
             producers = [i for i in n.inputs if not i.is_const]
             if n.op == "qadd" and len({i.shape for i in producers}) != 1:
-                d.reason, d.hard = f"{_label(n)}: broadcasting add has no ALU lowering", True
+                d.reason, d.hard, d.kind = f"{_label(n)}: broadcasting add has no ALU lowering", True, "shape"
             elif n.op == "qadd" and n.attrs.get("a_mul"):
-                d.reason, d.hard = (f"{_label(n)}: add at scales that are not powers of two needs two multipliers; "
-                                    f"the ALU lowering aligns by shifts"), True
+                d.reason, d.hard, d.kind = (f"{_label(n)}: add at scales that are not powers of two needs two "
+                                            f"multipliers; the ALU lowering aligns by shifts"), True, "unsupported"
             elif any(where.get(id(i)) == ACCEL for i in producers):
-                d.target = ACCEL
+                d.target, d.kind = ACCEL, "fused"
             else:
-                d.reason = f"{_label(n)}: elementwise op not fed by an accelerator layer stays on the CPU"
+                d.reason, d.kind = f"{_label(n)}: elementwise op not fed by an accelerator layer stays on the CPU", \
+                    "placement"
         elif n.op in rules.host_ops:
-            d.reason, d.hard = f"{_label(n)}: precision/layout conversion at the accelerator boundary runs on the host", True
+            d.reason, d.hard, d.kind = (f"{_label(n)}: precision/layout conversion at the accelerator boundary runs "
+                                        f"on the host"), True, "boundary"
         elif n.dtype.startswith("float") or any(i.dtype.startswith("float") for i in n.inputs):
-            d.reason, d.hard = f"{_label(n)}: float32 op; the accelerator computes int8 only", True
+            d.reason, d.hard, d.kind = f"{_label(n)}: float32 op; the accelerator computes int8 only", True, "float"
         else:
-            d.reason, d.hard = f"{_label(n)}: no accelerator implementation of {n.op}", True
+            d.reason, d.hard, d.kind = f"{_label(n)}: no accelerator implementation of {n.op}", True, "unsupported"
         if forced == CPU and d.target == ACCEL:
-            d.target, d.reason = CPU, f"{_label(n)}: forced to the CPU by the user"
+            d.target, d.reason, d.kind = CPU, f"{_label(n)}: forced to the CPU by the user", "forced"
         elif forced == ACCEL and d.target == CPU:
             if d.hard:
                 raise GraphPassError(f"partition: cannot force {_label(n)} onto the accelerator: {d.reason}")
-            d.target, d.reason = ACCEL, f"{_label(n)}: forced onto the accelerator by the user ({d.reason})"
+            d.target, d.reason, d.kind = ACCEL, f"{_label(n)}: forced onto the accelerator by the user ({d.reason})", \
+                "forced"
         where[id(n)] = d.target
         decisions.append(d)
     return decisions
@@ -157,7 +189,36 @@ def partition(graph: Graph, cfg: AccelConfig, force: dict[str, str] | None = Non
 
 
 def partition_table(graph: Graph) -> str:
-    rows = [f"{'node':28} {'op':12} {'target':6} reason"]
+    rows = [f"{'node':28} {'op':12} {'target':6} {'why':11} reason"]
     for d in graph.meta.get("partition", []):
-        rows.append(f"{d.name[:28]:28} {d.op:12} {d.target:6} {d.reason}")
+        rows.append(f"{d.name[:28]:28} {d.op:12} {d.target:6} {d.kind:11} {d.reason}")
     return "\n".join(rows)
+
+
+def bare_reason(name: str, reason: str) -> str:
+    """A decision's sentence without its "Op 'name': " label (for rows that show the name already)."""
+    head = f"'{name}': "
+    return reason.split(head, 1)[1] if head in reason else reason
+
+
+def explain_table(rows: list[dict], folded: list[dict] | None = None) -> str:
+    """`accel compile --explain`: one row per node of a module's meta['partition'] (name, onnx op,
+    graph op, target, kind, reason), then the ONNX nodes the graph passes folded away, then the
+    legend of the kinds that occur."""
+    def short(r):
+        return bare_reason(r["name"], r.get("reason", ""))
+    w = max([len("node")] + [len(r["name"]) for r in rows] + [len(f["name"]) for f in folded or []])
+    w = min(w, 40)
+    lines = [f"{'node':{w}} {'onnx op':18} {'graph op':16} {'target':6} {'why':11} reason"]
+    for r in rows:
+        lines.append(f"{r['name'][:w]:{w}} {(r.get('origin') or '-')[:18]:18} {r['op'][:16]:16} {r['target']:6} "
+                     f"{r.get('kind', ''):11} {short(r)}")
+    for f in folded or []:
+        lines.append(f"{f['name'][:w]:{w}} {(f.get('op') or '-')[:18]:18} {'-':16} {'-':6} {'folded':11} "
+                     f"{f.get('reason', 'folded into another op or removed by the graph passes')}")
+    kinds = [k for k in KINDS if any(r.get("kind") == k for r in rows)]
+    n_acc = sum(r["target"] == ACCEL for r in rows)
+    lines.append(f"{len(rows)} nodes: {n_acc} on the accelerator, {len(rows) - n_acc} on the CPU"
+                 + (f", {len(folded)} folded away" if folded else ""))
+    lines += [f"  {k:11} {KINDS[k]}" for k in kinds]
+    return "\n".join(lines)
