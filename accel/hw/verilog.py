@@ -109,11 +109,18 @@ def describe(cfg: AccelConfig, top=None) -> dict:
 def _elaborate(cfg: AccelConfig) -> tuple[str, dict]:
     from amaranth.back import verilog as amaranth_verilog
     from amaranth.hdl._ir import PortDirection   # convert(ports={name: (value, direction)})
+    from accel.progress import task
     from .top import Accelerator
-    top = Accelerator(cfg)
-    ports = {name: (value, PortDirection(direction)) for name, direction, _w, value in port_list(top)}
-    text = amaranth_verilog.convert(top, name=TOP_NAME, ports=ports, emit_src=False)
-    return text, describe(cfg, top)
+    with task(f"Verilog elaboration of {TOP_NAME} ({cfg.digest()})", 3) as t:
+        t.update(0, detail="building the design")
+        top = Accelerator(cfg)
+        ports = {name: (value, PortDirection(direction)) for name, direction, _w, value in port_list(top)}
+        t.update(1, detail="elaborating and writing Verilog (Amaranth + yosys)")
+        text = amaranth_verilog.convert(top, name=TOP_NAME, ports=ports, emit_src=False)
+        t.update(2, detail="port and register description")
+        desc = describe(cfg, top)
+        t.update(3)
+    return text, desc
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from accel.isa import AccelConfig, resolve_config
 from accel.isa.files import file_lock
+from accel.progress import task
 
 from ..dram import DramModel
 from ..errors import CycleLimitError, SimError
@@ -175,12 +176,17 @@ def build(config, simulator: str = "verilator", waves: bool = False) -> Path:
             if waves:
                 cmd += ["--trace-fst", "--trace-structs"]
             cmd += [str(vlt), str(main_cpp), str(tb), str(src)]
-            _run_cmd(cmd, bdir, f"verilator build of {TOP}")
-            _run_cmd(["make", "-C", str(bdir), "-f", "Vtop.mk", f"-j{min(2, os.cpu_count() or 1)}"], bdir,
-                     f"C++ build of the Verilator model of {TOP}")
+            with task(f"Verilator build of the cocotb model of {TOP} ({cfg.digest()})", 2) as t:
+                t.update(0, detail="verilating")
+                _run_cmd(cmd, bdir, f"verilator build of {TOP}")
+                t.update(1, detail="compiling C++")
+                _run_cmd(["make", "-C", str(bdir), "-f", "Vtop.mk", f"-j{min(2, os.cpu_count() or 1)}"], bdir,
+                         f"C++ build of the Verilator model of {TOP}")
+                t.update(2)
         else:
-            _run_cmd(["iverilog", "-o", str(bdir / "sim.vvp"), "-D", "COCOTB_SIM=1", *ICARUS_FLAGS, "-s", TB_TOP,
-                      str(tb), str(src)], bdir, f"iverilog build of {TOP}")
+            with task(f"iverilog build of {TOP} ({cfg.digest()})"):
+                _run_cmd(["iverilog", "-o", str(bdir / "sim.vvp"), "-D", "COCOTB_SIM=1", *ICARUS_FLAGS, "-s", TB_TOP,
+                          str(tb), str(src)], bdir, f"iverilog build of {TOP}")
         stamp.write_text(json.dumps({"config": cfg.to_dict(), "seconds": time.perf_counter() - t0}))
         log.info("built %s model in %.1f s: %s", simulator, time.perf_counter() - t0, bdir)
     return bdir

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from accel.isa import AccelConfig, resolve_config
 from accel.isa.files import file_lock
+from accel.progress import task
 
 from ..errors import SimError
 from ..tools import install_hint
@@ -214,7 +215,8 @@ def build_library(config, waves: str | None = None) -> Path:
                "-MAKEFLAGS", "OPT_FAST=-O3 OPT_SLOW=-O0 OPT_GLOBAL=-O2",
                *map(str, vlts), str(HARNESS), str(src)]
         log.info("building the Verilator model of %s for config %s", TOP, cfg.digest())
-        _run(cmd, bdir, f"Verilator build of {TOP}")
+        with task(f"Verilator build of {TOP} ({cfg.digest()}; minutes the first time)"):
+            _run(cmd, bdir, f"Verilator build of {TOP}")
         if not (obj / LIB_NAME).exists():
             raise BuildError(f"Verilator build of {TOP} finished without {obj / LIB_NAME}")
         # linked beside the objects, then moved into place in one rename: a process that finds the
