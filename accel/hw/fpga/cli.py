@@ -1,8 +1,12 @@
 """`accel build`, `accel synth` and `accel estimate`: add_arguments + handler for each (registered
 in accel/cli.py, like `accel verilog`).
 
-    accel build --board pynq-z1|ultra96|zcu104 --config C -o DIR [--verilog FILE [--description JSON]]
-    accel synth --config C --family xc7|ecp5 [--part P] [-o DIR] [--no-pnr] [--seed N] [--timeout S]
+    accel build --board pynq-z1|ultra96|zcu104 --config C -o DIR [--verilog FILE [--description JSON]] [--force]
+    accel synth --config C --family xc7|ecp5 [--part P] [-o DIR] [--no-pnr] [--seed N] [--timeout S] [--force]
+
+A design that does not fit its part makes `build` and `synth` exit with status 1, naming each
+resource over its limit and by how much (build: the estimate, before anything is written; synth:
+yosys's counts and, on ECP5, placement); --force writes the project (accepts the report) anyway.
     accel estimate --config C [--family xc7|ecp5] [--part P | --board B] [--json]
 """
 from __future__ import annotations
@@ -10,8 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
-import time
 from pathlib import Path
 
 
@@ -26,28 +28,11 @@ def _rtl(args, cfg):
     return rtl_for_config(cfg)
 
 
-class _Ticker:
-    """Prints elapsed seconds on one line while a long tool runs (stderr, only on a terminal)."""
-
-    def __init__(self, what: str):
-        self.what, self._stop = what, threading.Event()
-        self._tty = sys.stderr.isatty()
-
-    def __enter__(self):
-        self.t0 = time.monotonic()
-        print(f"{self.what} ...", file=sys.stderr, end="" if self._tty else "\n", flush=True)
-        if self._tty:
-            threading.Thread(target=self._run, daemon=True).start()
-        return self
-
-    def _run(self):
-        while not self._stop.wait(1.0):
-            print(f"\r{self.what} ... {time.monotonic() - self.t0:.0f} s", file=sys.stderr, end="", flush=True)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        end = f" {time.monotonic() - self.t0:.0f} s"
-        print(f"\r{self.what} ...{end}" if self._tty else f"{self.what}:{end}", file=sys.stderr, flush=True)
+def _does_not_fit(fit: dict, what: str, notes=()) -> str:
+    """The one-line verdict for a design over its part: every resource over the limit, by how much."""
+    from .synth import over_limits
+    over = over_limits(fit) or list(notes) or [f"{fit.get('limiting')} over the limit"]
+    return f"does not fit {fit['part']} ({what}): {'; '.join(over)}"
 
 
 def _estimate_or_none(cfg, family, part):
@@ -76,6 +61,9 @@ def build_add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="build directory to write")
     p.add_argument("--verilog", metavar="FILE", help="use this accelerator Verilog instead of generating it")
     p.add_argument("--description", metavar="JSON", help="its port/register description (default: FILE.json)")
+    p.add_argument("--force", action="store_true",
+                   help="write the project even when the estimate says the design does not fit the board's part "
+                        "(otherwise: exit status 1, nothing written)")
     p.set_defaults(func=build_run)
 
 
@@ -85,8 +73,14 @@ def build_run(args) -> int:
     from .vivado import write_project
     b = board(args.board)
     cfg = resolve_config(args.config)
+    est = _estimate_or_none(cfg, b.part.family, b.part)   # before the (slow) Verilog: refuse early
+    if est and not est.fit["fits"]:
+        verdict = _does_not_fit(est.fit, f"estimate for config {cfg.digest()} on {b.name}, no synthesis")
+        if not args.force:
+            print(f"error: {verdict}; nothing written (--force writes the project anyway)", file=sys.stderr)
+            return 1
+        print(f"warning: {verdict}; writing the project anyway (--force)", file=sys.stderr)
     rtl = _rtl(args, cfg)
-    est = _estimate_or_none(cfg, b.part.family, b.part)
     res = write_project(b, cfg, rtl, args.output, estimate=est.to_dict() if est else None)
     print(f"wrote Vivado inputs for {b.name} ({b.part.name}) to {res.out_dir}:")
     for f in res.files:
@@ -115,6 +109,8 @@ def synth_add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verilog", metavar="FILE", help="synthesize this Verilog instead of generating it")
     p.add_argument("--description", metavar="JSON", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("--force", action="store_true",
+                   help="exit 0 even when the design does not fit the part (the report is written either way)")
     p.set_defaults(func=synth_run)
 
 
@@ -126,10 +122,8 @@ def synth_run(args) -> int:
     p = part(args.part) if args.part else default_part(args.family)
     out = Path(args.output or f"synth-{args.family}-{cfg.digest()}")
     rtl = _rtl(args, cfg)
-    steps = "yosys" + (" + nextpnr-ecp5 + ecppack" if args.family == "ecp5" and not args.no_pnr else "")
-    with _Ticker(f"{steps} for {rtl.top} on {p.name} in {out}"):
-        rep = synthesize(rtl, args.family, out, part=p, config=cfg, pnr=not args.no_pnr, seed=args.seed,
-                         timeout=args.timeout)
+    rep = synthesize(rtl, args.family, out, part=p, config=cfg, pnr=not args.no_pnr, seed=args.seed,
+                     timeout=args.timeout)   # each tool shows as an accel.progress task
     est = _estimate_or_none(cfg, args.family, p)
     if est:
         rep.estimate = {"utilization": est.utilization, "fmax_mhz": est.fmax_mhz, "basis": est.fmax_basis}
@@ -138,6 +132,12 @@ def synth_run(args) -> int:
     print(json.dumps(d, indent=2) if args.json else format_table(d))
     if not args.json:
         print(f"report: {out / 'report.json'} (table: report.txt; tool logs beside them)")
+    if not rep.fit["fits"]:
+        verdict = _does_not_fit(rep.fit, "yosys" + (" + nextpnr-ecp5" if rep.pnr else ""), rep.notes)
+        if not args.force:
+            print(f"error: {verdict}", file=sys.stderr)
+            return 1
+        print(f"warning: {verdict} (--force: exit status 0)", file=sys.stderr)
     return 0
 
 

@@ -18,18 +18,21 @@ and the numbers, not an exception.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from accel.hw.boards import Part, default_part, part as lookup_part
 from accel.isa import AccelConfig
+from accel.progress import task
 
 from .errors import FpgaError, ToolError
 from .rtl import RtlSource
@@ -96,6 +99,19 @@ def fit_check(used: dict[str, float], p: Part) -> dict:
             "limiting": worst, "resources": res}
 
 
+def over_limits(fit: dict) -> list[str]:
+    """Each resource over the part's limit and by how much, e.g. 'dsp 368 of 220 (148 over, 167%)';
+    a fit dict from fit_check, its placed counts (ECP5 after nextpnr) included and marked."""
+    out = []
+    for tag, f in (("", fit), (" placed", fit.get("placed") or {})):
+        for key, r in (f.get("resources") or {}).items():
+            if r["used"] > r["available"]:
+                pct = "" if r.get("percent") is None else f", {r['percent']:.0f}%"
+                out.append(f"{key}{tag} {_num(r['used'])} of {r['available']} ({_num(r['used'] - r['available'])} "
+                           f"over{pct})")
+    return out
+
+
 # ---- tools --------------------------------------------------------------------------------------
 @dataclass
 class ToolRun:
@@ -108,6 +124,46 @@ class ToolRun:
     def to_dict(self) -> dict:
         return {"seconds": round(self.seconds, 2), "returncode": self.returncode, "log": self.log,
                 "version": self.version}
+
+
+_STEP_NAMES = {"yosys": "synthesis (yosys)", "nextpnr-ecp5": "place and route (nextpnr-ecp5)",
+               "ecppack": "bitstream (ecppack)"}
+#: the log line that says where a tool is: a yosys pass, a nextpnr phase
+_LOG_PROGRESS = {"yosys": re.compile(r"^[\d.]+ Executing (\S+)"),
+                 "nextpnr-ecp5": re.compile(r"^Info: ((?:Packing|Placing|Running|Routing|Program finished|"
+                                            r"Max frequency|Checksum|Critical path)[^\n]{0,40})")}
+
+
+@contextlib.contextmanager
+def _following(t, path: Path, pattern):
+    """While a tool runs, show the last line of its log that matches `pattern` as the task's detail
+    (only when a progress reporter shows tasks: nothing is read otherwise)."""
+    from accel.progress import showing
+    if pattern is None or not showing():
+        yield
+        return
+    stop = threading.Event()
+
+    def follow():
+        pos = 0
+        while not stop.wait(0.5):
+            try:
+                with open(path, errors="replace") as f:
+                    f.seek(pos)
+                    chunk = f.read()
+                    pos = f.tell()
+            except OSError:
+                continue
+            found = [m.group(1) for m in map(pattern.match, chunk.splitlines()) if m]
+            if found:
+                t.update(detail=found[-1])
+    th = threading.Thread(target=follow, daemon=True, name=f"follow {path.name}")
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join(timeout=2)
 
 
 def tool_available(tool: str) -> bool:
@@ -125,7 +181,8 @@ def run_tool(tool: str, args: list[str], cwd: Path, log_name: str, timeout: floa
     cmd = [sys.executable, "-c", f"import sys, {mod} as m; sys.exit(m.{fn}(sys.argv[1:]))", *args]
     log_path = cwd / log_name
     t0 = time.monotonic()
-    with open(log_path, "w") as fh:
+    with open(log_path, "w") as fh, task(f"{_STEP_NAMES.get(tool, tool)} in {cwd}") as t, \
+            _following(t, cwd / (own_log or log_name), _LOG_PROGRESS.get(tool)):
         fh.write(f"# {tool} {' '.join(args)}\n")
         fh.flush()
         try:
