@@ -200,11 +200,12 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dump-dram", metavar="FILE", help="write the whole DRAM after the run to FILE")
     p.add_argument("--check-races", action="store_true",
                    help="fsim: fail on any buffer entry two stages touch with no dependency token ordering them")
-    g = p.add_argument_group("timing drivers (tsim, rtl)")
-    g.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (one track per stage) as JSON")
-    g.add_argument("--timeline", metavar="FILE", help="write a timeline of the stages as a PNG")
+    g = p.add_argument_group("timing drivers (tsim, rtl); for programs and compiled models")
+    g.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (one track per stage; a model adds a "
+                                                   "track with one named span per layer) as JSON")
+    g.add_argument("--timeline", metavar="FILE", help="write a timeline of the stages (and a model's layers) as a PNG")
     g.add_argument("--counters", nargs="?", const="-", metavar="FILE",
-                   help="print the cycle counters, or write them as JSON to FILE")
+                   help="print the cycle counters (a model: per layer and in total), or write them as JSON to FILE")
     _model_run_args(p)
     p.set_defaults(func=_run)
 
@@ -213,9 +214,6 @@ def _run(args) -> int:
     if args.check_races and args.driver != "fsim":
         raise CliError(f"--check-races is fsim's check; it needs --driver fsim, not {args.driver!r}")
     if _is_module_file(args.input):
-        if args.trace or args.timeline or args.counters:
-            raise CliError(f"{args.input} is a compiled model; --trace/--timeline/--counters apply to program files "
-                           f"(.accp); use --profile for models")
         return _run_model(args)
     if args.inputs or args.outputs or args.profile or args.profile_json:
         raise CliError(f"{args.input} is a program file; --input/--output/--profile apply to compiled models (.accm)")
@@ -312,31 +310,32 @@ def _demo(args) -> int:
 
 # ---- compiled models: compile, run, the CNN demo ---------------------------------------------------
 class _Progress:
-    """A one-line progress bar on stderr while a terminal watches (silent otherwise)."""
+    """build_model's progress(stage, k, n) and Executor.run's progress(k, n, step name) shown as
+    accel.progress tasks (a bar per stage on a terminal; nothing with -q or without a terminal)."""
 
-    def __init__(self, what: str, stream=None):
-        self.what, self.stream = what, stream or sys.stderr
-        self.live = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.shown = False
+    def __init__(self, what: str):
+        import contextlib
+        self.what, self.stage, self.task = what, None, None
+        self.stack = contextlib.ExitStack()
 
     def __call__(self, *args) -> None:
-        if not self.live:
+        from accel import progress
+        if not progress.showing():
             return
         if len(args) == 3 and isinstance(args[0], str):  # build: (stage, k, n)
             stage, k, n = args
-            label = stage
+            label = None
         else:  # run: (k, n, step name)
             k, n, label = args
-        width = 24
-        done = int(width * k / n) if n else width
-        self.stream.write(f"\r{self.what} [{'#' * done}{' ' * (width - done)}] {k}/{n} {label[:40]:40}")
-        self.stream.flush()
-        self.shown = True
+            stage = ""
+        if stage != self.stage or self.task is None:
+            self.stack.close()
+            self.stage = stage
+            self.task = self.stack.enter_context(progress.task(f"{self.what} {stage}".strip(), n))
+        self.task.update(k, n, label)
 
     def close(self) -> None:
-        if self.shown:
-            self.stream.write("\r" + " " * 100 + "\r")
-            self.stream.flush()
+        self.stack.close()
 
 
 def _timing_outputs(args, prog, result) -> None:
@@ -474,10 +473,19 @@ def _run_model(args) -> int:
     if args.dump or args.dump_dram:
         raise CliError("--dump and --dump-dram apply to program files (.accp); use --output for a model's outputs")
     mod = CompiledModule.load(args.input)
+    timing = bool(args.trace or args.timeline or args.counters)
+    if timing and args.driver not in ("tsim", "rtl"):
+        raise CliError(f"--trace, --timeline and --counters need a timing driver (tsim or rtl), not {args.driver!r}")
+    if timing and not mod.count("accel"):
+        raise CliError(f"{args.input}: --trace/--timeline/--counters show accelerator layers; this model has none "
+                       f"(target {mod.target}); use --profile")
     feeds = _read_inputs(mod, args.inputs)
+    options = {"check_races": True} if args.check_races else {}
+    if args.trace or args.timeline:
+        options["trace"] = True
     bar = _Progress("run")
     try:
-        with Executor(mod, driver=args.driver, **({"check_races": True} if args.check_races else {})) as ex:
+        with Executor(mod, driver=args.driver, **options) as ex:
             outs = ex.run(feeds, progress=bar)
     finally:
         bar.close()
@@ -496,7 +504,30 @@ def _run_model(args) -> int:
                 "totals": profile_summary(ex.profile, mod.config)}
         _write_atomic(Path(args.profile_json), json.dumps(data, indent=2, default=str).encode())
         print(f"wrote {args.profile_json}")
+    if timing:
+        _model_timing_outputs(args, mod, ex)
     return 0
+
+
+def _model_timing_outputs(args, mod, ex) -> None:
+    """--trace / --timeline / --counters of `accel run MODEL.accm`: every step a named span (sim.trace)."""
+    from sim.trace import (model_counters_table, model_layers, sum_counters, write_model_counters,
+                           write_model_perfetto, write_model_timeline_png)
+    layers = model_layers(ex.profile, ex.results, mod.config.clock_mhz)
+    if args.trace:
+        write_model_perfetto(args.trace, mod.config, layers, ex.driver_name, mod.name)
+        n = sum(len(lr.timeline.slices) for lr in layers if lr.timeline is not None)
+        print(f"wrote {args.trace} ({len(layers)} layer spans, {n} instruction slices; open in ui.perfetto.dev)")
+    if args.timeline:
+        total = sum_counters([lr.counters for lr in layers if lr.counters is not None])
+        write_model_timeline_png(args.timeline, mod.config, layers, title=f"{mod.name} on {ex.driver_name}: "
+                                 f"{len(layers)} steps, {total.cycles} accelerator cycles")
+        print(f"wrote {args.timeline}")
+    if args.counters == "-":
+        print(model_counters_table(layers))
+    elif args.counters:
+        write_model_counters(args.counters, layers, ex.driver_name, mod.name)
+        print(f"wrote {args.counters}")
 
 
 @command("compile", "compile an ONNX model for the accelerator (with CPU fallback) or the CPU into one file")
@@ -506,9 +537,11 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     _config_arg(p)
     p.add_argument("-o", "--output", required=True, help="compiled model file to write (.accm)")
     p.add_argument("--calibration", metavar="FILE",
-                   help="sample inputs for the int8 scales: an .npz with one array per input name whose first axis "
-                        "counts samples (a .npy for a one-input model); default: 8 seeded random normal inputs "
-                        "(QDQ models bring their own scales)")
+                   help="sample inputs for the int8 scales. An .npz with one array per model input, stored under the "
+                        "input's name, of shape (S, *input shape): S samples stacked on a new first axis, the same S "
+                        "for every input (e.g. x of shape 1x3x224x224 -> an array of shape (S, 1, 3, 224, 224)); or a "
+                        ".npy of that shape for a one-input model. Default: 8 seeded random normal samples. QDQ and "
+                        "QOperator models bring their own scales")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=DxDx..",
                    help="static shape of an input with symbolic dimensions, e.g. x=1x3x224x224; repeatable")
     p.add_argument("--force", action="append", default=[], metavar="OP=TARGET",
@@ -516,25 +549,42 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune", nargs="?", const=True, default=None, metavar="LOG",
                    help="measure the best few tilings of each accelerator layer on the timing model and keep "
                         "the fastest; with LOG, read and extend that JSON tuning log")
+    p.add_argument("--explain", action="store_true",
+                   help="print one row per node: the target chosen and, for a node kept off the accelerator, why "
+                        "(unsupported operator, grouped/depthwise, shape, slower by the cost estimate, --force, ...)")
     p.set_defaults(func=_compile)
 
 
-def _calibration(path: str | None, graph_inputs: list[str]) -> list[dict] | None:
+def _calibration(path: str | None, graph_inputs: list, shapes: dict | None = None) -> list[dict] | None:
+    """--calibration FILE -> a list of feeds; each input's array must be (S, *input shape)."""
     if path is None:
         return None
+    names = [getattr(i, "name", i) for i in graph_inputs]
+    shapes = dict(shapes or {})
+    for i in graph_inputs:
+        if hasattr(i, "shape"):
+            shapes.setdefault(i.name, tuple(i.shape))
     data = _load_array_file(path)
     if not isinstance(data, dict):
-        if len(graph_inputs) != 1:
+        if len(names) != 1:
             raise CliError(f"--calibration {path}: a .npy serves one-input models; this one takes "
-                           f"{', '.join(graph_inputs)} (use an .npz by name)")
-        data = {graph_inputs[0]: data}
-    missing = [n for n in graph_inputs if n not in data]
+                           f"{', '.join(names)} (use an .npz with one array per input name)")
+        data = {names[0]: data}
+    missing = [n for n in names if n not in data]
     if missing:
-        raise CliError(f"--calibration {path}: no samples for input(s) {', '.join(missing)}")
-    counts = {len(v) for v in data.values()}
+        raise CliError(f"--calibration {path}: no samples for input(s) {', '.join(missing)} (arrays in the file: "
+                       f"{', '.join(data) or 'none'})")
+    for n in names:
+        want = shapes.get(n)
+        got = tuple(np.shape(data[n]))
+        if want is not None and all(isinstance(d, int) for d in want) and (len(got) != len(want) + 1
+                                                                           or got[1:] != tuple(want)):
+            raise CliError(f"--calibration {path}: input {n!r} must have shape (S, {', '.join(map(str, want))}) "
+                           f"(S samples of shape {list(want)}), got {list(got)}")
+    counts = {len(data[n]) for n in names}
     if len(counts) != 1:
         raise CliError(f"--calibration {path}: inputs have different sample counts {sorted(counts)}")
-    return [{n: data[n][k] for n in graph_inputs} for k in range(counts.pop())]
+    return [{n: data[n][k] for n in names} for k in range(counts.pop())]
 
 
 def _compile(args) -> int:
@@ -558,7 +608,7 @@ def _compile(args) -> int:
         force[op] = tgt
     t0 = time.perf_counter()
     graph = from_onnx(args.model, shapes=shapes or None)
-    cal = _calibration(args.calibration, [i.name for i in graph.inputs])
+    cal = _calibration(args.calibration, list(graph.inputs))
     bar = _Progress("compile")
     try:
         mod = build_model(graph, target=args.target, config=args.config if args.target == "accel" else None,
@@ -569,6 +619,9 @@ def _compile(args) -> int:
     print(mod.summary())
     for w in mod.meta.get("warnings", []):
         print(f"warning: {w}")
+    if args.explain:
+        from compiler.graph.passes.partition import explain_table
+        print(explain_table(mod.meta.get("partition", []), mod.meta.get("folded")))
     print(f"wrote {args.output} ({Path(args.output).stat().st_size} bytes) in {time.perf_counter() - t0:.2f} s")
     return 0
 
@@ -746,6 +799,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accel", description="Open hardware/software co-design kit for deep "
                                      "learning: a VTA-style accelerator, its simulators and host runtime.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bars (they show only when stderr is a terminal anyway)")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", required=True)
     for name, (help_, add_arguments) in COMMANDS.items():
         add_arguments(sub.add_parser(name, help=help_, description=help_[:1].upper() + help_[1:] + "."))
@@ -756,8 +811,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
                         format="%(levelname)s %(name)s: %(message)s")
+    from accel import progress
     try:
-        return args.func(args)
+        with progress.reporting(None if args.quiet else progress.terminal_reporter()):
+            return args.func(args)
     except AccelError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

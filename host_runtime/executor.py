@@ -479,12 +479,15 @@ class Executor:
     def run(self, inputs, progress: Callable[[int, int, str], None] | None = None,
             keep: bool = False) -> dict[str, np.ndarray]:
         """Run every step; keep=True also copies each step's output into `values` (by tensor name),
-        since the memory plan lets later steps overwrite it."""
+        since the memory plan lets later steps overwrite it. `results` then holds per step the
+        driver's RunResult (None for CPU steps): a timing driver's counters and, made with
+        trace=True, its timeline (sim.trace.model_layers turns them into a per-layer view)."""
         self.set_inputs(inputs)
         self.values: dict[str, np.ndarray] = {}
         m = self.module
         cfg = m.config
         rows = []
+        results = []
         n = len(m.steps)
         for k, (s, call) in enumerate(zip(m.steps, self._calls)):
             if progress is not None:
@@ -494,6 +497,7 @@ class Executor:
             dt = time.perf_counter() - t0
             if keep:
                 self.values[m.tensors[s.output].name] = self.views[s.output].copy()
+            results.append(r if s.kind == "accel" else None)
             row = {"name": s.name, "op": s.op, "target": "accel" if s.kind == "accel" else "cpu", "impl": s.kind,
                    "time_s": dt, "macs": s.macs}
             if s.note:
@@ -509,7 +513,7 @@ class Executor:
             rows.append(row)
         if progress is not None:
             progress(n, n, "done")
-        self.profile = rows
+        self.profile, self.results = rows, results
         return {o["name"]: self.views[o["tensor"]].copy() for o in m.outputs}
 
     def close(self) -> None:
@@ -549,13 +553,14 @@ def profile_summary(rows: list[dict], config: AccelConfig | None = None) -> dict
 def format_profile(rows: list[dict], config: AccelConfig | None = None) -> str:
     """The profile as a text table (the CLI prints it)."""
     lines = [f"{'step':30} {'op':22} {'target':6} {'impl':6} {'time ms':>9} {'MACs':>11} {'insns':>7} "
-             f"{'cycles':>10} {'util':>6}"]
+             f"{'cycles':>10} {'util':>6}  why on the CPU"]
     for r in rows:
         cyc = r.get("cycles")
         util = r.get("utilization")
-        lines.append(f"{r['name'][:30]:30} {r['op'][:22]:22} {r['target']:6} {r['impl']:6} {r['time_s'] * 1e3:9.3f} "
-                     f"{r['macs']:11d} {r.get('insns') if r.get('insns') is not None else '':>7} "
-                     f"{cyc if cyc else '':>10} {f'{util:.0%}' if util is not None else '':>6}")
+        lines.append((f"{r['name'][:30]:30} {r['op'][:22]:22} {r['target']:6} {r['impl']:6} {r['time_s'] * 1e3:9.3f} "
+                      f"{r['macs']:11d} {r.get('insns') if r.get('insns') is not None else '':>7} "
+                      f"{cyc if cyc else '':>10} {f'{util:.0%}' if util is not None else '':>6}  "
+                      f"{r.get('note', '')}").rstrip())
     s = profile_summary(rows, config)
     tail = (f"total: {s['steps']} steps, CPU {s['cpu_time_s'] * 1e3:.3f} ms, accelerator {s['accel_insns']} "
             f"instructions for {s['accel_macs']} MACs")

@@ -13,6 +13,7 @@ bounds-checked and analysed once (_plan); LOAD and STORE tiles are strided views
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 _INT = {bits: np.dtype(f"<i{bits // 8}") for bits in (8, 16, 32)}
 #: index elements the plan cache may hold (three int64 arrays each: 48 MB)
 PLAN_CACHE_ELEMS = 1 << 21
+#: micro-op iterations of a GEMM/ALU executed at once: a longer one (up to 16383 x 16383 loop
+#: iterations of uop_depth micro-ops are legal) runs as consecutive blocks of whole passes, so
+#: the index arrays, whatever the loop counts, stay bounded (three int64 arrays: 24 MB)
+CHUNK_ELEMS = 1 << 20
 
 # Token queues by (producer stage, consumer stage); names as in VTA.
 QUEUES = {(Stage.LOAD, Stage.COMPUTE): "l2c", (Stage.COMPUTE, Stage.LOAD): "c2l",
@@ -250,6 +255,7 @@ class Fsim:
         self._inp_f = None
         self._wgt_ft = None
         self._plans: dict[tuple, _LoopPlan] = {}     # see _plan
+        self._iter_base = None   # loop iteration (i0, i1) of the block _in_chunks runs, if it runs one
         self._plan_elems = 0
         self._depth = {m: buffer_depth(c, m) for m in MemType}
         self._elem_bytes = {m: elem_bytes(c, m) for m in MemType}
@@ -495,9 +501,7 @@ class Fsim:
         """The bounds-checked index arrays of a GEMM/ALU, cached by its micro-ops and loop fields
         (a layer runs the same shape on many tiles, so each is built and checked once)."""
         c = self.cfg
-        if not 0 <= insn.uop_bgn <= insn.uop_end <= c.uop_depth:
-            raise ExecError(f"instruction {idx} ({name}): micro-op range [uop_bgn={insn.uop_bgn}, "
-                            f"uop_end={insn.uop_end}) outside [0, {c.uop_depth}]")
+        self._check_uop_range(idx, insn, name)
         u = self.uop[insn.uop_bgn:insn.uop_end]
         gemm = isinstance(insn, Gemm)
         # what the plan's checks and derived facts (hazards, runs) depend on: an ALU's source is read
@@ -523,9 +527,10 @@ class Fsim:
             if arr.size and int(arr.max()) >= depth:
                 k = int(np.argmax(arr >= depth))
                 ui = k % len(u)
+                b0, b1 = self._iter_base or (0, 0)
                 raise ExecError(f"instruction {idx} ({name}): {what} index {int(arr[k])} out of range "
                                 f"[0, {depth}) at micro-op {insn.uop_bgn + ui}, iteration "
-                                f"({k // len(u) // insn.iter_in}, {k // len(u) % insn.iter_in})")
+                                f"({b0 + k // len(u) // insn.iter_in}, {b1 + k // len(u) % insn.iter_in})")
         plan = _LoopPlan(dst, src, wgt, _contiguous_run(dst))
         if dst.size <= PLAN_CACHE_ELEMS:
             self._plan_elems += dst.size
@@ -535,11 +540,52 @@ class Fsim:
             self._plans[key] = plan
         return plan
 
+    def _check_uop_range(self, idx: int, insn, name: str) -> None:
+        if not 0 <= insn.uop_bgn <= insn.uop_end <= self.cfg.uop_depth:
+            raise ExecError(f"instruction {idx} ({name}): micro-op range [uop_bgn={insn.uop_bgn}, "
+                            f"uop_end={insn.uop_end}) outside [0, {self.cfg.uop_depth}]")
+
+    def _in_chunks(self, idx: int, insn, dram: np.ndarray, stats: FsimStats, run) -> bool:
+        """Run a GEMM/ALU of more than CHUNK_ELEMS micro-op iterations as consecutive blocks of whole
+        passes (the loops' (i0, i1) iterations, in order): each block is the same instruction with
+        fewer iterations on micro-ops (and a flush's seed base) shifted by the block's first
+        iteration's offsets, which is what in-order execution does. False: small enough to run whole."""
+        nu = insn.uop_end - insn.uop_bgn
+        if self._iter_base is not None or nu <= 0 or nu * insn.iter_out * insn.iter_in <= CHUNK_ELEMS:
+            return False   # (a block runs whole: at least one pass, at most uop_depth iterations)
+        self._check_uop_range(idx, insn, insn.opcode.name)
+        gemm = isinstance(insn, Gemm)
+        if nu * insn.iter_in <= CHUNK_ELEMS:
+            rows = CHUNK_ELEMS // (nu * insn.iter_in)
+            blocks = [(a, min(rows, insn.iter_out - a), 0, insn.iter_in) for a in range(0, insn.iter_out, rows)]
+        else:
+            cols = max(1, CHUNK_ELEMS // nu)
+            blocks = [(a, 1, b, min(cols, insn.iter_in - b))
+                      for a in range(insn.iter_out) for b in range(0, insn.iter_in, cols)]
+        uop, epi = self.uop, self.epilogue
+        base = uop[insn.uop_bgn:insn.uop_end]
+        try:
+            for a, r, b, q in blocks:
+                shift = [a * insn.dst_factor_out + b * insn.dst_factor_in, a * insn.src_factor_out + b * insn.src_factor_in,
+                         a * insn.wgt_factor_out + b * insn.wgt_factor_in if gemm else 0]
+                self.uop = uop.copy()
+                self.uop[insn.uop_bgn:insn.uop_end] = base + np.array(shift, np.int64)
+                if gemm and insn.flush:
+                    self.epilogue = dataclasses.replace(
+                        epi, seed_base=epi.seed_base + a * epi.seed_factor_out + b * epi.seed_factor_in)
+                self._iter_base = (a, b)
+                run(idx, dataclasses.replace(insn, iter_out=r, iter_in=q), dram, stats)
+        finally:
+            self.uop, self.epilogue, self._iter_base = uop, epi, None
+        return True
+
     def _set_epilogue(self, idx: int, insn: Epilogue, dram: np.ndarray, stats: FsimStats) -> None:
         self.epilogue = insn
 
     def _gemm(self, idx: int, insn: Gemm, dram: np.ndarray, stats: FsimStats) -> None:
         c = self.cfg
+        if self._in_chunks(idx, insn, dram, stats, self._gemm):
+            return
         plan = self._plan(idx, insn, "GEMM")
         dst, src, wgt = plan.dst, plan.src, plan.wgt
         if dst.size == 0:
@@ -828,6 +874,8 @@ class Fsim:
         self._accumulate_sorted(dst, prod)
 
     def _alu(self, idx: int, insn: Alu, dram: np.ndarray, stats: FsimStats) -> None:
+        if self._in_chunks(idx, insn, dram, stats, self._alu):
+            return
         plan = self._plan(idx, insn, "ALU")
         dst, src = plan.dst, plan.src
         if dst.size == 0:

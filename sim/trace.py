@@ -5,6 +5,8 @@ trace (one track per stage, one slice per instruction, plus the DRAM read bursts
     counters.to_dict()                              # cycles, per stage busy/stall_token/stall_queue, ...
     write_perfetto(path, cfg, counters, timeline)   # open in ui.perfetto.dev or chrome://tracing
     write_timeline_png(path, cfg, counters, timeline)
+    layers = model_layers(executor.profile, executor.results, cfg.clock_mhz)   # a compiled model's run:
+    write_model_perfetto(path, cfg, layers); write_model_timeline_png(...); model_counters_table(layers)
 
 Per stage: busy = cycles holding an instruction and not stalled (its pop cycle, EXEC, its retire
 cycle); stall_token = cycles waiting for a dependency token to pop, or for space to push one;
@@ -256,6 +258,210 @@ def write_timeline_png(path: str | Path, cfg: AccelConfig, counters: Counters, t
     handles = [Patch(color=c, label=o) for o, c in OPCODE_COLORS.items()]
     handles += [Patch(color=c, label=f"read: {n}") for n, c in client_colors.items()]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(handles), fontsize=8,
+              frameon=False)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.png")
+    try:
+        fig.savefig(tmp, dpi=110)
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SimError(f"cannot write {path}: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+# ---- compiled models: one span per layer ------------------------------------------------------------
+MODEL_SCHEMA = "accel-model-counters/1"
+
+
+def sum_counters(parts: list[Counters]) -> Counters:
+    """The counters of runs made one after the other (a model's layers): every count adds up."""
+    if not parts:
+        raise SimError("no accelerator runs to total")
+    first = parts[0]
+    stages = {s: StageCounters(sum(p.stages[s].busy for p in parts), sum(p.stages[s].stall_token for p in parts),
+                               sum(p.stages[s].stall_queue for p in parts)) for s in first.stages}
+    insns: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.insns.items():
+            insns[k] = insns.get(k, 0) + v
+    return Counters(cycles=sum(p.cycles for p in parts), clock_mhz=first.clock_mhz,
+                    macs_per_cycle=first.macs_per_cycle, stages=stages,
+                    gemm_uops=sum(p.gemm_uops for p in parts), alu_uops=sum(p.alu_uops for p in parts),
+                    macs=sum(p.macs for p in parts), bytes_read=sum(p.bytes_read for p in parts),
+                    bytes_written=sum(p.bytes_written for p in parts), insns=insns)
+
+
+@dataclass
+class LayerRun:
+    """One step of a compiled model on the model's time axis. Accelerator steps last their cycles at
+    the config's clock and carry their counters (and timeline when traced); CPU steps last the wall
+    time this host measured for them (a stand-in for the board's CPU)."""
+    name: str
+    op: str
+    target: str
+    impl: str
+    start_us: float
+    dur_us: float
+    start_cycle: int = 0                # accelerator cycles of the layers before this one
+    counters: Counters | None = None
+    timeline: Timeline | None = None
+    note: str = ""
+
+
+def model_layers(rows: list[dict], results: list, clock_mhz: float) -> list[LayerRun]:
+    """LayerRuns of one model run: `rows` an executor's profile, `results` its per-step RunResults
+    (None for CPU steps; a timing driver's raw is a TimingRun)."""
+    if len(rows) != len(results):
+        raise SimError(f"profile has {len(rows)} steps but {len(results)} run results")
+    out, t, cyc = [], 0.0, 0
+    for row, res in zip(rows, results):
+        raw = getattr(res, "raw", None)
+        counters = getattr(raw, "counters", None)
+        if row["target"] == "accel" and counters is None:
+            raise SimError(f"step '{row['name']}' ran on driver {getattr(res, 'driver', None)!r}, which reports no "
+                           f"cycle counters; use a timing driver (tsim or rtl)")
+        dur = counters.cycles / clock_mhz if counters is not None else row["time_s"] * 1e6
+        out.append(LayerRun(row["name"], row["op"], row["target"], row.get("impl", ""), t, dur, cyc, counters,
+                            getattr(raw, "timeline", None), row.get("note", "")))
+        t += dur
+        cyc += counters.cycles if counters is not None else 0
+    return out
+
+
+def model_counters(layers: list[LayerRun], driver: str | None = None, model: str | None = None) -> dict:
+    """Per accelerator layer its counters (Counters.to_dict) and start cycle, the CPU steps' wall times,
+    and the total over the layers."""
+    acc = [lr for lr in layers if lr.counters is not None]
+    return {"schema": MODEL_SCHEMA, "model": model, "driver": driver,
+            "layers": [{"name": lr.name, "op": lr.op, "start_cycle": lr.start_cycle, "counters": lr.counters.to_dict()}
+                       for lr in acc],
+            "cpu_steps": [{"name": lr.name, "op": lr.op, "impl": lr.impl, "time_s": lr.dur_us * 1e-6, "note": lr.note}
+                          for lr in layers if lr.counters is None],
+            "total": sum_counters([lr.counters for lr in acc]).to_dict() if acc else None}
+
+
+def model_counters_table(layers: list[LayerRun]) -> str:
+    """Text: one row per accelerator layer (cycles, stage busy shares, GEMM utilization, DRAM bytes),
+    the total row, then the total's Counters.table()."""
+    acc = [lr for lr in layers if lr.counters is not None]
+    if not acc:
+        return "no accelerator steps (every step ran on the CPU)"
+    w = min(40, max(len("layer"), *(len(lr.name) for lr in acc)))
+    lines = [f"{'layer':{w}} {'op':20} {'cycles':>10} {'load':>6} {'compute':>8} {'store':>6} {'util':>6} "
+             f"{'MACs':>11} {'read B':>10} {'written B':>10}"]
+
+    def row(name, op, c):
+        busy = {s: 100 * c.stages[s].busy / max(1, c.cycles) for s in STAGES}
+        return (f"{name[:w]:{w}} {op[:20]:20} {c.cycles:>10} {busy['load']:>5.0f}% {busy['compute']:>7.0f}% "
+                f"{busy['store']:>5.0f}% {100 * c.gemm_utilization:>5.1f}% {c.macs:>11} {c.bytes_read:>10} "
+                f"{c.bytes_written:>10}")
+    lines += [row(lr.name, lr.op, lr.counters) for lr in acc]
+    total = sum_counters([lr.counters for lr in acc])
+    lines.append(row("total", f"{len(acc)} layers", total))
+    cpu = [lr for lr in layers if lr.counters is None]
+    if cpu:
+        lines.append(f"(+ {len(cpu)} CPU steps, {sum(lr.dur_us for lr in cpu) / 1e3:.3f} ms on this host)")
+    return "\n".join(lines) + "\n" + total.table()
+
+
+def model_perfetto(cfg: AccelConfig, layers: list[LayerRun], driver: str | None = None,
+                   model: str | None = None) -> dict:
+    """Chrome trace-event JSON of a model run: process 'model' with one track of named layer spans (every
+    step, accelerator and CPU), process 'accelerator' with one track per stage and the read bus, its
+    instruction slices placed at their layer's start. Times in microseconds (see LayerRun)."""
+    us = 1.0 / cfg.clock_mhz
+    ev = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": f"model {model or ''}".strip()}},
+          {"ph": "M", "pid": 1, "tid": 0, "name": "thread_name", "args": {"name": "layers"}},
+          {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": f"accelerator ({driver or 'timing'})"}}]
+    tracks = list(STAGES) + ["dram read"]
+    for tid, name in enumerate(tracks):
+        ev.append({"ph": "M", "pid": 2, "tid": tid, "name": "thread_name", "args": {"name": name}})
+        ev.append({"ph": "M", "pid": 2, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+    for k, lr in enumerate(layers):
+        args = {"step": k, "op": lr.op, "target": lr.target, "impl": lr.impl}
+        if lr.counters is not None:
+            args.update(start_cycle=lr.start_cycle, counters=lr.counters.to_dict())
+        else:
+            args["host_time_s"] = lr.dur_us * 1e-6
+        if lr.note:
+            args["why_cpu"] = lr.note
+        ev.append({"ph": "X", "pid": 1, "tid": 0, "name": lr.name, "cat": lr.target, "ts": lr.start_us,
+                   "dur": lr.dur_us, "args": args})
+        if lr.timeline is None:
+            continue
+        for s in lr.timeline.slices:
+            ev.append({"ph": "X", "pid": 2, "tid": STAGES.index(s.stage), "name": s.opcode,
+                       "ts": lr.start_us + s.start * us, "dur": (s.end - s.start) * us,
+                       "args": {"layer": lr.name, "insn": s.index, "start_cycle": lr.start_cycle + s.start,
+                                "end_cycle": lr.start_cycle + s.end}})
+        for client, a, b in lr.timeline.bursts:
+            ev.append({"ph": "X", "pid": 2, "tid": len(STAGES), "name": client, "ts": lr.start_us + a * us,
+                       "dur": (b - a + 1) * us, "args": {"layer": lr.name}})
+    return {"traceEvents": ev, "displayTimeUnit": "ns",
+            "metadata": {"counters": model_counters(layers, driver, model), "config": cfg.to_dict(), "driver": driver,
+                         "time_axis": "accelerator steps: cycles at the config's clock; CPU steps: wall time "
+                                      "measured on the simulating host"}}
+
+
+def write_model_perfetto(path: str | Path, cfg: AccelConfig, layers: list[LayerRun], driver: str | None = None,
+                         model: str | None = None) -> None:
+    _write_atomic(Path(path), json.dumps(model_perfetto(cfg, layers, driver, model)).encode())
+
+
+def write_model_counters(path: str | Path, layers: list[LayerRun], driver: str | None = None,
+                         model: str | None = None) -> None:
+    _write_atomic(Path(path), (json.dumps(model_counters(layers, driver, model), indent=2) + "\n").encode())
+
+
+def write_model_timeline_png(path: str | Path, cfg: AccelConfig, layers: list[LayerRun], title: str | None = None) -> None:
+    """A Gantt chart of a model run: a row of named layer spans (accelerator and CPU), then the stages'
+    instruction slices (coloured by opcode) and the read bus, on one time axis in microseconds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    us = 1.0 / cfg.clock_mhz
+    rows = ["layers"] + list(STAGES) + ["dram read"]
+    end = max([lr.start_us + lr.dur_us for lr in layers] + [1e-3])
+    fig, ax = plt.subplots(figsize=(14, 3.8))
+    target_colors = {"accel": "tab:brown", "cpu": "silver"}
+    for lr in layers:
+        ax.broken_barh([(lr.start_us, max(lr.dur_us, end * 1e-4))], (-0.4, 0.8),
+                       facecolors=target_colors.get(lr.target, "tab:gray"), edgecolor="white", linewidth=0.5)
+        if lr.dur_us > end / 40:   # label the spans wide enough to hold a name
+            ax.text(lr.start_us + lr.dur_us / 2, 0, lr.name, ha="center", va="center", fontsize=7, color="white",
+                    clip_on=True)
+    for r, stage in enumerate(STAGES, start=1):
+        by_op: dict[str, list] = {}
+        for lr in layers:
+            for s in (lr.timeline.slices if lr.timeline is not None else []):
+                if s.stage == stage:
+                    by_op.setdefault(s.opcode, []).append((lr.start_us + s.start * us, max(1, s.end - s.start) * us))
+        for op, bars in by_op.items():
+            ax.broken_barh(bars, (r - 0.4, 0.8), facecolors=OPCODE_COLORS.get(op, "gray"), linewidth=0)
+    client_colors = {"fetch": "tab:gray", "load": "tab:blue", "compute": "tab:purple"}
+    by_client: dict[str, list] = {}
+    for lr in layers:
+        for c, a, b in (lr.timeline.bursts if lr.timeline is not None else []):
+            by_client.setdefault(c, []).append((lr.start_us + a * us, (b - a + 1) * us))
+    for c, bars in by_client.items():
+        ax.broken_barh(bars, (len(rows) - 1 - 0.4, 0.8), facecolors=client_colors.get(c, "gray"), linewidth=0)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.invert_yaxis()
+    ax.set_xlim(0, end)
+    ax.set_xlabel("time (us): accelerator cycles at the config's clock, CPU steps as measured on this host")
+    acc = [lr.counters for lr in layers if lr.counters is not None]
+    if title is None and acc:
+        t = sum_counters(acc)
+        title = f"{len(layers)} steps, {t.cycles} accelerator cycles, GEMM utilization {100 * t.gemm_utilization:.1f}%"
+    ax.set_title(title or f"{len(layers)} steps")
+    handles = [Patch(color=c, label=f"{t} layer") for t, c in target_colors.items()]
+    handles += [Patch(color=c, label=o) for o, c in OPCODE_COLORS.items()]
+    handles += [Patch(color=c, label=f"read: {n}") for n, c in client_colors.items()]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(handles), fontsize=8,
               frameon=False)
     fig.tight_layout()
     path = Path(path)

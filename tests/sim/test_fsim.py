@@ -563,3 +563,71 @@ def test_fsim_flush_with_use_imm_after_an_immediate_alu_of_the_same_shape():
     with pytest.raises(ExecError, match=r"accumulator \(src\) index 256 out of range"):
         sim._alu(2, Alu(alu_op=AluOp.FLUSH, use_imm=True, uop_bgn=0, uop_end=1, iter_in=200, src_factor_in=2),
                  None, FsimStats())
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_fsim_long_loops_run_in_blocks_as_in_one_piece(data):
+    """A GEMM/ALU longer than CHUNK_ELEMS runs as blocks of whole passes: the same acc/out as in
+    one piece, flushing GEMMs and ALU hazards included (the block size forced small here)."""
+    import sim.fsim as fsim_mod
+    from accel.isa import flush_immediate
+    cfg = TINY
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1)))
+    nu, it_o, it_i = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6)), data.draw(st.integers(1, 6))
+    f = st.integers(0, 3)
+    gemm = data.draw(st.booleans())
+    uops = [(int(rng.integers(0, 40)), int(rng.integers(0, 40)), int(rng.integers(0, 40))) for _ in range(nu)]
+    if gemm:
+        insn = Gemm(reset=data.draw(st.booleans()), flush=data.draw(st.booleans()), uop_bgn=0, uop_end=nu,
+                    iter_out=it_o, iter_in=it_i, dst_factor_out=data.draw(f), dst_factor_in=data.draw(f),
+                    src_factor_out=data.draw(f), src_factor_in=data.draw(f), wgt_factor_out=data.draw(f),
+                    wgt_factor_in=data.draw(f))
+    else:
+        op = data.draw(st.sampled_from(list(AluOp)))
+        insn = Alu(alu_op=op, use_imm=data.draw(st.booleans()), imm=int(rng.integers(-64, 64)), uop_bgn=0,
+                   uop_end=nu, iter_out=it_o, iter_in=it_i, dst_factor_out=data.draw(f),
+                   dst_factor_in=data.draw(f), src_factor_out=data.draw(f), src_factor_in=data.draw(f))
+    sims = []
+    for chunk in (fsim_mod.CHUNK_ELEMS, data.draw(st.integers(1, 2 * nu + 1))):
+        sim = Fsim(cfg)
+        sim.acc[:] = rng.integers(-1000, 1000, sim.acc.shape) if not sims else sims[0][1]
+        sim.inp[:] = rng.integers(-128, 128, sim.inp.shape) if not sims else sims[0][2]
+        sim.wgt[:] = rng.integers(-128, 128, sim.wgt.shape) if not sims else sims[0][3]
+        sim.uop[:nu] = uops
+        sim.epilogue = dataclasses.replace(sim.epilogue, seed_base=50, seed_factor_out=7, seed_factor_in=1,
+                                           imm=flush_immediate(3, 100, round_half=True))
+        before = (sim, sim.acc.copy(), sim.inp.copy(), sim.wgt.copy())
+        old = fsim_mod.CHUNK_ELEMS
+        fsim_mod.CHUNK_ELEMS = chunk
+        try:
+            (sim._gemm if gemm else sim._alu)(0, insn, None, FsimStats())
+        finally:
+            fsim_mod.CHUNK_ELEMS = old
+        sims.append(before)
+    a, b = sims[0][0], sims[1][0]
+    assert (a.acc == b.acc).all() and (a.out == b.out).all(), insn
+
+
+def test_fsim_memory_stays_bounded_whatever_the_loop_counts():
+    """16 M micro-op iterations (legal: loop counts go to 16383) ran out of memory building
+    whole-instruction index arrays; in blocks the peak stays near one block's arrays."""
+    import tracemalloc
+
+    import sim.fsim as fsim_mod
+    sim = Fsim(TINY)
+    sim.uop[0] = (3, 0, 0)
+    tracemalloc.start()
+    try:
+        sim._gemm(0, Gemm(reset=True, uop_bgn=0, uop_end=1, iter_out=4096, iter_in=4096), None, stats := FsimStats())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert stats.gemm_uops == 4096 * 4096
+    assert peak < 8 * 8 * fsim_mod.CHUNK_ELEMS, peak     # one block's few int64 arrays, not 16 M of them
+    # an error found in a later block names the iteration in the whole loop
+    sim.uop[0] = (0, 0, 0)
+    with pytest.raises(ExecError, match=r"accumulator \(dst\) index 256 out of range \[0, 256\) at micro-op 0, "
+                                        r"iteration \(256, 0\)"):
+        sim._gemm(0, Gemm(reset=True, uop_bgn=0, uop_end=1, iter_out=4096, iter_in=4096, dst_factor_out=1),
+                  None, FsimStats())
