@@ -5,8 +5,10 @@ Interfaces: `rd[i]` (ReadClientSignature, flipped) per read client, `wr` (WriteC
 flipped), `bus` (AXI4Signature). Reads: one burst in flight on the bus at a time. When no
 burst is in flight the arbiter grants, combinationally, the first client requesting AR in
 round-robin order after the client granted last (order 0, 1, 2, ... = fetch, load, compute);
-the grant holds from the AR handshake until the R beat with RLAST, and a new AR can be issued
-in the cycle after that beat. Writes pass straight through (the store is the only writer).
+an AR offered and not accepted (ARREADY low) keeps its client's grant (a registered hold), so
+ARID/ARADDR/ARLEN stay stable while ARVALID is high, as AXI requires (clients never withdraw a
+request); the grant holds from the AR handshake until the R beat with RLAST, and a new AR can be
+issued in the cycle after that beat. Writes pass straight through (the store is the only writer).
 All bursts are INCR with full-width beats (ARSIZE/AWSIZE = log2(bus bytes)); ARID is the read
 client's index, AWID 0. bus_error flags a response other than OKAY or with an unexpected ID.
 """
@@ -108,15 +110,21 @@ class AxiMaster(wiring.Component):
         last = Signal(range(n), init=n - 1)   # client granted last (round-robin pointer)
         grant = Signal(range(n))
         any_req = Signal()
+        hold = Signal()                   # an AR was offered last cycle and not accepted
+        held = Signal(range(n))           # its client
 
         # Round robin: for each value of `last`, a fixed priority list; later If's override
-        # earlier ones, so walk the list backwards.
-        with m.Switch(last):
-            for lst in range(n):
-                with m.Case(lst):
-                    for c in reversed([(lst + k) % n for k in range(1, n + 1)]):
-                        with m.If(self.rd[c].ar_valid):
-                            m.d.comb += [grant.eq(c), any_req.eq(1)]
+        # earlier ones, so walk the list backwards. A pending AR keeps its grant.
+        with m.If(hold):
+            m.d.comb += [grant.eq(held), any_req.eq(1)]
+        with m.Else():
+            with m.Switch(last):
+                for lst in range(n):
+                    with m.Case(lst):
+                        for c in reversed([(lst + k) % n for k in range(1, n + 1)]):
+                            with m.If(self.rd[c].ar_valid):
+                                m.d.comb += [grant.eq(c), any_req.eq(1)]
+        m.d.sync += [hold.eq(bus.arvalid & ~bus.arready), held.eq(grant)]
 
         m.d.comb += [bus.arvalid.eq(any_req & ~locked), bus.arid.eq(grant), bus.arsize.eq(size), bus.arburst.eq(AXI_BURST_INCR),
                      bus.arcache.eq(AXI_CACHE_NORMAL), bus.arlock.eq(0), bus.arprot.eq(0)]

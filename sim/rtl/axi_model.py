@@ -65,6 +65,7 @@ class AxiModel:
         self.lite_res = None
         self.beats_read = self.beats_written = 0
         self.errors: list[str] = []
+        self.pending_addr = {"ar": None, "aw": None}   # payload of an AR/AW offered and not accepted
         self.irq = 0
         self.steps = self.sleeps = 0    # Python wake-ups, for the speed figures
         self._driven: dict = {}
@@ -123,6 +124,17 @@ class AxiModel:
                 d._log.warning(f"woke at cycle {self.cycle}: arvalid={d.m_axi_arvalid.value} irq={d.irq.value}")
         return bool(self.irq)
 
+    def _check_stable(self, ch: str, valid: int, ready: int) -> None:
+        """AXI4: once VALID is high, it and the channel's payload hold until READY (A3.2.1)."""
+        d = self.dut
+        was = self.pending_addr[ch]
+        cur = tuple(_int(getattr(d, f"m_axi_{ch}{f}")) for f in ("addr", "len", "id")) if valid else None
+        if was is not None and cur != was:
+            what = "withdrawn" if cur is None else f"changed from {was} to {cur}"
+            self.errors.append(f"cycle {self.cycle}: {ch.upper()}VALID high, {ch.upper()}READY low: "
+                               f"(addr, len, id) {what}")
+        self.pending_addr[ch] = cur if valid and not ready else None
+
     async def step(self):
         """Drive this cycle's inputs, sample what the DUT presents at the next edge, take the edge.
         Returns whether the DUT presented any AR/AW/W valid this cycle."""
@@ -164,6 +176,8 @@ class AxiModel:
         if w_fire:
             w_beat = (_int(d.m_axi_wdata), _int(d.m_axi_wstrb), _int(d.m_axi_wlast))
         b_fire = bvalid and _int(d.m_axi_bready)
+        self._check_stable("ar", arvalid, arready)
+        self._check_stable("aw", awvalid, awready)
         lite_sample = self._sample_lite(lite) if lite is not None else None
         self.irq = _int(d.irq)
         requests = bool(arvalid or awvalid or wvalid)

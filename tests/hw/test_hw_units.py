@@ -406,3 +406,33 @@ def test_stage_control_pops_tokens_before_and_pushes_after_executing():
     assert [c for c in range(14) if by[c][2]] == [4]                    # start: the first EXEC cycle
     assert [c for c in range(14) if by[c][3]] == [10]                   # pushed once space appeared
     assert [c for c in range(14) if by[c][5]] == [3, 4, 5, 6, 7, 10]    # busy: pop, EXEC (4..7), push
+
+
+# ---- AXI read arbiter ---------------------------------------------------------------------------
+def test_axi_read_address_stays_stable_while_arready_is_low():
+    """AXI4: ARID/ARADDR/ARLEN must not change while ARVALID is high and ARREADY low. The
+    combinational round robin switched to a higher-priority client that asked a cycle later."""
+    from accel.hw.axi import AxiMaster
+    axi = AxiMaster(CFG)
+    seen = []
+
+    async def tb(ctx):
+        bus, rd = axi.bus, axi.rd
+        ctx.set(bus.arready, 0)
+        ctx.set(rd[1].ar_valid, 1)               # load asks first ...
+        ctx.set(rd[1].ar_addr, 0x100)
+        ctx.set(rd[1].ar_len, 3)
+        for cycle in range(4):
+            if cycle == 1:                        # ... fetch (first in round-robin order) a cycle later
+                ctx.set(rd[0].ar_valid, 1)
+                ctx.set(rd[0].ar_addr, 0x200)
+                ctx.set(rd[0].ar_len, 0)
+            if cycle == 3:
+                ctx.set(bus.arready, 1)
+            seen.append((ctx.get(bus.arvalid), ctx.get(bus.arid), ctx.get(bus.araddr), ctx.get(bus.arlen),
+                         ctx.get(rd[1].ar_ready), ctx.get(rd[0].ar_ready)))
+            await ctx.tick()
+
+    simulate(axi, tb)
+    assert seen[:3] == [(1, 1, 0x100, 3, 0, 0)] * 3
+    assert seen[3] == (1, 1, 0x100, 3, 1, 0)      # accepted for the client it was offered for
