@@ -794,6 +794,13 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
     estimate_add_arguments(p)
 
 
+# ---- design-space sweep (flows/sweep.py) ----------------------------------------------------------
+@command("sweep", "sweep accelerator parameters over models on Dask: cycles, resources, energy, Pareto front")
+def _sweep_args(p: argparse.ArgumentParser) -> None:
+    from flows.sweep import add_arguments  # no Dask import until the command runs
+    add_arguments(p)
+
+
 # ---- entry ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accel", description="Open hardware/software co-design kit for deep "

@@ -1,0 +1,8 @@
+"""The exception type of the flows package."""
+from __future__ import annotations
+
+from accel.isa.errors import AccelError
+
+
+class SweepError(AccelError, ValueError):
+    """A sweep space, model, option or results folder is unusable (the message names which and why)."""
