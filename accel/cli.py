@@ -607,9 +607,11 @@ def _compile(args) -> int:
             raise CliError(f"--force {spec!r}: expected OP=accel or OP=cpu")
         force[op] = tgt
     t0 = time.perf_counter()
-    graph = from_onnx(args.model, shapes=shapes or None)
+    from accel import progress
+    with progress.task(f"compile import {Path(args.model).name}"):
+        graph = from_onnx(args.model, shapes=shapes or None)
     cal = _calibration(args.calibration, list(graph.inputs))
-    bar = _Progress("compile")
+    bar = _Progress("compile" if not args.tune else "compile (tuning each accelerator layer on tsim)")
     try:
         mod = build_model(graph, target=args.target, config=args.config if args.target == "accel" else None,
                           calibration=cal, force_target=force, tune=args.tune, progress=bar)
