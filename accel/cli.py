@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -376,15 +377,91 @@ def _model_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--profile-json", metavar="FILE", help="write the profile and its totals as JSON")
 
 
-def _load_array_file(path: str):
+#: the most bytes of array data one --input/--calibration file may hold once inflated (an .npz's
+#: members are compressed: their declared sizes are checked before anything is read)
+MAX_ARRAY_FILE_BYTES = 4 << 30
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _npy_header(f, label: str) -> int:
+    """Read an .npy header at f's position; the bytes of data it promises. CliError (naming label)
+    for a malformed header, object arrays (they need pickle, never loaded) and non-numeric dtypes."""
+    from numpy.lib import format as npf
     try:
-        data = np.load(path, allow_pickle=False)
-        if isinstance(data, np.ndarray):
-            return data
-        with data as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError) as e:
-        raise CliError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+        version = npf.read_magic(f)
+        read = {(1, 0): npf.read_array_header_1_0, (2, 0): npf.read_array_header_2_0}.get(version)
+        if read is None:
+            raise ValueError(f"unsupported .npy format version {version[0]}.{version[1]}")
+        shape, _, dtype = read(f)
+    except (ValueError, EOFError, SyntaxError, TypeError, OverflowError) as e:
+        raise CliError(f"{label}: not a valid .npy array (bad header: {_one_line(e)})") from None
+    if dtype.hasobject:
+        raise CliError(f"{label}: holds Python objects (dtype {dtype}); object arrays need pickle, which the kit "
+                       f"never loads")
+    if dtype.kind not in "biuf" or dtype.fields is not None:
+        raise CliError(f"{label}: dtype {dtype} is not numeric (bool, int, uint or float arrays only)")
+    n = 1
+    for d in shape:
+        n *= d
+    return n * dtype.itemsize
+
+
+def _load_array_file(path: str, what: str = "--input"):
+    """An .npy file -> its array; an .npz -> {name: array}. Pickles and object arrays are refused
+    (allow_pickle=False); a truncated, corrupt or non-numeric file -> one CliError naming it."""
+    import stat
+    import zipfile
+    import zlib
+    label = f"{what} {path}"
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise CliError(f"{label}: not a regular file")
+            head = f.read(6)
+            f.seek(0)
+            if head == b"\x93NUMPY":
+                need = _npy_header(f, label)
+                have = st.st_size - f.tell()
+                if need > have:
+                    raise CliError(f"{label}: truncated .npy file: its header promises {need} bytes of data, "
+                                   f"the file holds {have}")
+                f.seek(0)
+                try:
+                    return np.lib.format.read_array(f, allow_pickle=False)
+                except (ValueError, EOFError, OSError, MemoryError) as e:
+                    raise CliError(f"{label}: corrupt .npy file ({_one_line(e)})") from None
+            if not head.startswith(b"PK"):
+                raise CliError(f"{label}: not an .npy or .npz file (pickled or unknown data; the kit loads no "
+                               f"pickles)")
+            try:
+                with zipfile.ZipFile(f) as z:
+                    infos = z.infolist()
+                    total = sum(i.file_size for i in infos)
+                    if total > MAX_ARRAY_FILE_BYTES:
+                        raise CliError(f"{label}: its arrays would take {total} bytes, more than the "
+                                       f"{MAX_ARRAY_FILE_BYTES} bytes an array file may hold")
+                    out = {}
+                    for i in infos:
+                        if not i.filename.endswith(".npy"):
+                            raise CliError(f"{label}: member {i.filename!r} is not an .npy array")
+                        key = i.filename[:-4]
+                        with z.open(i) as m:
+                            need = _npy_header(m, f"{label}: array {key!r}")
+                        if need > i.file_size:
+                            raise CliError(f"{label}: array {key!r} is truncated: its header promises {need} "
+                                           f"bytes of data, the member holds {i.file_size}")
+                        with z.open(i) as m:
+                            out[key] = np.lib.format.read_array(m, allow_pickle=False)
+                    return out
+            except (zipfile.BadZipFile, zlib.error, ValueError, EOFError, NotImplementedError, RuntimeError,
+                    MemoryError, KeyError) as e:
+                raise CliError(f"{label}: corrupt .npz file ({_one_line(e)})") from None
+    except OSError as e:
+        raise CliError(f"cannot read {path}: {e.strerror or _one_line(e)}") from None
 
 
 def _read_inputs(mod, specs: list[str]) -> dict:
@@ -564,7 +641,7 @@ def _calibration(path: str | None, graph_inputs: list, shapes: dict | None = Non
     for i in graph_inputs:
         if hasattr(i, "shape"):
             shapes.setdefault(i.name, tuple(i.shape))
-    data = _load_array_file(path)
+    data = _load_array_file(path, "--calibration")
     if not isinstance(data, dict):
         if len(names) != 1:
             raise CliError(f"--calibration {path}: a .npy serves one-input models; this one takes "
@@ -816,12 +893,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: argparse destinations naming files a command reads, and files or folders it writes
+_INPUT_ARGS = ("input", "model", "file", "calibration", "config", "workloads")
+_OUTPUT_ARGS = ("output", "dump_dram", "profile_json", "trace", "timeline", "counters", "save")
+
+
+def _spec_file(spec: str) -> str:
+    """The file of a NAME=FILE or ADDR=FILE spec (the spec itself when it is a file)."""
+    name, sep, file = spec.partition("=")
+    return file if sep and not os.path.exists(spec) else spec
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:   # one does not exist (yet): compare where they would be
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _refuse_overwriting_inputs(args) -> None:
+    """An output path that is one of the command's inputs (`accel compile m.onnx -o m.onnx`) is an
+    error before any work: the write would destroy what it was made from."""
+    ins = [v for k in _INPUT_ARGS if isinstance(v := getattr(args, k, None), str) and v and os.path.isfile(v)]
+    for specs in (getattr(args, "inputs", None), getattr(args, "data", None)):
+        ins += [_spec_file(x) for x in (specs if isinstance(specs, list) else ())
+                if isinstance(x, str) and os.path.isfile(_spec_file(x))]
+    outs = [v for k in _OUTPUT_ARGS if isinstance(v := getattr(args, k, None), str) and v and v != "-"]
+    outs += [_spec_file(x) for x in getattr(args, "outputs", None) or () if isinstance(x, str)]
+    if isinstance(getattr(args, "save", None), str) and args.save:
+        outs.append(str(Path(args.save).with_suffix(".onnx")))   # the demo writes the ONNX model beside it
+    for out in outs:
+        for inp in ins:
+            if _same_file(out, inp):
+                raise CliError(f"output {out} is the same file as the input {inp}; refusing to overwrite an "
+                               f"input (choose another output path)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
                         format="%(levelname)s %(name)s: %(message)s")
     from accel import progress
     try:
+        _refuse_overwriting_inputs(args)
         with progress.reporting(None if args.quiet else progress.terminal_reporter()):
             return args.func(args)
     except AccelError as e:
