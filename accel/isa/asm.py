@@ -7,7 +7,9 @@
     gemm uop_bgn=5 uop_end=7 iter_in=16 dst_factor_in=1 src_factor_in=1 flush
     finish pop_next
 
-Fields left out are zero (iter_out/iter_in: one); boolean fields are bare words. `#` or `;`
+Fields left out are zero (iter_out/iter_in: one); boolean fields are bare words. LOAD and ALU
+name their kind first; STORE names one only when it is not `out` (what an executor rejects must
+still disassemble to text that assembles back to the same word). `#` or `;`
 starts a comment. disassemble() prints the canonical form, which assemble() reads back to the
 same instructions, so text <-> binary round-trips.
 """
@@ -17,6 +19,7 @@ from dataclasses import fields
 
 from .config import AccelConfig
 from .errors import AsmError
+from .schema import describe
 from .isa import (DEP_FLAGS, INSN_CLASSES, Alu, AluOp, Insn, Load, MemType, Opcode, Store,
                   decode_program, encode_insn)
 
@@ -26,6 +29,8 @@ _BOOL_FIELDS = {"reset", "use_imm", "flush", "to_acc", *DEP_FLAGS}
 def _kind_word(insn: Insn) -> str | None:
     if isinstance(insn, Load):
         return insn.mem_type.name.lower()
+    if isinstance(insn, Store) and insn.mem_type != MemType.OUT:
+        return insn.mem_type.name.lower()   # STORE reads OUT; any other type is written out to round-trip
     if isinstance(insn, Alu):
         return insn.alu_op.name.lower()
     return None
@@ -60,7 +65,7 @@ def parse_insn(line: str, lineno: int = 1) -> Insn | None:
     try:
         opcode = Opcode[mnemonic]
     except KeyError:
-        raise AsmError(f"line {lineno}: unknown mnemonic {words[0]!r} (expected one of "
+        raise AsmError(f"line {lineno}: unknown mnemonic {describe(words[0])} (expected one of "
                        f"{', '.join(o.name.lower() for o in Opcode)})") from None
     cls = INSN_CLASSES[opcode]
     names = {f.name for f in fields(cls)}
@@ -74,23 +79,26 @@ def parse_insn(line: str, lineno: int = 1) -> Insn | None:
         try:
             values[key] = enum[rest[0].upper()]
         except KeyError:
-            raise AsmError(f"line {lineno}: unknown {words[0]} kind {rest[0]!r} (expected one of "
+            raise AsmError(f"line {lineno}: unknown {words[0]} kind {describe(rest[0])} (expected one of "
                            f"{', '.join(e.name.lower() for e in enum)})") from None
+        rest = rest[1:]
+    elif opcode == Opcode.STORE and rest and rest[0].upper() in MemType.__members__:
+        values["mem_type"] = MemType[rest[0].upper()]
         rest = rest[1:]
     for w in rest:
         if "=" in w:
             key, _, val = w.partition("=")
             if key not in names or key in _BOOL_FIELDS or key in ("mem_type", "alu_op"):
-                raise AsmError(f"line {lineno}: {words[0]} has no field {key!r} "
+                raise AsmError(f"line {lineno}: {words[0]} has no field {describe(key)} "
                                f"(fields: {', '.join(sorted(names - _BOOL_FIELDS))})")
             try:
                 values[key] = int(val, 0)
             except ValueError:
-                raise AsmError(f"line {lineno}: field {key}={val!r} is not an integer") from None
+                raise AsmError(f"line {lineno}: field {key}={describe(val)} is not an integer") from None
         elif w in _BOOL_FIELDS and w in names:
             values[w] = True
         else:
-            raise AsmError(f"line {lineno}: unexpected word {w!r} for {words[0]}")
+            raise AsmError(f"line {lineno}: unexpected word {describe(w)} for {words[0]}")
     return cls(**values)
 
 

@@ -32,7 +32,7 @@ def insns(draw, cfg):
             vals.update({k: u(k) for k in ("y_pad0", "y_pad1", "x_pad0", "x_pad1")})
             vals["mem_type"] = draw(st.sampled_from([MemType.UOP, MemType.WGT, MemType.INP, MemType.ACC]))
             return Load(**vals, **deps)
-        return Store(**vals, **deps)
+        return Store(**vals, **deps, mem_type=draw(st.sampled_from(list(MemType))))  # OUT, or one a run rejects
     if kind == "FINISH":
         return Finish(**deps)
     if kind == "EPILOGUE":
