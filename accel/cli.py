@@ -144,12 +144,13 @@ def _parse_symbol(spec: str):
 
 def _asm(args) -> int:
     from accel.isa import INSN_BYTES, Program, assemble_text, resolve_config
+    from accel.isa.schema import decode_text
     cfg = resolve_config(args.config)
     try:
-        text = Path(args.input).read_text()
+        data = Path(args.input).read_bytes()
     except OSError as e:
         raise CliError(f"cannot read {args.input}: {e.strerror}") from None
-    insns = assemble_text(text, cfg)
+    insns = assemble_text(decode_text(data, args.input, CliError), cfg)
     if not insns:
         raise CliError(f"{args.input}: no instructions")
     segments = sorted(_read_data(d) for d in args.data)

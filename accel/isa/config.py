@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .files import write_atomic
+from .schema import describe, json_type, parse_json
 
 KiB = 1024
 
@@ -31,9 +32,31 @@ LOOP_ITER_BITS = 14  # iter_out, iter_in of GEMM/ALU
 ALU_OPCODE_BITS = 4
 ALU_IMM_BITS = 16
 
+# Documented maxima (docs/limits.md): every size the kit allocates or elaborates is bounded
+# here, so no config or file can make it use unbounded memory. `accel verilog` needs about 1 KiB
+# of host memory per byte of on-chip buffer beyond a few hundred KiB (measured: 0.35 GB for the
+# default's 480 KiB, 1.15 GB with a 1 MiB weight buffer; a 64 MiB one ran out of 3.9 GB).
+MAX_BUFF_BYTES = 1 << 20        # one on-chip buffer (VTA's largest published buffer is 256 KiB)
+MAX_ONCHIP_BYTES = 2 << 20      # the five buffers together: elaboration stays under about 2.5 GB
+
 # The AXI4 bus the DMAs (accel/hw/dma.py, store.py) and the timing model (sim/tsim) share.
 MAX_BURST_BEATS = 256       # AXI4 INCR limit
 BOUNDARY_BYTES = 4096        # an AXI burst must not cross a 4 KiB boundary
+
+
+BUFFER_KEYS = ("uop_buff_bytes", "inp_buff_bytes", "wgt_buff_bytes", "acc_buff_bytes", "out_buff_bytes")
+
+#: Each key's rule in words, for the message of a value of the wrong type.
+_RULES = {
+    **{k: "a power of two in [1, 256]" for k in ("batch", "block_in", "block_out")},
+    **{k: "allowed values are 8, 16" for k in ("inp_width", "wgt_width", "out_width")},
+    "acc_width": "allowed values are 16, 32",
+    **{k: f"bytes, a power-of-two number of entries, at most {MAX_BUFF_BYTES}" for k in BUFFER_KEYS},
+    "bus_width": "allowed values are 32, 64, 128, 256, 512",
+    **{k: "a power of two in [2, 4096]" for k in ("cmd_queue_depth", "dep_queue_depth")},
+    "dram_addr_width": "allowed range is [16, 48]",
+    "clock_mhz": "allowed range is [1, 1000]",
+}
 
 
 def _is_pow2(v: int) -> bool:
@@ -85,14 +108,15 @@ class AccelConfig:
 
     # ---- validation -------------------------------------------------------------------------
     def _fail(self, key: str, why: str):
-        raise ConfigError(f"AccelConfig.{key}={getattr(self, key)!r}: {why}")
+        raise ConfigError(f"AccelConfig.{key}={describe(getattr(self, key))}: {why}")
 
     def _validate(self):
         for f in fields(self):
             v = getattr(self, f.name)
             want = float if f.type in ("float", float) else int
             if isinstance(v, bool) or not isinstance(v, (int, float)) or (want is int and not isinstance(v, int)):
-                self._fail(f.name, f"must be {'a number' if want is float else 'an integer'}")
+                self._fail(f.name, f"must be {'a number' if want is float else 'an integer'} "
+                                   f"({_RULES.get(f.name, 'see AccelConfig')})")
         for key in ("batch", "block_in", "block_out"):
             v = getattr(self, key)
             if not _is_pow2(v) or v > 256:
@@ -109,15 +133,21 @@ class AccelConfig:
                           ("wgt_buff_bytes", self.wgt_elem_bytes), ("acc_buff_bytes", self.acc_elem_bytes),
                           ("out_buff_bytes", self.out_elem_bytes)):
             v = getattr(self, key)
-            if v < elem or v % elem:
+            if not elem <= v <= MAX_BUFF_BYTES:
+                self._fail(key, f"allowed range is [{elem}, {MAX_BUFF_BYTES}] bytes (one {elem}-byte entry to "
+                                f"{MAX_BUFF_BYTES >> 20} MiB)")
+            if v % elem:
                 self._fail(key, f"must be a positive multiple of its entry size ({elem} bytes)")
             if not _is_pow2(v // elem):
                 self._fail(key, f"must hold a power-of-two number of {elem}-byte entries (holds {v / elem:g})")
-            if v > 64 * 1024 * KiB:
-                self._fail(key, f"allowed range is [{elem}, {64 * 1024 * KiB}] bytes")
         if self.out_depth != self.acc_depth:
             self._fail("out_buff_bytes", f"the output buffer mirrors the accumulator's {self.acc_depth} entries, "
                                          f"so it must be {self.acc_depth * self.out_elem_bytes} bytes")
+        onchip = sum(getattr(self, k) for k in BUFFER_KEYS)
+        if onchip > MAX_ONCHIP_BYTES:
+            big = max(BUFFER_KEYS, key=lambda k: getattr(self, k))
+            self._fail(big, f"the five buffers total {onchip} bytes, more than the {MAX_ONCHIP_BYTES} "
+                            f"({MAX_ONCHIP_BYTES >> 20} MiB) allowed on chip")
         if self.bus_width not in (32, 64, 128, 256, 512):
             self._fail("bus_width", "allowed values are 32, 64, 128, 256, 512")
         for key in ("cmd_queue_depth", "dep_queue_depth"):
@@ -126,7 +156,7 @@ class AccelConfig:
                 self._fail(key, "must be a power of two in [2, 4096]")
         if not 16 <= self.dram_addr_width <= 48:
             self._fail("dram_addr_width", "allowed range is [16, 48]")
-        if not 1.0 <= self.clock_mhz <= 1000.0:
+        if not 1.0 <= self.clock_mhz <= 1000.0:   # False for NaN
             self._fail("clock_mhz", "allowed range is [1, 1000]")
         # Index fields must fit the 128-bit instruction word.
         for name, bits in self.insn_bits_used().items():
@@ -248,21 +278,22 @@ class AccelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "AccelConfig":
+        """A parsed JSON object -> config; keys left out keep their defaults."""
         if not isinstance(d, dict):
             raise ConfigError(f"AccelConfig: expected a JSON object, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(describe(k, 40) for k in set(d) - known)
         if unknown:
-            raise ConfigError(f"AccelConfig: unknown key(s) {', '.join(map(repr, unknown))}; "
+            raise ConfigError(f"AccelConfig: unknown key(s) {', '.join(unknown)}; "
                               f"allowed keys are {', '.join(sorted(known))}")
         return cls(**d)
 
     @classmethod
-    def from_json(cls, text: str) -> "AccelConfig":
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"AccelConfig: invalid JSON ({e})") from None
+    def from_json(cls, text: str | bytes, source: str = "AccelConfig") -> "AccelConfig":
+        """JSON text (str, or bytes that must be UTF-8) -> config; `source` names it in errors."""
+        d = parse_json(text, source, ConfigError, max_depth=4, max_bytes=1 << 20)
+        if not isinstance(d, dict):
+            raise ConfigError(f"{source}: expected a JSON object of config keys, got {json_type(d)}")
         return cls.from_dict(d)
 
     def save(self, path: str | Path) -> None:
@@ -271,10 +302,10 @@ class AccelConfig:
     @classmethod
     def load(cls, path: str | Path) -> "AccelConfig":
         try:
-            text = Path(path).read_text()
+            data = Path(path).read_bytes()
         except OSError as e:
             raise ConfigError(f"AccelConfig: cannot read {path}: {e.strerror}") from None
-        return cls.from_json(text)
+        return cls.from_json(data, source=f"AccelConfig {path}")
 
     def replace(self, **changes) -> "AccelConfig":
         return dataclasses.replace(self, **changes)
@@ -325,6 +356,10 @@ def resolve_config(spec: "str | Path | AccelConfig | None") -> AccelConfig:
     s = str(spec)
     if s in PRESETS:
         return PRESETS[s]
-    if s.endswith(".json") or Path(s).exists():
+    try:
+        is_file = s.endswith(".json") or Path(s).exists()
+    except (OSError, ValueError):     # a name too long, or with a NUL byte
+        is_file = False
+    if is_file:
         return AccelConfig.load(s)
     raise ConfigError(f"config {s!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON file")
