@@ -8,6 +8,10 @@ worker `name_par<k>(task, ntask, closure*)`, started by calling the runtime's
 `__kit_parallel_launch(worker, closure, n)`. Integer index math is i32 with nsw, widened only
 at the address; floor division by a positive constant of a provably non-negative value is a
 plain sdiv. Float add/mul carry `contract` so LLVM may fuse them into FMAs.
+
+NaN and Inf propagate as in onnxruntime (no fast-math unless asked): a float max/min is NaN when
+either operand is (ReLU, Clip, Max/Min); so is a max-reduction or max-pooling window holding a
+NaN, as numpy and PyTorch define it (onnxruntime's own answer there depends on its SIMD path).
 """
 from __future__ import annotations
 
@@ -481,8 +485,9 @@ class CodegenLLVM:
 
     def _minmax(self, e, is_min):
         a, b = self.expr(e.a), self.expr(e.b)
-        if dt.is_float(e.dtype):
+        if dt.is_float(e.dtype):   # NaN if either is: a NaN a is picked, a NaN b fails the compare
             c = self.b.fcmp_ordered("<" if is_min else ">", a, b)
+            c = self.b.or_(c, self.b.fcmp_unordered("uno", a, a))
         elif dt.is_signed(e.dtype):
             c = self.b.icmp_signed("<" if is_min else ">", a, b)
         else:

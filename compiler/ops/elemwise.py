@@ -230,7 +230,9 @@ def quantize(x, shift=0, scale=0.0, zero_point=0):
 
     def f(v):   # a scale divides, as ONNX QuantizeLinear does (x * (1/scale) can round differently)
         r = round_half_even(v / factor if scale else v * factor)
-        return te.elem_min(te.elem_max(r + z if zero_point else r, lo), hi).astype("int8")
+        r = r + z if zero_point else r
+        # NaN fails r >= lo and saturates low, as onnxruntime's QuantizeLinear (never NaN -> int8)
+        return te.select(r >= lo, te.elem_min(r, hi), lo).astype("int8")
     return unary(x, f, "quantize")
 
 
