@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -30,17 +31,21 @@ def _onnx():
     return onnx
 
 
-def load_model(model, check_ops: bool = True) -> "onnx.ModelProto":
-    """A path, bytes or ModelProto -> a checked ModelProto at opset >= 13.
+def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | None" = None) -> "onnx.ModelProto":
+    """A path, bytes or ModelProto -> a checked ModelProto at opset >= 13, its tensors all in memory.
 
-    Order matters for the errors a user sees: parse (truncated or not ONNX), then the scan for
-    unsupported op types (one error listing them all, even for ops ONNX's checker does not know),
-    then ONNX's checker (malformed), then the opset upgrade."""
+    Order matters for the errors a user sees: parse (truncated or not ONNX); external data, read
+    from files inside the model's directory only (base_dir for bytes and ModelProtos); ONNX's full
+    checker (with strict shape inference), whose message is shown on one line - unless the model
+    uses op types the frontend does not know, then the one error listing them all (an unknown
+    domain also fails the checker); the scan for unsupported op types; the opset upgrade."""
     onnx = _onnx()
     from google.protobuf.message import DecodeError
     src = "<bytes>"
     if isinstance(model, (str, os.PathLike)):
         src = str(model)
+        if base_dir is None:
+            base_dir = Path(model).resolve().parent
         try:
             data = Path(model).read_bytes()
         except OSError as e:
@@ -49,6 +54,7 @@ def load_model(model, check_ops: bool = True) -> "onnx.ModelProto":
         data = bytes(model)
     elif isinstance(model, onnx.ModelProto):
         data = None
+        src = f"<model {model.graph.name!r}>" if model.graph.name else "<model>"
     else:
         raise ModelLoadError(f"expected a path, bytes or onnx.ModelProto, got {type(model).__name__}")
     if data is not None:
@@ -60,14 +66,23 @@ def load_model(model, check_ops: bool = True) -> "onnx.ModelProto":
             raise ModelLoadError(f"{src}: cannot parse as an ONNX model (truncated or not ONNX): {e}") from None
     if not model.graph.node and not model.graph.output:
         raise ModelLoadError(f"{src}: the model has no graph (truncated or not ONNX)")
+    model = _load_external_data(model, base_dir, src)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as e:  # onnx.checker.ValidationError, shape inference errors and friends
+        if check_ops:
+            try:    # ops the frontend lacks (an unknown domain fails the checker): list them all
+                check_supported(fold_constant_nodes(model))
+            except UnsupportedOpError:
+                raise
+            except Exception:   # malformed beyond what the scan reads: the checker's message says why
+                pass
+        msg = " ".join(str(e).split()) or type(e).__name__
+        raise ModelLoadError(f"{src}: malformed ONNX model (possibly truncated): ONNX checker: "
+                             f"{msg[:2000]}") from None
     model = fold_constant_nodes(model)
     if check_ops:
         check_supported(model)
-    try:
-        onnx.checker.check_model(model)
-    except Exception as e:  # onnx.checker.ValidationError and friends
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelLoadError(f"{src}: malformed ONNX model (possibly truncated): {first}") from None
     opset = default_opset(model)
     if opset < MIN_OPSET:
         from onnx import version_converter
@@ -78,6 +93,124 @@ def load_model(model, check_ops: bool = True) -> "onnx.ModelProto":
                                  f"converter: {e}") from None
         log.info("upgraded %s from opset %d to %d", src, opset, MIN_OPSET)
     return model
+
+
+def _all_tensors(graph):
+    """Every TensorProto a graph holds: initializers, sparse initializers, tensor attributes
+    (Constant's value), and those of subgraphs (If/Loop/Scan bodies), recursively."""
+    for t in graph.initializer:
+        yield t
+    for st in graph.sparse_initializer:
+        yield st.values
+        yield st.indices
+    for n in graph.node:
+        for a in n.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("sparse_tensor"):
+                yield a.sparse_tensor.values
+                yield a.sparse_tensor.indices
+            for st in a.sparse_tensors:
+                yield st.values
+                yield st.indices
+            if a.HasField("g"):
+                yield from _all_tensors(a.g)
+            for g in a.graphs:
+                yield from _all_tensors(g)
+
+
+def _load_external_data(model, base_dir, src: str):
+    """Tensors stored outside the model file -> raw_data read from their files, which must lie
+    inside base_dir (the model's directory): a relative location with no '..', no absolute path
+    or drive, and no symlink out of the directory. offset/length must fit the file and the bytes
+    must be exactly what the tensor's dtype and dims need. Returns the model (a copy if any
+    tensor was external: the caller's ModelProto is left as it was)."""
+    onnx = _onnx()
+    ext = onnx.TensorProto.EXTERNAL
+    if not any(t.data_location == ext for t in _all_tensors(model.graph)):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    model = copy
+    if base_dir is None:
+        name = next(t.name for t in _all_tensors(model.graph) if t.data_location == ext)
+        raise ModelLoadError(f"{src}: tensor '{name}' keeps its data in an external file, but the model was not "
+                             f"given as a path: load it from its file, or pass base_dir=")
+    root = Path(base_dir).resolve()
+    from pathlib import PurePosixPath, PureWindowsPath
+    for t in _all_tensors(model.graph):
+        if t.data_location != ext:
+            continue
+        what = f"{src}: tensor '{t.name}' external data"
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        if not loc or "\x00" in loc:
+            raise ModelLoadError(f"{what}: no file location given")
+        if PurePosixPath(loc).is_absolute() or PureWindowsPath(loc).is_absolute() or PureWindowsPath(loc).drive \
+                or loc.startswith("\\"):
+            raise ModelLoadError(f"{what}: location {loc!r} is an absolute path; it must be relative to the "
+                                 f"model's directory")
+        if ".." in PurePosixPath(loc.replace("\\", "/")).parts:
+            raise ModelLoadError(f"{what}: location {loc!r} leaves the model's directory ('..')")
+        path = (root / loc).resolve()
+        if not path.is_relative_to(root):
+            raise ModelLoadError(f"{what}: location {loc!r} resolves to {path}, outside the model's directory "
+                                 f"{root} (a symbolic link?)")
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise ModelLoadError(f"{what}: offset {info.get('offset')!r} / length {info.get('length')!r} "
+                                 f"are not integers") from None
+        if offset < 0 or (length is not None and length < 0):
+            raise ModelLoadError(f"{what}: negative offset {offset} or length {length}")
+        try:    # O_NONBLOCK: a FIFO named as the location must not hang the load
+            with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    raise ModelLoadError(f"{what}: location {loc!r} is not a regular file")
+                size = st.st_size
+                if length is None:
+                    length = max(0, size - offset)
+                if offset + length > size:
+                    raise ModelLoadError(f"{what}: bytes [{offset}, {offset + length}) lie beyond the end of "
+                                         f"{loc!r} ({size} bytes)")
+                need = _tensor_nbytes(t)
+                if need is not None and need != length:
+                    raise ModelLoadError(f"{what}: {length} bytes in {loc!r}, but dims {list(t.dims)} of "
+                                         f"{onnx.TensorProto.DataType.Name(t.data_type)} need {need}")
+                f.seek(offset)
+                raw = f.read(length)
+        except OSError as e:
+            raise ModelLoadError(f"{what}: cannot read {loc!r}: {e.strerror or e}") from None
+        if len(raw) != length:
+            raise ModelLoadError(f"{what}: {loc!r} changed while being read")
+        if "checksum" in info:
+            import hashlib
+            if hashlib.sha1(raw).hexdigest() != info["checksum"].lower():
+                raise ModelLoadError(f"{what}: the bytes read from {loc!r} do not match its SHA-1 checksum")
+        t.raw_data = raw
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+    return model
+
+
+def _tensor_nbytes(t) -> int | None:
+    """Bytes a tensor's raw_data holds for its dims and dtype (None: strings, types not checked)."""
+    onnx = _onnx()
+    name = onnx.TensorProto.DataType.Name(t.data_type) if t.data_type in onnx.TensorProto.DataType.values() else ""
+    bits = {"UINT4": 4, "INT4": 4, "FLOAT4E2M1": 4, "UINT2": 2, "INT2": 2}.get(name)
+    if not name or name in ("STRING", "UNDEFINED") or name.startswith("FLOAT6"):
+        return None
+    n = 1
+    for d in t.dims:
+        if d < 0:
+            return -1     # never equal to a length: reported as a size mismatch
+        n *= d
+    if bits:
+        return (n * bits + 7) // 8
+    return n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
 
 
 def fold_constant_nodes(model) -> "onnx.ModelProto":
@@ -779,15 +912,33 @@ def _input_shape(vi, shapes: dict) -> tuple[tuple[int, ...], str]:
     return tuple(dims), dtype
 
 
-def from_onnx(model, shapes: dict | None = None, name: str | None = None) -> Graph:
-    """Import an ONNX model (path, bytes or ModelProto) as a typed graph IR."""
-    model = load_model(model)
+def from_onnx(model, shapes: dict | None = None, name: str | None = None, runtime_inputs=(),
+              base_dir=None) -> Graph:
+    """Import an ONNX model (path, bytes or ModelProto) as a typed graph IR.
+
+    An initializer that a graph input also names is, by the ONNX IR (ir_version >= 4), a default
+    the caller may override. The compiler bakes such inputs in as the constants they hold (what
+    onnxruntime computes when they are not fed; exporters list every weight so, and weights must
+    be constant to quantize and place them); name them in runtime_inputs to keep them as run-time
+    inputs instead. base_dir: where external data lives for a model given as bytes or a proto."""
+    model = load_model(model, base_dir=base_dir)
     onnx = _onnx()
     g = model.graph
 
     ctx = _Ctx(default_opset(model))
     shapes = dict(shapes or {})
     inits = {t.name for t in g.initializer}
+    input_names = [vi.name for vi in g.input]
+    runtime = set(runtime_inputs or ())
+    bad = sorted(runtime - set(input_names))
+    if bad:
+        raise ConversionError(f"runtime_inputs {', '.join(map(repr, bad))}: not graph inputs of the model "
+                              f"(inputs are {', '.join(input_names)})")
+    defaults = [n for n in input_names if n in inits and n not in runtime]
+    if defaults and model.ir_version >= 4:
+        log.info("%d graph input(s) with an initializer compiled as constants (their defaults): %s%s",
+                 len(defaults), ", ".join(defaults[:5]), " ..." if len(defaults) > 5 else "")
+    inits -= runtime
     inputs = []
     for vi in g.input:
         if vi.name in inits:
@@ -798,6 +949,8 @@ def from_onnx(model, shapes: dict | None = None, name: str | None = None) -> Gra
         ctx.nodes.append(node)
         ctx.env[vi.name] = node
     for t in g.initializer:
+        if t.name in runtime:   # fed at run time: the initializer's default is not used
+            continue
         try:
             arr = onnx.numpy_helper.to_array(t)
         except Exception as e:
