@@ -294,7 +294,12 @@ class AccelConfig:
         d = parse_json(text, source, ConfigError, max_depth=4, max_bytes=1 << 20)
         if not isinstance(d, dict):
             raise ConfigError(f"{source}: expected a JSON object of config keys, got {json_type(d)}")
-        return cls.from_dict(d)
+        try:
+            return cls.from_dict(d)
+        except ConfigError as e:
+            if source == "AccelConfig":
+                raise
+            raise ConfigError(f"{source}: {e}") from None   # name the file the bad key is in
 
     def save(self, path: str | Path) -> None:
         write_atomic(path, self.to_json() + "\n")
@@ -305,7 +310,7 @@ class AccelConfig:
             data = Path(path).read_bytes()
         except OSError as e:
             raise ConfigError(f"AccelConfig: cannot read {path}: {e.strerror}") from None
-        return cls.from_json(data, source=f"AccelConfig {path}")
+        return cls.from_json(data, source=str(path))
 
     def replace(self, **changes) -> "AccelConfig":
         return dataclasses.replace(self, **changes)

@@ -261,3 +261,13 @@ def test_disasm_store_memory_type_roundtrips(tmp_path, capsys):
     assert main(["asm", str(src), "-o", str(tmp_path / "q.accp"), "--config", "tiny", "--insn-addr", "0",
                  "--dram-bytes", "4096"]) == 0
     assert Program.load(tmp_path / "q.accp").insns == prog.insns
+
+
+def test_config_oversized_refused_before_elaborating(tmp_path, capsys):
+    """The 64 MiB weight buffer that made `accel verilog` exhaust 3.9 GB fails at once, naming the file."""
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps({"wgt_buff_bytes": 64 << 20, "uop_buff_bytes": 1024}))
+    assert main(["verilog", "--config", str(p), "-o", str(tmp_path / "v")]) == 2
+    assert capsys.readouterr().err == (f"error: {p}: AccelConfig.wgt_buff_bytes=67108864: allowed range is "
+                                       f"[256, 1048576] bytes (one 256-byte entry to 1 MiB)\n")
+    assert not (tmp_path / "v").exists()
