@@ -7,9 +7,10 @@
    weights/bias and its instruction program (one CommandStream each, so each has its own profile
    row), micro-op kernels, scratch buffers for values inside fused groups.
 3. per CPU step one kernel: the fused group's ops composed as tensor expressions from the
-   operator library (compiler.ops), scheduled by the group's anchor op, compiled by LLVM to
-   position-independent object code; all kernels plus a small C runtime (the parallel-loop thread
-   pool) are linked into one shared library with the system C compiler. When a group has no
+   operator library (compiler.ops), scheduled by the group's anchor op, lowered to LLVM IR. The
+   module carries the IR (and each kernel's parameter shapes), never machine code: the runtime
+   verifies it and compiles it where the module runs (host_runtime.kernel_cache, docs/trust.md);
+   the build checks each kernel passes that verifier and compiles here. When a group has no
    compiled form its ops become separate steps, and an op with no kernel falls back to the graph
    IR's NumPy reference (kind 'numpy', with the reason); pack/unpack are the runtime's own.
    An accelerator operation that cannot be lowered (a tiling that does not fit, a shift beyond
@@ -19,10 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import shutil
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -30,7 +27,8 @@ from typing import Callable
 import numpy as np
 
 from accel.isa import INSN_BYTES, AccelConfig, encode_program, resolve_config
-from host_runtime.executor import Step, TensorSpec
+from host_runtime.executor import KernelSource, Step, TensorSpec
+from host_runtime.kernel_cache import compile_ir, verify_ir
 
 from .errors import CompilerError
 from .graph.ir import Graph, Node, format_graph
@@ -77,119 +75,16 @@ def _true_macs(graph: Graph) -> dict[str, int]:
     return {n.name: node_macs(n) for n in graph.ops if node_macs(n)}
 
 
-# ---- the C runtime linked into every kernel library ---------------------------------------------
-RUNTIME_C = r"""
-/* Parallel-loop launcher for generated kernels. A launch cuts the loop into up to
-   CHUNKS_PER_THREAD chunks per thread, and the calling thread plus a persistent pthread pool take
-   chunks from an atomic counter until none is left: worker(chunk, nchunk, closure). A thread that
-   is preempted then delays one small chunk, not its whole static share. Nested launches run serially. */
-#include <pthread.h>
-#include <time.h>
-#define CHUNKS_PER_THREAD 4
-typedef void (*kit_worker)(int, int, void *);
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER, launch_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cv_start = PTHREAD_COND_INITIALIZER, cv_done = PTHREAD_COND_INITIALIZER;
-static int n_threads = 1, n_started = 0, job_nchunk = 0, job_helpers = 0, pending = 0;
-static int next_chunk = 0;
-static long generation = 0;
-static kit_worker job_fn;
-static void *job_closure;
-static __thread int in_parallel = 0;
-
-void kit_set_num_threads(int n) { n_threads = n < 1 ? 1 : n; }
-
-static void run_chunks(kit_worker f, void *c, int nchunk) {
-  for (;;) {
-    int t = __atomic_fetch_add(&next_chunk, 1, __ATOMIC_RELAXED);
-    if (t >= nchunk) break;
-    f(t, nchunk, c);
-  }
-}
-
-/* Wait up to SPIN_NS for *v to leave `old` before sleeping: consecutive kernels launch every few
-   tens of microseconds, and a condition-variable wake-up costs about as much (as onnxruntime's
-   pool, which spins likewise). */
-#define SPIN_NS 200000L
-static long now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1000000000L + t.tv_nsec;
-}
-#if defined(__x86_64__) || defined(__i386__)
-#define CPU_RELAX() __builtin_ia32_pause()
-#else
-#define CPU_RELAX() ((void)0)
-#endif
-#define SPIN_UNTIL(cond) do { long until_ = now_ns() + SPIN_NS; \
-    for (int i_ = 0; !(cond); i_++) { CPU_RELAX(); if ((i_ & 63) == 63 && now_ns() > until_) break; } } while (0)
-
-static void *pool_main(void *arg) {
-  int id = (int)(long)arg;
-  long seen = 0;
-  in_parallel = 1;
-  for (;;) {
-    SPIN_UNTIL(__atomic_load_n(&generation, __ATOMIC_ACQUIRE) != seen);
-    pthread_mutex_lock(&mu);
-    while (generation == seen) pthread_cond_wait(&cv_start, &mu);
-    seen = generation;
-    if (id <= job_helpers) {
-      kit_worker f = job_fn; void *c = job_closure; int nc = job_nchunk;
-      pthread_mutex_unlock(&mu);
-      run_chunks(f, c, nc);
-      pthread_mutex_lock(&mu);
-      if (__atomic_sub_fetch(&pending, 1, __ATOMIC_ACQ_REL) == 0) pthread_cond_signal(&cv_done);
-    }
-    pthread_mutex_unlock(&mu);
-  }
-  return 0;
-}
-
-int __kit_parallel_launch(void *fn, void *closure, int n) {
-  kit_worker f = (kit_worker)fn;
-  int nthread = n < n_threads ? n : n_threads;
-  if (nthread <= 1 || in_parallel) {
-    f(0, 1, closure);
-    return 0;
-  }
-  int nchunk = n < nthread * CHUNKS_PER_THREAD ? n : nthread * CHUNKS_PER_THREAD;
-  pthread_mutex_lock(&launch_mu);
-  pthread_mutex_lock(&mu);
-  while (n_started < nthread - 1) {
-    pthread_t th;
-    if (pthread_create(&th, 0, pool_main, (void *)(long)(n_started + 1)) != 0) break;
-    pthread_detach(th);
-    n_started++;
-  }
-  if (nthread - 1 > n_started) nthread = n_started + 1;
-  job_fn = f; job_closure = closure; job_nchunk = nchunk; job_helpers = nthread - 1;
-  pending = nthread - 1; next_chunk = 0;
-  __atomic_store_n(&generation, generation + 1, __ATOMIC_RELEASE);
-  pthread_cond_broadcast(&cv_start);
-  pthread_mutex_unlock(&mu);
-  in_parallel = 1;
-  run_chunks(f, closure, nchunk);
-  in_parallel = 0;
-  SPIN_UNTIL(__atomic_load_n(&pending, __ATOMIC_ACQUIRE) == 0);
-  pthread_mutex_lock(&mu);
-  while (pending > 0) pthread_cond_wait(&cv_done, &mu);
-  pthread_mutex_unlock(&mu);
-  pthread_mutex_unlock(&launch_mu);
-  return 0;
-}
-"""
-
-
 class KernelDeclined(Exception):
     """A group has no compiled form (an op the library lacks, or a build failure); says why."""
 
 
 class _Kernels:
-    """Composes fused groups from the operator library, compiles them to PIC object code, links."""
+    """Composes fused groups from the operator library into verified LLVM IR modules."""
 
     def __init__(self):
         self.cache: dict = {}
-        self.objects: list[bytes] = []
-        self._tm = None
+        self.sources: list[KernelSource] = []
         self._target = None
 
     def target(self):
@@ -197,14 +92,6 @@ class _Kernels:
             from .build import parse_target
             self._target = parse_target("llvm")
         return self._target
-
-    def tm(self):
-        if self._tm is None:
-            import llvmlite.binding as llvm
-            t = self.target()
-            self._tm = llvm.Target.from_triple(t.triple).create_target_machine(
-                cpu=t.cpu, features=t.features, opt=3, reloc="pic", codemodel="default")
-        return self._tm
 
     def trace(self, body: Graph, consts: dict[int, np.ndarray]):
         """te tensors for the body: ([(placeholder, ("p", k) | ("c", array))], output, anchor impl)."""
@@ -266,40 +153,24 @@ class _Kernels:
                tuple((tuple(t.shape), str(t.dtype)) for t, _ in args))
         sym = self.cache.get(key)
         if sym is None:
-            sym = f"kit_k{len(self.cache)}_{''.join(c if c.isalnum() else '_' for c in symbol_hint)[:40]}"
+            sym = f"kit_k{len(self.cache)}_{''.join(c if c.isascii() and c.isalnum() else '_' for c in symbol_hint)[:40]}"
             try:
-                import llvmlite.binding as llvm
-
                 from .build import build
                 sch = anchor.schedule([out])
                 mod = build(sch, [t for t, _ in args] + [out], target="llvm", name=sym)
-                lm = llvm.parse_assembly(mod.get_source("ll"))
-                self.objects.append(self.tm().emit_object(lm))
+                ir = mod.get_source("ll")
+                compile_ir(verify_ir(ir, f"kernel {sym}"))   # what the runtime will accept and compile
             except Exception as e:  # noqa: BLE001
                 raise KernelDeclined(f"compilation failed: {type(e).__name__}: {e}") from None
+            sig = [(tuple(int(d) for d in t.shape), str(t.dtype)) for t, _ in args] + \
+                [(tuple(int(d) for d in out.shape), str(out.dtype))]
+            self.sources.append(KernelSource(ir, {sym: sig}))
             self.cache[key] = sym
         return sym, [src for _, src in args]
 
-    def link(self) -> bytes | None:
-        if not self.objects:
-            return None
-        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-        if cc is None:
-            raise BuildError("no C compiler found (cc, gcc or clang) to link the CPU kernels; install one or set CC")
-        with tempfile.TemporaryDirectory(prefix="accel-kit-link-") as d:
-            d = Path(d)
-            (d / "runtime.c").write_text(RUNTIME_C)
-            objs = []
-            for k, o in enumerate(self.objects):
-                p = d / f"k{k}.o"
-                p.write_bytes(o)
-                objs.append(str(p))
-            cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(d / "kernels.so"), str(d / "runtime.c"), *objs,
-                   "-lm", "-lpthread"]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise BuildError(f"linking the CPU kernels failed ({' '.join(cmd[:2])} ...): {r.stderr.strip()[:2000]}")
-            return (d / "kernels.so").read_bytes()
+    def link(self) -> list[KernelSource]:
+        """The kernels as the module carries them (the runtime builds the library from them)."""
+        return list(self.sources)
 
 
 def _single_body(n: Node) -> Graph:
@@ -734,7 +605,7 @@ class _Builder:
                    "shift": None if cal is None else cal.shifts.get(i.name)} for i in g.inputs]
         if self.progress:
             self.progress("link", 0, 1)
-        library = self.kernels.link()
+        kernels = self.kernels.link()
         segments = []
         top = 64
         for b in self.mem.buffers():
@@ -745,7 +616,7 @@ class _Builder:
         plan = g.meta.get("memory_plan")
         acc_macs = sum(s.macs for s in self.steps if s.kind == "accel")
         cpu_macs = sum(s.macs for s in self.steps if s.kind != "accel")
-        t = self.kernels.target() if library is not None else None
+        t = self.kernels.target() if kernels else None
         meta = {
             "compile_s": time.perf_counter() - compile_t0,
             "passes": [{k: v for k, v in p.items()} for p in g.meta.get("passes", [])],
@@ -760,7 +631,7 @@ class _Builder:
             **extra_meta,
         }
         return CompiledModule(name, target, self.cfg, dram_bytes, segments, self.tensors, inputs, outputs, self.steps,
-                              self.consts, library, None if t is None else {"triple": t.triple, "cpu": t.cpu}, meta)
+                              self.consts, kernels, None if t is None else {"triple": t.triple, "cpu": t.cpu}, meta)
 
 
 def _dequant_shift(o: Node):

@@ -2,11 +2,11 @@
 
 A module is data (built by compiler.build_model): one arena of bytes that is the device DRAM
 (weights, micro-op kernels and instruction programs placed at build time, activations at the
-addresses of the memory plan), a list of steps, and a shared library of CPU kernels. Steps run
+addresses of the memory plan), a list of steps, and its CPU kernels as LLVM IR. Steps run
 in order and exchange tensors only through the arena:
   accel   an instruction program already in DRAM (insn_addr, insn_count), run on the driver;
-  llvm    a CPU kernel of the module's shared library (LLVM object code linked with the system C
-          compiler), called with pointers into the arena and to its bound constants;
+  llvm    a CPU kernel: a function defined in the module's verified IR, compiled on this host
+          (host_runtime.kernel_cache), called with pointers into the arena and to its constants;
   native  a layout conversion the runtime does itself (pack/unpack at accelerator boundaries);
   numpy   a fallback for an op with no compiled kernel: a host op registered by name
           (register_host_op; compiler.module registers the graph IR's NumPy references).
@@ -16,9 +16,15 @@ micro-ops, DRAM bytes read and written (fsim: the data moved; tsim and rtl: bus 
 fetch and whole beats included), cycles and utilization (when the driver reports cycles) and the
 latency they imply at the config's clock.
 
-File layout (little endian): magic b"ACCMODL\\0", u32 format version, u32 header length, UTF-8
-JSON header, then the blobs the header lists (name, offset, size) back to back. Loading checks the
-magic, the version and (when asked) the config digest; saving is atomic (temporary file + rename).
+File layout (little endian): magic b"ACCMODL\\0", u32 format version, u32 header length, the
+header's SHA-256 (32 bytes), UTF-8 JSON header, then the blobs the header lists (name, offset,
+size, sha256) back to back, exactly filling the rest of the file: segment/<k> (the DRAM image:
+weights, micro-ops, instruction programs), const/<name> (.npy kernel constants), kernel/<k>
+(LLVM IR text). A module is untrusted data (docs/trust.md): loading checks the magic, the
+version, every hash, every header field's type and range, the config digest (and, when asked,
+that it is the config in use), verifies the kernel IR and checks each step against the buffers
+and its kernel's signature before anything runs; every refusal is one ModuleFormatError naming
+the field. Saving is atomic (temporary file + rename).
 This module never imports the compiler (arrows point down: compiler -> host_runtime).
 """
 from __future__ import annotations
@@ -28,9 +34,9 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import struct
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +52,24 @@ from .errors import HostRuntimeError
 log = logging.getLogger(__name__)
 
 MAGIC = b"ACCMODL\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 KINDS = ("accel", "llvm", "native", "numpy")
+#: bounds on what a module file may ask for (checked before anything is allocated)
+MAX_HEADER_BYTES = 64 << 20
+MAX_DRAM_BYTES = 1 << 32
+MAX_RANK = 8
+MAX_ITEMS = 1 << 20          # steps, tensors, segments, constants, blobs, kernels
+MAX_NAME = 4096              # characters of a name, op, symbol or note
+MAX_INSNS = 1 << 24          # instructions of one accelerator step
+#: element types a tensor or constant may have
+DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
+          "float64")
+_PREAMBLE = 16 + 32          # magic, version, header length, header SHA-256
 
 
 class ModuleFormatError(HostRuntimeError):
-    """A module file is unreadable, of another format version, or built for another config."""
+    """A module file is unreadable, corrupt (a hash), malformed (a header field, a step, its kernel
+    IR), of another format version, or built for another config; the message names the field."""
 
 
 class ExecutorError(HostRuntimeError):
@@ -106,7 +124,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize   # Python ints: no overflow
 
 
 @dataclass
@@ -176,23 +194,93 @@ def _npy_load(b: bytes) -> np.ndarray:
     return np.load(io.BytesIO(b), allow_pickle=False)
 
 
+@dataclass
+class KernelSource:
+    """One LLVM IR module of CPU kernels, and per kernel symbol its parameters' (shape, dtype) in
+    call order (the step's arguments, then its output): what steps are checked against."""
+    ir: str
+    signatures: dict[str, list[tuple[tuple[int, ...], str]]] = field(default_factory=dict)
+
+
+class _Fields:
+    """Typed, ranged reads of a parsed header; every error names the field (steps[3].output)."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, where: str, msg: str):
+        raise ModuleFormatError(f"{self.source}: header field '{where}' {msg}")
+
+    def get(self, d: dict, key: str, where: str):
+        if key not in d:
+            self.fail(f"{where}.{key}" if where else key, "is missing")
+        return d[key]
+
+    def obj(self, v, where: str) -> dict:
+        if not isinstance(v, dict):
+            self.fail(where, f"must be an object, got {_jtype(v)}")
+        return v
+
+    def lst(self, v, where: str, most: int = MAX_ITEMS) -> list:
+        if not isinstance(v, list):
+            self.fail(where, f"must be an array, got {_jtype(v)}")
+        if len(v) > most:
+            self.fail(where, f"has {len(v)} items, at most {most} allowed")
+        return v
+
+    def int(self, v, where: str, lo: int, hi: int) -> int:
+        if not isinstance(v, int) or isinstance(v, bool):
+            self.fail(where, f"must be an integer, got {_jtype(v)}")
+        if not lo <= v <= hi:
+            self.fail(where, f"= {_short(v)} is out of range {lo}..{hi}")
+        return v
+
+    def str(self, v, where: str, most: int = MAX_NAME, none: bool = False):
+        if v is None and none:
+            return None
+        if not isinstance(v, str):
+            self.fail(where, f"must be a string{' or null' if none else ''}, got {_jtype(v)}")
+        if len(v) > most:
+            self.fail(where, f"is {len(v)} characters long, at most {most} allowed")
+        return v
+
+    def choice(self, v, where: str, allowed) -> str:
+        if not isinstance(v, str) or v not in allowed:
+            self.fail(where, f"= {_short(v)}; allowed: {', '.join(map(str, allowed))}")
+        return v
+
+
+def _jtype(v) -> str:
+    return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def _short(v, n: int = 60) -> str:
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 128:
+        return f"<integer of {v.bit_length()} bits>"
+    r = repr(v)
+    return r if len(r) <= n else r[:n - 3] + "..."
+
+
 class ModuleImage:
-    """A compiled module as data: header fields plus arrays and the kernel library (see module doc).
+    """A compiled module as data: header fields plus arrays and the CPU kernels' IR (see module doc).
 
     name, target ("accel" | "cpu"), config (AccelConfig or None), dram_bytes (arena size),
     segments [(addr, bytes)] (the DRAM image), tensors [TensorSpec], inputs / outputs
     [{"name", "tensor", "shift"}], steps [Step], consts {name: array} (kernel arguments bound at
-    build time), library (bytes of a shared object or None), library_target {triple, cpu},
-    meta (build reports: memory plan, partition, compile time)."""
+    build time), kernels [KernelSource] (LLVM IR, compiled where the module runs), library_target
+    {triple, cpu} (the build host's, informative), meta (build reports: memory plan, partition,
+    compile time)."""
 
     def __init__(self, name: str, target: str, config: AccelConfig | None, dram_bytes: int,
                  segments: list[tuple[int, bytes]], tensors: list[TensorSpec], inputs: list[dict],
                  outputs: list[dict], steps: list[Step], consts: dict[str, np.ndarray] | None = None,
-                 library: bytes | None = None, library_target: dict | None = None, meta: dict | None = None):
+                 kernels: list[KernelSource] | None = None, library_target: dict | None = None,
+                 meta: dict | None = None):
         self.name, self.target, self.config, self.dram_bytes = name, target, config, int(dram_bytes)
         self.segments, self.tensors, self.inputs, self.outputs = segments, tensors, inputs, outputs
         self.steps, self.consts = steps, dict(consts or {})
-        self.library, self.library_target, self.meta = library, dict(library_target or {}), dict(meta or {})
+        self.kernels, self.library_target, self.meta = list(kernels or []), dict(library_target or {}), dict(meta or {})
 
     # ---- queries ----------------------------------------------------------------------------
     @property
@@ -225,8 +313,12 @@ class ModuleImage:
             seg_hdr.append({"addr": int(addr), "blob": f"segment/{k}"})
         for name, arr in self.consts.items():
             blobs.append((f"const/{name}", _npy_bytes(arr)))
-        if self.library is not None:
-            blobs.append(("library", self.library))
+        ker_hdr = []
+        for k, ks in enumerate(self.kernels):
+            blobs.append((f"kernel/{k}", ks.ir.encode()))
+            ker_hdr.append({"blob": f"kernel/{k}", "signatures": {
+                sym: [{"shape": [int(d) for d in shape], "dtype": str(dtype)} for shape, dtype in sig]
+                for sym, sig in ks.signatures.items()}})
         header = {
             "format": "accel-kit module", "version": FORMAT_VERSION, "name": self.name, "target": self.target,
             "config": None if self.config is None else self.config.to_dict(),
@@ -234,15 +326,17 @@ class ModuleImage:
             "dram_bytes": self.dram_bytes, "segments": seg_hdr,
             "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "addr": t.addr} for t in self.tensors],
             "inputs": self.inputs, "outputs": self.outputs, "steps": [s.to_dict() for s in self.steps],
-            "consts": list(self.consts), "library_target": self.library_target, "meta": self.meta,
-            "blobs": [],
+            "consts": list(self.consts), "kernels": ker_hdr, "library_target": self.library_target,
+            "meta": self.meta, "blobs": [],
         }
         off = 0
         for name, data in blobs:
-            header["blobs"].append({"name": name, "offset": off, "size": len(data)})
+            header["blobs"].append({"name": name, "offset": off, "size": len(data),
+                                    "sha256": hashlib.sha256(data).hexdigest()})
             off += len(data)
         hj = json.dumps(header, default=_json_default).encode()
-        return b"".join([MAGIC, struct.pack("<II", FORMAT_VERSION, len(hj)), hj] + [d for _, d in blobs])
+        return b"".join([MAGIC, struct.pack("<II", FORMAT_VERSION, len(hj)), hashlib.sha256(hj).digest(), hj]
+                        + [d for _, d in blobs])
 
     def save(self, path: str | Path) -> None:
         """Write the module to one file, atomically (a temporary file renamed into place)."""
@@ -255,24 +349,153 @@ class ModuleImage:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "<bytes>", config: AccelConfig | None = None):
+        """Parse and check a module file's bytes (see module doc); ModuleFormatError names what is wrong."""
+        data = bytes(data)
         if len(data) < 16 or data[:8] != MAGIC:
             raise ModuleFormatError(f"{source}: not a compiled module file (bad magic)")
         version, hlen = struct.unpack("<II", data[8:16])
         if version != FORMAT_VERSION:
             raise ModuleFormatError(f"{source}: module format version {version}, this kit reads version "
                                     f"{FORMAT_VERSION}; recompile the model with this kit")
+        if hlen > MAX_HEADER_BYTES:
+            raise ModuleFormatError(f"{source}: header length {hlen} is over the {MAX_HEADER_BYTES}-byte limit")
+        if len(data) < _PREAMBLE + hlen:
+            raise ModuleFormatError(f"{source}: truncated (header ends at byte {_PREAMBLE + hlen}, file has {len(data)})")
+        hj = data[_PREAMBLE:_PREAMBLE + hlen]
+        if hashlib.sha256(hj).digest() != data[16:_PREAMBLE]:
+            raise ModuleFormatError(f"{source}: header fails its SHA-256 check (the file is corrupt or was modified)")
         try:
-            h = json.loads(data[16:16 + hlen].decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ModuleFormatError(f"{source}: corrupt module header ({e})") from None
-        base = 16 + hlen
-        blobs = {}
-        for b in h["blobs"]:
-            s, e = base + b["offset"], base + b["offset"] + b["size"]
-            if e > len(data):
-                raise ModuleFormatError(f"{source}: truncated (blob {b['name']} ends at byte {e}, file has {len(data)})")
-            blobs[b["name"]] = data[s:e]
-        cfg = None if h["config"] is None else AccelConfig.from_dict(h["config"])
+            h = json.loads(hj.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise ModuleFormatError(f"{source}: corrupt module header ({type(e).__name__}: {str(e)[:200]})") from None
+        f = _Fields(source)
+        f.obj(h, "header")
+        if f.get(h, "format", "") != "accel-kit module":
+            f.fail("format", f"= {_short(h['format'])}, expected 'accel-kit module'")
+        if f.get(h, "version", "") != FORMAT_VERSION:
+            f.fail("version", f"= {_short(h['version'])} disagrees with the file's format version {FORMAT_VERSION}")
+        blobs = cls._blobs(f, h, data, _PREAMBLE + hlen)
+        name = f.str(f.get(h, "name", ""), "name")
+        target = f.choice(f.get(h, "target", ""), "target", ("accel", "cpu"))
+        cfg = cls._config(f, h, config)
+        dram = f.int(f.get(h, "dram_bytes", ""), "dram_bytes", 0, MAX_DRAM_BYTES)
+        segments = []
+        for k, s in enumerate(f.lst(f.get(h, "segments", ""), "segments")):
+            w = f"segments[{k}]"
+            s = f.obj(s, w)
+            b = f.str(f.get(s, "blob", w), f"{w}.blob")
+            if not b.startswith("segment/") or b not in blobs:
+                f.fail(f"{w}.blob", f"= {_short(b)} names no segment blob")
+            segments.append((f.int(f.get(s, "addr", w), f"{w}.addr", 0, MAX_DRAM_BYTES), blobs[b]))
+        tensors = []
+        for k, t in enumerate(f.lst(f.get(h, "tensors", ""), "tensors")):
+            w = f"tensors[{k}]"
+            t = f.obj(t, w)
+            shape = tuple(f.int(d, f"{w}.shape[{j}]", 0, MAX_DRAM_BYTES)
+                          for j, d in enumerate(f.lst(f.get(t, "shape", w), f"{w}.shape", MAX_RANK)))
+            tensors.append(TensorSpec(f.str(f.get(t, "name", w), f"{w}.name"), shape,
+                                      f.choice(f.get(t, "dtype", w), f"{w}.dtype", DTYPES),
+                                      f.int(f.get(t, "addr", w), f"{w}.addr", 0, MAX_DRAM_BYTES)))
+        ios = {}
+        for io_key in ("inputs", "outputs"):
+            rows = []
+            for k, r in enumerate(f.lst(f.get(h, io_key, ""), io_key)):
+                w = f"{io_key}[{k}]"
+                r = f.obj(r, w)
+                shift = r.get("shift")
+                if shift is not None and (isinstance(shift, bool) or not isinstance(shift, (int, float))
+                                          or not math.isfinite(shift) or abs(shift) > 1024):
+                    f.fail(f"{w}.shift", f"= {_short(shift)}; allowed: null or a number in -1024..1024")
+                rows.append({"name": f.str(f.get(r, "name", w), f"{w}.name"),
+                             "tensor": f.int(f.get(r, "tensor", w), f"{w}.tensor", 0, MAX_ITEMS), "shift": shift})
+            ios[io_key] = rows
+        steps = [cls._step(f, s, k) for k, s in enumerate(f.lst(f.get(h, "steps", ""), "steps"))]
+        consts = {}
+        for k, n in enumerate(f.lst(f.get(h, "consts", ""), "consts")):
+            n = f.str(n, f"consts[{k}]")
+            if f"const/{n}" not in blobs:
+                f.fail(f"consts[{k}]", f"= {_short(n)} has no const blob")
+            try:
+                arr = _npy_load(blobs[f"const/{n}"])
+            except Exception as e:  # noqa: BLE001 - numpy's reader raises several types on bad bytes
+                raise ModuleFormatError(f"{source}: constant {n!r} is not a valid .npy array "
+                                        f"({type(e).__name__}: {str(e)[:120]})") from None
+            consts[n] = arr
+        kernels = []
+        for k, kd in enumerate(f.lst(f.get(h, "kernels", ""), "kernels")):
+            w = f"kernels[{k}]"
+            kd = f.obj(kd, w)
+            b = f.str(f.get(kd, "blob", w), f"{w}.blob")
+            if not b.startswith("kernel/") or b not in blobs:
+                f.fail(f"{w}.blob", f"= {_short(b)} names no kernel blob")
+            try:
+                ir = blobs[b].decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ModuleFormatError(f"{source}: kernel blob {b!r} is not UTF-8 text (offset {e.start})") from None
+            sigs = {}
+            for sym, sig in f.obj(f.get(kd, "signatures", w), f"{w}.signatures").items():
+                ws = f"{w}.signatures.{sym[:40]}"
+                params = []
+                for j, prm in enumerate(f.lst(sig, ws, 4096)):
+                    prm = f.obj(prm, f"{ws}[{j}]")
+                    shape = tuple(f.int(d, f"{ws}[{j}].shape", 0, MAX_DRAM_BYTES)
+                                  for d in f.lst(f.get(prm, "shape", f"{ws}[{j}]"), f"{ws}[{j}].shape", MAX_RANK))
+                    params.append((shape, f.choice(f.get(prm, "dtype", f"{ws}[{j}]"), f"{ws}[{j}].dtype", DTYPES)))
+                sigs[f.str(sym, ws)] = params
+            kernels.append(KernelSource(ir, sigs))
+        lt = f.obj(h.get("library_target") or {}, "library_target")
+        meta = f.obj(h.get("meta") or {}, "meta")
+        obj = cls.__new__(cls)
+        ModuleImage.__init__(obj, name, target, cfg, dram, segments, tensors, ios["inputs"], ios["outputs"], steps,
+                             consts, kernels, lt, meta)
+        obj.validate(source)
+        return obj
+
+    @staticmethod
+    def _blobs(f: _Fields, h: dict, data: bytes, base: int) -> dict[str, bytes]:
+        """The blob table: names unique and known, back to back to the end of the file, each hashed."""
+        blobs: dict[str, bytes] = {}
+        pos = base
+        for k, b in enumerate(f.lst(f.get(h, "blobs", ""), "blobs")):
+            w = f"blobs[{k}]"
+            b = f.obj(b, w)
+            name = f.str(f.get(b, "name", w), f"{w}.name")
+            if not name.startswith(("segment/", "const/", "kernel/")) or name in blobs:
+                f.fail(f"{w}.name", f"= {_short(name)}: unknown or repeated (segment/, const/, kernel/ blobs)")
+            off = f.int(f.get(b, "offset", w), f"{w}.offset", 0, len(data))
+            size = f.int(f.get(b, "size", w), f"{w}.size", 0, len(data))
+            if base + off != pos:
+                f.fail(f"{w}.offset", f"= {off}; blobs lie back to back, this one must start at {pos - base}")
+            end = pos + size
+            if end > len(data):
+                raise ModuleFormatError(f"{f.source}: truncated (blob {name} ends at byte {end}, file has {len(data)})")
+            digest = f.str(f.get(b, "sha256", w), f"{w}.sha256", 64)
+            if hashlib.sha256(data[pos:end]).hexdigest() != digest:
+                raise ModuleFormatError(f"{f.source}: blob {name!r} fails its SHA-256 check (the file is corrupt "
+                                        f"or was modified)")
+            blobs[name] = data[pos:end]
+            pos = end
+        if pos != len(data):
+            raise ModuleFormatError(f"{f.source}: {len(data) - pos} bytes after the last blob (the file is corrupt)")
+        return blobs
+
+    @staticmethod
+    def _config(f: _Fields, h: dict, config: AccelConfig | None) -> AccelConfig | None:
+        raw, digest = f.get(h, "config", ""), f.get(h, "config_digest", "")
+        cfg = None
+        if raw is not None:
+            try:
+                cfg = AccelConfig.from_dict(f.obj(raw, "config"))
+            except ModuleFormatError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any refusal of the config's own checks
+                raise ModuleFormatError(f"{f.source}: header field 'config' is not a valid configuration: "
+                                        f"{str(e)[:300]}") from None
+            if digest != cfg.digest():
+                f.fail("config_digest", f"= {_short(digest)} does not match the recorded config ({cfg.digest()})")
+        elif digest is not None:
+            f.fail("config_digest", "is set but the module records no config")
+        source = f.source
         if config is not None:
             if cfg is None:
                 raise ModuleFormatError(f"{source}: module was compiled for the CPU only (no accelerator config); "
@@ -282,14 +505,33 @@ class ModuleImage:
                 raise ModuleFormatError(f"{source}: module was compiled for config {cfg.digest()}, not {config.digest()} "
                                         f"(differs in {', '.join(f'{k}: {a} vs {b}' for k, (a, b) in diff.items())}); "
                                         f"recompile it for this config")
-        segments = [(s["addr"], blobs[s["blob"]]) for s in h["segments"]]
-        tensors = [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"], t["addr"]) for t in h["tensors"]]
-        steps = [Step.from_dict(s) for s in h["steps"]]
-        consts = {n: _npy_load(blobs[f"const/{n}"]) for n in h["consts"]}
-        obj = cls.__new__(cls)
-        ModuleImage.__init__(obj, h["name"], h["target"], cfg, h["dram_bytes"], segments, tensors, h["inputs"],
-                             h["outputs"], steps, consts, blobs.get("library"), h["library_target"], h["meta"])
-        return obj
+        return cfg
+
+    @staticmethod
+    def _step(f: _Fields, s, k: int) -> Step:
+        w = f"steps[{k}]"
+        s = f.obj(s, w)
+        g = lambda key: f.get(s, key, w)   # noqa: E731
+        args = []
+        for j, a in enumerate(f.lst(g("args"), f"{w}.args", 4096)):
+            if not isinstance(a, list) or len(a) != 2 or a[0] not in ("t", "c"):
+                f.fail(f"{w}.args[{j}]", f"= {_short(a)}; expected [\"t\", tensor id] or [\"c\", constant name]")
+            args.append(("t", f.int(a[1], f"{w}.args[{j}][1]", 0, MAX_ITEMS)) if a[0] == "t"
+                        else ("c", f.str(a[1], f"{w}.args[{j}][1]")))
+        attrs = f.obj(g("attrs"), f"{w}.attrs")
+        try:
+            _decode_attrs(attrs)
+        except Exception as e:  # noqa: BLE001 - a crafted array or tuple encoding
+            f.fail(f"{w}.attrs", f"cannot be decoded ({type(e).__name__}: {str(e)[:120]})")
+        return Step(name=f.str(g("name"), f"{w}.name"), kind=f.choice(g("kind"), f"{w}.kind", KINDS),
+                    op=f.str(g("op"), f"{w}.op"),
+                    inputs=[f.int(i, f"{w}.inputs[{j}]", 0, MAX_ITEMS)
+                            for j, i in enumerate(f.lst(g("inputs"), f"{w}.inputs", 4096))],
+                    output=f.int(g("output"), f"{w}.output", 0, MAX_ITEMS), args=args,
+                    symbol=f.str(g("symbol"), f"{w}.symbol", none=True), attrs=attrs,
+                    insn_addr=f.int(g("insn_addr"), f"{w}.insn_addr", 0, MAX_DRAM_BYTES),
+                    insn_count=f.int(g("insn_count"), f"{w}.insn_count", 0, MAX_INSNS),
+                    macs=f.int(g("macs"), f"{w}.macs", 0, 1 << 62), note=f.str(g("note"), f"{w}.note", 1 << 16))
 
     @classmethod
     def load(cls, path: str | Path, config: AccelConfig | None = None):
@@ -299,6 +541,149 @@ class ModuleImage:
         except OSError as e:
             raise ModuleFormatError(f"cannot read module {path}: {e.strerror}") from None
         return cls.from_bytes(data, str(path), config)
+
+    # ---- checks before anything runs ----------------------------------------------------------
+    def validate(self, source: str | None = None) -> dict[str, int]:
+        """Check every cross-reference and bound: segments and tensors inside the arena, tensor ids,
+        constants, accelerator programs inside DRAM, each llvm step against its kernel's signature
+        (a function the verified IR defines), native steps' shapes. Returns {kernel symbol:
+        parameter count}. Raises ModuleFormatError naming the step and field."""
+        from .kernel_cache import KernelIRError, verify_ir
+        src = source or f"module '{self.name}'"
+
+        def fail(msg):
+            raise ModuleFormatError(f"{src}: {msg}")
+        if self.target not in ("accel", "cpu"):
+            fail(f"target {_short(self.target)}; allowed: accel, cpu")
+        cfg = self.config
+        limit = MAX_DRAM_BYTES if cfg is None else min(MAX_DRAM_BYTES, 1 << cfg.dram_addr_width)
+        if not 0 <= self.dram_bytes <= limit:
+            fail(f"dram_bytes = {self.dram_bytes} is out of range 0..{limit}")
+        for k, (addr, data) in enumerate(self.segments):
+            if addr < 0 or addr + len(data) > self.dram_bytes:
+                fail(f"segments[{k}] at {addr:#x} (+{len(data)} bytes) lies outside the {self.dram_bytes}-byte arena")
+        nt = len(self.tensors)
+        for k, t in enumerate(self.tensors):
+            if t.dtype not in DTYPES or len(t.shape) > MAX_RANK or any(d < 0 for d in t.shape):
+                fail(f"tensors[{k}] ('{t.name}'): bad type {t.dtype}{list(t.shape)}")
+            isz = np.dtype(t.dtype).itemsize
+            if t.addr < 0 or t.addr % isz or t.addr + t.nbytes > self.dram_bytes:
+                fail(f"tensors[{k}] ('{t.name}') at {t.addr:#x} (+{t.nbytes} bytes) lies outside the "
+                     f"{self.dram_bytes}-byte arena or is not aligned to its {isz}-byte elements")
+        for key, rows in (("inputs", self.inputs), ("outputs", self.outputs)):
+            names = [r["name"] for r in rows]
+            if len(set(names)) != len(names):
+                fail(f"{key}: repeated name")
+            for k, r in enumerate(rows):
+                if not 0 <= r["tensor"] < nt:
+                    fail(f"{key}[{k}].tensor = {r['tensor']} is out of range 0..{nt - 1}")
+        for n, a in self.consts.items():
+            if not isinstance(a, np.ndarray) or str(a.dtype) not in DTYPES or a.ndim > MAX_RANK:
+                fail(f"constant {n!r}: type {getattr(a, 'dtype', type(a).__name__)} is not a plain numeric array")
+        exports: dict[str, int] = {}
+        sigs: dict[str, list] = {}
+        for k, ks in enumerate(self.kernels):
+            try:
+                v = verify_ir(ks.ir, f"kernel module {k}")
+            except KernelIRError as e:
+                fail(str(e))
+            for sym, n in v.exports.items():
+                if sym in exports:
+                    fail(f"kernel module {k}: function '{sym}' is defined by two kernel modules")
+                exports[sym] = n
+            for sym, sig in ks.signatures.items():
+                if sym not in v.exports:
+                    fail(f"kernels[{k}].signatures: {_short(sym)} is not a kernel function the IR defines "
+                         f"(void, pointer parameters)")
+                if len(sig) != v.exports[sym]:
+                    fail(f"kernels[{k}].signatures.{sym}: {len(sig)} parameters, the IR's function takes "
+                         f"{v.exports[sym]}")
+                sigs[sym] = sig
+        for k, s in enumerate(self.steps):
+            self._check_step(k, s, sigs, fail)
+        return exports
+
+    def _check_step(self, k: int, s: Step, sigs: dict, fail) -> None:
+        w = f"step {k} ('{s.name}')"
+        nt = len(self.tensors)
+        if s.kind not in KINDS:
+            fail(f"{w}: kind {_short(s.kind)}; kinds are {', '.join(KINDS)}")
+        for t in [s.output, *s.inputs, *(a[1] for a in s.args if a[0] == "t")]:
+            if not isinstance(t, int) or not 0 <= t < nt:
+                fail(f"{w}: tensor id {_short(t)} is out of range 0..{nt - 1}")
+        for a in s.args:
+            if a[0] == "c" and a[1] not in self.consts:
+                fail(f"{w}: constant {_short(a[1])} is not in the module")
+            if a[0] not in ("t", "c"):
+                fail(f"{w}: argument {_short(a)} is neither a tensor nor a constant")
+        out = self.tensors[s.output]
+        if s.kind == "accel":
+            from accel.isa import INSN_BYTES
+            if self.config is None:
+                fail(f"{w}: an accelerator step in a module with no config")
+            end = s.insn_addr + s.insn_count * INSN_BYTES
+            if s.insn_count < 1 or s.insn_addr % INSN_BYTES or end > self.dram_bytes:
+                fail(f"{w}: program at {s.insn_addr:#x} ({s.insn_count} instructions) is empty, misaligned or "
+                     f"outside the {self.dram_bytes}-byte DRAM image")
+        elif s.kind == "llvm":
+            if s.symbol not in sigs:
+                fail(f"{w}: kernel {_short(s.symbol)} is not a function defined in the module's kernel IR")
+            sig = sigs[s.symbol]
+            have = [self._arg_type(a) for a in s.args] + [(tuple(out.shape), out.dtype)]
+            if len(have) != len(sig):
+                fail(f"{w}: kernel {s.symbol} takes {len(sig)} arguments, the step passes {len(have)}")
+            for j, ((shape, dtype), (wshape, wdtype)) in enumerate(zip(have, sig)):
+                if math.prod(shape) != math.prod(wshape) or dtype != wdtype:   # a kernel may view a reshape
+                    fail(f"{w}: argument {j} is {dtype}{list(shape)}, kernel {s.symbol} takes "
+                         f"{wdtype}{list(wshape)}")
+            lo, hi = out.addr, out.addr + out.nbytes
+            for a in s.args:
+                t = self.tensors[a[1]] if a[0] == "t" else None
+                if t is not None and t.nbytes and out.nbytes and t.addr < hi and lo < t.addr + t.nbytes:
+                    fail(f"{w}: output tensor {s.output} overlaps argument tensor {a[1]} (kernels take "
+                         f"distinct buffers)")
+        elif s.kind == "native":
+            self._check_native(w, s, fail)
+
+    def _arg_type(self, a) -> tuple[tuple[int, ...], str]:
+        if a[0] == "t":
+            t = self.tensors[a[1]]
+            return tuple(t.shape), t.dtype
+        c = self.consts[a[1]]
+        return tuple(c.shape), str(c.dtype)
+
+    def _check_native(self, w: str, s: Step, fail) -> None:
+        """pack/unpack: the output must hold exactly what the conversion of the input gives."""
+        if s.op not in NATIVE_OPS:
+            fail(f"{w}: native op {_short(s.op)}; native ops are {', '.join(NATIVE_OPS)}")
+        if len(s.args) != 1 or s.args[0][0] != "t":
+            fail(f"{w}: native {s.op} takes one tensor argument")
+        shape = tuple(self.tensors[s.args[0][1]].shape)
+        attrs = _decode_attrs(s.attrs)
+        out = self.tensors[s.output]
+        if s.op == "pack":
+            blk = attrs.get("block")
+            if not isinstance(blk, (list, tuple)) or len(blk) != 2 or \
+                    not all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 4096 for b in blk):
+                fail(f"{w}: attrs.block = {_short(blk)}; expected two integers 1..4096")
+            if len(shape) < 2:
+                fail(f"{w}: pack needs an input of rank 2 or more, got {list(shape)}")
+            want = (-(-shape[0] // blk[0]), -(-shape[1] // blk[1]), *shape[2:], blk[0], blk[1])
+        else:
+            crop = attrs.get("shape")
+            if len(shape) < 4:
+                fail(f"{w}: unpack needs a blocked input (rank 4 or more), got {list(shape)}")
+            r = len(shape) - 4
+            full = (shape[0] * shape[-2], shape[1] * shape[-1], *shape[2:2 + r])
+            if crop is None:
+                want = full
+            elif isinstance(crop, (list, tuple)) and len(crop) >= 2 and \
+                    all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in crop[:2]):
+                want = (min(crop[0], full[0]), min(crop[1], full[1]), *full[2:])
+            else:
+                fail(f"{w}: attrs.shape = {_short(crop)}; expected null or at least two sizes")
+        if math.prod(want) != math.prod(out.shape):
+            fail(f"{w}: {s.op} of {list(shape)} gives {list(want)}, the output tensor is {list(out.shape)}")
 
 
 def _json_default(o):
@@ -312,31 +697,16 @@ def _json_default(o):
 
 
 # ---- the kernel library ------------------------------------------------------------------------
-_LIBS: dict[str, ctypes.CDLL] = {}
-
-
-def load_library(data: bytes, target: dict | None = None) -> ctypes.CDLL:
-    """dlopen a module's shared library (cached on disk by content hash, once per process)."""
-    import platform
-    digest = hashlib.sha256(data).hexdigest()[:24]
-    if digest in _LIBS:
-        return _LIBS[digest]
-    arch = (target or {}).get("triple", "").split("-")[0]
-    here = platform.machine()
-    if arch and here and arch.replace("amd64", "x86_64") != here.replace("amd64", "x86_64"):
-        raise ExecutorError(f"the module's CPU kernels are compiled for {target.get('triple')}, this host is {here}; "
-                            f"recompile the model here")
-    d = Path(os.environ.get("ACCEL_KIT_CACHE", Path(tempfile.gettempdir()) / "accel-kit-kernels"))
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"kernels-{digest}.so"
-    if not path.exists():
-        write_atomic(path, data)
+def load_library(kernels: list[KernelSource]):
+    """The module's kernels verified, compiled here (or taken from the per-user cache) and loaded:
+    a kernel_cache.KernelLibrary whose function(symbol) reaches only functions the IR defines."""
+    from .kernel_cache import KernelBuildError, KernelCacheError, KernelIRError, load_kernels
     try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as e:
-        raise ExecutorError(f"cannot load the module's kernel library: {e}") from None
-    _LIBS[digest] = lib
-    return lib
+        return load_kernels([k.ir for k in kernels])
+    except KernelIRError as e:
+        raise ModuleFormatError(str(e)) from None
+    except (KernelBuildError, KernelCacheError) as e:
+        raise ExecutorError(str(e)) from None
 
 
 def default_num_threads() -> int:
@@ -364,6 +734,7 @@ class Executor:
         self.module = m = module
         self.device = None
         self.profile: list[dict] = []
+        m.validate()   # nothing is allocated or run for a module that fails its checks
         if m.count("accel"):
             from .device import Device
             if m.config is None:
@@ -387,11 +758,9 @@ class Executor:
             self.arena[addr:addr + len(data)] = np.frombuffer(data, np.uint8)
         self.views = [self._view(t) for t in m.tensors]
         self.lib = None
-        if m.library is not None:
-            self.lib = load_library(m.library, m.library_target)
-            setter = getattr(self.lib, "kit_set_num_threads", None)
-            if setter is not None:
-                setter(ctypes.c_int(num_threads or default_num_threads()))
+        if m.kernels:
+            self.lib = load_library(m.kernels)
+            self.lib.lib.kit_set_num_threads(ctypes.c_int(num_threads or default_num_threads()))
         self._calls = [self._prepare(s) for s in m.steps]
 
     def _view(self, t: TensorSpec) -> np.ndarray:
@@ -416,12 +785,10 @@ class Executor:
             dev = self.device
             return lambda: dev.run(s.insn_addr, s.insn_count)
         if s.kind == "llvm":
-            if self.lib is None:
-                raise ExecutorError(f"step '{s.name}' calls kernel {s.symbol} but the module has no library")
-            try:
-                fn = getattr(self.lib, s.symbol)
-            except AttributeError:
-                raise ExecutorError(f"step '{s.name}': kernel {s.symbol} is missing from the module's library") from None
+            if self.lib is None or s.symbol not in self.lib.exports:
+                raise ModuleFormatError(f"step '{s.name}': kernel {s.symbol!r} is not a function defined in the "
+                                        f"module's kernel IR")
+            fn = self.lib.function(s.symbol)   # only a function the verified IR defines, never libc's
             arrays = [np.ascontiguousarray(self._arg(a)) for a in s.args] + [out]
             for a, arr in zip(s.args, arrays):
                 if a[0] == "t" and arr is not self.views[a[1]]:
@@ -447,9 +814,11 @@ class Executor:
             def call():
                 try:
                     y = impl(attrs, *[self._arg(a) for a in ins])
-                except (IndexError, ValueError) as e:   # bad data at run time (a gather index out of range)
-                    raise ExecutorError(f"step '{s.name}' ({s.op}): {e}") from None
-                out[...] = np.asarray(y).reshape(out.shape)
+                    out[...] = np.asarray(y).reshape(out.shape)
+                except (ArithmeticError, LookupError, TypeError, ValueError) as e:
+                    # bad data at run time (a gather index out of range), or attrs a file got wrong
+                    why = str(e)[:300] if isinstance(e, (IndexError, ValueError)) else f"{type(e).__name__}: {str(e)[:300]}"
+                    raise ExecutorError(f"step '{s.name}' ({s.op}): {why}") from None
             return call
         raise ExecutorError(f"step '{s.name}': unknown kind {s.kind!r}; kinds are {', '.join(KINDS)}")
 
