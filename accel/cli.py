@@ -143,14 +143,9 @@ def _parse_symbol(spec: str):
 
 
 def _asm(args) -> int:
-    from accel.isa import INSN_BYTES, Program, assemble_text, resolve_config
-    from accel.isa.schema import decode_text
+    from accel.isa import INSN_BYTES, Program, assemble_file, resolve_config
     cfg = resolve_config(args.config)
-    try:
-        data = Path(args.input).read_bytes()
-    except OSError as e:
-        raise CliError(f"cannot read {args.input}: {e.strerror}") from None
-    insns = assemble_text(decode_text(data, args.input, CliError), cfg)
+    insns = assemble_file(args.input, cfg)
     if not insns:
         raise CliError(f"{args.input}: no instructions")
     segments = sorted(_read_data(d) for d in args.data)
@@ -879,6 +874,29 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
 def _sweep_args(p: argparse.ArgumentParser) -> None:
     from flows.sweep import add_arguments  # no Dask import until the command runs
     add_arguments(p)
+
+
+# ---- kernel cache (host_runtime/kernel_cache.py) -------------------------------------------------
+@command("cache", "show or empty the per-user cache of CPU kernels compiled from models' verified IR")
+def _cache_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="cache_command", metavar="{info,clear}", required=True)
+    sub.add_parser("info", help="print the cache's path, entries, bytes and size limit as JSON").set_defaults(
+        func=_cache_info)
+    sub.add_parser("clear", help="delete every cached kernel library").set_defaults(func=_cache_clear)
+
+
+def _cache_info(args) -> int:
+    from host_runtime.kernel_cache import KernelCache
+    print(json.dumps(KernelCache().info(), indent=2))
+    return 0
+
+
+def _cache_clear(args) -> int:
+    from host_runtime.kernel_cache import KernelCache
+    cache = KernelCache()
+    n = cache.clear()
+    print(f"removed {n} kernel librar{'y' if n == 1 else 'ies'} from {cache.dir}")
+    return 0
 
 
 # ---- entry ----------------------------------------------------------------------------------------

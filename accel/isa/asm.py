@@ -16,11 +16,15 @@ same instructions, so text <-> binary round-trips.
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 
 from .config import AccelConfig
 from .errors import AsmError
-from .schema import describe
-from .isa import (DEP_FLAGS, INSN_CLASSES, Alu, AluOp, Insn, Load, MemType, Opcode, Store,
+from .schema import decode_text, describe, read_bounded
+
+MAX_ASM_BYTES = 256 << 20
+"""Largest assembly file read (2^20 instructions of about 100 characters, with comments)."""
+from .isa import (DEP_FLAGS, INSN_CLASSES, MAX_INSNS, Alu, AluOp, Insn, Load, MemType, Opcode, Store,
                   decode_program, encode_insn)
 
 _BOOL_FIELDS = {"reset", "use_imm", "flush", "to_acc", *DEP_FLAGS}
@@ -109,6 +113,8 @@ def assemble_text(text: str, cfg: AccelConfig | None = None) -> list[Insn]:
         insn = parse_insn(line, lineno)
         if insn is None:
             continue
+        if len(insns) == MAX_INSNS:
+            raise AsmError(f"line {lineno}: more than {MAX_INSNS} instructions, the most a program may hold")
         if cfg is not None:
             try:
                 encode_insn(insn, cfg)
@@ -116,6 +122,11 @@ def assemble_text(text: str, cfg: AccelConfig | None = None) -> list[Insn]:
                 raise AsmError(f"line {lineno}: {e}") from None
         insns.append(insn)
     return insns
+
+
+def assemble_file(path: str | Path, cfg: AccelConfig | None = None) -> list[Insn]:
+    """An assembly file -> instructions; unreadable, oversized or non-UTF-8 files raise AsmError."""
+    return assemble_text(decode_text(read_bounded(path, MAX_ASM_BYTES, str(path), AsmError), str(path), AsmError), cfg)
 
 
 def disassemble(insns: list[Insn], numbered: bool = False) -> str:
@@ -129,4 +140,4 @@ def disassemble_bytes(data: bytes, cfg: AccelConfig, numbered: bool = False) -> 
     return disassemble(decode_program(data, cfg), numbered)
 
 
-__all__ = ["format_insn", "parse_insn", "assemble_text", "disassemble", "disassemble_bytes", "Store"]
+__all__ = ["format_insn", "parse_insn", "assemble_text", "assemble_file", "disassemble", "disassemble_bytes", "Store"]

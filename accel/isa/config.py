@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .files import write_atomic
-from .schema import describe, json_type, parse_json
+from .schema import describe, json_type, parse_json, read_bounded
 
 KiB = 1024
 
@@ -306,10 +306,7 @@ class AccelConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> "AccelConfig":
-        try:
-            data = Path(path).read_bytes()
-        except OSError as e:
-            raise ConfigError(f"AccelConfig: cannot read {path}: {e.strerror}") from None
+        data = read_bounded(path, 1 << 20, str(path), ConfigError)
         return cls.from_json(data, source=str(path))
 
     def replace(self, **changes) -> "AccelConfig":

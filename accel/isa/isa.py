@@ -24,6 +24,9 @@ from .config import (ALU_IMM_BITS, ALU_OPCODE_BITS, INSN_BITS, LOOP_ITER_BITS, M
 from .errors import EncodingError
 
 INSN_BYTES = INSN_BITS // 8
+MAX_INSNS = 1 << 20
+"""Most instructions one program may hold (16 MiB of code): the assembler and program files stop
+there (docs/limits.md), so no input makes the kit build an unbounded instruction list."""
 
 
 class Opcode(IntEnum):

@@ -11,19 +11,20 @@ Saving writes a temporary file and renames it, so a failed save leaves nothing h
 """
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from .config import AccelConfig
 from .errors import ConfigError, EncodingError, ProgramFormatError
 from .files import write_atomic
-from .isa import INSN_BYTES, Insn, decode_program, encode_program
+from .isa import INSN_BYTES, MAX_INSNS, Insn, decode_program, encode_program
 from .schema import MAX_JSON_BYTES, Fields, check_int, describe, parse_json
 
 MAGIC = b"ACCPROG\0"
@@ -31,14 +32,12 @@ FORMAT_VERSION = 1
 
 # Documented maxima (docs/limits.md), enforced when a program is read or written, so no file can
 # make the kit allocate without bound: the DRAM image is allocated whole.
-MAX_INSNS = 1 << 20             # instructions in one program (16 MiB of code)
-MAX_DRAM_BYTES = 1 << 30        # a program's DRAM image (and at most 2^dram_addr_width)
+MAX_DRAM_BYTES = 1 << 30        # a program's DRAM image
 MAX_SEGMENTS = 1 << 16
 MAX_SYMBOLS = 1 << 16
 MAX_SYMBOL_RANK = 32
 SYMBOL_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                  "float16", "float32", "float64")
-MAX_FILE_BYTES = 16 + MAX_JSON_BYTES + MAX_INSNS * INSN_BYTES + MAX_DRAM_BYTES
 _HEADER_KEYS = frozenset({"config", "insn_addr", "insn_count", "dram_bytes", "segments"})
 
 
@@ -119,16 +118,33 @@ class Program:
     def from_bytes(cls, data: bytes, config: AccelConfig | None = None, source: str = "program") -> "Program":
         """Parse and check a program file's bytes: every header field's type and range, the regions
         inside the DRAM and apart, the sizes matching the bytes present, every instruction decodable."""
-        data = bytes(data)
-        if len(data) < 16 or data[:8] != MAGIC:
+        return cls._read(io.BytesIO(bytes(data)), config, source)
+
+    @classmethod
+    def load(cls, path: str | Path, config: AccelConfig | None = None) -> "Program":
+        try:
+            with open(path, "rb") as f:
+                return cls._read(f, config, str(path))
+        except OSError as e:
+            raise ProgramFormatError(f"cannot read {path}: {e.strerror or e}") from None
+
+    @classmethod
+    def _read(cls, f: BinaryIO, config: AccelConfig | None, source: str) -> "Program":
+        """Read the file piece by piece, each piece's size checked before it is read: a device or
+        FIFO named as a program never makes the kit read more than a valid header accounts for."""
+        head = f.read(16)
+        if len(head) < 16 or head[:8] != MAGIC:
             raise ProgramFormatError(f"{source}: not a program file (bad magic)")
-        version, hlen = struct.unpack_from("<II", data, 8)
+        version, hlen = struct.unpack_from("<II", head, 8)
         if version != FORMAT_VERSION:
             raise ProgramFormatError(f"{source}: format version {version}, this kit reads version {FORMAT_VERSION}")
-        if hlen > len(data) - 16:
-            raise ProgramFormatError(f"{source}: truncated header ({hlen} bytes announced, {len(data) - 16} present)")
+        if hlen > MAX_JSON_BYTES:
+            raise ProgramFormatError(f"{source}: header of {hlen} bytes, more than the {MAX_JSON_BYTES} allowed")
+        raw = f.read(hlen)
+        if len(raw) < hlen:
+            raise ProgramFormatError(f"{source}: truncated header ({hlen} bytes announced, {len(raw)} present)")
         where = f"{source}: header"
-        h = Fields(parse_json(data[16:16 + hlen], where, ProgramFormatError), where, ProgramFormatError)
+        h = Fields(parse_json(raw, where, ProgramFormatError), where, ProgramFormatError)
         h.require_keys(_HEADER_KEYS, {"symbols"})
         try:
             file_cfg = AccelConfig.from_dict(h.get("config"))
@@ -140,37 +156,24 @@ class Program:
                 f"{source}: built for another config; differing keys (file, wanted): "
                 + ", ".join(f"{k}={a!r} vs {b!r}" for k, (a, b) in diff.items()))
         insn_addr, n, dram_bytes, seg_hdr, symbols = _check_layout(h, file_cfg)
-        pos = 16 + hlen
         need = n * INSN_BYTES + sum(size for _, size in seg_hdr)
-        if len(data) - pos < need:
-            raise ProgramFormatError(f"{source}: truncated ({len(data) - pos} bytes after the header, the "
+        body = f.read(need + 1)
+        if len(body) < need:
+            raise ProgramFormatError(f"{source}: truncated ({len(body)} bytes after the header, the "
                                      f"{n} instructions and {len(seg_hdr)} segment(s) need {need})")
-        if len(data) - pos > need:
-            raise ProgramFormatError(f"{source}: {len(data) - pos - need} unexpected bytes after the last segment")
-        code = data[pos:pos + n * INSN_BYTES]
-        pos += n * INSN_BYTES
+        if len(body) > need:
+            raise ProgramFormatError(f"{source}: unexpected bytes after the last segment (the header accounts "
+                                     f"for {16 + hlen + need} bytes)")
+        pos = n * INSN_BYTES
         segments = []
         for addr, size in seg_hdr:
-            segments.append((addr, data[pos:pos + size]))
+            segments.append((addr, body[pos:pos + size]))
             pos += size
         try:
-            insns = decode_program(code, file_cfg)
+            insns = decode_program(body[:n * INSN_BYTES], file_cfg)
         except EncodingError as e:
             raise ProgramFormatError(f"{source}: {e}") from None
         return cls(file_cfg, insns, insn_addr, dram_bytes, segments, symbols)
-
-    @classmethod
-    def load(cls, path: str | Path, config: AccelConfig | None = None) -> "Program":
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > MAX_FILE_BYTES:
-                    raise ProgramFormatError(f"{path}: {size} bytes, more than a program file can hold "
-                                             f"({MAX_FILE_BYTES})")
-                data = f.read()
-        except OSError as e:
-            raise ProgramFormatError(f"cannot read {path}: {e.strerror}") from None
-        return cls.from_bytes(data, config, str(path))
 
 
 def _plain(v):

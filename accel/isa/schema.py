@@ -57,6 +57,19 @@ def decode_text(data: bytes, what: str, error: type[AccelError]) -> str:
         raise error(f"{what}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
 
 
+def read_bounded(path, limit: int, what: str, error: type[AccelError]) -> bytes:
+    """A file's bytes, at most `limit` of them: a device or FIFO named as input (/dev/zero) must
+    not make the kit read forever, nor a huge file fill memory."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise error(f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise error(f"{what}: more than {limit} bytes, the most this kind of file may hold")
+    return data
+
+
 def json_depth(data: bytes) -> int:
     """Deepest array/object nesting of JSON text (brackets inside strings do not count)."""
     depth = deepest = 0
@@ -175,4 +188,4 @@ def check_int(value: Any, where: str, lo: int, hi: int, error: type[AccelError])
 
 
 __all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "Fields", "check_int", "decode_text", "describe", "json_depth",
-           "json_type", "parse_json"]
+           "json_type", "parse_json", "read_bounded"]

@@ -185,7 +185,8 @@ def test_program_header_fields_checked(changes, match):
 
 @pytest.mark.parametrize("kw, match", [
     ({"drop": ["insn_count"]}, r"header: missing key\(s\) 'insn_count'"),
-    ({"tail": b"\0"}, "1 unexpected bytes after the last segment"),
+    ({"tail": b"\0"}, r"unexpected bytes after the last segment \(the header accounts for \d+ bytes\)"),
+    ({"hlen_delta": (64 << 20) + 1}, r"p.accp: header of \d+ bytes, more than the 67108864 allowed"),
     ({"hlen_delta": 10_000}, r"truncated header \(\d+ bytes announced"),
     ({"hlen_delta": -1}, "invalid JSON"),
     ({"header_text": b'{"config": "\xff"}'}, r"p.accp: header: not UTF-8 text \(byte 0xff"),
@@ -271,3 +272,27 @@ def test_config_oversized_refused_before_elaborating(tmp_path, capsys):
     assert capsys.readouterr().err == (f"error: {p}: AccelConfig.wgt_buff_bytes=67108864: allowed range is "
                                        f"[256, 1048576] bytes (one 256-byte entry to 1 MiB)\n")
     assert not (tmp_path / "v").exists()
+
+
+def test_inputs_read_bounded_from_endless_files(tmp_path):
+    """/dev/zero named as a config, program or assembly file: refused after a bounded read."""
+    from accel.isa import AsmError, assemble_file
+    with pytest.raises(ConfigError, match="/dev/zero: more than 1048576 bytes"):
+        AccelConfig.load("/dev/zero")
+    with pytest.raises(AsmError, match="/dev/zero: more than 268435456 bytes"):
+        assemble_file("/dev/zero")
+    with pytest.raises(ProgramFormatError, match="/dev/zero: not a program file"):
+        Program.load("/dev/zero")
+    with pytest.raises(ProgramFormatError, match=f"cannot read {tmp_path}"):
+        Program.load(tmp_path)
+    with pytest.raises(ConfigError, match=f"cannot read {tmp_path}"):
+        AccelConfig.load(tmp_path)
+
+
+def test_asm_instruction_count_bounded(monkeypatch):
+    import accel.isa.asm as asm
+    from accel.isa import AsmError
+    monkeypatch.setattr(asm, "MAX_INSNS", 3)
+    assert len(assemble_text("finish\n" * 3)) == 3
+    with pytest.raises(AsmError, match="line 5: more than 3 instructions"):
+        assemble_text("finish\n\nfinish\nfinish\nfinish\n")
