@@ -815,8 +815,8 @@ class Executor:
                 try:
                     y = impl(attrs, *[self._arg(a) for a in ins])
                     out[...] = np.asarray(y).reshape(out.shape)
-                except (ArithmeticError, LookupError, TypeError, ValueError) as e:
-                    # bad data at run time (a gather index out of range), or attrs a file got wrong
+                except Exception as e:  # noqa: BLE001 - bad data at run time (a gather index out of
+                    # range) or attributes a file got wrong: one error naming the step, whatever the type
                     why = str(e)[:300] if isinstance(e, (IndexError, ValueError)) else f"{type(e).__name__}: {str(e)[:300]}"
                     raise ExecutorError(f"step '{s.name}' ({s.op}): {why}") from None
             return call

@@ -28,7 +28,9 @@ import os
 import re
 import shutil
 import stat
+import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -382,6 +384,53 @@ def compile_ir(v: VerifiedIR) -> bytes:
     return obj
 
 
+#: seconds LLVM may take to compile the kernels of one module read from a file
+COMPILE_TIMEOUT_S = 600.0
+
+
+def compile_isolated(irs: list[VerifiedIR], timeout: float | None = None) -> list[bytes]:
+    """Object code of IR read from a file, compiled in a child process: IR the verifier accepts
+    can still make LLVM stop the process (a fatal error) or run for ages; that ends the child, and
+    the caller gets one KernelIRError. IR this process compiled already (a fresh build) is reused."""
+    with _LOCK:
+        todo = [v for v in irs if v.sha256 not in _OBJECTS]
+    if todo:
+        timeout = float(os.environ.get("ACCEL_KIT_COMPILE_TIMEOUT", COMPILE_TIMEOUT_S)) if timeout is None else timeout
+        root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        try:
+            r = subprocess.run([sys.executable, "-m", "host_runtime.kernel_cache", "--emit-objects"],
+                               input="\0".join(v.text for v in todo).encode(), capture_output=True,
+                               timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise KernelIRError(f"compiling the module's kernel IR took more than {timeout:g} s; refused "
+                                f"(ACCEL_KIT_COMPILE_TIMEOUT sets the limit)") from None
+        err = r.stderr.decode(errors="replace").strip().splitlines()
+        if r.returncode != 0:
+            why = next((ln for ln in err if "LLVM ERROR" in ln or "Error" in ln), err[-1] if err else "")
+            raise KernelIRError(f"LLVM could not compile the module's kernel IR (exit status {r.returncode}: "
+                                f"{why[:300]})")
+        out, pos = r.stdout, 0
+        for v in todo:
+            if pos + 8 > len(out):
+                raise KernelBuildError("the kernel compiler process returned fewer objects than asked")
+            n = struct.unpack("<Q", out[pos:pos + 8])[0]
+            obj = out[pos + 8:pos + 8 + n]
+            pos += 8 + n
+            with _LOCK:
+                _OBJECTS[v.sha256] = obj
+    return [compile_ir(v) for v in irs]
+
+
+def _emit_objects_main() -> None:
+    """Child side of compile_isolated: NUL-separated IR texts on stdin, length-prefixed objects out."""
+    texts = sys.stdin.buffer.read().decode().split("\0")
+    for t in texts:
+        obj = compile_ir(VerifiedIR(t, hashlib.sha256(t.encode()).hexdigest(), {}))
+        sys.stdout.buffer.write(struct.pack("<Q", len(obj)) + obj)
+    sys.stdout.buffer.flush()
+
+
 def _c_compiler() -> str:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
@@ -410,9 +459,9 @@ def link_library(irs: list[VerifiedIR]) -> bytes:
         d = Path(d)
         (d / "runtime.c").write_text(RUNTIME_C)
         objs = []
-        for k, v in enumerate(irs):
+        for k, obj in enumerate(compile_isolated(irs)):
             p = d / f"k{k}.o"
-            p.write_bytes(compile_ir(v))
+            p.write_bytes(obj)
             objs.append(str(p))
         cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(d / "kernels.so"), str(d / "runtime.c"), *objs,
                "-lm", "-lpthread"]
@@ -673,3 +722,7 @@ def load_kernels(texts: list[str], cache: KernelCache | None = None) -> KernelLi
         kl = KernelLibrary(lib, exports, key)
         _LIBS[key] = kl
         return kl
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--emit-objects"]:
+    _emit_objects_main()

@@ -460,3 +460,33 @@ def test_fuzz_header_values_with_valid_hashes(cpu_mod, data):
             ex.run(feeds)
     except HostRuntimeError:
         pass
+
+
+# ---- compiling IR from a file happens in a child process --------------------------------------------
+def test_kernels_from_a_file_compile_in_a_child_process(cpu_mod, monkeypatch):
+    mod, feeds, want = cpu_mod
+    monkeypatch.setattr(kc, "_LIBS", {})
+    monkeypatch.setattr(kc, "_OBJECTS", kc.OrderedDict())   # as in a process that did not build it
+    back = ModuleImage.from_bytes(mod.to_bytes())
+    with Executor(back) as ex:
+        got = ex.run(feeds)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    assert len(kc._OBJECTS) == len(mod.kernels)
+
+
+def test_a_compile_that_runs_too_long_is_refused(cpu_mod, monkeypatch):
+    monkeypatch.setattr(kc, "_LIBS", {})
+    monkeypatch.setattr(kc, "_OBJECTS", kc.OrderedDict())
+    monkeypatch.setenv("ACCEL_KIT_COMPILE_TIMEOUT", "0.01")
+    with pytest.raises(ModuleFormatError, match="took more than 0.01 s; refused"):
+        Executor(ModuleImage.from_bytes(cpu_mod[0].to_bytes()))
+
+
+def test_a_compiler_crash_is_refused_not_fatal(monkeypatch):
+    """LLVM stopping the compiling process (here: a child that dies) is one error for the caller."""
+    monkeypatch.setattr(kc, "_OBJECTS", kc.OrderedDict())
+    monkeypatch.setattr(kc.sys, "executable", "/bin/false")
+    v = verify_ir("define void @k(ptr %a) {\n  ret void\n}\n")
+    with pytest.raises(KernelIRError, match="LLVM could not compile the module's kernel IR"):
+        kc.compile_isolated([v])
