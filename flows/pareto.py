@@ -92,10 +92,14 @@ def plot(records: list[dict], path: str | Path, title: str = "") -> Path | None:
             ax.text(0.5, 0.5, f"no {res.upper()} figures (--synth none)", ha="center", transform=ax.transAxes)
             continue
         fit = [r for r in have if id(r) in cand]
-        other = [r for r in have if id(r) not in cand]
-        if other:
-            ax.scatter([r[res] for r in other], [r["latency_ms"] for r in other], marker="x", c="tab:red",
-                       label="does not fit / offloads less", alpha=0.7)
+        nofit = [r for r in have if r.get("fits") is False]
+        less = [r for r in have if id(r) not in cand and r.get("fits") is not False]
+        if nofit:
+            ax.scatter([r[res] for r in nofit], [r["latency_ms"] for r in nofit], marker="x", c="tab:red",
+                       label="does not fit the part", alpha=0.7)
+        if less:
+            ax.scatter([r[res] for r in less], [r["latency_ms"] for r in less], marker="^", c="tab:orange",
+                       label="leaves more MACs on the CPU", alpha=0.7)
         if fit:
             ax.scatter([r[res] for r in fit], [r["latency_ms"] for r in fit], c="tab:gray", label="fits", alpha=0.7)
         f = front(records, ("latency_ms", res))

@@ -81,10 +81,11 @@ def _feeds(mod, seed: int = 0) -> dict:
     return feeds
 
 
-def run_model(cfg, name: str, blob: bytes, driver: str, force: dict) -> dict:
+def run_model(cfg, name: str, blob: bytes, driver: str, force: dict, shapes: dict | None = None) -> dict:
     """Compile `blob` for cfg and run it once on `driver`: cycles, counters and MACs by target."""
     import compiler
-    mod = compiler.build(blob, target="accel", config=cfg, force_target=force or None, name=name)
+    mod = compiler.build(blob, target="accel", config=cfg, force_target=force or None, name=name,
+                         shapes=shapes or None)
     opts = {"helper": False} if driver == "tsim" else {}
     _, prof = mod.run(_feeds(mod), driver=driver, num_threads=1, **opts)
     acc = [r for r in prof if r.get("target") == "accel"]
@@ -119,10 +120,49 @@ def resources(cfg, part, synth: str, work_dir: str | None, board_max_mhz: float 
             "fmax_mhz": fmax, "fmax_basis": basis, "fits": fits, "limiting": fit.get("limiting")}
 
 
-def evaluate_point(task: dict, *blobs: bytes) -> dict:
-    """The result record of one point (status ok or failed, never raises for a bad point).
+class _Capture(logging.Handler):
+    """Collects the compiler's and runtime's warnings of one point (kept in the record's detail
+    instead of interleaving on the workers' stderr)."""
 
-    task: point (key), params, config (dict), models (names, in blobs' order), driver, synth,
+    NAMES = ("compiler", "host_runtime", "sim")
+    MAX = 20
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if msg not in self.messages and len(self.messages) < self.MAX:
+            self.messages.append(msg)
+
+    def __enter__(self):
+        self.saved = []
+        for n in self.NAMES:
+            lg = logging.getLogger(n)
+            self.saved.append((lg, lg.propagate))
+            lg.addHandler(self)
+            lg.propagate = False
+        return self
+
+    def __exit__(self, *exc):
+        for lg, prop in self.saved:
+            lg.removeHandler(self)
+            lg.propagate = prop
+
+
+def evaluate_point(task: dict, *blobs: bytes) -> dict:
+    """The result record of one point (status ok or failed, never raises for a bad point); the
+    compiler's warnings go to the record's detail["warnings"]."""
+    with _Capture() as cap:
+        rec = _evaluate(task, blobs)
+    if cap.messages:
+        rec.setdefault("detail", {})["warnings"] = cap.messages
+    return rec
+
+
+def _evaluate(task: dict, blobs) -> dict:
+    """task: point (key), params, config (dict), models (names, in blobs' order), driver, synth,
     part and board_max_mhz, energy (table), force, work_dir (for yosys runs)."""
     from accel.hw.boards import part as lookup_part
     from accel.isa import AccelConfig
@@ -133,9 +173,10 @@ def evaluate_point(task: dict, *blobs: bytes) -> dict:
         cfg = AccelConfig.from_dict(task["config"])
         counters: dict[str, int] = {}
         per_model = {}
-        for name, blob in zip(task["models"], blobs):
+        shapes = task.get("shapes") or [None] * len(blobs)
+        for name, blob, shp in zip(task["models"], blobs, shapes):
             stage = f"model {name}: "
-            r = run_model(cfg, name, blob, task["driver"], task.get("force") or {})
+            r = run_model(cfg, name, blob, task["driver"], task.get("force") or {}, shp)
             per_model[name] = r
             rec[f"cycles:{name}"] = r["cycles"]
             for k, v in r.items():

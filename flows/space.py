@@ -56,6 +56,7 @@ class Space:
     constraints: list[str] = field(default_factory=list)
     energy: dict[str, float] = field(default_factory=dict)
     force: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, list[int]] = field(default_factory=dict)
     source: str = ""
 
     @property
@@ -89,7 +90,7 @@ class Space:
 
     def to_dict(self) -> dict:
         return {"base": self.base_name, "params": self.params, "constraints": self.constraints,
-                "energy": self.energy, "compile": {"force": self.force}}
+                "energy": self.energy, "compile": {"force": self.force, "shapes": self.shapes}}
 
 
 # ---- parsing --------------------------------------------------------------------------------------
@@ -110,16 +111,25 @@ def load_space(path: str | Path) -> Space:
 def parse_space(data: dict, source: str = "space") -> Space:
     if not isinstance(data, dict):
         raise SweepError(f"{source}: expected a table/object at the top level")
+    top_params = {k: v for k, v in data.items() if k in CONFIG_KEYS}   # params may sit at the top level
+    data = {k: v for k, v in data.items() if k not in CONFIG_KEYS}
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
-        raise SweepError(f"{source}: unknown key(s) {', '.join(unknown)}; allowed are {', '.join(TOP_KEYS)}")
+        raise SweepError(f"{source}: unknown key(s) {', '.join(unknown)}; allowed are {', '.join(TOP_KEYS)} "
+                         f"and AccelConfig keys")
     base_name = data.get("base", "default")
     try:
         base = resolve_config(base_name)
     except AccelError as e:
         raise SweepError(f"{source}: base: {e}") from None
-    raw = data.get("params")
-    if not isinstance(raw, dict) or not raw:
+    raw = data.get("params", {})
+    if not isinstance(raw, dict):
+        raise SweepError(f"{source}: [params] must map AccelConfig keys to their values")
+    both = sorted(set(raw) & set(top_params))
+    if both:
+        raise SweepError(f"{source}: {', '.join(both)} given both at the top level and in [params]")
+    raw = top_params | raw
+    if not raw:
         raise SweepError(f"{source}: [params] must map at least one AccelConfig key to its values")
     params = {}
     for key, spec in raw.items():
@@ -143,13 +153,31 @@ def parse_space(data: dict, source: str = "space") -> Space:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             raise SweepError(f"{source}: energy.{k}={v!r}: must be a number >= 0")
     comp = data.get("compile", {})
-    if not isinstance(comp, dict) or set(comp) - {"force"}:
-        raise SweepError(f"{source}: [compile] takes only force = {{OpType = \"accel\"|\"cpu\"}}")
+    if not isinstance(comp, dict) or set(comp) - {"force", "shapes"}:
+        raise SweepError(f"{source}: [compile] takes force = {{OpType = \"accel\"|\"cpu\"}} and "
+                         f"shapes = {{input = [1, 3, 224, 224]}}")
     force = comp.get("force", {})
     if not isinstance(force, dict) or any(v not in ("accel", "cpu") for v in force.values()):
         raise SweepError(f"{source}: compile.force must map op types to \"accel\" or \"cpu\", got {force!r}")
+    shapes = comp.get("shapes", {})
+    if not isinstance(shapes, dict):
+        raise SweepError(f"{source}: compile.shapes must map input names to shapes")
+    shapes = {k: parse_shape(v, f"{source}: compile.shapes.{k}") for k, v in shapes.items()}
     return Space(params=params, base=base, base_name=str(base_name), constraints=cons,
-                 energy={k: float(v) for k, v in energy.items()}, force=dict(force), source=source)
+                 energy={k: float(v) for k, v in energy.items()}, force=dict(force), shapes=shapes, source=source)
+
+
+def parse_shape(v, where: str) -> list[int]:
+    """[1, 3, 224, 224] or "1x3x224x224" -> a list of positive ints."""
+    if isinstance(v, str):
+        try:
+            v = [int(x) for x in v.lower().split("x")]
+        except ValueError:
+            v = None
+    if (not isinstance(v, list) or not v
+            or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in v)):
+        raise SweepError(f"{where}: a shape is a list of positive integers like [1, 3, 224, 224] or \"1x3x224x224\"")
+    return list(v)
 
 
 def _values(where: str, key: str, spec) -> list:
@@ -179,7 +207,12 @@ def _values(where: str, key: str, spec) -> list:
 
 
 def _range(where: str, spec: dict) -> list:
-    """{range = [lo, hi], step = s} (inclusive) or {range = [lo, hi], pow2 = true}."""
+    """{range = [lo, hi], step = s} (inclusive) or {range = [lo, hi], pow2 = true}; lo and hi may
+    also be given as min/max or start/stop."""
+    spec = dict(spec)
+    for lo_k, hi_k in (("min", "max"), ("start", "stop")):
+        if lo_k in spec and hi_k in spec and "range" not in spec:
+            spec["range"] = [spec.pop(lo_k), spec.pop(hi_k)]
     extra = sorted(set(spec) - {"range", "step", "pow2"})
     if extra or "range" not in spec:
         raise SweepError(f"{where}: a range is {{range = [lo, hi], step = s}} or {{range = [lo, hi], pow2 = true}}")
@@ -263,13 +296,20 @@ def _eval(node, env):
     raise SweepError(f"cannot evaluate {type(node).__name__}")
 
 
-def violated(constraints: list[str], cfg: AccelConfig) -> str | None:
-    """The first constraint `cfg` breaks, or None."""
-    env = cfg.to_dict() | {k: getattr(cfg, k) for k in DERIVED}
+def violated(constraints: list[str], cfg: "AccelConfig | dict") -> str | None:
+    """The first constraint `cfg` breaks, or None. Given a plain dict of config keys (a config not
+    yet validated), only the constraints that use no derived value are checked."""
+    if isinstance(cfg, AccelConfig):
+        env = cfg.to_dict() | {k: getattr(cfg, k) for k in DERIVED}
+    else:
+        env = dict(cfg)
     for c in constraints:
+        tree = _check_expr(c, c)
+        if any(isinstance(n, ast.Name) and n.id not in env and n.id not in _FUNCS for n in ast.walk(tree)):
+            continue
         try:
-            ok = _eval(_check_expr(c, c), env)
-        except (ArithmeticError, ValueError) as e:
+            ok = _eval(tree, env)
+        except (ArithmeticError, ValueError, TypeError) as e:
             raise SweepError(f"constraint {c!r}: {e}") from None
         if not ok:
             return c
@@ -292,15 +332,39 @@ class Layer:
     kernel: int
 
 
-def model_layers(model_bytes: bytes, name: str = "model") -> list[Layer]:
-    """The conv and dense layers of an ONNX model, with shapes from onnx shape inference."""
+def model_inputs(model_bytes: bytes, name: str = "model") -> dict[str, list]:
+    """The graph inputs (initializers excluded) and their dims (a str for a symbolic one)."""
+    m = _load_onnx(model_bytes, name)
+    inits = {t.name for t in m.graph.initializer}
+    return {vi.name: [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                      for d in vi.type.tensor_type.shape.dim]
+            for vi in m.graph.input if vi.name not in inits}
+
+
+def _load_onnx(model_bytes: bytes, name: str):
     import onnx
-    from onnx import shape_inference
     try:
-        m = onnx.load_from_string(model_bytes)
-        m = shape_inference.infer_shapes(m)
+        return onnx.load_from_string(model_bytes)
     except Exception as e:  # onnx raises several unrelated types for bad files
         raise SweepError(f"model {name}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+
+
+def model_layers(model_bytes: bytes, name: str = "model", shapes: dict | None = None) -> list[Layer]:
+    """The conv and dense layers of an ONNX model, with shapes from onnx shape inference (inputs
+    given in `shapes` take those)."""
+    import onnx
+    from onnx import shape_inference
+    m = _load_onnx(model_bytes, name)
+    for vi in m.graph.input:
+        if shapes and vi.name in shapes:
+            dims = vi.type.tensor_type.shape.dim
+            del dims[:]
+            for d in shapes[vi.name]:
+                dims.add().dim_value = d
+    try:
+        m = shape_inference.infer_shapes(m)
+    except Exception as e:  # onnx raises several unrelated types for bad files
+        raise SweepError(f"model {name}: onnx shape inference failed ({type(e).__name__}: {e})") from None
     shapes = {}
     for vi in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output):
         dims = vi.type.tensor_type.shape.dim
@@ -354,17 +418,17 @@ AUTO_MIN_ENTRIES = 64
 """Auto never sizes a buffer below this many entries (room for the compiler's double buffering)."""
 
 
-def resolve_point(space: Space, values: dict, layers: list[Layer]) -> AccelConfig:
-    """The AccelConfig of one point: base config, the point's values, then `auto` buffer sizes.
-
-    Raises SweepError naming the point's parameters when the combination is invalid."""
-    label = point_label(values)
+def resolve_values(space: Space, values: dict, layers: list[Layer]) -> dict:
+    """The config keys of one point, not yet validated: base config, the point's values, then
+    `auto` buffer sizes (uop_buff_bytes's needs the config: see resolve_point)."""
     fixed = {k: v for k, v in values.items() if v != AUTO}
     autos = [k for k, v in values.items() if v == AUTO]
     if "out_buff_bytes" not in values:
         autos.append("out_buff_bytes")
     d = space.base.to_dict() | fixed
     b, bi, bo = d["batch"], d["block_in"], d["block_out"]
+    if min(b, bi, bo) < 1:
+        return d          # AccelConfig names the key at fault
     elem = {"inp": b * bi * d["inp_width"] // 8, "wgt": bo * bi * d["wgt_width"] // 8,
             "acc": b * bo * d["acc_width"] // 8, "out": b * bo * d["out_width"] // 8}
     need = auto_depths(b, bi, bo, layers)
@@ -375,17 +439,26 @@ def resolve_point(space: Space, values: dict, layers: list[Layer]) -> AccelConfi
             m = key[:3]
             depth = min(ref[m], max(AUTO_MIN_ENTRIES, _pow2_at_least(need[m]))) if layers else ref[m]
             d[key] = depth * max(1, elem[m])
-    acc_depth = d["acc_buff_bytes"] // max(1, elem["acc"])
     if "out_buff_bytes" in autos:
-        d["out_buff_bytes"] = acc_depth * max(1, elem["out"])
+        d["out_buff_bytes"] = d["acc_buff_bytes"] // max(1, elem["acc"]) * max(1, elem["out"])
+    if "uop_buff_bytes" in autos:
+        d["uop_buff_bytes"] = AUTO   # resolve_point sizes it at the config's micro-op width
+    return d
+
+
+def resolve_point(space: Space, values: dict, layers: list[Layer], d: dict | None = None) -> AccelConfig:
+    """The AccelConfig of one point (d: its resolve_values, when already computed).
+
+    Raises SweepError naming the point's parameters when the combination is invalid."""
+    d = dict(d if d is not None else resolve_values(space, values, layers))
     try:
-        if "uop_buff_bytes" in autos:
-            d["uop_buff_bytes"] = base.uop_depth * 4
+        if d.get("uop_buff_bytes") == AUTO:
+            d["uop_buff_bytes"] = space.base.uop_depth * 4
             probe = AccelConfig(**d)
-            d["uop_buff_bytes"] = base.uop_depth * probe.uop_elem_bytes
+            d["uop_buff_bytes"] = space.base.uop_depth * probe.uop_elem_bytes
         return AccelConfig(**d)
     except AccelError as e:
-        raise SweepError(f"{label}: {e}") from None
+        raise SweepError(f"{point_label(values)}: {e}") from None
 
 
 def point_label(values: dict) -> str:

@@ -27,7 +27,8 @@ from accel.isa.files import write_atomic
 from . import pareto
 from .errors import SweepError
 from .point import energy_table, evaluate_point
-from .space import Space, Layer, model_layers, point_label, resolve_point, violated
+from .space import (Layer, Space, model_inputs, model_layers, parse_shape, resolve_point, resolve_values,
+                    violated)
 from .store import ResultStore
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,12 @@ class Model:
     blob: bytes
     sha: str
     layers: tuple[Layer, ...]
+    shapes: dict = field(default_factory=dict)   # static shapes given for its inputs
 
 
-def load_models(paths: list[str | Path]) -> list[Model]:
-    """Read each ONNX file once; names are file stems (made unique), layers for `auto` sizes."""
+def load_models(paths: list[str | Path], shapes: dict | None = None) -> list[Model]:
+    """Read each ONNX file once; names are file stems (made unique), layers for `auto` sizes.
+    shapes: {input name: dims} for inputs with symbolic dimensions (applied where a model has them)."""
     if not paths:
         raise SweepError("no model given: pass at least one --model M.onnx")
     out, names = [], set()
@@ -74,11 +77,18 @@ def load_models(paths: list[str | Path]) -> list[Model]:
             blob = p.read_bytes()
         except OSError as e:
             raise SweepError(f"model {p}: cannot read it ({e.strerror})") from None
+        inputs = model_inputs(blob, str(p))
+        mine = {k: list(v) for k, v in (shapes or {}).items() if k in inputs}
+        for k, dims in inputs.items():
+            sym = [d for d in dims if not isinstance(d, int) or d < 1]
+            if sym and k not in mine:
+                raise SweepError(f"model {p}: input '{k}' has a symbolic dimension {sym[0]!r}; give its shape "
+                                 f"with --shape {k}=1x... or [compile] shapes in the space file")
         name, k = p.stem, 2
         while name in names:
             name, k = f"{p.stem}_{k}", k + 1
         names.add(name)
-        out.append(Model(name, blob, hashlib.sha256(blob).hexdigest(), tuple(model_layers(blob, str(p)))))
+        out.append(Model(name, blob, hashlib.sha256(blob).hexdigest(), tuple(model_layers(blob, str(p), mine)), mine))
     return out
 
 
@@ -123,15 +133,18 @@ class Plan:
     energy: dict = field(default_factory=dict)
 
     def identity(self) -> dict:
-        return {"models": [m.sha for m in self.models], "kit": self.kit, "driver": self.driver,
+        return {"models": [m.sha for m in self.models], "shapes": [m.shapes for m in self.models], "kit": self.kit, "driver": self.driver,
                 "synth": self.synth, "part": self.part, "board_max_mhz": self.board_max_mhz,
                 "energy": self.energy, "force": self.space.force}
 
     def point(self, values: dict) -> Point | None:
         """The point of `values`, or None when it breaks a constraint of the space."""
         layers = [ly for m in self.models for ly in m.layers]
+        d = resolve_values(self.space, values, layers)
+        if violated(self.space.constraints, {k: v for k, v in d.items() if v != "auto"}):
+            return None
         try:
-            cfg = resolve_point(self.space, values, layers)
+            cfg = resolve_point(self.space, values, layers, d)
         except SweepError as e:
             ident = {"invalid": values, "base": self.space.base.to_dict()} | self.identity()
             return Point(_digest(ident), values, None, str(e))
@@ -142,7 +155,8 @@ class Plan:
     def task(self, p: Point, out_dir: Path) -> dict:
         return {"point": p.key, "params": p.values, "config": p.config, "models": [m.name for m in self.models],
                 "driver": self.driver, "synth": self.synth, "part": self.part, "board_max_mhz": self.board_max_mhz,
-                "energy": self.energy, "force": self.space.force, "work_dir": str(out_dir / "synth" / p.key)}
+                "energy": self.energy, "force": self.space.force, "shapes": [m.shapes for m in self.models],
+                "work_dir": str(out_dir / "synth" / p.key)}
 
 
 def _digest(obj) -> str:
@@ -222,11 +236,14 @@ def run_sweep(space: Space, models: list[str | Path] | list[Model], out_dir: str
               scheduler: str | None = None, workers: int | None = None, board: str = "pynq-z1",
               synth: str = "estimate", driver: str = "tsim", strategy: str = "grid", seed: int = 0,
               retry_failed: bool = False, memory_limit: str | None = None, kit: str | None = None,
+              combos: list[dict] | None = None, shapes: dict | None = None,
               on_start: Callable[[int], None] | None = None,
               on_record: Callable[[dict], None] | None = None, plot: bool = True) -> SweepResult:
     """Run (or resume) a sweep into out_dir; see the module doc. on_start(n) gets the number of
     points about to run, on_record(rec) each record as it lands (for a progress bar). kit: the
-    kit identity in point keys (default kit_version())."""
+    kit identity in point keys (default kit_version()). combos: run exactly these parameter
+    combinations instead of the strategy's (grid/random only). shapes: static input shapes, over
+    the space file's [compile] shapes."""
     if synth not in SYNTH:
         raise SweepError(f"--synth {synth!r}: choose {', '.join(SYNTH)}")
     if driver not in DRIVERS:
@@ -236,7 +253,7 @@ def run_sweep(space: Space, models: list[str | Path] | list[Model], out_dir: str
     strat, n = parse_strategy(strategy)
     if strat == "optuna":
         _need_optuna()
-    models = models if models and isinstance(models[0], Model) else load_models(models)
+    models = models if models and isinstance(models[0], Model) else load_models(models, space.shapes | (shapes or {}))
     part, max_mhz, label = resolve_target(board)
     plan = Plan(space, models, part, max_mhz, label, synth, driver, kit or kit_version(), energy_table(space.energy))
     out = Path(out_dir)
@@ -249,7 +266,8 @@ def run_sweep(space: Space, models: list[str | Path] | list[Model], out_dir: str
         if strat == "optuna":
             res = _run_optuna(plan, store, runner, n, seed, retry_failed, on_start, on_record)
         else:
-            combos = list(space.grid()) if strat == "grid" else space.sample(n, seed)
+            if combos is None:
+                combos = list(space.grid()) if strat == "grid" else space.sample(n, seed)
             res = _run_points(plan, store, runner, combos, retry_failed, on_start, on_record)
     finally:
         runner.close()
@@ -260,7 +278,8 @@ def run_sweep(space: Space, models: list[str | Path] | list[Model], out_dir: str
     return res
 
 
-def _plan_points(plan: Plan, combos: list[dict]) -> tuple[list[Point], int]:
+def plan_points(plan: Plan, combos: list[dict]) -> tuple[list[Point], int]:
+    """The distinct points of `combos` and how many a constraint excluded."""
     points, seen, skipped = [], set(), 0
     for values in combos:
         p = plan.point(values)
@@ -337,7 +356,7 @@ class _Submitter:
 
 
 def _run_points(plan, store, runner, combos, retry_failed, on_start, on_record) -> SweepResult:
-    points, skipped = _plan_points(plan, combos)
+    points, skipped = plan_points(plan, combos)
     if not points:
         raise SweepError(f"{plan.space.source}: no point of the space satisfies its constraints")
 
@@ -521,6 +540,8 @@ def add_arguments(p) -> None:
                    "(default: %(default)s)")
     p.add_argument("--driver", default="tsim", choices=DRIVERS, help="cycle source (default: %(default)s)")
     p.add_argument("--strategy", default="grid", metavar="S", help="grid, random:N or optuna:N (default: %(default)s)")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
+                   help="static shape of a model input with symbolic dimensions (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of random and optuna strategies")
     p.add_argument("--retry-failed", action="store_true", help="run again the points that failed before")
     p.add_argument("--memory-limit", metavar="M", help="per local worker, e.g. 2GiB (default: Dask's auto)")
@@ -532,8 +553,16 @@ def main(args) -> int:
     """The CLI's handler: run, show a progress bar on a terminal, print the Pareto table."""
     import sys
     from .space import load_space
+    verbose = logging.getLogger().level < logging.WARNING
+    # Dask reads its logging levels when distributed is first imported (here, and in each worker)
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "info" if verbose else "warning")
     space = load_space(args.space)
-    logging.getLogger("distributed").setLevel(max(logging.WARNING, logging.getLogger().level))
+    shapes = {}
+    for spec in args.shape:
+        name, eq, dims = spec.partition("=")
+        if not eq or not name:
+            raise SweepError(f"--shape {spec!r}: use NAME=1x3x224x224")
+        shapes[name] = parse_shape(dims, f"--shape {spec}")
     bar = {"bar": None}
     tty = sys.stderr.isatty()
 
@@ -557,6 +586,7 @@ def main(args) -> int:
         res = run_sweep(space, args.model, args.output, scheduler=args.scheduler, workers=args.workers,
                         board=args.board, synth=args.synth, driver=args.driver, strategy=args.strategy,
                         seed=args.seed, retry_failed=args.retry_failed, memory_limit=args.memory_limit,
+                        shapes=shapes,
                         on_start=on_start, on_record=on_record, plot=not args.no_plot)
     except KeyboardInterrupt:
         if bar["bar"] is not None:

@@ -61,6 +61,17 @@ def test_space_file_ranges_and_constraints(tmp_path):
     assert len(s.sample(1000)) == s.size
 
 
+def test_params_at_top_level_and_range_aliases():
+    s = parse_space({"base": "tiny", "block_in": [4, 8], "params": {"block_out": {"min": 4, "max": 16, "pow2": True}},
+                     "compile": {"shapes": {"x": "1x3x8x8"}}})
+    assert s.params == {"block_in": [4, 8], "block_out": [4, 8, 16]} and s.shapes == {"x": [1, 3, 8, 8]}
+    assert parse_space({"clock_mhz": {"start": 100, "stop": 150, "step": 25}}).params["clock_mhz"] == [100, 125, 150]
+    with pytest.raises(SweepError, match="both at the top level"):
+        parse_space({"block_in": [4], "params": {"block_in": [8]}})
+    with pytest.raises(SweepError, match="compile.shapes.x"):
+        parse_space({"block_in": [4], "compile": {"shapes": {"x": "1xAx3"}}})
+
+
 @pytest.mark.parametrize("data, words", [
     ({"params": {"blok_in": [4]}}, ["params.blok_in", "block_in"]),
     ({"params": {"block_in": "auto"}}, ["params.block_in", "auto"]),
@@ -97,6 +108,23 @@ def test_auto_sizes_follow_blocks_and_layers(model):
     # a fixed out_buff_bytes that does not mirror the accumulator is an error naming the point and key
     with pytest.raises(SweepError, match=r"block_out=16.*out_buff_bytes"):
         resolve_point(s, {"block_out": 16, "out_buff_bytes": 512, "acc_buff_bytes": 4096}, layers)
+
+
+def test_constraints_exclude_before_validation(model):
+    from flows.sweep import Plan, load_models, plan_points
+    s = space({"block_in": [4, 8], "block_out": [4, 8], "acc_buff_bytes": [4096, 3000]},
+              constraints=["acc_buff_bytes != 3000 or block_in > 4", "acc_depth >= 64"])
+    plan = Plan(s, load_models([model]), "xc7z020", None, "x", "estimate", "tsim", KIT)
+    points, skipped = plan_points(plan, list(s.grid()))
+    # block_in=4 with the invalid 3000 is excluded by the constraint, not recorded as failed;
+    # block_in=8 with it fails; acc_depth (derived) excludes 4096 / 32 bytes = 128 >= 64 nothing
+    assert skipped == 2 and len(points) == 6
+    failed = [p for p in points if p.config is None]
+    assert len(failed) == 2 and all(p.values["block_in"] == 8 and "acc_buff_bytes" in p.error for p in failed)
+    tight = space({"block_out": [4, 16]}, constraints=["acc_depth >= 128"])
+    plan = Plan(tight, plan.models, "xc7z020", None, "x", "estimate", "tsim", KIT)
+    points, skipped = plan_points(plan, list(tight.grid()))
+    assert [p.values["block_out"] for p in points] == [4] and skipped == 1
 
 
 def test_energy_table_scales_with_counters():
@@ -214,6 +242,23 @@ def test_failed_model_is_recorded_and_the_sweep_goes_on(model, tmp_path):
         run_sweep(space({"block_out": [4]}), [broken], tmp_path / "x", workers=0)
     with pytest.raises(SweepError, match="--board"):
         run_sweep(space({"block_out": [4]}), [model], tmp_path / "x", workers=0, board="pynq-z9")
+
+
+def test_symbolic_input_needs_a_shape(tmp_path):
+    import onnx
+    from compiler.frontend import zoo
+    m = zoo.residual_block()
+    x = m.graph.input[0]
+    x.type.tensor_type.shape.dim[0].dim_param = "N"
+    f = tmp_path / "sym.onnx"
+    onnx.save(m, f)
+    with pytest.raises(SweepError, match=r"input '.+' has a symbolic dimension 'N'.*--shape"):
+        run_sweep(space({"block_out": [4]}), [f], tmp_path / "o", workers=0)
+    dims = [d.dim_value for d in x.type.tensor_type.shape.dim]
+    dims[0] = 1
+    res = run_sweep(space({"block_out": [4]}), [f], tmp_path / "o", workers=0, plot=False, kit=KIT,
+                    shapes={x.name: dims, "unused": [1]})
+    assert res.records[0]["status"] == "ok", res.records[0]["error"]
 
 
 def test_optuna_strategy(model, tmp_path):
