@@ -22,6 +22,7 @@ import numpy as np
 from .config import (ALU_IMM_BITS, ALU_OPCODE_BITS, INSN_BITS, LOOP_ITER_BITS, MEM_TYPE_BITS,
                      OPCODE_BITS, PAD_BITS, SIZE_BITS, AccelConfig)
 from .errors import EncodingError
+from .schema import describe
 
 INSN_BYTES = INSN_BITS // 8
 MAX_INSNS = 1 << 20
@@ -122,8 +123,17 @@ class Insn:
     def with_deps(self, **flags) -> "Insn":
         return replace(self, **flags)
 
-    def field_values(self) -> dict[str, int]:
-        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
+    def field_values(self, what: str | None = None) -> dict[str, int]:
+        """Every field as an int; a value that is not an integer (None, a float, a string: the
+        dataclass does not check) raises EncodingError naming `what` and the field."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, (int, np.integer)):
+                raise EncodingError(f"{what or self.opcode.name + ' instruction'}: field {f.name}={describe(v)} "
+                                    f"is not an integer")
+            out[f.name] = int(v)
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,7 +319,7 @@ def _pack(values: dict[str, int], fmt: list[tuple[str, int]], what: str) -> int:
 def encode_insn(insn: Insn, cfg: AccelConfig, index: int | None = None) -> int:
     """Instruction -> 128-bit integer. Raises EncodingError naming the field that does not fit."""
     what = f"{insn.opcode.name} instruction" + (f" {index}" if index is not None else "")
-    values = insn.field_values()
+    values = insn.field_values(what)
     values["opcode"] = int(insn.opcode)
     return _pack(values, _formats(cfg)[insn.opcode.name], what)
 
@@ -401,8 +411,14 @@ def _decode_cached(raw: bytes, cfg: AccelConfig) -> tuple[Insn, ...]:
 
 def encode_uops(uops: list[Uop] | np.ndarray, cfg: AccelConfig) -> np.ndarray:
     """Micro-ops (list of Uop or an (n, 3) int array of acc, src, wgt) -> uint8 bytes for DRAM."""
-    arr = np.asarray([(u.acc, u.src, u.wgt) for u in uops] if isinstance(uops, list) else uops, dtype=np.int64)
-    arr = arr.reshape(-1, 3)
+    try:
+        rows = [(u.acc, u.src, u.wgt) for u in uops] if isinstance(uops, list) else uops
+        arr = np.asarray(rows)
+        if arr.size and arr.dtype.kind not in "iub":
+            raise TypeError(f"micro-op fields must be integers, not {arr.dtype}")
+        arr = arr.astype(np.int64, copy=False).reshape(-1, 3)
+    except (TypeError, ValueError, OverflowError, AttributeError) as e:
+        raise EncodingError(f"micro-ops: {e}") from None
     word = np.zeros(len(arr), dtype=np.uint64)
     pos = 0
     for col, (name, width) in enumerate(uop_format(cfg)):

@@ -296,3 +296,20 @@ def test_asm_instruction_count_bounded(monkeypatch):
     assert len(assemble_text("finish\n" * 3)) == 3
     with pytest.raises(AsmError, match="line 5: more than 3 instructions"):
         assemble_text("finish\n\nfinish\nfinish\nfinish\n")
+
+
+def test_encoder_refuses_non_integer_fields():
+    """Instructions and micro-ops are plain dataclasses: a None, float or string field is an
+    EncodingError naming it (it was a TypeError, or silently truncated)."""
+    import numpy as np
+    from accel.isa import EncodingError, Uop, encode_insn, encode_program, encode_uops
+    with pytest.raises(EncodingError, match="LOAD instruction 1: field x_size=None is not an integer"):
+        encode_program([Finish(), Load(x_size=None)], TINY)
+    with pytest.raises(EncodingError, match="field x_size=2.0 is not an integer"):
+        encode_insn(Load(x_size=2.0), TINY)
+    with pytest.raises(EncodingError, match="ALU instruction: field imm='3' is not an integer"):
+        encode_insn(Alu(imm="3"), TINY)
+    assert encode_insn(Gemm(uop_end=np.int64(3)), TINY) == encode_insn(Gemm(uop_end=3), TINY)
+    for bad in ([Uop(None, 0, 0)], [Uop(1.5, 0, 0)], [Uop(1 << 70, 0, 0)], np.zeros((2, 3))):
+        with pytest.raises(EncodingError, match="micro-ops: micro-op fields must be integers"):
+            encode_uops(bad, TINY)
