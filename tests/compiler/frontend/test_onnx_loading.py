@@ -233,3 +233,52 @@ def test_fuzz_mutated_model_bytes_load_or_raise_the_kits_error(edits, cut):
     except CompilerError:
         return
     assert g.outputs      # it loaded: a graph with outputs
+
+
+def _conv_seed():
+    from compiler.frontend import zoo
+    return zoo.conv_bn_relu_pool()
+
+
+_FIELD_VALUES = [-1, 0, 1, 3, 7, 10 ** 6, 2 ** 40]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["dims", "dtype", "raw", "attr", "input", "op", "ir", "opset"]),
+                          st.integers(0, 1000), st.sampled_from(_FIELD_VALUES)), min_size=1, max_size=3))
+def test_fuzz_crafted_model_fields_load_or_raise_the_kits_error(edits):
+    """Field-level edits a crafted file can make (bad dims, dtypes, short data, attribute values,
+    dangling inputs, unknown op types, IR/opset versions): only the kit's errors come out."""
+    m = _conv_seed()
+    g = m.graph
+    for kind, k, v in edits:
+        if kind in ("dims", "dtype", "raw") and g.initializer:
+            t = g.initializer[k % len(g.initializer)]
+            if kind == "dims" and t.dims:
+                t.dims[k % len(t.dims)] = v
+            elif kind == "dtype":
+                t.data_type = abs(v) % 30
+            elif kind == "raw":
+                t.raw_data = t.raw_data[:abs(v) % (len(t.raw_data) + 1)]
+        elif kind == "attr":
+            n = g.node[k % len(g.node)]
+            for a in n.attribute:
+                if a.ints:
+                    a.ints[k % len(a.ints)] = v
+                elif a.type == onnx.AttributeProto.INT:
+                    a.i = v
+        elif kind == "input":
+            n = g.node[k % len(g.node)]
+            if n.input:
+                n.input[k % len(n.input)] = ["", "nowhere", g.node[0].output[0]][k % 3]
+        elif kind == "op":
+            g.node[k % len(g.node)].op_type = ["Relu", "Conv", "Gemm", "MaxPool", "Reshape", "NoSuchOp"][k % 6]
+        elif kind == "ir":
+            m.ir_version = abs(v) % 12
+        else:
+            m.opset_import[0].version = abs(v) % 25
+    try:
+        g = from_onnx(m)
+    except CompilerError:
+        return
+    assert g.outputs
