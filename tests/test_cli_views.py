@@ -278,6 +278,40 @@ def test_progress_tasks_report_to_the_installed_reporter_only():
     assert progress.terminal_reporter(io.StringIO()) is None
 
 
+def test_synth_progress_follows_the_tool_log(tmp_path):
+    """While yosys or nextpnr runs, its task shows the pass or phase its log has reached."""
+    import time
+    from accel import progress
+    from accel.hw.fpga import synth
+    details = []
+
+    class Rec:
+        def __init__(self, name, total):
+            pass
+
+        def update(self, k, total, detail):
+            details.append(detail)
+
+        def close(self):
+            pass
+    log_path = tmp_path / "yosys.log"
+    log_path.write_text("")
+    with progress.reporting(Rec), progress.task("synthesis") as t:
+        with synth._following(t, log_path, synth._LOG_PROGRESS["yosys"]):
+            with open(log_path, "a") as f:
+                f.write("1. Executing Verilog-2005 frontend: accel_top.v\n-- noise --\n2.3. Executing SYNTH_XILINX pass.\n")
+            deadline = time.monotonic() + 10
+            while "SYNTH_XILINX" not in details and time.monotonic() < deadline:
+                time.sleep(0.1)
+    assert details[-1] == "SYNTH_XILINX"
+    m = synth._LOG_PROGRESS["nextpnr-ecp5"].match("Info: Routing globals...")
+    assert m and m.group(1).startswith("Routing")
+    details.clear()
+    with synth._following(None, log_path, synth._LOG_PROGRESS["yosys"]):   # nothing shown: nothing read
+        pass
+    assert details == []
+
+
 # ---- item 8: designs that do not fit ----------------------------------------------------------------
 def _standin_files(tmp_path, cfg_name):
     sys.path.insert(0, str(Path(__file__).resolve().parent / "fpga"))
