@@ -234,6 +234,17 @@ def test_bad_npz_inputs_give_one_error_line(capsys, cpu_model, tmp_path):
     assert not (tmp_path / "o.accm").exists()
 
 
+def test_npz_size_cap_missing_files_and_directories(capsys, cpu_model, tmp_path, monkeypatch):
+    import accel.cli
+    np.savez_compressed(tmp_path / "x.npz", x=GOOD)
+    monkeypatch.setattr(accel.cli, "MAX_ARRAY_FILE_BYTES", 100)   # checked on the zip's declared sizes
+    _error(capsys, "more than the 100 bytes an array file may hold", "run", cpu_model / "m.accm",
+           "--input", tmp_path / "x.npz")
+    monkeypatch.undo()
+    _error(capsys, "cannot read", "run", cpu_model / "m.accm", "--input", f"x={tmp_path / 'missing.npy'}")
+    _error(capsys, "cannot read", "run", cpu_model / "m.accm", "--input", f"x={tmp_path}")
+
+
 def test_good_npy_and_npz_inputs_still_run(capsys, cpu_model, tmp_path):
     x = np.random.default_rng(0).standard_normal((1, 4, 4, 4)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
@@ -276,15 +287,22 @@ def test_write_atomic_keeps_a_replaced_files_mode_or_takes_an_explicit_one(tmp_p
     assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
 
 
-def test_write_atomic_leaves_the_old_file_when_writing_fails(tmp_path):
+def test_write_atomic_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    """A failure after the data is written (here: the rename) leaves the old file whole and no
+    temporary file behind; so does data that cannot be written at all."""
+    import accel.isa.files as files
     p = tmp_path / "f.txt"
     p.write_text("old")
 
-    class Boom:      # bytes-like that fails half way: nothing partial may appear
-        def __buffer__(self, flags):
-            raise OSError(28, "No space left on device")
-    with pytest.raises((OSError, TypeError)):
-        write_atomic(p, Boom())
+    def fail(*a):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(files.os, "replace", fail)
+    with pytest.raises(OSError, match="No space"):
+        write_atomic(p, b"new" * 1000)
+    monkeypatch.undo()
+    assert p.read_text() == "old" and os.listdir(tmp_path) == ["f.txt"]
+    with pytest.raises(TypeError):
+        write_atomic(p, object())
     assert p.read_text() == "old" and os.listdir(tmp_path) == ["f.txt"]
 
 
