@@ -107,7 +107,11 @@ def _asm_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_asm)
 
 
-def _read_data(spec: str) -> tuple[int, bytes]:
+def _read_data(spec: str, dram_bytes: int) -> tuple[int, bytes]:
+    """--data ADDR=FILE -> (addr, bytes); the file is read no further than the DRAM could hold."""
+    import io
+
+    from accel.isa.schema import read_bounded
     addr_s, sep, file = spec.partition("=")
     if not sep or not file:
         raise CliError(f"--data {spec!r}: expected ADDR=FILE")
@@ -115,16 +119,15 @@ def _read_data(spec: str) -> tuple[int, bytes]:
         addr = int(addr_s, 0)
     except ValueError:
         raise CliError(f"--data {spec!r}: address {addr_s!r} is not an integer") from None
+    if not 0 <= addr < dram_bytes:
+        raise CliError(f"--data {spec!r}: address {addr:#x} outside the DRAM [0, {dram_bytes:#x})")
+    raw = read_bounded(file, dram_bytes, f"--data {spec!r}: {file}", CliError)
+    if not file.endswith(".npy"):
+        return addr, raw
     try:
-        if file.endswith(".npy"):
-            data = np.ascontiguousarray(np.load(file, allow_pickle=False)).tobytes()
-        else:
-            data = Path(file).read_bytes()
-    except OSError as e:
-        raise CliError(f"--data {spec!r}: cannot read {file}: {e.strerror}") from None
-    except ValueError as e:
+        return addr, np.ascontiguousarray(np.load(io.BytesIO(raw), allow_pickle=False)).tobytes()
+    except (ValueError, EOFError, OSError) as e:
         raise CliError(f"--data {spec!r}: {file} is not a valid .npy file ({e})") from None
-    return addr, data
 
 
 def _parse_symbol(spec: str):
@@ -144,11 +147,14 @@ def _parse_symbol(spec: str):
 
 def _asm(args) -> int:
     from accel.isa import INSN_BYTES, Program, assemble_file, resolve_config
+    from accel.isa.program import MAX_DRAM_BYTES
+    if not 0 < args.dram_bytes <= MAX_DRAM_BYTES:
+        raise CliError(f"--dram-bytes {args.dram_bytes}: allowed range is [1, {MAX_DRAM_BYTES}]")
     cfg = resolve_config(args.config)
     insns = assemble_file(args.input, cfg)
     if not insns:
         raise CliError(f"{args.input}: no instructions")
-    segments = sorted(_read_data(d) for d in args.data)
+    segments = sorted(_read_data(d, args.dram_bytes) for d in args.data)
     symbols = dict(_parse_symbol(s) for s in args.symbol)
     top = max((a + len(d) for a, d in segments), default=0)
     insn_addr = args.insn_addr if args.insn_addr is not None else -(-top // 64) * 64

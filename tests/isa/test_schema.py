@@ -313,3 +313,22 @@ def test_encoder_refuses_non_integer_fields():
     for bad in ([Uop(None, 0, 0)], [Uop(1.5, 0, 0)], [Uop(1 << 70, 0, 0)], np.zeros((2, 3))):
         with pytest.raises(EncodingError, match="micro-ops: micro-op fields must be integers"):
             encode_uops(bad, TINY)
+
+
+def test_asm_cli_data_and_dram_bounded(tmp_path, capsys):
+    src = tmp_path / "a.s"
+    src.write_text("finish\n")
+    out = str(tmp_path / "a.accp")
+    cases = [(["--data", "0=/dev/zero", "--dram-bytes", "4096"],
+              "error: --data '0=/dev/zero': /dev/zero: more than 4096 bytes"),
+             ([f"--data=-64={src}"], "address -0x40 outside the DRAM"),
+             (["--dram-bytes", str(1 << 40)], "--dram-bytes 1099511627776: allowed range is [1, 1073741824]"),
+             (["--dram-bytes=-1"], "--dram-bytes -1: allowed range")]
+    bad_npy = tmp_path / "x.npy"
+    bad_npy.write_bytes(b"\x93NUMPY\x01\x00" + b"\xff" * 20)
+    cases.append((["--data", f"0={bad_npy}"], "is not a valid .npy file"))
+    for extra, want in cases:
+        assert main(["asm", str(src), "-o", out, *extra]) == 2
+        err = capsys.readouterr().err
+        assert want in err and err.count("\n") == 1, err
+    assert not (tmp_path / "a.accp").exists()
