@@ -8,6 +8,7 @@ small budget (derandomized in CI: tests/conftest.py), bench/fuzz_parsers.py runs
 from __future__ import annotations
 
 import json
+import os
 import random
 import struct
 
@@ -19,7 +20,9 @@ from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, AsmError, ConfigError, 
                        decode_insn, decode_program, disassemble, encode_insn, format_insn)
 
 CONFIGS = [PRESETS["tiny"], PRESETS["default"]]
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: the suite's budget per test; ACCEL_FUZZ_EXAMPLES=5000 pytest tests/isa/test_fuzz.py digs deeper
+FUZZ = settings(max_examples=int(os.environ.get("ACCEL_FUZZ_EXAMPLES", 150)), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
 
 
 # ---- targets: one input -> None, or an AssertionError / unexpected exception --------------------
