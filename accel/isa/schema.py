@@ -95,7 +95,7 @@ def parse_json(data: bytes | str, what: str, error: type[AccelError], max_depth:
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     if len(raw) > max_bytes:
         raise error(f"{what}: {len(raw)} bytes of JSON, more than the {max_bytes} allowed")
-    text = decode_text(raw, what, error)
+    text = decode_text(raw, what, error).removeprefix("\ufeff")   # a BOM some editors write
     depth = json_depth(raw)
     if depth > max_depth:
         raise error(f"{what}: JSON nested {depth} levels deep, more than the {max_depth} allowed")

@@ -16,6 +16,10 @@ TINY = PRESETS["tiny"]
 
 
 # ---- JSON parsing -------------------------------------------------------------------------------
+def test_schema_json_tolerates_a_bom():
+    assert AccelConfig.from_json(b"\xef\xbb\xbf" + TINY.to_json().encode()) == TINY
+
+
 def test_schema_json_depth_ignores_brackets_in_strings():
     assert json_depth(b'{"a": [1, {"b": "[[[{{{\\"]]]"}]}') == 3
     assert json_depth(b"1") == 0
