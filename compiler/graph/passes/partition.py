@@ -208,13 +208,13 @@ def explain_table(rows: list[dict], folded: list[dict] | None = None) -> str:
     def short(r):
         return bare_reason(r["name"], r.get("reason", ""))
     w = max([len("node")] + [len(r["name"]) for r in rows] + [len(f["name"]) for f in folded or []])
-    w = min(w, 40)
-    lines = [f"{'node':{w}} {'onnx op':18} {'graph op':16} {'target':6} {'why':11} reason"]
+    w = min(w, 60)   # longer names widen their own row only: a name is never cut
+    lines = [f"{'node':{w}} {'onnx op':18} {'graph op':18} {'target':6} {'why':11} reason"]
     for r in rows:
-        lines.append(f"{r['name'][:w]:{w}} {(r.get('origin') or '-')[:18]:18} {r['op'][:16]:16} {r['target']:6} "
+        lines.append(f"{r['name']:{w}} {(r.get('origin') or '-')[:18]:18} {r['op'][:18]:18} {r['target']:6} "
                      f"{r.get('kind', ''):11} {short(r)}")
     for f in folded or []:
-        lines.append(f"{f['name'][:w]:{w}} {(f.get('op') or '-')[:18]:18} {'-':16} {'-':6} {'folded':11} "
+        lines.append(f"{f['name']:{w}} {(f.get('op') or '-')[:18]:18} {'-':18} {'-':6} {'folded':11} "
                      f"{f.get('reason', 'folded into another op or removed by the graph passes')}")
     kinds = [k for k in KINDS if any(r.get("kind") == k for r in rows)]
     n_acc = sum(r["target"] == ACCEL for r in rows)
