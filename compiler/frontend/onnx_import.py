@@ -390,11 +390,55 @@ def _binary(c: _Ctx, op: str) -> Node:
     return c.add(op, [a, b])
 
 
-@converter("Identity", "Dropout")
+@converter("Identity")
 def _identity(c):
-    if c.onnx_node.op_type == "Dropout" and len(c.onnx_node.output) > 1 and c.onnx_node.output[1]:
-        c.used_extra_output(1, "the mask output (training only)")
     return c.input(0)
+
+
+@converter("Dropout")
+def _dropout(c):
+    """Inference Dropout: the identity, and its mask output (when named) all true, as ONNX defines
+    it when training_mode is false. ratio does not matter then; training_mode must be a constant
+    false (dropping at random is training)."""
+    x = c.input(0)
+    training = c.value(2, "training_mode", False)
+    if training is not None and np.size(training) and bool(np.ravel(training)[0]):
+        c.fail("training_mode is true: random dropout (training) is not supported; export the model in "
+               "inference mode (training_mode false)")
+    outs = c.onnx_node.output
+    result = [x] if outs and outs[0] else []
+    if len(outs) > 1 and outs[1]:
+        result.append(c.const(np.ones(x.shape, bool), "mask"))
+    return result
+
+
+@converter("Sum", "Mean")
+def _sum_mean(c):
+    """Variadic elementwise Sum/Mean with broadcasting: a chain of adds (Mean then divides by the
+    number of inputs)."""
+    ins = [c.input(k) for k in range(len(c.onnx_node.input)) if c.input(k) is not None]
+    if not ins:
+        c.fail("needs at least one input")
+    mean = c.onnx_node.op_type == "Mean"
+    y = ins[0]
+    for k, x in enumerate(ins[1:]):
+        last = k == len(ins) - 2 and not mean
+        y = c.add("add", [y, x], suffix="" if last else f"add{k}")
+    if mean and len(ins) > 1:
+        y = c.add("div", [y, c.const(np.asarray(len(ins), y.dtype), "count")])
+    return y
+
+
+@converter("LRN")
+def _lrn(c):
+    x = c.input(0)
+    size = c.attr("size")
+    if size is None or int(size) < 1:
+        c.fail(f"attribute size must be a positive integer, got {size!r}")
+    if x.type.rank < 3:
+        c.fail(f"expects an input of rank >= 3 (N, C, spatial...), got {x.type}")
+    return c.add("lrn", [x], {"size": int(size), "alpha": float(c.attr("alpha", 1e-4)),
+                              "beta": float(c.attr("beta", 0.75)), "bias": float(c.attr("bias", 1.0))})
 
 
 @converter("Constant")

@@ -466,6 +466,33 @@ def _layer_norm():
     return infer, impl
 
 
+def lrn_window(size: int) -> tuple[int, int]:
+    """Channels (before, after) a channel in ONNX LRN's window: floor and ceil of (size-1)/2."""
+    return (size - 1) // 2, size - 1 - (size - 1) // 2
+
+
+@register("lrn", Pattern.OPAQUE, 1, {"size": REQUIRED, "alpha": 1e-4, "beta": 0.75, "bias": 1.0},
+          doc="local response normalization across channels (axis 1), ONNX LRN")
+def _lrn():
+    def infer(n):
+        if n.inputs[0].type.rank < 3:
+            fail(n, f"expects N C spatial..., got {n.inputs[0].type}")
+        if not isinstance(n.attrs["size"], int) or n.attrs["size"] < 1:
+            fail(n, f"size must be a positive integer, got {n.attrs['size']!r}")
+        return _t(n.inputs[0].shape, _float_input(n))
+
+    def impl(a, x):
+        before, after = lrn_window(a["size"])
+        sq = np.square(x.astype(np.float64))
+        pad = [(0, 0)] * x.ndim
+        pad[1] = (before, after)
+        c = np.cumsum(np.pad(sq, pad), axis=1)
+        c = np.concatenate([np.zeros_like(c[:, :1]), c], axis=1)
+        win = c[:, a["size"]:] - c[:, :-a["size"]]          # sum over each channel's window
+        return (x / (a["bias"] + a["alpha"] / a["size"] * win) ** a["beta"]).astype(x.dtype)
+    return infer, impl
+
+
 # ---- injective ---------------------------------------------------------------------------------
 @register("reshape", Pattern.INJECTIVE, 1, {"shape": REQUIRED}, doc="reshape to a static shape")
 def _reshape():

@@ -152,6 +152,8 @@ def schedule_reduce(outs):
         if st.is_placeholder or st.attach_type == "inline":
             continue
         op = st.op
+        if not op.axis:    # a 0-d result (a reduction over every axis): one scalar loop nest
+            continue
         if op.reduce_axis:
             axes = list(op.axis)
             size = math.prod(op.shape)

@@ -180,6 +180,14 @@ define("layer_norm", {"axis": -1, "epsilon": 1e-5}, (2, 3), "normalize over [axi
        onnx="LayerNormalization")
 add_impl("layer_norm", "llvm", "layer_norm.generic",
          lambda x, s, b=None, axis=-1, epsilon=1e-5: nn.layer_norm(x, s, b, axis, epsilon), cpu.schedule_reduce)
+define("lrn", {"size": REQUIRED, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}, 1,
+       "local response normalization across channels", onnx="LRN")
+add_impl("lrn", "llvm", "lrn.generic", lambda x, **a: nn.lrn(x, **a), cpu.schedule_reduce)
+for _kind in ("sum", "mean", "max"):
+    define(f"reduce_{_kind}", {"axes": None, "keepdims": 1}, 1, f"{_kind} over axes (None: all)",
+           onnx=f"Reduce{_kind.capitalize()}")
+    add_impl(f"reduce_{_kind}", "llvm", f"reduce_{_kind}.generic",
+             lambda x, axes=None, keepdims=1, kind=_kind: nn.reduce(x, axes, keepdims, kind), cpu.schedule_reduce)
 define("batch_norm", {"epsilon": 1e-5}, 5, "inference batch norm over axis 1", onnx="BatchNormalization")
 add_impl("batch_norm", "llvm", "batch_norm.injective",
          lambda x, s, b, m, v, epsilon=1e-5: nn.batch_norm(x, s, b, m, v, epsilon), cpu.schedule_injective)

@@ -479,3 +479,58 @@ def depthwise_conv2d_flat(data, weight, strides=(1, 1), pads=(0, 0, 0, 0), out_d
     flat = te.compute((N, C, OH * P), f, name="depthwise_flat", tag="depthwise_flat")
     return te.compute((N, C, OH, OW), lambda n, c, y, x: flat[n, c, y * P + x],
                       name="conv2d", tag="injective,unflatten")
+
+
+# ---------------------------------------------------------------- reductions / LRN
+
+def reduce(x, axes=None, keepdims=1, kind="sum"):
+    """sum / mean / max of x over `axes` (None: all), keeping them as 1s when keepdims; float
+    only (the graph IR's reductions are float ops)."""
+    if not dt.is_float(x.dtype):
+        raise OpError(f"reduce_{kind}: float input only, got {x.dtype}")
+    if kind not in ("sum", "mean", "max"):
+        raise OpError(f"reduce: kind must be sum, mean or max, got {kind!r}")
+    rank = x.ndim
+    axes = tuple(range(rank)) if axes is None else tuple(sorted({_norm_axis(a, rank, f"reduce_{kind}")
+                                                                 for a in axes}))
+    red = [te.reduce_axis(x.shape[a], f"r{a}") for a in axes]
+    out_shape = tuple(1 if a in axes else n for a, n in enumerate(x.shape)) if keepdims else \
+        tuple(n for a, n in enumerate(x.shape) if a not in axes)
+
+    def index(o):
+        it, rit = iter(o), iter(red)
+        idx = []
+        for a in range(rank):
+            if a in axes:
+                if keepdims:
+                    next(it)
+                idx.append(next(rit))
+            else:
+                idx.append(next(it))
+        return tuple(idx)
+    red_fn = te.max if kind == "max" else te.sum
+    total = te.compute(out_shape, lambda *o: red_fn(x[index(o)], axis=red), name=f"reduce_{kind}",
+                       tag=f"reduce_{kind}")
+    if kind != "mean":
+        return total
+    inv = te.const(1.0 / math.prod(x.shape[a] for a in axes), x.dtype)
+    return te.compute(out_shape, lambda *o: total[o] * inv, name="reduce_mean", tag="injective,reduce_mean")
+
+
+def lrn(x, size, alpha=1e-4, beta=0.75, bias=1.0):
+    """ONNX LRN across channels (axis 1): x / (bias + alpha/size * sum of x^2 over the window
+    [c - floor((size-1)/2), c + ceil((size-1)/2)]) ** beta."""
+    if not dt.is_float(x.dtype):
+        raise OpError(f"lrn: float input only, got {x.dtype}")
+    C = x.shape[1]
+    before = (size - 1) // 2
+    r = te.reduce_axis(size, "rc")
+    zero = te.const(0.0, x.dtype)
+
+    def sq(*i):
+        c = i[1] + r - before
+        v = x[(i[0], c) + tuple(i[2:])]
+        return te.sum(te.select(te.all(c >= 0, c < C), v * v, zero), axis=r)
+    ssum = te.compute(x.shape, sq, name="lrn_sqsum", tag="lrn_sqsum")
+    k, a, b = (te.const(v, x.dtype) for v in (bias, alpha / size, beta))
+    return te.compute(x.shape, lambda *i: x[i] / te.power(k + a * ssum[i], b), name="lrn", tag="lrn")
