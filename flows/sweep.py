@@ -213,7 +213,7 @@ class _Runner:
                 self.cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                             dashboard_address=None, memory_limit=memory_limit or "auto")
                 self.client = Client(self.cluster)
-        except (OSError, TimeoutError) as e:
+        except (OSError, TimeoutError, ValueError) as e:
             self.close()
             raise SweepError(f"cannot reach the Dask scheduler {scheduler or '(local cluster)'}: {e}") from None
 
@@ -224,12 +224,19 @@ class _Runner:
         return max(1, len(self.client.scheduler_info().get("workers", {})))
 
     def close(self) -> None:
-        for obj in (self.client, self.cluster):
-            if obj is not None:
-                try:
-                    obj.close()
-                except Exception as e:  # shutting down after Ctrl-C can race the workers
-                    log.debug("closing %s: %s", type(obj).__name__, e)
+        # a busy worker that takes over the nanny's 4 s to exit is killed, with a warning: expected here
+        nanny = logging.getLogger("distributed.nanny")
+        level = nanny.level
+        nanny.setLevel(max(level, logging.ERROR))
+        try:
+            for obj in (self.client, self.cluster):
+                if obj is not None:
+                    try:
+                        obj.close()
+                    except Exception as e:  # shutting down after Ctrl-C can race the workers
+                        log.debug("closing %s: %s", type(obj).__name__, e)
+        finally:
+            nanny.setLevel(level)
 
 
 def run_sweep(space: Space, models: list[str | Path] | list[Model], out_dir: str | Path, *,

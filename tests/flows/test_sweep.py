@@ -284,7 +284,8 @@ def test_cli_sweep(model, tmp_path, capsys):
 
 # ---- a separately started cluster ------------------------------------------------------------------
 def _dask(*args) -> list[str]:
-    return [sys.executable, "-m", "distributed.cli.dask_" + args[0], *args[1:]]
+    """`dask scheduler ...` / `dask worker ...`, with this interpreter."""
+    return [sys.executable, "-m", "dask", *args]
 
 
 def test_external_scheduler_and_workers(model, tmp_path):
