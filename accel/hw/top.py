@@ -96,7 +96,7 @@ class Accelerator(wiring.Component):
 
         # ---- run control and counters ------------------------------------------------------------------
         m.d.comb += [fetch.run.eq(regs.busy), fetch.insn_addr.eq(regs.insn_addr), fetch.insn_count.eq(regs.insn_count),
-                     regs.finish.eq(compute.finished & load.idle & store.idle & fetch.dma_idle &
+                     regs.finish.eq(compute.finished & fetch.stopped & load.idle & store.idle & fetch.dma_idle &
                                     (queues["load_cmd"].level == 0) & (queues["store_cmd"].level == 0)),
                      regs.bus_error.eq(axi.bus_error),
                      regs.ev_load_busy.eq(load.busy_cycle), regs.ev_load_stall.eq(load.stall_cycle),

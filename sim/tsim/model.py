@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from accel.isa import AccelConfig, Alu, Finish, Gemm, Insn, Load, MemType, Stage, Store, elem_bytes
 from accel.isa.config import BOUNDARY_BYTES
+from accel.hw.params import ibuf_depth
 from accel.isa.isa import INSN_BYTES
 
 from ..dram import DramModel
@@ -287,12 +288,15 @@ class _Fetch:
     """Refill rule, instruction DMA and dispatch (fetch.py)."""
 
     __slots__ = ("m", "addr", "remaining", "depth", "ibuf", "dest", "dma_busy", "bursts", "bi", "k", "idle_from",
-                 "waiting")
+                 "waiting", "stopped_at")
 
-    def __init__(self, model, insn_addr: int, dest: list):
+    def __init__(self, model, insn_addr: int, dest: list, count: int):
+        """dest: the command queue of each instruction up to the first FINISH (the last dispatched);
+        count: instructions to read (INSN_COUNT)."""
         self.m = model
-        self.addr, self.remaining = insn_addr, len(dest)
-        self.depth = model.cfg.cmd_queue_depth
+        self.addr, self.remaining = insn_addr, count
+        self.stopped_at = None       # cycle FINISH was dispatched: no DMA starts after it
+        self.depth = ibuf_depth(model.cfg)
         self.ibuf = TimedFifo("ibuf", self.depth)
         self.dest = dest             # command queue of each instruction, in program order
         self.dma_busy = False
@@ -305,7 +309,7 @@ class _Fetch:
         self.m.loop.at(2, self.dispatch)
 
     def refill(self, now: int, _=None) -> None:
-        if self.remaining == 0 or self.dma_busy:
+        if self.remaining == 0 or self.dma_busy or (self.stopped_at is not None and self.stopped_at < now):
             return
         free = self.depth - self.ibuf.level(now)
         if free < min(self.remaining, self.depth // 2):
@@ -366,6 +370,9 @@ class _Fetch:
             return
         ib.read(now)
         q.write(now)
+        if j + 1 == len(self.dest) and self.m.finish_index is not None:
+            self.stopped_at = now
+            return
         self.m.loop.at(now + 1, self.dispatch)
 
     def _dispatch_later(self, r: int) -> None:
@@ -393,7 +400,9 @@ class Tsim:
         cmdq = [TimedFifo(f"{s}_cmd", cfg.cmd_queue_depth) for s in STAGE_NAMES]
         routed = [[], [], []]
         dest = []
-        for i, insn in enumerate(insns):
+        # fetch dispatches up to the first FINISH: what follows it never executes
+        self.finish_index = next((i for i, insn in enumerate(insns) if isinstance(insn, Finish)), None)
+        for i, insn in enumerate(insns[:None if self.finish_index is None else self.finish_index + 1]):
             s = int(stage_of(insn))
             routed[s].append((i, insn))
             dest.append(cmdq[s])
@@ -401,7 +410,7 @@ class Tsim:
             _Stage(self, Stage.LOAD, routed[0], cmdq[0], tokq, _Loader(self, LOAD_CLIENT)),
             _Stage(self, Stage.COMPUTE, routed[1], cmdq[1], tokq, _Loader(self, COMPUTE_CLIENT)),
             _Stage(self, Stage.STORE, routed[2], cmdq[2], tokq, None)]
-        self.fetch = fetch = _Fetch(self, insn_addr, dest)
+        self.fetch = fetch = _Fetch(self, insn_addr, dest, len(insns))
         fetch.start()
         for st in stages:
             st.try_pop(0)

@@ -1,14 +1,16 @@
 """fsim, tsim and rtl on the same programs (tiny config): identical DRAM bytes, and tsim's counters equal
 to the RTL's (cycles, per-stage busy/stall, micro-ops, DRAM bytes) on random programs and on conv2d /
 dense layers compiled by compiler.accel.conv2d. Cycle counts are deterministic, so this is a test."""
+import dataclasses
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from accel.hw.verilog import generate
-from accel.isa import PRESETS
+from accel.isa import PRESETS, Finish, Gemm, Load, MemType, Store, encode_program
 from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, run_conv2d, run_dense
 from host_runtime import Device, get_driver
 from sim.errors import SimError
@@ -58,6 +60,57 @@ def test_random_programs_fsim_tsim_rtl(drivers, dram, seed):
         bad = np.flatnonzero(images[name] != images["fsim"])
         assert bad.size == 0, f"{name}: DRAM differs from fsim at {bad.size} bytes, first {bad[:1]}"
     assert _counters(stats["tsim"]) == _counters(stats["rtl"])
+
+
+# Two-entry command queues with buses from 64 to 512 bits: at 128 bits and more one instruction
+# arrives per cycle, which a two-entry instruction buffer dropped (fetch ignored its w_rdy).
+NARROW_QUEUES = {bus: dataclasses.replace(TINY, cmd_queue_depth=2, dep_queue_depth=2, bus_width=bus)
+                 for bus in (64, 128, 256, 512)}
+
+
+@pytest.mark.parametrize("bus", [pytest.param(b, marks=() if b == 128 else pytest.mark.slow) for b in NARROW_QUEUES])
+def test_random_programs_with_two_entry_queues_fsim_tsim_rtl(bus):
+    cfg = NARROW_QUEUES[bus]
+    with closing(get_driver("fsim", cfg)) as fs, closing(get_driver("tsim", cfg)) as ts, \
+            closing(get_driver("rtl", cfg)) as rtl:
+        for seed in range(8):
+            prog, _ = random_program(cfg, 700 + seed)
+            images, stats = {}, {}
+            for name, drv in (("fsim", fs), ("tsim", ts), ("rtl", rtl)):
+                images[name] = prog.dram_image()
+                stats[name] = drv.run(images[name], prog.insn_addr, len(prog.insns)).stats
+            for name in ("tsim", "rtl"):
+                bad = np.flatnonzero(images[name] != images["fsim"])
+                assert bad.size == 0, f"seed {700 + seed}, {name}: DRAM differs from fsim at {bad.size} bytes"
+            assert _counters(stats["tsim"]) == _counters(stats["rtl"]), f"seed {700 + seed}"
+
+
+@pytest.mark.parametrize("cfg", [TINY, NARROW_QUEUES[128]], ids=["tiny", "queues2_bus128"])
+def test_instructions_after_finish_never_run(cfg):
+    """Fetch stops at FINISH: a STORE, a LOAD and a GEMM placed after it in memory (inside
+    INSN_COUNT) leave no trace, done comes when everything before FINISH is done, and the three
+    executors agree on DRAM and counters (they ran, overwriting DRAM, after done had risen)."""
+    out = 0x8000
+    prog = [Load(mem_type=MemType.INP, dram_base=0x100, y_size=1, x_size=2, x_stride=2, push_next=True),
+            Gemm(pop_prev=True, uop_bgn=0, uop_end=0, push_next=True),
+            Store(pop_prev=True, push_prev=True, sram_base=0, dram_base=out // 4, y_size=1, x_size=1, x_stride=1),
+            Finish(pop_next=True),
+            Store(sram_base=0, dram_base=out // 4 + 16, y_size=4, x_size=8, x_stride=8),
+            Load(mem_type=MemType.WGT, dram_base=0x100, y_size=8, x_size=8, x_stride=8),
+            Gemm(reset=True, uop_bgn=0, uop_end=1, iter_out=40)] + \
+        [Store(sram_base=0, dram_base=out // 4 + 64 + 8 * k, y_size=1, x_size=8, x_stride=8) for k in range(12)]
+    code = encode_program(prog, cfg).reshape(-1)
+    images, stats = {}, {}
+    for name in ("fsim", "tsim", "rtl"):
+        image = np.full(1 << 16, 0x5A, np.uint8)
+        image[0x1000:0x1000 + code.size] = code
+        with closing(get_driver(name, cfg)) as drv:
+            stats[name] = drv.run(image, 0x1000, len(prog)).stats
+        images[name] = image
+        assert (image[out + 4 * 16:out + 4 * 200] == 0x5A).all(), f"{name}: an instruction after FINISH wrote DRAM"
+    assert np.array_equal(images["fsim"], images["tsim"]) and np.array_equal(images["fsim"], images["rtl"])
+    assert _counters(stats["tsim"]) == _counters(stats["rtl"])
+    assert stats["rtl"]["gemm_uops"] == 0
 
 
 LAYERS = {"conv3x3": Conv2dSpec(1, 8, 8, 8, 8, 3, 3, (1, 1, 1, 1)),
