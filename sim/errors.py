@@ -16,3 +16,12 @@ class DeadlockError(SimError):
 
 class CycleLimitError(SimError):
     """A simulation ran past its cycle or step limit."""
+
+
+class ProgramFault(ExecError):
+    """The program faults as the hardware reports it (accel.hw.params.ErrorCode in STATUS/ERROR):
+    `code`, the faulting instruction's `index`, and the message naming it and the field."""
+
+    def __init__(self, code, index: int, message: str):
+        super().__init__(message)
+        self.code, self.index = code, index

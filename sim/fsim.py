@@ -26,10 +26,11 @@ import numpy as np
 
 from accel.isa import (AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Stage, Store,
                        buffer_depth, decode_program, decode_uops, elem_bytes)
+from accel.hw.params import ErrorCode, static_fault
 from accel.isa.errors import EncodingError
-from accel.isa.isa import INSN_BYTES
+from accel.isa.isa import INSN_BYTES, decode_insn
 
-from .errors import DeadlockError, ExecError, SimError
+from .errors import DeadlockError, ExecError, ProgramFault, SimError
 from .races import RaceChecker
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,49 @@ class _LoopPlan:
         return self.derived[key]
 
 
+def label(insn: Insn) -> str:
+    """How messages name an instruction: its opcode, and a LOAD's or STORE's buffer."""
+    return insn.opcode.name + (f" {insn.mem_type.name}" if isinstance(insn, (Load, Store)) else "")
+
+
+def decode_fetched(raw: bytes, cfg: AccelConfig) -> tuple[list[Insn], ProgramFault | None]:
+    """The instructions of a fetched stream up to the first that cannot be decoded (with its
+    ILLEGAL_INSN fault) or through the first FINISH, whichever comes first: what follows FINISH
+    is never dispatched, so it may hold anything."""
+    try:
+        return decode_program(raw, cfg), None
+    except EncodingError:
+        pass
+    insns = []
+    for k in range(len(raw) // INSN_BYTES):
+        try:
+            insn = decode_insn(int.from_bytes(raw[k * INSN_BYTES:(k + 1) * INSN_BYTES], "little"), cfg, k)
+        except EncodingError as e:
+            return insns, ProgramFault(ErrorCode.ILLEGAL_INSN, k, str(e))
+        insns.append(insn)
+        if isinstance(insn, Finish):
+            break
+    return insns, None
+
+
+def first_fault(insns: list[Insn], cfg: AccelConfig, illegal: ProgramFault | None = None):
+    """(the fault fetch stops at, or None; how many instructions it dispatches): it dispatches
+    in order through the first FINISH, and stops before an instruction with a static fault
+    (accel.hw.params.static_fault), before an undecodable word (`illegal`, just after `insns`),
+    or, with no FINISH, after the last instruction (NO_FINISH)."""
+    for k, insn in enumerate(insns):
+        if isinstance(insn, Finish):
+            return None, k + 1
+        f = static_fault(insn, cfg)
+        if f is not None:
+            return ProgramFault(f[0], k, f"instruction {k} ({label(insn)}): {f[1]}"), k
+    if illegal is not None:
+        return illegal, len(insns)
+    return ProgramFault(ErrorCode.NO_FINISH, len(insns),
+                        f"no FINISH among the program's {len(insns)} instructions: fetch dispatched them all and "
+                        f"the accelerator would never raise done"), len(insns)
+
+
 def _dram_rows(insn, eb: int) -> tuple[np.ndarray, np.ndarray]:
     """The DRAM byte ranges [starts, ends) of a LOAD's or STORE's rows (for the race checker)."""
     starts = (insn.dram_base + np.arange(insn.y_size, dtype=np.int64) * insn.x_stride) * eb
@@ -269,28 +313,31 @@ class Fsim:
         if insn_addr < 0 or insn_count < 0 or end > dram.size:
             raise ExecError(f"instruction stream [{insn_addr:#x}, {end:#x}) lies outside the "
                             f"{dram.size}-byte DRAM")
-        try:
-            insns = decode_program(dram[insn_addr:end].tobytes(), self.cfg)
-        except EncodingError as e:
-            raise ExecError(f"cannot decode the program: {e}") from None
-        return self.run_insns(dram, insns, max_insns)
+        insns, illegal = decode_fetched(dram[insn_addr:end].tobytes(), self.cfg)
+        return self.run_insns(dram, insns, max_insns, illegal=illegal)
 
     def run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None = None,
-                  single_thread: bool = False) -> FsimStats:
+                  single_thread: bool = False, illegal: ProgramFault | None = None) -> FsimStats:
         """Execute decoded instructions with the decoupled stage/queue model. single_thread: BLAS
-        on this thread only (the caller runs other work on the idle cores)."""
+        on this thread only (the caller runs other work on the idle cores). illegal: the fault of
+        the word after the last of `insns` that failed to decode (see decode_fetched)."""
         _check_dram(dram)
         with blas_threads().run(single_thread):
-            return self._run_insns(dram, insns, max_insns)
+            return self._run_insns(dram, insns, max_insns, illegal)
 
-    def _run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None) -> FsimStats:
+    def _run_insns(self, dram: np.ndarray, insns: list[Insn], max_insns: int | None,
+                   illegal: ProgramFault | None = None) -> FsimStats:
         stats = FsimStats()
         depth, tdepth = self.cfg.cmd_queue_depth, self.cfg.dep_queue_depth
         tokens = {q: 0 for q in QUEUES.values()}
         stages = {s: _StageState() for s in Stage}
         pc, executed, finished = 0, 0, False
-        if not any(isinstance(i, Finish) for i in insns):
-            raise ExecError("program has no FINISH instruction; the accelerator would never raise done")
+        # fetch dispatches up to the first FINISH, or stops before an instruction that faults (the
+        # instructions before it still run; a micro-op index fault among them is raised first)
+        fault, n_insns = first_fault(insns, self.cfg, illegal)
+        if n_insns < len(insns) and fault is None:
+            log.warning("instructions %d..%d follow FINISH (instruction %d) and are not executed",
+                        n_insns, len(insns) - 1, n_insns - 1)
         limit = max_insns if max_insns is not None else len(insns)
         # per instruction: its stage's command queue, its op name, its handler (None for FINISH) and the
         # token queues it pops and pushes (None: a flag naming a missing neighbour), from a few lookups
@@ -300,7 +347,6 @@ class Fsim:
         queue_of = [stages[r[0]].queue for r in routes]
         run_of = [handler[type(i)] for i in insns]
         order = [(s, stages[s]) for s in (Stage.LOAD, Stage.STORE, Stage.COMPUTE)]
-        n_insns = len(insns)
         c = self.cfg
         races = self.races = RaceChecker({"uop": c.uop_depth, "inp": c.inp_depth, "wgt": c.wgt_depth,
                                           "acc": c.acc_depth, "out": c.out_depth}) if self.check_races else None
@@ -347,8 +393,8 @@ class Fsim:
                         if run is None:   # FINISH
                             busy = [t.name.lower() for t in (Stage.LOAD, Stage.STORE)
                                     if stages[t].current is not None or stages[t].queue]
-                            if busy or pc < n_insns:
-                                pend = busy or ["fetch"]
+                            if busy:
+                                pend = busy
                                 raise ExecError(
                                     f"instruction {idx} (FINISH) ran while {' and '.join(pend)} still had "
                                     f"instructions pending; make FINISH wait for them with dependency tokens "
@@ -381,11 +427,13 @@ class Fsim:
                 if finished:
                     break
             if not finished and not progress:
-                raise DeadlockError(self._deadlock_report(stages, tokens, pc, insns))
+                if fault is not None:   # what fetch dispatched before the fault has run or is stuck
+                    raise fault
+                raise DeadlockError(self._deadlock_report(stages, tokens, pc, insns[:n_insns]))
         # what ran: every instruction but those still queued behind FINISH
         left = {idx for st in stages.values() for idx in st.queue}
         ran: dict = {}                                   # (stage, op name) -> count; stages named once
-        for idx, (stage, opname, _, _) in enumerate(routes):
+        for idx, (stage, opname, _, _) in enumerate(routes[:n_insns]):
             if idx not in left:
                 ran[stage, opname] = ran.get((stage, opname), 0) + 1
         for (stage, opname), n in ran.items():
@@ -528,7 +576,7 @@ class Fsim:
                 k = int(np.argmax(arr >= depth))
                 ui = k % len(u)
                 b0, b1 = self._iter_base or (0, 0)
-                raise ExecError(f"instruction {idx} ({name}): {what} index {int(arr[k])} out of range "
+                raise ProgramFault(ErrorCode.INDEX_RANGE, idx, f"instruction {idx} ({name}): {what} index {int(arr[k])} out of range "
                                 f"[0, {depth}) at micro-op {insn.uop_bgn + ui}, iteration "
                                 f"({b0 + k // len(u) // insn.iter_in}, {b1 + k // len(u) % insn.iter_in})")
         plan = _LoopPlan(dst, src, wgt, _contiguous_run(dst))
@@ -541,9 +589,9 @@ class Fsim:
         return plan
 
     def _check_uop_range(self, idx: int, insn, name: str) -> None:
-        if not 0 <= insn.uop_bgn <= insn.uop_end <= self.cfg.uop_depth:
-            raise ExecError(f"instruction {idx} ({name}): micro-op range [uop_bgn={insn.uop_bgn}, "
-                            f"uop_end={insn.uop_end}) outside [0, {self.cfg.uop_depth}]")
+        if not 0 <= insn.uop_bgn <= insn.uop_end <= self.cfg.uop_depth:   # (fetch checks it first)
+            raise ProgramFault(ErrorCode.SRAM_RANGE, idx, f"instruction {idx} ({name}): micro-op range "
+                               f"[uop_bgn={insn.uop_bgn}, uop_end={insn.uop_end}) outside [0, {self.cfg.uop_depth}]")
 
     def _in_chunks(self, idx: int, insn, dram: np.ndarray, stats: FsimStats, run) -> bool:
         """Run a GEMM/ALU of more than CHUNK_ELEMS micro-op iterations as consecutive blocks of whole
@@ -665,7 +713,7 @@ class Fsim:
             seeds = (e.seed_base + i0 * e.seed_factor_out + i1 * e.seed_factor_in).reshape(-1)
             if not e.to_acc and seeds.size and int(seeds.max()) >= self.cfg.acc_depth:
                 k = int(np.argmax(seeds >= self.cfg.acc_depth))
-                raise ExecError(f"instruction {idx} (GEMM): flush seed index {int(seeds[k])} out of range "
+                raise ProgramFault(ErrorCode.INDEX_RANGE, idx, f"instruction {idx} (GEMM): flush seed index {int(seeds[k])} out of range "
                                 f"[0, {self.cfg.acc_depth}) at iteration ({k // insn.iter_in}, {k % insn.iter_in}) "
                                 f"(EPILOGUE seed_base {e.seed_base}, factors {e.seed_factor_out}, {e.seed_factor_in})")
             flushed = plan.dst.reshape(-1, nu)[:, -1]

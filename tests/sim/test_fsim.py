@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program,
                        encode_uops)
-from sim.errors import DeadlockError, ExecError, SimError
+from accel.hw.params import ErrorCode
+from sim.errors import DeadlockError, ExecError, ProgramFault, SimError
 from sim.fsim import Fsim, FsimStats, alu_apply, alu_apply_int32, flush_requant, gemm_float_dtype
 
 TINY = PRESETS["tiny"]
@@ -387,22 +388,35 @@ def test_fsim_deadlock_on_full_token_queue():
     _deadlock(prog, r"load stage blocked at instruction %d \(LOAD\): push_next on full queue l2c" % (n - 1))
 
 
-@pytest.mark.parametrize("insn, match", [
-    (Load(mem_type=MemType.INP, sram_base=250, y_size=1, x_size=10, x_stride=10),
+@pytest.mark.parametrize("insn, code, match", [
+    (Load(mem_type=MemType.INP, sram_base=250, y_size=1, x_size=10, x_stride=10), ErrorCode.SRAM_RANGE,
      r"instruction 0 \(LOAD INP\): sram_base=250 \+ 1x10 entries exceeds the INP buffer depth 256"),
-    (Load(mem_type=MemType.WGT, dram_base=1 << 20, y_size=1, x_size=1, x_stride=1),
+    (Load(mem_type=MemType.WGT, dram_base=1 << 20, y_size=1, x_size=1, x_stride=1), None,
      r"instruction 0 \(LOAD\): dram_base=1048576 .* beyond the 0x10000-byte DRAM"),
-    (Load(mem_type=MemType.OUT), r"instruction 0 \(LOAD\): field mem_type=OUT"),
-    (Store(y_size=1, x_size=1, x_pad0=1), r"instruction 0 \(STORE\): padding fields must be zero"),
-    (Gemm(uop_bgn=3, uop_end=300), r"instruction 0 \(GEMM\): micro-op range \[uop_bgn=3, uop_end=300\)"),
-    (Gemm(uop_bgn=0, uop_end=1, iter_out=300, dst_factor_out=1),
+    (Load(mem_type=MemType.OUT), ErrorCode.BAD_FIELD, r"instruction 0 \(LOAD OUT\): field mem_type=OUT"),
+    (Store(y_size=1, x_size=1, x_pad0=1), ErrorCode.BAD_FIELD,
+     r"instruction 0 \(STORE OUT\): padding fields must be zero"),
+    (Store(mem_type=MemType.ACC, y_size=1, x_size=1), ErrorCode.BAD_FIELD, r"instruction 0 \(STORE ACC\): field "
+                                                                           r"mem_type=ACC; STORE reads OUT"),
+    (Store(y_size=3, x_size=100, sram_base=1), ErrorCode.SRAM_RANGE,
+     r"instruction 0 \(STORE OUT\): sram_base=1 \+ 300 entries exceeds the OUT buffer depth 256"),
+    (Load(mem_type=MemType.INP, pop_prev=True), ErrorCode.BAD_FIELD, r"instruction 0 \(LOAD INP\): pop_prev"),
+    (Store(push_next=True), ErrorCode.BAD_FIELD, r"instruction 0 \(STORE OUT\): pop_next/push_next"),
+    (Gemm(uop_bgn=3, uop_end=300), ErrorCode.SRAM_RANGE,
+     r"instruction 0 \(GEMM\): micro-op range \[uop_bgn=3, uop_end=300\)"),
+    (Alu(uop_bgn=3, uop_end=2), ErrorCode.BAD_FIELD, r"instruction 0 \(ALU\): uop_bgn=3 > uop_end=2"),
+    (Gemm(uop_bgn=0, uop_end=1, iter_out=300, dst_factor_out=1), ErrorCode.INDEX_RANGE,
      r"instruction 0 \(GEMM\): accumulator \(dst\) index 256 out of range \[0, 256\) at micro-op 0, iteration \(256, 0\)"),
-    (Alu(uop_bgn=0, uop_end=1, iter_in=200, src_factor_in=2),
+    (Alu(uop_bgn=0, uop_end=1, iter_in=200, src_factor_in=2), ErrorCode.INDEX_RANGE,
      r"instruction 0 \(ALU\): accumulator \(src\) index 256 out of range"),
 ])
-def test_fsim_exec_errors_name_instruction_and_field(insn, match):
-    with pytest.raises(ExecError, match=match):
+def test_fsim_exec_errors_name_instruction_and_field(insn, code, match):
+    with pytest.raises(ExecError, match=match) as e:
         _run(TINY, [insn, Finish()])
+    if code is None:      # the DRAM's size is not the accelerator's to check: an AXI error response
+        assert not isinstance(e.value, ProgramFault)
+    else:
+        assert (e.value.code, e.value.index) == (code, 0)
 
 
 def test_fsim_finish_rules():
