@@ -183,6 +183,18 @@ class _Lowering:
                     out[iv.var] = (0, qi.ext[iv] - 1)
         return out
 
+    def _thread_vars_outside(self, st: Stage) -> dict:
+        """GPU: loops bound to threadIdx.* around st's attach point. A shared-memory stage is
+        filled by the whole thread block, so its region covers every thread's needs."""
+        out = {}
+        for anc, iv in self.attach_path(st):
+            ainfo = self.info[anc]
+            for v in anc.leaf_iter_vars[:anc.leaf_iter_vars.index(iv) + 1]:
+                a = anc.iter_attrs.get(v)
+                if a is not None and a.thread is not None and a.thread.thread_tag.startswith("threadIdx"):
+                    out[v.var] = (0, ainfo.ext[v] - 1)
+        return out
+
     def _infer_region(self, st: Stage, info: _StageInfo) -> None:
         p, ivar = st.attach_stage, st.attach_ivar
         if p not in self.info:
@@ -200,6 +212,8 @@ class _Lowering:
                     f"also reads '{st.name}' outside that loop; attach '{st.name}' at a common "
                     "consumer or compute it at root")
         relax = self._relax_vars(p, pos)
+        if st.scope == "shared":
+            relax.update(self._thread_vars_outside(st))
         ana = self.analyzer()
         op: ComputeOp = st.op
         mins: list = [None] * len(op.axis)

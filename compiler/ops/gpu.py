@@ -1,0 +1,284 @@
+"""GPU schedules (target kind "cuda", shared by the OpenCL and NVPTX back ends), as TVM's CUDA TOPI.
+
+- injective / elementwise / fused epilogues: every stage but the output inlined (pads too: a GPU
+  recomputes rather than stores), the output's axes fused, split into blocks of THREADS threads.
+- conv2d NCHW (any groups, depthwise, dilation): a block computes TO*RO output channels x TY rows x
+  TX columns; each thread RO channels in registers (cache_write "local"); per RC-channel step of
+  the reduction the block loads the padded input tile and the weight tile into shared memory
+  cooperatively (every thread copies a strided share), between work-group barriers.
+- dense / matmul / batch_matmul: (TM*RM x TN*RN) output tile per block, (RM x RN) per thread in
+  registers, A and B tiles of KT along the reduction staged in shared memory.
+- reductions (pooling, reduce_*, softmax, layer norm, lrn): one thread per output row: the rows
+  are the output's leading axes that every intermediate reduction keeps, the intermediates live in
+  registers at the thread ("local"), the row's axes run serially.
+
+Every schedule takes knobs (tile sizes, threads) with defaults; `GPU_KNOBS` lists their ranges
+for the tuner. `register()` adds an implementation under ("op", "cuda") for each op of the
+library whose CPU compute is in a plain layout (no pre-packed weights); the others decline.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import te
+from ..te.tensor import ComputeOp
+from . import registry
+
+THREADS = 256
+#: knob -> allowed values (the tuner's search space)
+GPU_KNOBS = {"threads": (64, 128, 256, 512), "tile": (4, 8, 16), "reg": (1, 2, 4), "kt": (4, 8, 16)}
+
+
+def _as_list(outs):
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def _stages(s):
+    return [st for st in s.stages if not st.is_placeholder and st.attach_type != "inline"]
+
+
+def inline_all(s, outs, keep=()) -> None:
+    """compute_inline every stage without a reduction that is not an output (or kept)."""
+    out_ops = {o.op for o in outs}
+    for st in s.stages:
+        op = st.op
+        if st.is_placeholder or op in out_ops or any(op is k for k in keep) or st.attach_type == "inline":
+            continue
+        if isinstance(op, ComputeOp) and not op.reduce_axis:
+            st.compute_inline()
+
+
+def _bind_flat(st, threads: int = THREADS):
+    """Fuse the stage's axes and spread them over blocks of `threads` threads; the thread axis."""
+    axes = list(st.op.axis)
+    size = math.prod(int(a.dom.extent.value) for a in axes) if axes else 1
+    f = st.fuse(*axes) if len(axes) > 1 else axes[0]
+    t = min(threads, max(1, size))
+    bo, ti = st.split(f, t)
+    st.bind(bo, te.thread_axis("blockIdx.x"))
+    st.bind(ti, te.thread_axis("threadIdx.x"))
+    return ti
+
+
+def _coop_load(s, cache, block: tuple[int, int, int]) -> None:
+    """A shared cache stage filled by the whole block: its elements spread over the block's threads."""
+    st = s[cache]
+    axes = list(st.op.axis)
+    f = st.fuse(*axes) if len(axes) > 1 else axes[0]
+    bx, by, bz = block
+    rest, tx = st.split(f, bx)
+    if by > 1:
+        rest, ty = st.split(rest, by)
+    if bz > 1:
+        rest, tz = st.split(rest, bz)
+        st.bind(tz, te.thread_axis("threadIdx.z"))
+    if by > 1:
+        st.bind(ty, te.thread_axis("threadIdx.y"))
+    st.bind(tx, te.thread_axis("threadIdx.x"))
+
+
+def _pow2_at_most(n: int, cap: int) -> int:
+    p = 1
+    while p * 2 <= min(n, cap):
+        p *= 2
+    return p
+
+
+def _find(s, tags):
+    for st in _stages(s):
+        if st.op.tag.split(",")[0] in tags:
+            return st
+    return None
+
+
+def _main_and_out(outs, tags):
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    main = _find(s, tags)
+    inline_all(s, outs, keep=(main.op,) if main is not None else ())
+    return outs, s, main
+
+
+def _to_local(s, main, out_t):
+    """The reduction stage as registers at each thread: cache_write when it is the output, else
+    its own stage in "local" scope (the epilogue, inlined into the output, reads it)."""
+    if main.op is out_t.op:
+        return s.cache_write(out_t, "local"), s[out_t]
+    main.set_scope("local")
+    return main.op.output(0), s[out_t]
+
+
+# ---------------------------------------------------------------- injective
+def schedule_injective(outs, threads: int = THREADS):
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_all(s, outs)
+    for st in _stages(s):
+        if st.op.axis:
+            _bind_flat(st, threads)
+    return s
+
+
+# ---------------------------------------------------------------- dense / matmul
+def schedule_gemm(outs, tile: int = 8, reg: int = 2, kt: int = 8):
+    """(…, M, N) = sum_k: the last two output axes tiled over threads and registers, the leading
+    (batch) axis over blockIdx.z; A and B tiles staged in shared memory per KT of k."""
+    outs, s, main = _main_and_out(outs, ("dense", "matmul", "batch_matmul"))
+    out_t = outs[0]
+    D, ost = _to_local(s, main, out_t)
+    shape = [int(a.dom.extent.value) for a in ost.op.axis]
+    M, N = shape[-2], shape[-1]
+    tm, tn = _pow2_at_most(M, tile), _pow2_at_most(N, tile)
+    rm, rn = _pow2_at_most(max(1, M // tm), reg), _pow2_at_most(max(1, N // tn), reg)
+    axes = list(ost.op.axis)
+    lead, i, j = axes[:-2], axes[-2], axes[-1]
+    bi, ii = ost.split(i, tm * rm)
+    bj, jj = ost.split(j, tn * rn)
+    ti, ri = ost.split(ii, rm)
+    tj, rj = ost.split(jj, rn)
+    if lead:
+        bz = ost.fuse(*lead) if len(lead) > 1 else lead[0]
+        ost.reorder(bz, bi, bj, ti, tj, ri, rj)
+        ost.bind(bz, te.thread_axis("blockIdx.z"))
+    else:
+        ost.reorder(bi, bj, ti, tj, ri, rj)
+    ost.bind(bi, te.thread_axis("blockIdx.y"))
+    ost.bind(bj, te.thread_axis("blockIdx.x"))
+    ost.bind(ti, te.thread_axis("threadIdx.y"))
+    ost.bind(tj, te.thread_axis("threadIdx.x"))
+    dst = s[D]
+    dst.compute_at(ost, tj)
+    (k,) = dst.op.reduce_axis
+    K = int(k.dom.extent.value)
+    ko, ki = dst.split(k, min(kt, K))
+    dax = list(dst.op.axis)
+    dst.reorder(*dax[:-2], ko, ki, dax[-2], dax[-1])
+    for t in _inputs(dst.op):
+        c = s.cache_read(t, "shared", [dst])
+        s[c].compute_at(dst, ko)
+        _coop_load(s, c, (tn, tm, 1))
+    return s
+
+
+def _inputs(op) -> list:
+    from ..tir import expr as E
+    from ..tir.functor import post_order_visit
+    seen, out = set(), []
+
+    def f(n):
+        if isinstance(n, E.ProducerLoad) and id(n.producer) not in seen:
+            seen.add(id(n.producer))
+            out.append(n.producer)
+    post_order_visit(op.body, f)
+    return out
+
+
+# ---------------------------------------------------------------- conv2d
+def schedule_conv2d(outs, tile: int = 8, reg: int = 4, rc: int = 4, threads: int = THREADS):
+    outs, s, main = _main_and_out(outs, ("conv2d_nchw",))
+    out_t = outs[0]
+    D, ost = _to_local(s, main, out_t)
+    n, o, y, x = ost.op.axis
+    _, O, OH, OW = [int(a.dom.extent.value) for a in ost.op.axis]
+    tx = _pow2_at_most(OW, tile)
+    ty = _pow2_at_most(OH, tile)
+    ro = _pow2_at_most(O, reg)
+    to = _pow2_at_most(max(1, O // ro), max(1, threads // (tx * ty)))
+    ob, oo = ost.split(o, to * ro)
+    otz, oi = ost.split(oo, ro)
+    yb, yt = ost.split(y, ty)
+    xb, xt = ost.split(x, tx)
+    bz = ost.fuse(n, ob)
+    ost.reorder(bz, yb, xb, otz, yt, xt, oi)
+    ost.bind(bz, te.thread_axis("blockIdx.z"))
+    ost.bind(yb, te.thread_axis("blockIdx.y"))
+    ost.bind(xb, te.thread_axis("blockIdx.x"))
+    ost.bind(otz, te.thread_axis("threadIdx.z"))
+    ost.bind(yt, te.thread_axis("threadIdx.y"))
+    ost.bind(xt, te.thread_axis("threadIdx.x"))
+    dst = s[D]
+    dst.compute_at(ost, xt)
+    c_ax, ry, rx = dst.op.reduce_axis
+    C = int(c_ax.dom.extent.value)
+    rco, rci = dst.split(c_ax, min(rc, C))
+    dn, do, dy, dx = dst.op.axis
+    dst.reorder(dn, rco, ry, rx, rci, do, dy, dx)
+    for t in _inputs(dst.op):
+        c = s.cache_read(t, "shared", [dst])
+        s[c].compute_at(dst, rco)
+        _coop_load(s, c, (tx, ty, to))
+    return s
+
+
+# ---------------------------------------------------------------- reductions
+def schedule_rows(outs, threads: int = THREADS):
+    """One thread per output row; every reduction stage in registers at that thread."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_all(s, outs)
+    out_t = outs[0]
+    ost = s[out_t]
+    reds = [st for st in _stages(s) if st is not ost]
+    shape = [int(a.dom.extent.value) for a in ost.op.axis]
+    p = len(shape)
+    for st in reds:    # keep only the leading axes every intermediate has in full
+        rs = [int(a.dom.extent.value) for a in st.op.axis]
+        q = 0
+        while q < min(len(rs), len(shape)) and rs[q] == shape[q]:
+            q += 1
+        p = min(p, q)
+    if not reds:
+        p = len(shape)
+    axes = list(ost.op.axis)
+    row_axes, inner = axes[:p], axes[p:]
+    rows = math.prod(shape[:p]) if p else 1
+    if row_axes:
+        f = ost.fuse(*row_axes) if len(row_axes) > 1 else row_axes[0]
+    else:
+        f, _ = ost.split(axes[0], shape[0]) if axes else (None, None)
+    t = min(threads, max(1, rows))
+    bo, ti = ost.split(f, t)
+    ost.reorder(bo, ti, *inner)
+    ost.bind(bo, te.thread_axis("blockIdx.x"))
+    ost.bind(ti, te.thread_axis("threadIdx.x"))
+    for st in reds:
+        st.set_scope("local")
+        st.compute_at(ost, ti)
+    return s
+
+
+_TAGS_CONV = ("conv2d_nchw",)
+_TAGS_GEMM = ("dense", "matmul", "batch_matmul")
+
+
+def schedule_gpu(outs):
+    """The schedule for a composed body, chosen by its anchor stage (conv, gemm, reduction,
+    injective); a failure of the tiled schedule falls back to one thread per output row."""
+    outs = _as_list(outs)
+    s0 = te.create_schedule([o.op for o in outs])
+    tags = {st.op.tag.split(",")[0] for st in _stages(s0)}
+    has_reduce = any(st.op.reduce_axis for st in _stages(s0))
+    if tags & set(_TAGS_CONV):
+        return schedule_conv2d(outs)
+    if tags & set(_TAGS_GEMM):
+        return schedule_gemm(outs)
+    if has_reduce:
+        return schedule_rows(outs)
+    return schedule_injective(outs)
+
+
+def register() -> None:
+    """("op", "cuda") implementations: each op's plain-layout CPU compute with schedule_gpu."""
+    for (op, target), impls in list(registry.IMPLS.items()):
+        if target != "llvm" or registry.IMPLS.get((op, "cuda")):
+            continue
+        plain = [i for i in sorted(impls, key=lambda i: i.plevel) if not i.prepack]
+        if not plain:
+            registry.decline(op, "cuda", "its only compute takes pre-packed weights (CPU layout); no GPU kernel")
+            continue
+        i = plain[0]   # the plain compute (direct conv, not the CPU's specialized layouts)
+        registry.add_impl(op, "cuda", f"{i.name}.gpu", i.compute, schedule_gpu, i.plevel, i.check)
+
+
+register()
+registry.decline("*", "cuda", "no GPU kernel for this operator; it runs on the CPU")
