@@ -882,6 +882,14 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
     add_arguments(p)
 
 
+# ---- first divergence between executors (flows/bisect.py) ---------------------------------------
+@command("bisect", "run a model on several executors with every tensor kept; name the first node where "
+                   "neighbouring executors disagree")
+def _bisect_args(p: argparse.ArgumentParser) -> None:
+    from flows.bisect import add_arguments
+    add_arguments(p)
+
+
 # ---- kernel cache (host_runtime/kernel_cache.py) -------------------------------------------------
 @command("cache", "show or empty the per-user cache of CPU kernels compiled from models' verified IR")
 def _cache_args(p: argparse.ArgumentParser) -> None:

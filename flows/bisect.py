@@ -1,0 +1,538 @@
+"""`accel bisect`: find the first ONNX node where two executors of one model disagree.
+
+The model runs on a chain of executors with every intermediate tensor kept:
+  ort      onnxruntime, every node output added as a graph output (the float reference);
+  cpu      the model compiled for the CPU target (float; int8 for a QDQ model), its steps' outputs;
+  int8ref  the accelerator build's quantized graph run by the graph IR's NumPy interpreter;
+  fsim, tsim, rtl (or any registered driver)  the accelerator build run on that driver, every
+           step's output kept (host_runtime.Executor(keep=True)).
+Neighbours in the chain are compared node by node (rows in ONNX order): two integer executors
+(int8ref and the drivers run the same compiled graph) bit for bit on every tensor they share;
+otherwise by cosine and relative error after dequantizing an int8 tensor (its scale from the
+graph's quantization attributes, or fitted by least squares where the graph does not say) and
+unpacking a blocked one. The first row where a pair fails names the node (and the ONNX nodes the
+compiler folded or fused into it). Float-vs-int8 error is quantization (or the quantizer);
+int8ref-vs-driver error is the compiler's lowering or the simulator; driver-vs-driver error is the
+hardware (docs/bisect.md).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from accel.isa.errors import AccelError
+
+log = logging.getLogger(__name__)
+
+#: the order executors are compared in (neighbours); a driver name not listed goes after these
+CHAIN = ("ort", "cpu", "int8ref", "fsim", "tsim", "rtl")
+DEFAULT_EXECUTORS = ("ort", "cpu", "int8ref", "fsim")
+FLOAT_EXECUTORS = ("ort", "cpu")
+#: ops whose int8 output keeps its input's scale (walked through to find a tensor's scale)
+SCALE_PRESERVING = ("relu", "clip", "pack", "unpack", "reshape", "transpose", "slice", "take", "max_pool2d",
+                    "flatten", "squeeze", "unsqueeze", "identity", "pad")
+
+
+class BisectError(AccelError, ValueError):
+    """A bisect request is unusable (executor, tolerance, model, input); the message names it."""
+
+
+@dataclass
+class Tolerance:
+    """When a float comparison counts as a divergence: cosine below *_cos or relative error above
+    *_rel (and the largest difference above `lsb` quantization steps, so an all-but-zero tensor
+    does not fail on noise). `float_*` between two float executors, `quant_*` where one side is
+    int8 (quantization error accumulates through the network: loose on purpose)."""
+    float_cos: float = 0.9999
+    float_rel: float = 1e-3
+    quant_cos: float = 0.95
+    quant_rel: float = 0.35
+    lsb: float = 2.0
+
+    KEYS = {"cos": "quant_cos", "rel": "quant_rel", "float_cos": "float_cos", "float_rel": "float_rel",
+            "quant_cos": "quant_cos", "quant_rel": "quant_rel", "lsb": "lsb"}
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Tolerance":
+        """'cos=0.97,rel=0.3,float_cos=0.9999,float_rel=1e-3,lsb=2' (cos/rel are the int8-vs-float ones)."""
+        t = cls()
+        if not text:
+            return t
+        for part in text.split(","):
+            key, sep, val = part.strip().partition("=")
+            if not sep or key not in cls.KEYS:
+                raise BisectError(f"--tolerance {part.strip()!r}: expected KEY=VALUE with KEY one of "
+                                  f"{', '.join(cls.KEYS)}")
+            try:
+                v = float(val)
+            except ValueError:
+                raise BisectError(f"--tolerance {key}={val!r}: not a number") from None
+            attr = cls.KEYS[key]
+            lo, hi = (0.0, 1.0) if attr.endswith("cos") else (0.0, float("inf"))
+            if not (lo <= v <= hi) or v != v:
+                raise BisectError(f"--tolerance {key}={val}: must lie in [{lo:g}, {hi:g}]")
+            setattr(t, attr, v)
+        return t
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("float_cos", "float_rel", "quant_cos", "quant_rel", "lsb")}
+
+
+@dataclass
+class Observed:
+    """One executor's tensors: values by tensor name; graph (for int8 scales) where it has one."""
+    name: str
+    values: dict[str, np.ndarray]
+    graph: Any = None
+    integer: bool = False          # runs the accelerator build's int8 graph (bit-exact among these)
+    nodes: dict[str, Any] = field(default_factory=dict)   # graph node by name
+
+    def __post_init__(self):
+        if self.graph is not None and not self.nodes:
+            self.nodes = {n.name: n for n in self.graph.nodes}
+
+
+@dataclass
+class BisectReport:
+    model: str
+    executors: list[str]
+    tolerance: Tolerance
+    rows: list[dict]             # per ONNX node: name, op, per pair key a cell dict (or absent)
+    pairs: list[dict]            # a, b, kind, first (node name or None), covers, compared
+
+    @property
+    def diverged(self) -> bool:
+        return any(p["first"] is not None for p in self.pairs)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "executors": self.executors, "tolerance": self.tolerance.to_dict(),
+                "diverged": self.diverged, "pairs": self.pairs, "rows": self.rows}
+
+    def write_json(self, path: str | Path) -> None:
+        from accel.isa.files import write_atomic
+        write_atomic(Path(path), json.dumps(self.to_dict(), indent=1, default=_json_default).encode())
+
+    def table(self) -> str:
+        keys = [p["key"] for p in self.pairs]
+        w = max([4] + [len(r["name"]) for r in self.rows])
+        wo = max([2] + [len(r["op"]) for r in self.rows])
+        cw = max([24] + [len(k) for k in keys])
+        lines = [f"{'node':{w}}  {'op':{wo}}  " + "  ".join(f"{k:{cw}}" for k in keys)]
+        firsts = {p["key"]: p["first"] for p in self.pairs}
+        for r in self.rows:
+            cells = []
+            for k in keys:
+                c = r["pairs"].get(k)
+                text = "-" if c is None else c["text"]
+                if c is not None and firsts[k] == r["name"]:
+                    text += " <- first"
+                cells.append(f"{text:{cw}}")
+            lines.append(f"{r['name']:{w}}  {r['op']:{wo}}  " + "  ".join(cells))
+        lines.append("")
+        for p in self.pairs:
+            lines.append(p["summary"])
+        return "\n".join(lines)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
+# ---- the ONNX side ---------------------------------------------------------------------------
+def _onnx_nodes(model) -> list[tuple[str, str, list[str], list[str]]]:
+    """(name, op type, inputs, outputs) per node, named as the frontend names them."""
+    return [(n.name or f"{n.op_type}_{k}", n.op_type, [i for i in n.input if i], [o for o in n.output if o])
+            for k, n in enumerate(model.graph.node)]
+
+
+def run_ort(model, feed: dict) -> dict[str, np.ndarray]:
+    """Every node's first output under onnxruntime, by node name (the float reference)."""
+    import onnx
+    import onnxruntime as ort
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    names = _onnx_nodes(model)
+    for _, _, _, outs in names:
+        if outs and outs[0] not in have:
+            m.graph.output.append(onnx.ValueInfoProto(name=outs[0]))
+            have.add(outs[0])
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every node's output
+    opts.log_severity_level = 3
+    try:
+        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        want = [o.name for o in sess.get_outputs()]
+        res = dict(zip(want, sess.run(want, {k: np.asarray(v) for k, v in feed.items()})))
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types; one line naming the executor
+        raise BisectError(f"executor 'ort': onnxruntime cannot run the model: {str(e).splitlines()[0][:300]}") from None
+    return {name: np.asarray(res[outs[0]]) for name, _, _, outs in names if outs and outs[0] in res}
+
+
+# ---- the compiled side -----------------------------------------------------------------------
+def build_accel(model, feed: dict, config=None, calibration: list | None = None):
+    """The accelerator build of `model`; calibrated on `calibration`, else on the input itself
+    (so the scales fit the data bisected: a quantization divergence is then the quantizer's)."""
+    from compiler.graph_build import build_model
+    return build_model(model, target="accel", config=config, calibration=calibration or [feed])
+
+
+def run_int8ref(mod, feed: dict) -> Observed:
+    from compiler.graph import run as reference_run
+    g = getattr(mod, "graph", None)
+    if g is None:
+        raise BisectError("executor 'int8ref' needs the module's quantized graph (a module loaded from a file has "
+                          "none); let bisect compile the model")
+    _, env = reference_run(g, feed, keep=True)
+    vals = {n.name: env[id(n)] for n in g.nodes if id(n) in env and n.op != "const"}
+    return Observed("int8ref", vals, g, integer=True)
+
+
+def run_driver(mod, feed: dict, driver: str, **options) -> Observed:
+    from host_runtime.executor import Executor
+    with Executor(mod, driver=driver, **options) as ex:
+        ex.run(feed, keep=True)
+        vals = dict(ex.values)
+    for i in mod.inputs:   # inputs are tensors too (not step outputs)
+        vals.setdefault(mod.tensors[i["tensor"]].name, np.asarray(feed[i["name"]]))
+    return Observed(driver, vals, getattr(mod, "graph", None), integer=True)
+
+
+def run_cpu(model, feed: dict, calibration=None) -> Observed:
+    from compiler.graph_build import build_model
+    from host_runtime.executor import Executor
+    mod = build_model(model, target="cpu", calibration=calibration)
+    with Executor(mod) as ex:
+        ex.run(feed, keep=True)
+        vals = dict(ex.values)
+    return Observed("cpu", vals, getattr(mod, "graph", None), integer=False)
+
+
+# ---- comparing ---------------------------------------------------------------------------------
+def _qparams(n, depth: int = 0) -> tuple[float, int] | None:
+    """(scale, zero point) of an int8 graph node from its attributes, or None if they do not say."""
+    if n is None or depth > 64:
+        return None
+    a = n.attrs
+    if n.op == "fused":
+        return _qparams(a["body"].outputs[0], depth + 1)
+    if n.op == "quantize":
+        s = a.get("scale") or (2.0 ** -a["shift"] if a.get("shift") is not None else None)
+        return None if s is None else (float(s), int(a.get("zero_point", 0) or 0))
+    if "out_shift" in a:
+        if a.get("mul", 1) != 1 or a.get("a_mul") or a.get("b_mul"):
+            return None   # fixed-point multipliers: the scale is not a shift
+        return 2.0 ** -a["out_shift"], int(a.get("out_zp", 0) or 0)
+    if n.op in SCALE_PRESERVING and n.inputs:
+        return _qparams(n.inputs[0], depth + 1)
+    return None
+
+
+def _unpack_like(x: np.ndarray, shape: tuple) -> np.ndarray | None:
+    """x (possibly blocked N' C' ... b0 b1) in `shape`'s NC... layout, or None if it does not fit."""
+    if x.shape == shape:
+        return x
+    if x.ndim == len(shape) + 2 and len(shape) >= 2:
+        from host_runtime.executor import unpack_blocked
+        try:
+            y = unpack_blocked(x, shape[:2])
+        except Exception:  # noqa: BLE001 - not a blocked layout after all
+            y = None
+        if y is not None and y.shape == shape:
+            return y
+    if x.size == int(np.prod(shape)):
+        return x.reshape(shape)
+    return None
+
+
+def _float_view(obs: Observed, node: str, shape: tuple | None) -> tuple[np.ndarray, float | None, str] | None:
+    """An executor's value of ONNX node `node` as float in the reference's layout: (array, one
+    quantization step or None, how it was scaled)."""
+    cands = [node] + [k for k in obs.values if k.startswith(node + "/")][::-1]
+    for name in cands:
+        x = obs.values.get(name)
+        if x is None:
+            continue
+        if shape is not None:
+            x = _unpack_like(x, tuple(shape))
+            if x is None:
+                continue
+        if x.dtype.kind == "f":
+            return x.astype(np.float64), None, "float"
+        if name != node and len(cands) > 1 and any(obs.values.get(c) is not None and obs.values[c].dtype.kind == "f"
+                                                   for c in cands[1:]):
+            continue   # a float form of this node exists: prefer it
+        qp = _qparams(obs.nodes.get(name))
+        if qp is not None:
+            s, z = qp
+            return (x.astype(np.float64) - z) * s, s, "scale"
+        return x.astype(np.float64), 0.0, "fitted"   # scale fitted against the reference below
+    return None
+
+
+def compare_float(ref: np.ndarray, got: np.ndarray, step: float | None, how: str, quant: bool,
+                  tol: Tolerance) -> dict:
+    """Cosine, relative error and largest difference of `got` against `ref`."""
+    ref = ref.astype(np.float64).ravel()
+    got = got.astype(np.float64).ravel()
+    if how == "fitted":
+        qq = float(got @ got)
+        s = float(got @ ref) / qq if qq else 1.0
+        got = got * s
+        step = abs(s)
+    nr, ng = float(np.linalg.norm(ref)), float(np.linalg.norm(got))
+    if not np.all(np.isfinite(ref)) or not np.all(np.isfinite(got)):
+        same = bool(np.array_equal(np.isnan(ref), np.isnan(got)) and np.allclose(np.nan_to_num(ref), np.nan_to_num(got)))
+        return {"cos": None, "rel": None, "max_abs": None, "scale": how, "diverged": not same,
+                "text": "nan/inf " + ("same" if same else "DIFF")}
+    diff = float(np.linalg.norm(got - ref))
+    cos = 1.0 if nr == 0 and ng == 0 else (float(got @ ref) / (nr * ng) if nr and ng else 0.0)
+    rel = 0.0 if diff == 0 else (diff / nr if nr else float("inf"))
+    max_abs = float(np.max(np.abs(got - ref))) if ref.size else 0.0
+    cmin, rmax = (tol.quant_cos, tol.quant_rel) if quant else (tol.float_cos, tol.float_rel)
+    atol = tol.lsb * step if step else 1e-6 * (1.0 + float(np.max(np.abs(ref))) if ref.size else 1.0)
+    bad = (cos < cmin or rel > rmax) and max_abs > atol
+    text = f"cos {cos:.4f} rel {rel:.3g}" + (" !" if bad else "")
+    return {"cos": round(cos, 6), "rel": rel, "max_abs": max_abs, "scale": how, "diverged": bool(bad), "text": text}
+
+
+def compare_exact(a: Observed, b: Observed, names: list[str]) -> dict:
+    """Bit for bit on integer tensors (float tensors of CPU steps: to float32 rounding)."""
+    diff, total, worst, bad_names = 0, 0, 0.0, []
+    for n in names:
+        x, y = a.values[n], b.values[n]
+        if x.shape != y.shape:
+            bad_names.append(n)
+            diff += max(x.size, y.size)
+            total += max(x.size, y.size)
+            continue
+        total += x.size
+        if x.dtype.kind == "f" or y.dtype.kind == "f":
+            ne = ~np.isclose(x.astype(np.float64), y.astype(np.float64), rtol=1e-5, atol=1e-6, equal_nan=True)
+        else:
+            ne = x != y
+        k = int(np.count_nonzero(ne))
+        if k:
+            bad_names.append(n)
+            diff += k
+            worst = max(worst, float(np.max(np.abs(x[ne].astype(np.float64) - y[ne].astype(np.float64)))))
+    bad = bool(bad_names)
+    text = (f"DIFF {diff}/{total} max {worst:g} !" if bad else f"exact ({total})")
+    return {"tensors": names, "differing": bad_names, "elements": total, "differ": diff, "max_abs": worst,
+            "diverged": bad, "text": text}
+
+
+def _row_of(name: str, rows: set[str]) -> str | None:
+    """The ONNX node (or graph input) a compiled tensor belongs to: its name or its first path part."""
+    if name in rows:
+        return name
+    parts = name.split("/")
+    for k in range(len(parts) - 1, 0, -1):
+        p = "/".join(parts[:k])
+        if p in rows:
+            return p
+    return None
+
+
+def _covers(first: str, onnx_nodes, observed: set[str]) -> list[str]:
+    """ONNX nodes computed together with `first` as far as this pair can see: `first` and its
+    producers back to the nearest observed node (folded batch norms, fused conv+relu...)."""
+    producer = {o: (name, op, ins) for name, op, ins, outs in onnx_nodes for o in outs}
+    by_name = {name: (op, ins) for name, op, ins, _ in onnx_nodes}
+    out, todo, seen = [], [first], set()
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in by_name:
+            continue
+        seen.add(n)
+        out.append(n)
+        for i in by_name[n][1]:
+            p = producer.get(i)
+            if p is not None and p[0] not in observed:
+                todo.append(p[0])
+    order = {name: k for k, (name, *_rest) in enumerate(onnx_nodes)}
+    return sorted(out, key=lambda n: order[n])
+
+
+def _chain_order(executors: list[str]) -> list[str]:
+    rank = {e: k for k, e in enumerate(CHAIN)}
+    return sorted(executors, key=lambda e: (rank.get(e, len(CHAIN)), executors.index(e)))
+
+
+def parse_executors(text: str | list[str] | None) -> list[str]:
+    from host_runtime import available_drivers
+    names = [e.strip() for e in (text.split(",") if isinstance(text, str) else text or DEFAULT_EXECUTORS)
+             if e.strip()]
+    if len(names) < 2:
+        raise BisectError(f"--executors {','.join(names)!r}: name at least two executors to compare")
+    allowed = list(FLOAT_EXECUTORS) + ["int8ref"] + available_drivers()
+    for e in names:
+        if e not in allowed:
+            raise BisectError(f"--executors: unknown executor {e!r}; executors are {', '.join(allowed)}")
+    if len(set(names)) != len(names):
+        raise BisectError(f"--executors {','.join(names)!r}: an executor is named twice")
+    return _chain_order(names)
+
+
+def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance | str | None = None,
+           calibration: list | None = None, module=None, driver_options: dict | None = None,
+           progress: Callable[[str], None] | None = None) -> BisectReport:
+    """Run `model` (ONNX path, bytes or ModelProto) on `feed` ({input name: array}) on each
+    executor and compare neighbours node by node. module: a prebuilt accelerator build to use
+    instead of compiling (its .graph is needed for int8ref). driver_options: per driver name,
+    keyword options for get_driver."""
+    import onnx
+    from compiler.errors import CompilerError
+    from host_runtime.errors import HostRuntimeError
+    if isinstance(model, (str, Path)):
+        from compiler.frontend.onnx_import import load_model
+        label = str(model)
+        model = load_model(model)
+    elif isinstance(model, bytes):
+        label, model = "<bytes>", onnx.load_from_string(model)
+    else:
+        label = model.graph.name or "model"
+    ex = parse_executors(executors)
+    tol = tolerance if isinstance(tolerance, Tolerance) else Tolerance.parse(tolerance)
+    onnx_nodes = _onnx_nodes(model)
+    inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    missing = [n for n in inputs if n not in feed]
+    if missing:
+        raise BisectError(f"no input value for {', '.join(missing)} (model inputs: {', '.join(inputs)})")
+    feed = {k: np.asarray(v) for k, v in feed.items() if k in inputs}
+    say = progress or (lambda msg: log.info("%s", msg))
+    obs: dict[str, Observed] = {}
+    e = "accel build"
+    try:
+        if any(e not in FLOAT_EXECUTORS for e in ex) and module is None:
+            say("compiling for the accelerator")
+            module = build_accel(model, feed, config, calibration)
+        for e in ex:
+            say(f"running {e}")
+            if e == "ort":
+                obs[e] = Observed("ort", run_ort(model, feed))
+            elif e == "cpu":
+                obs[e] = run_cpu(model, feed, calibration)
+            elif e == "int8ref":
+                obs[e] = run_int8ref(module, feed)
+            else:
+                obs[e] = run_driver(module, feed, e, **(driver_options or {}).get(e, {}))
+    except (CompilerError, HostRuntimeError) as err:
+        raise BisectError(f"executor {e!r}: {err}") from None
+    ref_shapes = {k: v.shape for k, v in obs["ort"].values.items()} if "ort" in obs else {}
+    row_names = list(inputs) + [n for n, *_ in onnx_nodes]
+    row_set = set(row_names)
+    op_of = {**{n: "(input)" for n in inputs}, **{n: op for n, op, *_ in onnx_nodes}}
+    rows = {n: {"name": n, "op": op_of[n], "pairs": {}} for n in row_names}
+    pairs = []
+    for a, b in zip(ex, ex[1:]):
+        A, B = obs[a], obs[b]
+        key = f"{a}~{b}"
+        cells: dict[str, dict] = {}
+        if A.integer and B.integer:
+            kind = "exact"
+            shared = [n for n in A.values if n in B.values]
+            by_row: dict[str, list[str]] = {}
+            for n in shared:
+                r = _row_of(n, row_set)
+                if r is not None:
+                    by_row.setdefault(r, []).append(n)
+            for r, names in by_row.items():
+                cells[r] = compare_exact(A, B, names)
+        else:
+            quant = A.integer or B.integer or any(v.dtype.kind != "f" for v in B.values.values())
+            kind = "quant" if quant else "float"
+            for r in row_names:
+                shape = ref_shapes.get(r)
+                va = _float_view(A, r, shape)
+                if va is None:
+                    continue
+                vb = _float_view(B, r, va[0].shape if shape is None else shape)
+                if vb is None or vb[0].shape != va[0].shape:
+                    continue
+                if va[2] == "fitted":   # fit the side without a scale against the other
+                    cells[r] = compare_float(vb[0], va[0], va[1], "fitted", quant, tol)
+                else:
+                    cells[r] = compare_float(va[0], vb[0], vb[1], vb[2], quant, tol)
+        first = next((r for r in row_names if r in cells and cells[r]["diverged"]), None)
+        for r, c in cells.items():
+            rows[r]["pairs"][key] = c
+        covers = _covers(first, onnx_nodes, set(cells)) if first is not None else []
+        if first is None:
+            summary = f"{key}: no divergence over {len(cells)} compared node(s)"
+        else:
+            others = [f"{n} ({op_of[n]})" for n in covers if n != first]
+            summary = (f"{key}: first divergence at node '{first}' ({op_of[first]})"
+                       + (f", computed together with {', '.join(others)}" if others else "")
+                       + f": {cells[first]['text'].rstrip(' !')}")
+        pairs.append({"key": key, "a": a, "b": b, "kind": kind, "first": first, "covers": covers,
+                      "compared": len(cells), "summary": summary})
+        log.info("%s", summary)
+    return BisectReport(label, ex, tol, [rows[n] for n in row_names], pairs)
+
+
+__all__ = ["bisect", "BisectReport", "BisectError", "Tolerance", "parse_executors", "CHAIN", "DEFAULT_EXECUTORS"]
+
+
+# ---- command line (accel bisect) ------------------------------------------------------------------
+def add_arguments(p) -> None:
+    p.add_argument("model", help="ONNX model")
+    p.add_argument("--input", dest="inputs", action="append", default=[], metavar="x.npy|NAME=x.npy|in.npz|random",
+                   help="the model's input(s), as for `accel run`")
+    p.add_argument("--config", default="default", metavar="C", help="accelerator preset or JSON file "
+                                                                     "(default: %(default)s)")
+    p.add_argument("--executors", default=",".join(DEFAULT_EXECUTORS), metavar="E1,E2,...",
+                   help=f"executors to compare, in the order {','.join(CHAIN)} (any registered driver after "
+                        f"them; default: %(default)s)")
+    p.add_argument("--tolerance", metavar="KEY=V,...",
+                   help="float comparison limits: cos, rel (int8 vs float; default 0.95, 0.35), float_cos, float_rel "
+                        "(float vs float; default 0.9999, 1e-3), lsb (differences within this many quantization "
+                        "steps never count; default 2)")
+    p.add_argument("--calibration", metavar="S.npz",
+                   help="samples for the int8 scales (as for `accel compile`; default: the input itself)")
+    p.add_argument("--json", metavar="F", help="write the table and the first divergence of each pair as JSON")
+    p.set_defaults(func=main)
+
+
+class _Inputs:
+    """What accel.cli's input reader asks of a model: input names and their types."""
+
+    def __init__(self, graph):
+        self._in = {i.name: i for i in graph.inputs}
+        self.input_names = list(self._in)
+
+    def input_spec(self, name):
+        return self._in[name].type
+
+
+def main(args) -> int:
+    from accel.cli import CliError, _calibration, _read_inputs
+    from accel.isa import resolve_config
+    from compiler.errors import CompilerError
+    from compiler.frontend import from_onnx
+    from compiler.frontend.onnx_import import load_model
+    ex = parse_executors(args.executors)
+    tol = Tolerance.parse(args.tolerance)
+    cfg = resolve_config(args.config)
+    try:
+        model = load_model(args.model)
+        graph = from_onnx(model)
+    except CompilerError as e:
+        raise CliError(f"{args.model}: {e}") from None
+    feed = _read_inputs(_Inputs(graph), args.inputs)
+    cal = _calibration(args.calibration, graph.inputs)
+    report = bisect(model, feed, executors=ex, config=cfg, tolerance=tol, calibration=cal,
+                    progress=lambda msg: print(f"{msg} ...", file=__import__("sys").stderr))
+    report.model = args.model
+    print(report.table())
+    if args.json:
+        report.write_json(args.json)
+        print(f"wrote {args.json}")
+    return 1 if report.diverged else 0
