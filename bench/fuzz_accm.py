@@ -8,8 +8,9 @@ built once; each case mutates one of them:
   raw     1-4 byte edits (flip, set, insert, delete, truncate) of the file: it must be refused with
           ModuleFormatError or load and give the original outputs bit for bit;
   header  1-3 header values replaced (ints of any size, strings, null, lists, ...) and the hashes
-          re-sealed, as an attacker would: refused, or runs and fails only with the runtime's own
-          errors (different outputs are allowed: the file says something else).
+          re-sealed, as an attacker would: refused, or runs and fails only with the kit's own
+          one-line errors (AccelError: the runtime's, or the simulator's on a program the file
+          changed); different outputs are allowed (the file says something else).
 Cases run in a child process so that a crash (signal) or a hang (no progress for --timeout
 seconds) is recorded and the campaign goes on with the next case. Findings (crash, hang, an
 exception of another type, different outputs from a raw mutation) are written with the case
@@ -123,7 +124,7 @@ def mutate(data: bytes, mode: str, rng: random.Random) -> tuple[bytes, str]:
 def run_case(work: Path, k: int, seed: int, modes: list[str]) -> dict:
     """One case: (target, mode, mutation) from (seed, k); its outcome and whether it is a finding."""
     import compiler.module  # noqa: F401  (registers the numpy host ops)
-    from host_runtime.errors import HostRuntimeError
+    from accel.isa.errors import AccelError
     from host_runtime.executor import Executor, ModuleFormatError, ModuleImage
     rng = random.Random(seed * 1_000_003 + k)
     target, mode = rng.choice(TARGETS), rng.choice(modes)
@@ -141,8 +142,8 @@ def run_case(work: Path, k: int, seed: int, modes: list[str]) -> dict:
     try:
         with Executor(mod) as ex:
             got = ex.run(feeds)
-    except HostRuntimeError as e:
-        return {**row, "outcome": "runtime_error", "detail": str(e)[:200]}
+    except AccelError as e:
+        return {**row, "outcome": "runtime_error", "detail": f"{type(e).__name__}: {str(e)[:200]}"}
     except Exception as e:  # noqa: BLE001
         return {**row, "outcome": "exception", "finding": True, "detail": traceback.format_exc(limit=-3)[-800:],
                 "type": type(e).__name__}

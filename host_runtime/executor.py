@@ -406,7 +406,7 @@ class ModuleImage:
                 if shift is not None and (isinstance(shift, bool) or not isinstance(shift, (int, float))
                                           or not math.isfinite(shift) or abs(shift) > 1024):
                     f.fail(f"{w}.shift", f"= {_short(shift)}; allowed: null or a number in -1024..1024")
-                rows.append({"name": f.str(f.get(r, "name", w), f"{w}.name"),
+                rows.append({**r, "name": f.str(f.get(r, "name", w), f"{w}.name"),
                              "tensor": f.int(f.get(r, "tensor", w), f"{w}.tensor", 0, MAX_ITEMS), "shift": shift})
             ios[io_key] = rows
         steps = [cls._step(f, s, k) for k, s in enumerate(f.lst(f.get(h, "steps", ""), "steps"))]
@@ -543,11 +543,13 @@ class ModuleImage:
         return cls.from_bytes(data, str(path), config)
 
     # ---- checks before anything runs ----------------------------------------------------------
-    def validate(self, source: str | None = None) -> dict[str, int]:
+    def validate(self, source: str | None = None) -> dict[str, tuple]:
         """Check every cross-reference and bound: segments and tensors inside the arena, tensor ids,
         constants, accelerator programs inside DRAM, each llvm step against its kernel's signature
-        (a function the verified IR defines), native steps' shapes. Returns {kernel symbol:
-        parameter count}. Raises ModuleFormatError naming the step and field."""
+        (a function the verified IR defines; every buffer passed holds at least the bytes the IR's
+        parameter declares, so a header cannot point a kernel at a smaller buffer), native steps'
+        shapes. Returns {kernel symbol: bytes per parameter}. Raises ModuleFormatError naming the
+        step and field."""
         from .kernel_cache import KernelIRError, verify_ir
         src = source or f"module '{self.name}'"
 
@@ -580,7 +582,7 @@ class ModuleImage:
         for n, a in self.consts.items():
             if not isinstance(a, np.ndarray) or str(a.dtype) not in DTYPES or a.ndim > MAX_RANK:
                 fail(f"constant {n!r}: type {getattr(a, 'dtype', type(a).__name__)} is not a plain numeric array")
-        exports: dict[str, int] = {}
+        exports: dict[str, tuple] = {}
         sigs: dict[str, list] = {}
         for k, ks in enumerate(self.kernels):
             try:
@@ -595,15 +597,15 @@ class ModuleImage:
                 if sym not in v.exports:
                     fail(f"kernels[{k}].signatures: {_short(sym)} is not a kernel function the IR defines "
                          f"(void, pointer parameters)")
-                if len(sig) != v.exports[sym]:
+                if len(sig) != len(v.exports[sym]):
                     fail(f"kernels[{k}].signatures.{sym}: {len(sig)} parameters, the IR's function takes "
-                         f"{v.exports[sym]}")
+                         f"{len(v.exports[sym])}")
                 sigs[sym] = sig
         for k, s in enumerate(self.steps):
-            self._check_step(k, s, sigs, fail)
+            self._check_step(k, s, sigs, exports, fail)
         return exports
 
-    def _check_step(self, k: int, s: Step, sigs: dict, fail) -> None:
+    def _check_step(self, k: int, s: Step, sigs: dict, exports: dict, fail) -> None:
         w = f"step {k} ('{s.name}')"
         nt = len(self.tensors)
         if s.kind not in KINDS:
@@ -625,6 +627,9 @@ class ModuleImage:
             if s.insn_count < 1 or s.insn_addr % INSN_BYTES or end > self.dram_bytes:
                 fail(f"{w}: program at {s.insn_addr:#x} ({s.insn_count} instructions) is empty, misaligned or "
                      f"outside the {self.dram_bytes}-byte DRAM image")
+            if not any(a <= s.insn_addr and end <= a + len(d) for a, d in self.segments):
+                fail(f"{w}: program at {s.insn_addr:#x} ({s.insn_count} instructions) is not inside one segment "
+                     f"of the module's DRAM image")
         elif s.kind == "llvm":
             if s.symbol not in sigs:
                 fail(f"{w}: kernel {_short(s.symbol)} is not a function defined in the module's kernel IR")
@@ -632,10 +637,15 @@ class ModuleImage:
             have = [self._arg_type(a) for a in s.args] + [(tuple(out.shape), out.dtype)]
             if len(have) != len(sig):
                 fail(f"{w}: kernel {s.symbol} takes {len(sig)} arguments, the step passes {len(have)}")
-            for j, ((shape, dtype), (wshape, wdtype)) in enumerate(zip(have, sig)):
+            for j, ((shape, dtype), (wshape, wdtype), need) in enumerate(zip(have, sig, exports[s.symbol])):
                 if math.prod(shape) != math.prod(wshape) or dtype != wdtype:   # a kernel may view a reshape
                     fail(f"{w}: argument {j} is {dtype}{list(shape)}, kernel {s.symbol} takes "
                          f"{wdtype}{list(wshape)}")
+                nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+                if need is None and nbytes:
+                    fail(f"{w}: kernel {s.symbol} parameter {j} declares no size (dereferenceable) in its IR")
+                if need is not None and nbytes < need:
+                    fail(f"{w}: argument {j} holds {nbytes} bytes, kernel {s.symbol}'s IR accesses {need}")
             lo, hi = out.addr, out.addr + out.nbytes
             for a in s.args:
                 t = self.tensors[a[1]] if a[0] == "t" else None

@@ -211,7 +211,8 @@ def _intrinsic_allowed(name: str) -> bool:
 @dataclass(frozen=True)
 class VerifiedIR:
     """IR text that passed verify_ir: `exports` maps each callable kernel (external linkage, void
-    return, pointer parameters only) to its parameter count."""
+    return, pointer parameters only) to a tuple with, per parameter, the bytes it declares it may
+    access (its dereferenceable(N) attribute; None where it declares none)."""
     text: str
     sha256: str
     exports: dict
@@ -330,7 +331,11 @@ def verify_ir(text: str, what: str = "kernel IR") -> VerifiedIR:
         f = mod.get_function(name)
         m = re.fullmatch(r"void \(((?:ptr(?:, )?)*)\)", fty)
         if m and f.linkage.name == "external":
-            exports[name] = 0 if not m.group(1) else m.group(1).count("ptr")
+            sizes = []
+            for a in f.arguments:
+                deref = [re.fullmatch(rb"dereferenceable\((\d+)\)", x) for x in a.attributes]
+                sizes.append(next((int(d.group(1)) for d in deref if d), None))
+            exports[name] = tuple(sizes)
     v = VerifiedIR(text, digest, exports)
     with _LOCK:
         _VERIFIED[digest] = v
@@ -559,6 +564,11 @@ class KernelCache:
 
     def get(self, key: str) -> bytes | None:
         """The verified bytes cached under `key`, or None (a bad entry is deleted and logged)."""
+        hit = self.lookup(key)
+        return None if hit is None else hit[0]
+
+    def lookup(self, key: str) -> tuple[bytes, Path] | None:
+        """(verified bytes, entry path) cached under `key`, or None."""
         if not self._ensure():
             return None
         for p, _ in self._entries():
@@ -571,7 +581,7 @@ class KernelCache:
                     os.utime(p)   # least recently used = oldest mtime
                 except OSError:
                     pass
-                return data
+                return data, p
         return None
 
     def _read_verified(self, p: Path, want: str) -> bytes | None:
@@ -660,7 +670,7 @@ class KernelCache:
 # ---- loading -----------------------------------------------------------------------------------
 @dataclass
 class KernelLibrary:
-    """A loaded kernel library: `lib` (ctypes), `exports` {kernel symbol: parameter count}."""
+    """A loaded kernel library: `lib` (ctypes), `exports` {kernel symbol: bytes per parameter}."""
     lib: ctypes.CDLL
     exports: dict
     key: str
@@ -698,7 +708,7 @@ def _dlopen(data: bytes, fallback: Path | None) -> ctypes.CDLL:
 def load_kernels(texts: list[str], cache: KernelCache | None = None) -> KernelLibrary:
     """Verify, build (or take from the cache) and load the kernels of one module."""
     irs = [verify_ir(t, f"kernel module {k}") for k, t in enumerate(texts)]
-    exports: dict[str, int] = {}
+    exports: dict[str, tuple] = {}
     for k, v in enumerate(irs):
         for name, n in v.exports.items():
             if name in exports:
@@ -709,8 +719,8 @@ def load_kernels(texts: list[str], cache: KernelCache | None = None) -> KernelLi
         if key in _LIBS:
             return _LIBS[key]
         cache = cache if cache is not None else KernelCache()
-        data = cache.get(key)
-        path = None
+        hit = cache.lookup(key)
+        data, path = hit if hit is not None else (None, None)
         if data is None:
             data = link_library(irs)
             path = cache.put(key, data)

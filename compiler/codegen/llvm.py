@@ -48,6 +48,15 @@ def llvm_type(dtype: str, memory: bool = False) -> ir.Type:
     return ir.VectorType(t, lanes) if lanes > 1 else t
 
 
+def _param_bytes(buf) -> int | None:
+    """Bytes a parameter buffer holds when its shape is constant (None when symbolic)."""
+    try:
+        n = buf.numel()
+    except (ValueError, TypeError):
+        return None
+    return int(n) * max(1, dt.bits(buf.dtype) // 8) if isinstance(n, int) and n > 0 else None
+
+
 def _intrinsic_suffix(t: ir.Type) -> str:
     if isinstance(t, ir.VectorType):
         return f"v{t.count}{_intrinsic_suffix(t.element)}"
@@ -98,6 +107,9 @@ class CodegenLLVM:
         for arg, b in zip(fn.args, func.params):
             arg.name = b.name
             arg.add_attribute("noalias")
+            nbytes = _param_bytes(b)
+            if nbytes:   # the runtime checks every buffer passed holds this much (docs/trust.md)
+                arg.attributes.dereferenceable = nbytes
             st.bufptr[b] = arg
         self._run_function(st, func.body)
         return func.name

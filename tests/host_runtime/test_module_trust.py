@@ -146,10 +146,10 @@ def test_kernel_ir_outside_the_allow_list_is_refused(cpu_mod, why):
 
 def test_verified_ir_exports_only_its_kernels():
     v = verify_ir("declare float @expf(float)\n"
-                  "define void @kit_k0(ptr %a, ptr %b) {\n  ret void\n}\n"
+                  "define void @kit_k0(ptr dereferenceable(64) %a, ptr %b) {\n  ret void\n}\n"
                   "define internal void @helper(ptr %a) {\n  ret void\n}\n"
                   "define i32 @notakernel(i32 %x) {\n  ret i32 %x\n}\n")
-    assert v.exports == {"kit_k0": 2}
+    assert v.exports == {"kit_k0": (64, None)}
     with pytest.raises(KernelIRError, match="declared as"):
         verify_ir("declare i32 @expf(ptr)\ndefine void @k() {\n  ret void\n}\n")
     with pytest.raises(KernelIRError, match="launches a parallel loop"):
@@ -227,6 +227,8 @@ HEADER_CASES = [
     (lambda h: h["steps"][_first(h, "accel")].__setitem__("insn_count", 0), r"program .* is empty"),
     (lambda h: h["steps"][_first(h, "accel")].__setitem__("insn_addr", h["dram_bytes"]), r"outside the"),
     (lambda h: h["steps"][_first(h, "accel")].__setitem__("insn_count", -5), r"insn_count' = -5"),
+    (lambda h: h["steps"][_first(h, "accel")].__setitem__("insn_addr", h["tensors"][0]["addr"]),
+     r"is not inside one segment"),
     (lambda h: _swap_first_arg(h), r"argument 0 is \w+\[.*\], kernel \w+ takes"),
     (lambda h: h["steps"][_first(h, "llvm")]["args"].pop(), r"takes \d+ arguments, the step passes"),
     (lambda h: h["steps"][_first(h, "llvm")]["args"].__setitem__(0, ["c", "nope"]), r"constant 'nope'"),
@@ -249,6 +251,27 @@ def test_bad_header_values_are_refused_naming_the_field(accel_mod, case):
     mutate(h)
     with pytest.raises(ModuleFormatError, match=want):
         ModuleImage.from_bytes(seal(h, payload), "m.accm")
+
+
+def test_header_cannot_shrink_a_kernel_buffer(cpu_mod):
+    """Shrinking a tensor and its recorded signature together passes the shape check; the size
+    each parameter declares in the IR (dereferenceable) still refuses it."""
+    h, payload = split(cpu_mod[0].to_bytes())
+    s = h["steps"][_first(h, "llvm")]
+    sig = next(kd["signatures"][s["symbol"]] for kd in h["kernels"] if s["symbol"] in kd["signatures"])
+    t = s["output"]
+    h["tensors"][t]["shape"] = [1] * len(h["tensors"][t]["shape"])
+    sig[-1]["shape"] = [1] * len(sig[-1]["shape"])
+    h["tensors"][t]["addr"] = h["dram_bytes"] - 64   # the kernel would write past the arena
+    with pytest.raises(ModuleFormatError, match=r"argument \d+ holds 4 bytes, kernel \w+'s IR accesses \d+"):
+        ModuleImage.from_bytes(seal(h, payload))
+
+
+def test_every_kernel_parameter_declares_its_size(cpu_mod):
+    for kd in cpu_mod[0].kernels:
+        v = verify_ir(kd.ir)
+        for sym, sig in kd.signatures.items():
+            assert all(n is not None for n in v.exports[sym])
 
 
 def test_overlapping_output_and_input_of_a_kernel_is_refused(cpu_mod):
