@@ -37,7 +37,9 @@ from .module import CompiledModule
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("accel", "cpu")
+TARGETS = ("accel", "cpu", "opencl", "cuda")
+#: GPU targets: float like "cpu", each step a GPU kernel where the op has one (compiler.gpu_build)
+GPU_TARGETS = ("opencl", "cuda")
 #: DRAM reserved while building (the module records only what it uses)
 BUILD_DRAM_BYTES = 1 << 30
 #: tilings measured per layer when tuning (the analytical ranking's best few)
@@ -82,6 +84,8 @@ class KernelDeclined(Exception):
 class _Kernels:
     """Composes fused groups from the operator library into verified LLVM IR modules."""
 
+    kind = "llvm"   # the operator library's target kind the bodies are composed from
+
     def __init__(self):
         self.cache: dict = {}
         self.sources: list[KernelSource] = []
@@ -107,7 +111,7 @@ class _Kernels:
             dtypes = [i.dtype for i in n.inputs]
             try:
                 attrs = normalize_attrs(n.op, n.attrs)
-                impl = select(n.op, "llvm", shapes, dtypes, attrs)
+                impl = select(n.op, self.kind, shapes, dtypes, attrs)
             except CompilerError as e:
                 raise KernelDeclined(str(e)) from None
             call_attrs = dict(attrs)
@@ -696,7 +700,11 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
             read_tuning_log(tune)   # a broken log stops the build (a layer's tiling error falls back)
         except CompilerError as e:
             raise BuildError(str(e)) from None
-    b = _Builder(q, cfg if target == "accel" else None, true_macs, progress, tune if target == "accel" else None)
+    if target in GPU_TARGETS:
+        from .gpu_build import GpuBuilder
+        b = GpuBuilder(q, None, true_macs, progress, None, gpu_target=target)
+    else:
+        b = _Builder(q, cfg if target == "accel" else None, true_macs, progress, tune if target == "accel" else None)
     b.lower()
     mod = b.finish(name or g.name, target, g, t0, {"warnings": warnings, "graph_ops": len(q.ops),
                                                    "tuning": b.tuning})

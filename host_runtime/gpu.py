@@ -92,8 +92,8 @@ class OpenCLDevice:
                 raise GpuError(f"OpenCL kernel {name}: the device compiler refused it: {str(e)[:500]}") from None
             self.programs[key] = prg
         try:
-            return getattr(prg, name)
-        except (AttributeError, self.cl.Error):
+            return self.cl.Kernel(prg, name)
+        except self.cl.Error:
             raise GpuError(f"OpenCL program defines no kernel {name!r}") from None
 
     def launcher(self, attrs: dict, arrays: list[np.ndarray], out: np.ndarray):
