@@ -53,7 +53,9 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"ACCMODL\0"
 FORMAT_VERSION = 2
-KINDS = ("accel", "llvm", "native", "numpy")
+KINDS = ("accel", "llvm", "native", "numpy", "gpu")
+#: module targets (gpu steps: kernel source in attrs, compiled by the device driver; host_runtime.gpu)
+MODULE_TARGETS = ("accel", "cpu", "opencl", "cuda")
 #: bounds on what a module file may ask for (checked before anything is allocated)
 MAX_HEADER_BYTES = 64 << 20
 MAX_DRAM_BYTES = 1 << 32
@@ -376,7 +378,7 @@ class ModuleImage:
             f.fail("version", f"= {_short(h['version'])} disagrees with the file's format version {FORMAT_VERSION}")
         blobs = cls._blobs(f, h, data, _PREAMBLE + hlen)
         name = f.str(f.get(h, "name", ""), "name")
-        target = f.choice(f.get(h, "target", ""), "target", ("accel", "cpu"))
+        target = f.choice(f.get(h, "target", ""), "target", MODULE_TARGETS)
         cfg = cls._config(f, h, config)
         dram = f.int(f.get(h, "dram_bytes", ""), "dram_bytes", 0, MAX_DRAM_BYTES)
         segments = []
@@ -555,8 +557,8 @@ class ModuleImage:
 
         def fail(msg):
             raise ModuleFormatError(f"{src}: {msg}")
-        if self.target not in ("accel", "cpu"):
-            fail(f"target {_short(self.target)}; allowed: accel, cpu")
+        if self.target not in MODULE_TARGETS:
+            fail(f"target {_short(self.target)}; allowed: {', '.join(MODULE_TARGETS)}")
         cfg = self.config
         limit = MAX_DRAM_BYTES if cfg is None else min(MAX_DRAM_BYTES, 1 << cfg.dram_addr_width)
         if not 0 <= self.dram_bytes <= limit:
@@ -654,6 +656,23 @@ class ModuleImage:
                          f"distinct buffers)")
         elif s.kind == "native":
             self._check_native(w, s, fail)
+        elif s.kind == "gpu":
+            self._check_gpu(w, s, fail)
+
+    def _check_gpu(self, w: str, s: Step, fail) -> None:
+        """A GPU kernel step: well-formed launch attributes, arguments matching its parameters."""
+        from .gpu import check_gpu_attrs
+        why = check_gpu_attrs(s.attrs)
+        if why:
+            fail(f"{w}: {why}")
+        out = self.tensors[s.output]
+        have = [self._arg_type(a) for a in s.args] + [(tuple(out.shape), out.dtype)]
+        want = s.attrs["params"]
+        if len(have) != len(want):
+            fail(f"{w}: GPU kernel takes {len(want)} arguments, the step passes {len(have)}")
+        for j, ((shape, dtype), (wshape, wdtype)) in enumerate(zip(have, want)):
+            if math.prod(shape) != math.prod(wshape) or dtype != wdtype:
+                fail(f"{w}: argument {j} is {dtype}{list(shape)}, the GPU kernel takes {wdtype}{list(wshape)}")
 
     def _arg_type(self, a) -> tuple[tuple[int, ...], str]:
         if a[0] == "t":
@@ -830,7 +849,20 @@ class Executor:
                     why = str(e)[:300] if isinstance(e, (IndexError, ValueError)) else f"{type(e).__name__}: {str(e)[:300]}"
                     raise ExecutorError(f"step '{s.name}' ({s.op}): {why}") from None
             return call
+        if s.kind == "gpu":
+            return self._prepare_gpu(s, out)
         raise ExecutorError(f"step '{s.name}': unknown kind {s.kind!r}; kinds are {', '.join(KINDS)}")
+
+    def _prepare_gpu(self, s: Step, out: np.ndarray) -> Callable[[], Any]:
+        """A GPU kernel step: its source compiled by the device's driver (host_runtime.gpu); the
+        device is opened on first use, so a module without GPU steps needs no GPU."""
+        from .gpu import GpuError, open_device
+        try:
+            dev = open_device(s.attrs["lang"])
+            return dev.launcher(s.attrs, [np.ascontiguousarray(self._arg(a)) if a[0] == "c" else self._arg(a)
+                                          for a in s.args], out)
+        except GpuError as e:
+            raise ExecutorError(f"step '{s.name}' ({s.op}): {e}") from None
 
     def set_inputs(self, inputs) -> None:
         m = self.module
@@ -877,7 +909,8 @@ class Executor:
             if keep:
                 self.values[m.tensors[s.output].name] = self.views[s.output].copy()
             results.append(r if s.kind == "accel" else None)
-            row = {"name": s.name, "op": s.op, "target": "accel" if s.kind == "accel" else "cpu", "impl": s.kind,
+            row = {"name": s.name, "op": s.op, "impl": s.kind,
+                   "target": "accel" if s.kind == "accel" else "gpu" if s.kind == "gpu" else "cpu",
                    "time_s": dt, "macs": s.macs}
             if s.note:
                 row["note"] = s.note
