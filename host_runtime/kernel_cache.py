@@ -55,6 +55,11 @@ class KernelCacheError(HostRuntimeError):
     """The kernel cache directory or an entry is unsafe to use (owner, permissions, type)."""
 
 
+class KernelCacheUnavailable(KernelCacheError):
+    """The cache directory cannot be created or read (read-only or missing home): kernels are then
+    built for this process only, never refused for it."""
+
+
 #: the runtime symbol kernels call to run a parallel loop: i32 (worker, closure, n)
 PARALLEL_LAUNCH = "__kit_parallel_launch"
 #: symbols RUNTIME_C defines (an IR may not define them itself)
@@ -541,7 +546,7 @@ class KernelCache:
             except FileNotFoundError:
                 return False
             except OSError as e:
-                raise KernelCacheError(f"kernel cache {p}: {e.strerror}") from None
+                raise KernelCacheUnavailable(f"kernel cache {p}: {e.strerror}") from None
             if not stat.S_ISDIR(st.st_mode):
                 raise KernelCacheError(f"kernel cache {p} is not a directory")
             _check_owned(st, p, "directory")
@@ -719,12 +724,20 @@ def load_kernels(texts: list[str], cache: KernelCache | None = None) -> KernelLi
         if key in _LIBS:
             return _LIBS[key]
         cache = cache if cache is not None else KernelCache()
-        hit = cache.lookup(key)
+        try:
+            hit = cache.lookup(key)
+        except KernelCacheUnavailable as e:
+            log.warning("%s; building the kernels without a cache", e)
+            cache, hit = None, None
         data, path = hit if hit is not None else (None, None)
         if data is None:
             data = link_library(irs)
-            path = cache.put(key, data)
-            log.info("kernel cache: built %s (%d bytes)", path.name, len(data))
+            if cache is not None:
+                try:
+                    path = cache.put(key, data)
+                    log.info("kernel cache: built %s (%d bytes)", path.name, len(data))
+                except (KernelCacheUnavailable, OSError) as e:   # a full or read-only disk: run uncached
+                    log.warning("kernel cache: cannot store the library (%s)", e)
         try:
             lib = _dlopen(data, path)
         except OSError as e:

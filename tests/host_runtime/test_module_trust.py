@@ -513,3 +513,18 @@ def test_a_compiler_crash_is_refused_not_fatal(monkeypatch):
     v = verify_ir("define void @k(ptr %a) {\n  ret void\n}\n")
     with pytest.raises(KernelIRError, match="LLVM could not compile the module's kernel IR"):
         kc.compile_isolated([v])
+
+
+def test_an_unwritable_cache_location_builds_without_caching(cpu_mod, tmp_path, monkeypatch, caplog):
+    """A read-only or missing home must not make models unrunnable (unsafe permissions still refuse)."""
+    mod, feeds, want = cpu_mod
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "file").write_text("")
+    monkeypatch.setenv("ACCEL_KIT_CACHE", str(ro / "file" / "cache"))   # a path under a regular file
+    monkeypatch.setattr(kc, "_LIBS", {})
+    with caplog.at_level("WARNING", logger="host_runtime.kernel_cache"):
+        got = mod.run(feeds)[0]
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    assert "building the kernels without a cache" in caplog.text
