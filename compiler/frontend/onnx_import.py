@@ -451,6 +451,21 @@ def _constant(c):
     c.fail("only dense value/value_float(s)/value_int(s) constants are supported")
 
 
+@converter("ConstantOfShape")
+def _constant_of_shape(c):
+    """A tensor filled with one value, of a constant shape. Converted here rather than folded
+    before loading: Caffe2-era exports (onnx's light models) hold every weight this way, and
+    folding would carry hundreds of MB of Constant nodes through the checker and opset upgrade."""
+    shape = [int(d) for d in np.ravel(c.value(0, "shape"))]
+    if any(d < 0 for d in shape):
+        c.fail(f"negative dimension in shape {shape}")
+    v = c.attr("value")
+    v = np.zeros(1, np.float32) if v is None else np.asarray(v)
+    if v.size != 1:
+        c.fail(f"value must hold one element, got shape {list(v.shape)}")
+    return c.const(np.full(shape, v.reshape(-1)[0], v.dtype), "value")
+
+
 @converter("Gelu")
 def _gelu(c):
     return c.add("gelu", [c.input(0)], {"approximate": c.attr("approximate", "none")})

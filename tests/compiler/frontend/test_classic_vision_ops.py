@@ -210,3 +210,25 @@ def test_reductions_compile_to_llvm_kernels(op, axes, keepdims):
     mod = check(m, {"x": x}, rtol=1e-5, atol=1e-6, build=True)
     assert mod.meta["fallbacks"] == []
     assert mod.count("numpy") == 0
+
+
+# ---- ConstantOfShape (how Caffe2-era exports hold their weights) ---------------------------------
+@pytest.mark.parametrize("value", [None, np.array([0.02], np.float32), np.array([3], np.int64), np.array([-1.5], np.float32)])
+def test_constant_of_shape_is_a_constant_at_import(value):
+    attrs = {} if value is None else {"value": numpy_helper.from_array(value)}
+    dtype = TensorProto.FLOAT if value is None else helper.np_dtype_to_tensor_dtype(value.dtype)
+    nodes = [helper.make_node("ConstantOfShape", ["s"], ["c"], name="fill", **attrs),
+             helper.make_node("Cast", ["c"], ["cf"], name="cast", to=F),
+             helper.make_node("Add", ["x", "cf"], ["y"], name="add")]
+    m = model(nodes, [("x", F, [2, 3, 4])], [("y", F, [2, 3, 4]), ("c", dtype, [3, 4])], [("s", np.array([3, 4], np.int64))])
+    feeds = {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32)}
+    check(m, feeds)
+    g = from_onnx(m)
+    assert g.find("fill/value").is_const
+
+
+def test_constant_of_shape_of_a_runtime_shape_fails_naming_the_node():
+    nodes = [helper.make_node("ConstantOfShape", ["s"], ["y"], name="fill")]
+    m = model(nodes, [("s", TensorProto.INT64, [2])], [("y", F, ["a", "b"])])
+    with pytest.raises(ConversionError, match="ConstantOfShape 'fill': shape .*must be constant.*graph input 's'"):
+        from_onnx(m)
