@@ -52,6 +52,14 @@ class CompiledModule(ModuleImage):
             return outs, ex.profile
 
     def summary(self) -> str:
+        """Build reports as text; a loaded file's `meta` is free-form data, so a report it got wrong
+        is left out rather than failing (the module itself was checked on load)."""
+        try:
+            return self._summary()
+        except (TypeError, KeyError, ValueError, ZeroDivisionError, AttributeError):
+            return repr(self)
+
+    def _summary(self) -> str:
         m = self.meta
         lines = [repr(self)]
         if self.config is not None:

@@ -525,3 +525,11 @@ def test_an_unwritable_cache_location_builds_without_caching(cpu_mod, tmp_path, 
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
     assert "building the kernels without a cache" in caplog.text
+
+
+def test_summary_of_a_module_with_malformed_meta(cpu_mod):
+    h, payload = split(cpu_mod[0].to_bytes())
+    h["meta"] = {"memory": {"planned_bytes": 1}, "macs": "lots", "fallbacks": 5}
+    mod = CompiledModule.from_bytes(seal(h, payload))
+    assert mod.summary().startswith("<CompiledModule 'residual_block' target=cpu")
+    assert "MACs" in cpu_mod[0].summary()
