@@ -1,0 +1,119 @@
+"""GPU schedules lowered to OpenCL C (run on PoCL) and PTX (ptxas), checked against numpy."""
+import numpy as np
+import pytest
+
+from compiler import te
+from compiler.codegen.opencl import build_gpu
+from compiler.errors import CodegenError
+from compiler.ops import gpu, nn
+
+from tests.compiler.gpu.gpu_helpers import opencl_or_skip, ptxas_check
+
+
+def conv_ref(x, w, strides=(1, 1), pads=(0, 0, 0, 0), dil=(1, 1), groups=1):
+    N, C, H, W = x.shape
+    O, Cg, KH, KW = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    OH = (xp.shape[2] - dil[0] * (KH - 1) - 1) // strides[0] + 1
+    OW = (xp.shape[3] - dil[1] * (KW - 1) - 1) // strides[1] + 1
+    y = np.zeros((N, O, OH, OW))
+    og = O // groups
+    for o in range(O):
+        g = o // og
+        for kh in range(KH):
+            for kw in range(KW):
+                h0, w0 = kh * dil[0], kw * dil[1]
+                patch = xp[:, g * Cg:(g + 1) * Cg, h0:h0 + strides[0] * OH:strides[0], w0:w0 + strides[1] * OW:strides[1]]
+                y[:, o] += np.einsum("nchw,c->nhw", patch, w[o, :, kh, kw])
+    return y
+
+
+def _softmax(a):
+    e = np.exp(a - a.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _pool_max(a, k=3, s=2, p=1):
+    ap = np.pad(a, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=-np.inf)
+    OH = (ap.shape[2] - k) // s + 1
+    OW = (ap.shape[3] - k) // s + 1
+    return np.stack([ap[:, :, i:i + s * OH:s, j:j + s * OW:s] for i in range(k) for j in range(k)]).max(0)
+
+
+CASES = {
+    "dense": (lambda a, b: nn.dense(a, b), [(5, 37), (19, 37)], lambda a, b: a @ b.T),
+    "dense_bias_relu": (lambda a, b, c: te.compute((4, 24), lambda i, j: te.max(nn.dense(a, b, c)[i, j], 0.0)),
+                        [(4, 16), (24, 16), (24,)], lambda a, b, c: np.maximum(a @ b.T + c, 0)),
+    "matmul": (lambda a, b: nn.matmul(a, b), [(33, 20), (20, 18)], lambda a, b: a @ b),
+    "batch_matmul": (lambda a, b: nn.matmul(a, b), [(3, 17, 9), (3, 9, 13)], lambda a, b: a @ b),
+    "conv3x3": (lambda a, b: nn.conv2d(a, b, (1, 1), (1, 1, 1, 1)), [(1, 8, 12, 12), (16, 8, 3, 3)],
+                lambda a, b: conv_ref(a, b, (1, 1), (1, 1, 1, 1))),
+    "conv_stride_grouped": (lambda a, b: nn.conv2d(a, b, (2, 2), (1, 0, 1, 1), (1, 1), 2),
+                            [(2, 6, 9, 11), (8, 3, 3, 3)], lambda a, b: conv_ref(a, b, (2, 2), (1, 0, 1, 1), groups=2)),
+    "conv_depthwise": (lambda a, b: nn.conv2d(a, b, (1, 1), (1, 1, 1, 1), (1, 1), 8), [(1, 8, 10, 10), (8, 1, 3, 3)],
+                       lambda a, b: conv_ref(a, b, (1, 1), (1, 1, 1, 1), groups=8)),
+    "conv_dilated_1x1out": (lambda a, b: nn.conv2d(a, b, (1, 1), (2, 2, 2, 2), (2, 2)), [(1, 3, 7, 5), (5, 3, 3, 3)],
+                            lambda a, b: conv_ref(a, b, (1, 1), (2, 2, 2, 2), (2, 2))),
+    "softmax": (lambda a: nn.softmax(a, -1), [(4, 37)], _softmax),
+    "layer_norm": (lambda a, s, b: nn.layer_norm(a, s, b, -1), [(6, 20), (20,), (20,)],
+                   lambda a, s, b: (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5) * s + b),
+    "max_pool": (lambda a: nn.pool2d(a, (3, 3), (2, 2), (1, 1, 1, 1), 0, "max"), [(1, 4, 9, 9)], _pool_max),
+    "global_avg_pool": (lambda a: nn.global_pool2d(a, "avg"), [(2, 5, 7, 7)], lambda a: a.mean((2, 3), keepdims=True)),
+    "injective_tanh": (lambda a: te.compute((3, 70), lambda i, j: te.tanh(a[i, j]) * 2.0), [(3, 70)],
+                       lambda a: np.tanh(a) * 2),
+}
+
+
+def _build(name, target):
+    fn, shapes, ref = CASES[name]
+    phs = [te.placeholder(s, "float32", name=f"p{i}") for i, s in enumerate(shapes)]
+    out = fn(*phs)
+    k = build_gpu(gpu.schedule_gpu([out]), phs + [out], target, f"k_{name}")
+    return k, shapes, ref, tuple(int(d) for d in out.shape)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_opencl_kernel_matches_numpy(name, rng):
+    opencl_or_skip()
+    from host_runtime.gpu import run_kernel
+    k, shapes, ref, oshape = _build(name, "opencl")
+    xs = [rng.standard_normal(s).astype("float32") for s in shapes]
+    y = np.full(oshape, np.nan, "float32")
+    run_kernel(k.to_attrs(), xs, y)
+    r = ref(*xs)
+    assert np.abs(y - r).max() <= 1e-5 * max(1.0, np.abs(r).max()), name
+
+
+@pytest.mark.parametrize("name", ["dense", "batch_matmul", "conv3x3", "conv_stride_grouped", "conv_depthwise"])
+def test_conv_and_dense_use_local_memory(name):
+    k, *_ = _build(name, "opencl")
+    assert k.shared_bytes > 0
+    assert "__local float" in k.source and "barrier(CLK_LOCAL_MEM_FENCE);" in k.source
+    assert k.block[0] * k.block[1] * k.block[2] > 1
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_ptx_passes_ptxas(name, tmp_path):
+    k, *_ = _build(name, "cuda")
+    assert k.lang == "ptx" and ".target sm_70" in k.source and ".entry k_" in k.source
+    info = ptxas_check(k.source, tmp_path, name)
+    if k.shared_bytes:
+        assert "bar.sync" in k.source and "smem" in info
+
+
+def test_too_many_threads_is_a_codegen_error():
+    a = te.placeholder((64, 64), "float32", name="a")
+    b = te.compute((64, 64), lambda i, j: a[i, j] + 1.0, name="b")
+    s = te.create_schedule(b)
+    i, j = s[b].op.axis
+    s[b].bind(i, te.thread_axis("threadIdx.y"))
+    s[b].bind(j, te.thread_axis("threadIdx.x"))
+    with pytest.raises(CodegenError, match="4096 threads per block"):
+        build_gpu(s, [a, b], "opencl", "big")
+
+
+def test_unknown_gpu_target():
+    a = te.placeholder((4,), "float32", name="a")
+    b = te.compute((4,), lambda i: a[i] * 2.0, name="b")
+    with pytest.raises(CodegenError, match="GPU targets are opencl, cuda"):
+        build_gpu(gpu.schedule_injective([b]), [a, b], "metal", "k")

@@ -1,0 +1,111 @@
+"""Models compiled for --target opencl run on PoCL within 1e-4 of onnxruntime; --target cuda
+emits PTX that ptxas accepts; GPU modules save, load and are validated like any module."""
+import numpy as np
+import pytest
+
+import compiler
+from compiler.frontend import zoo
+from compiler.module import CompiledModule
+from host_runtime.executor import ExecutorError, ModuleFormatError
+from tests.compiler.gpu.gpu_helpers import opencl_or_skip, ptxas_check
+
+FAST = ["mlp", "conv_bn_relu_pool", "depthwise_separable", "residual_block"]
+SLOW = ["transformer_encoder", "upsample_decoder"]
+
+
+def _ort(model, feeds):
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def _check(name):
+    opencl_or_skip()
+    m = zoo.MODELS[name]()
+    feeds = zoo.sample_inputs(m, 1)[0]
+    mod = compiler.build_model(m, target="opencl")
+    outs, rows = mod.run(feeds)
+    ref = _ort(m, feeds)
+    for k, r in ref.items():
+        err = np.abs(outs[k] - r).max() / max(1e-12, np.abs(r).max())
+        assert err <= 1e-4, f"{name}/{k}: relative error {err}"
+    assert any(s.kind == "gpu" for s in mod.steps)
+    assert any(r["target"] == "gpu" for r in rows)
+    return mod
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_zoo_model_on_opencl(name):
+    mod = _check(name)
+    for s in mod.steps:
+        if s.op.split("+")[0] in ("conv2d", "dense", "matmul", "batch_matmul"):
+            assert s.kind == "gpu" and "__local" in s.attrs["source"], s.name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW)
+def test_zoo_model_on_opencl_slow(name):
+    _check(name)
+
+
+def test_op_without_gpu_kernel_falls_back_to_cpu_with_reason(monkeypatch):
+    opencl_or_skip()
+    from compiler.ops import gpu, registry  # noqa: F401
+    monkeypatch.setitem(registry.IMPLS, ("softmax", "cuda"), [])
+    monkeypatch.setitem(registry.DECLINED, ("softmax", "cuda"), "declined for the test")
+    m = zoo.mlp()
+    feeds = zoo.sample_inputs(m, 1)[0]
+    mod = compiler.build_model(m, target="opencl")
+    kinds = {s.op: s.kind for s in mod.steps}
+    assert kinds["softmax"] == "llvm"
+    assert any("declined for the test" in f for f in mod.meta["fallbacks"])
+    row = next(r for r in mod.meta["partition"] if r["op"] == "softmax")
+    assert row["target"] == "cpu" and "declined for the test" in row["reason"]
+    outs, _ = mod.run(feeds)
+    ref = _ort(m, feeds)
+    for k, r in ref.items():
+        assert np.abs(outs[k] - r).max() <= 1e-4 * np.abs(r).max()
+
+
+def test_gpu_module_saves_loads_and_rejects_crafted_launch(tmp_path):
+    opencl_or_skip()
+    m = zoo.mlp()
+    feeds = zoo.sample_inputs(m, 1)[0]
+    mod = compiler.build_model(m, target="opencl")
+    p = tmp_path / "mlp.accm"
+    mod.save(p)
+    back = CompiledModule.load(p)
+    assert back.target == "opencl"
+    a, _ = mod.run(feeds)
+    b, _ = back.run(feeds)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    k = next(i for i, s in enumerate(back.steps) if s.kind == "gpu")
+    back.steps[k].attrs["block"] = [4096, 1, 1]
+    with pytest.raises(ModuleFormatError, match=rf"step {k} .*attrs.block"):
+        back.validate()
+    back.steps[k].attrs["block"] = mod.steps[k].attrs["block"]
+    back.steps[k].attrs["params"] = [[[1], "float32"]] * len(back.steps[k].attrs["params"])
+    with pytest.raises(ModuleFormatError, match=rf"step {k} .*GPU kernel takes"):
+        back.validate()
+
+
+def test_cuda_target_emits_ptx_that_ptxas_accepts(tmp_path):
+    m = zoo.conv_bn_relu_pool()
+    mod = compiler.build_model(m, target="cuda")
+    gpu_steps = [s for s in mod.steps if s.kind == "gpu"]
+    assert gpu_steps and all(s.attrs["lang"] == "ptx" for s in gpu_steps)
+    for s in gpu_steps:
+        ptxas_check(s.attrs["source"], tmp_path, s.symbol)
+
+
+def test_cuda_module_without_a_cuda_device_says_so():
+    try:
+        from host_runtime.gpu import CudaDevice
+        CudaDevice()
+        pytest.skip("a CUDA device exists here")
+    except Exception:  # noqa: BLE001
+        pass
+    mod = compiler.build_model(zoo.mlp(), target="cuda")
+    with pytest.raises(ExecutorError, match="CUDA"):
+        mod.run(zoo.sample_inputs(zoo.mlp(), 1)[0])
