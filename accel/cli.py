@@ -203,6 +203,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dump-dram", metavar="FILE", help="write the whole DRAM after the run to FILE")
     p.add_argument("--check-races", action="store_true",
                    help="fsim: fail on any buffer entry two stages touch with no dependency token ordering them")
+    p.add_argument("--lockstep", metavar="A,B",
+                   help="run two executors (e.g. fsim,rtl) instruction by instruction; print the first instruction "
+                        "whose effect (buffer entries, DRAM bytes written) differs and exit 1 (docs/bisect.md)")
     g = p.add_argument_group("timing drivers (tsim, rtl); for programs and compiled models")
     g.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (one track per stage; a model adds a "
                                                    "track with one named span per layer) as JSON")
@@ -214,6 +217,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
+    if getattr(args, "lockstep", None):
+        from flows.lockstep import run_cli
+        return run_cli(args)
     if args.check_races and args.driver != "fsim":
         raise CliError(f"--check-races is fsim's check; it needs --driver fsim, not {args.driver!r}")
     if _is_module_file(args.input):
@@ -612,9 +618,14 @@ def _model_timing_outputs(args, mod, ex) -> None:
 @command("compile", "compile an ONNX model for the accelerator (with CPU fallback) or the CPU into one file")
 def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX model file")
-    p.add_argument("--target", default="accel", choices=("accel", "cpu"), help="(default: %(default)s)")
+    p.add_argument("--target", default="accel", choices=("accel", "cpu", "opencl", "cuda"),
+                   help="accel (int8, CPU fallback), cpu, or a GPU: opencl (OpenCL C; PoCL runs it on the CPU "
+                        "where there is no GPU) or cuda (PTX); ops without a GPU kernel run on the CPU "
+                        "(default: %(default)s)")
     _config_arg(p)
     p.add_argument("-o", "--output", required=True, help="compiled model file to write (.accm)")
+    p.add_argument("--emit", metavar="DIR", help="also write the generated sources there: GPU kernels (.cl, .ptx), "
+                                                 "CPU kernels' LLVM IR (.ll) and assembly (.s)")
     p.add_argument("--calibration", metavar="FILE",
                    help="sample inputs for the int8 scales. An .npz with one array per model input, stored under the "
                         "input's name, of shape (S, *input shape): S samples stacked on a new first axis, the same S "
@@ -698,6 +709,10 @@ def _compile(args) -> int:
         bar.close()
     mod.save(args.output)
     print(mod.summary())
+    if getattr(args, "emit", None):
+        from compiler.emit import emit_sources
+        files = emit_sources(mod, args.emit)
+        print(f"wrote {len(files)} source file(s) to {args.emit}")
     for w in mod.meta.get("warnings", []):
         print(f"warning: {w}")
     if args.explain:

@@ -1,0 +1,212 @@
+"""Lockstep co-simulation (sim/lockstep.py, flows/lockstep.py, `accel run --lockstep`): no
+divergence on correct random programs and compiled layers; a fault injected into one executor is
+named at its instruction (stepped executors) or at the STORE that writes its damage, with the
+instruction behind it (executors run as a whole: prefixes); prefixes are valid programs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from accel.cli import main
+from accel.isa import PRESETS, Store, encode_program
+from host_runtime.device import _DRIVERS, register_driver
+from host_runtime.drivers.fsim import FsimDriver
+from randprog import random_program
+from sim.fsim import Fsim
+from sim.lockstep import LockstepError, RecordingFsim, lockstep, prefix_program
+from sim.verilator.build import tools_available
+
+CONFIGS = ["tiny", "default"]
+
+
+def _stored_writer(cfg, prog):
+    """(store index, OUT entry, last instruction changing that entry before the store) such that
+    flipping a bit of the entry after that instruction changes the DRAM the program leaves (a later
+    write of the same value would mask it)."""
+    dram = prog.dram_image()
+    ref = RecordingFsim(cfg)
+    good = dram.copy()
+    ref.run(good, prog.insn_addr, len(prog.insns))
+    for st, x in enumerate(prog.insns):
+        if isinstance(x, Store) and x.y_size and x.x_size:
+            for e in range(x.sram_base, x.sram_base + x.y_size * x.x_size):
+                w = [i for i, eff in ref.effects.items()
+                     if i < st and "out" in eff.writes and e in eff.writes["out"][0]]
+                if w:
+                    bad = dram.copy()
+                    RecordingFsim(cfg, fault=_fault(max(w), e)).run(bad, prog.insn_addr, len(prog.insns))
+                    if not np.array_equal(bad, good):
+                        return st, e, max(w)
+    pytest.skip("the program stores nothing it computed")
+
+
+def _fault(at: int, entry: int):
+    def f(idx, sim, dram):
+        if idx == at:
+            sim.out[entry] ^= 1
+    return f
+
+
+class _Whole:
+    """An executor that cannot be single-stepped (no effect log): forces the prefix mode."""
+
+    def __init__(self, cfg, fault=None):
+        self.sim = RecordingFsim(cfg, fault=fault)
+
+    def run(self, dram, insn_addr, insn_count):
+        return self.sim.run(dram, insn_addr, insn_count)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_correct_program_has_no_divergence(config, seed):
+    cfg = PRESETS[config]
+    prog, _ = random_program(cfg, seed)
+    r = lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, lambda: RecordingFsim(cfg),
+                 lambda: RecordingFsim(cfg), ("fsim", "fsim2"))
+    assert r.mode == "effects" and not r.diverged, r.text()
+    r = lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, lambda: RecordingFsim(cfg),
+                 lambda: _Whole(cfg), ("fsim", "whole"))
+    assert r.mode == "prefix" and not r.diverged, r.text()
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("seed", [3, 4])
+def test_fault_named_at_its_instruction(config, seed):
+    cfg = PRESETS[config]
+    prog, _ = random_program(cfg, seed)
+    st, entry, writer = _stored_writer(cfg, prog)
+    fault = _fault(writer, entry)
+    r = lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, lambda: RecordingFsim(cfg),
+                 lambda: RecordingFsim(cfg, fault=fault), ("fsim", "bad"))
+    assert r.diverged and r.divergence.index == writer, r.text()
+    assert any(line.startswith(f"out[{entry}]:") for line in r.divergence.lines), r.text()
+    assert f"instruction {writer}:" in r.text()
+    # run as a whole: the first STORE that writes the damage, and the instruction behind it
+    r = lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, lambda: RecordingFsim(cfg),
+                 lambda: _Whole(cfg, fault), ("fsim", "whole"))
+    assert r.mode == "prefix" and r.diverged, r.text()
+    assert r.divergence.index == st and isinstance(prog.insns[st], Store)
+    assert any(f"OUT entry {entry})" in line for line in r.divergence.lines), r.text()
+    assert any(f"instruction {writer}:" in line for line in r.divergence.origin), r.text()
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_prefix_is_a_valid_program(config):
+    """Each prefix runs to FINISH with no token left over, and the last one leaves the full
+    program's DRAM."""
+    cfg = PRESETS[config]
+    prog, _ = random_program(cfg, 7)
+    dram = prog.dram_image()
+    full = dram.copy()
+    Fsim(cfg).run(full, prog.insn_addr, len(prog.insns))
+
+    def run_prefix(k):
+        p = prefix_program(prog.insns, k)
+        d = np.concatenate([dram, encode_program(p, cfg).reshape(-1)])
+        stats = Fsim(cfg, check_races=True).run(d, dram.size, len(p))   # a race would fail the run
+        return d[:dram.size], stats
+    for k in range(len(prog.insns) - 1):
+        _, stats = run_prefix(k)
+        assert not stats.leftover_tokens, (k, stats.leftover_tokens)
+    last = max(i for i, x in enumerate(prog.insns) if isinstance(x, Store))
+    assert np.array_equal(run_prefix(last)[0], full)
+
+
+@register_driver("faulty_lockstep_test")
+class _FaultyDriver(FsimDriver):
+    """The fsim driver with one OUT entry flipped after instruction `at` (set by the test)."""
+    at = entry = -1
+
+    def __init__(self, cfg, **kw):
+        super().__init__(cfg, **kw)
+        self.sim = RecordingFsim(cfg, fault=_fault(type(self).at, type(self).entry))
+
+    def run(self, dram, insn_addr, insn_count):
+        from host_runtime.device import RunResult
+        self.sim.run(dram, insn_addr, insn_count)
+        return RunResult(self.name, insn_count, 0.0, {})
+
+
+def test_cli_program_lockstep(tmp_path, capsys):
+    cfg = PRESETS["tiny"]
+    prog, _ = random_program(cfg, 3)
+    path = tmp_path / "p.accp"
+    prog.save(path)
+    assert main(["run", str(path), "--lockstep", "fsim,tsim"]) == 0
+    assert "no divergence" in capsys.readouterr().out
+    st, entry, writer = _stored_writer(cfg, prog)
+    _FaultyDriver.at, _FaultyDriver.entry = writer, entry
+    assert main(["run", str(path), "--lockstep", "fsim,faulty_lockstep_test"]) == 1
+    out = capsys.readouterr().out
+    assert f"first divergence at instruction {st}: store" in out
+    assert f"last changed by instruction {writer}:" in out
+    assert main(["run", str(path), "--lockstep", "fsim"]) == 2
+    assert main(["run", str(path), "--lockstep", "fsim,nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "name two executors" in err and "unknown executor 'nosuch'" in err
+    assert "faulty_lockstep_test" in _DRIVERS
+
+
+def test_compiled_model_lockstep_names_the_step():
+    from compiler.frontend import zoo
+    from compiler.graph_build import build_model
+    from flows.lockstep import lockstep_model
+    model = zoo.residual_block()
+    feeds = zoo.sample_inputs(model, 2, seed=0)
+    mod = build_model(model, target="accel", config="tiny", calibration=feeds[:1])
+    steps = [s for s in mod.steps if s.kind == "accel"]
+    made = []
+
+    def spy():
+        made.append(RecordingFsim(mod.config))
+        return made[-1]
+    rep = lockstep_model(mod, feeds[1], "fsim", "fsim", make_a=spy)
+    assert not rep.diverged and [n for n, _ in rep.steps] == [s.name for s in steps], rep.text()
+    assert "no divergence in" in rep.text()
+    # a fault in one step's computation (the last): that step and instruction are named
+    t = len(steps) - 1
+    j, eff = next((i, e) for i, e in sorted(made[t].effects.items()) if "out" in e.writes)
+    entry = int(eff.writes["out"][0][0])
+    calls = []
+
+    def make_bad():
+        calls.append(1)
+        return RecordingFsim(mod.config, fault=_fault(j, entry) if len(calls) == t + 1 else None)
+    rep = lockstep_model(mod, feeds[1], "fsim", "bad", make_b=make_bad)
+    assert rep.diverged, rep.text()
+    name, r = rep.steps[-1]
+    assert name == steps[t].name and r.divergence.index == j, rep.text()
+    assert f"first divergence in step '{steps[t].name}'" in rep.text()
+
+
+def test_bad_prefix_request():
+    cfg = PRESETS["tiny"]
+    prog, _ = random_program(cfg, 1)
+
+    class Broken:
+        def run(self, dram, a, n):
+            from sim.errors import ExecError
+            raise ExecError("broken executor")
+    with pytest.raises(LockstepError, match="'broken'"):
+        lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, lambda: RecordingFsim(cfg), Broken,
+                 ("fsim", "broken"))
+
+
+@pytest.mark.rtl
+@pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")
+def test_fsim_rtl_lockstep_tiny():
+    """The RTL cannot be single-stepped: the whole run (and, on a difference, prefixes) compared."""
+    from flows.lockstep import factory
+    cfg = PRESETS["tiny"]
+    prog, _ = random_program(cfg, 2)
+    r = lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, factory("fsim", cfg), factory("rtl", cfg),
+                 ("fsim", "rtl"))
+    assert r.mode == "prefix" and not r.diverged, r.text()
+    # prefixes run on the RTL as on fsim
+    from sim.lockstep import _run_prefix
+    dram = prog.dram_image()
+    for k in (len(prog.insns) // 3, 2 * len(prog.insns) // 3):
+        p = prefix_program(prog.insns, k)
+        assert np.array_equal(_run_prefix(factory("fsim", cfg), cfg, p, dram, "fsim"),
+                              _run_prefix(factory("rtl", cfg), cfg, p, dram, "rtl"))
