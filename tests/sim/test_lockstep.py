@@ -210,3 +210,35 @@ def test_fsim_rtl_lockstep_tiny():
         p = prefix_program(prog.insns, k)
         assert np.array_equal(_run_prefix(factory("fsim", cfg), cfg, p, dram, "fsim"),
                               _run_prefix(factory("rtl", cfg), cfg, p, dram, "rtl"))
+
+
+def _bench():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "bench" / "random_regression.py"
+    spec = importlib.util.spec_from_file_location("random_regression", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_random_regression_slice(tmp_path):
+    """bench/random_regression.py on a small slice: tsim, the plain ISA model and (where Verilator
+    is installed) the RTL agree with fsim; a faulty executor is reported with seed, config and the
+    first diverging instruction."""
+    import json
+    bench = _bench()
+    executors = "tsim,ref" + (",rtl" if tools_available() is None else "")
+    out = tmp_path / "rr.json"
+    assert bench.main(["--seeds", "2", "--configs", "tiny", "--executors", executors, "-o", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["runs"] == 2 * len(executors.split(",")) and d["mismatches"] == [] and d["errors"] == []
+    cfg = PRESETS["tiny"]
+    prog, _ = random_program(cfg, 3)
+    st, entry, writer = _stored_writer(cfg, prog)
+    _FaultyDriver.at, _FaultyDriver.entry = writer, entry
+    s = bench.regression(1, ["tiny"], ["faulty_lockstep_test"], first_seed=3)
+    assert len(s["mismatches"]) == 1
+    m = s["mismatches"][0]
+    assert (m["config"], m["seed"], m["executor"], m["first_insn"]) == ("tiny", 3, "faulty_lockstep_test", st)
+    assert any(f"instruction {writer}:" in line for line in m["origin"])
