@@ -62,6 +62,8 @@ class KernelCacheUnavailable(KernelCacheError):
 
 #: the runtime symbol kernels call to run a parallel loop: i32 (worker, closure, n)
 PARALLEL_LAUNCH = "__kit_parallel_launch"
+#: prefix of every function a kernel module makes visible (the code generator's kit_k<n>_<name>)
+KERNEL_PREFIX = "kit_"
 #: symbols RUNTIME_C defines (an IR may not define them itself)
 RUNTIME_SYMBOLS = frozenset({PARALLEL_LAUNCH, "kit_set_num_threads"})
 
@@ -290,6 +292,10 @@ def verify_ir(text: str, what: str = "kernel IR") -> VerifiedIR:
                 or name in RUNTIME_SYMBOLS:
             raise KernelIRError(f"{what}: defines function {name[:80]!r}; kernel names are identifiers that do not "
                                 f"start with '_' or 'llvm.' and shadow no allowed external or runtime symbol")
+        if f.linkage.name not in ("internal", "private") and not name.startswith(KERNEL_PREFIX):
+            # a visible definition named like a C library function could stand in for it
+            raise KernelIRError(f"{what}: defines visible function {name[:80]!r}; visible kernel names start with "
+                                f"'{KERNEL_PREFIX}' (others must be internal)")
         header = next((ln for ln in str(f).splitlines() if ln.startswith("define")), "")
         header = re.sub(r'[%@]?"[^"]*"|[%@#!][-\w.$]*', " ", header)   # strings and names cannot hide a keyword
         bad = _FORBIDDEN_DEFINE.search(header)

@@ -144,13 +144,15 @@ def test_verified_ir_exports_only_its_kernels():
     v = verify_ir("declare float @expf(float)\n"
                   "define void @kit_k0(ptr dereferenceable(64) %a, ptr %b) {\n  ret void\n}\n"
                   "define internal void @helper(ptr %a) {\n  ret void\n}\n"
-                  "define i32 @notakernel(i32 %x) {\n  ret i32 %x\n}\n")
+                  "define i32 @kit_notakernel(i32 %x) {\n  ret i32 %x\n}\n")
+    with pytest.raises(KernelIRError, match="defines visible function 'pthread_create'"):
+        verify_ir("define i32 @pthread_create(ptr %a, ptr %b, ptr %c, ptr %d) {\n  ret i32 0\n}\n")
     assert v.exports == {"kit_k0": (64, None)}
     with pytest.raises(KernelIRError, match="declared as"):
-        verify_ir("declare i32 @expf(ptr)\ndefine void @k() {\n  ret void\n}\n")
+        verify_ir("declare i32 @expf(ptr)\ndefine void @kit_k() {\n  ret void\n}\n")
     with pytest.raises(KernelIRError, match="launches a parallel loop"):
         verify_ir("declare i32 @__kit_parallel_launch(ptr, ptr, i32)\ndeclare ptr @malloc(i64)\n"
-                  "define void @k(ptr %a) {\n  %r = call i32 @__kit_parallel_launch(ptr @malloc, ptr %a, i32 4)\n"
+                  "define void @kit_k(ptr %a) {\n  %r = call i32 @__kit_parallel_launch(ptr @malloc, ptr %a, i32 4)\n"
                   "  ret void\n}\n")
 
 
@@ -507,7 +509,7 @@ def test_a_compiler_crash_is_refused_not_fatal(monkeypatch):
     """LLVM stopping the compiling process (here: a child that dies) is one error for the caller."""
     monkeypatch.setattr(kc, "_OBJECTS", kc.OrderedDict())
     monkeypatch.setattr(kc.sys, "executable", "/bin/false")
-    v = verify_ir("define void @k(ptr %a) {\n  ret void\n}\n")
+    v = verify_ir("define void @kit_k(ptr %a) {\n  ret void\n}\n")
     with pytest.raises(KernelIRError, match="LLVM could not compile the module's kernel IR"):
         kc.compile_isolated([v])
 
