@@ -13,6 +13,10 @@ to the same index of the output buffer; an ALU FLUSH writes its requantized valu
 entry its source read (acc_rd_b) to the accumulator. EPILOGUE retires as a no-op that sets the
 epilogue registers; a flushing GEMM's last micro-op of each pass gets its seed index from them
 (kept as running sums like the other indices) and reads the seed on acc_rd_b (GemmCore).
+Index faults: the running sums are LOOP_ITER_BITS + 2 bits wider than the buffer indices, so S1
+sees each micro-op's exact indices; the first whose dst, read source, weight or flush seed is
+beyond its buffer is not issued (nor is any after it, nor another instruction): `fault` pulses
+with the instruction's index (carried in the command queue entry above its 128 bits).
 """
 from __future__ import annotations
 
@@ -20,14 +24,15 @@ from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from accel.isa import AccelConfig, MemType, Opcode
-from accel.isa.config import INSN_BITS, OPCODE_BITS
+from accel.isa import AccelConfig, AluOp, MemType, Opcode
+from accel.isa.config import INSN_BITS, LOOP_ITER_BITS, OPCODE_BITS
 
 from .alu import TensorAlu
 from .axi import ReadClientSignature
 from .gemm import GemmCore
 from .layouts import decode, lanes, read_signature, uop_layout
 from .load import TileLoader, buffer_write_signature, port_name
+from .params import INDEX_BITS
 from .queues import QueueReadSignature, QueueWriteSignature
 from .stage import StageControl
 
@@ -37,7 +42,9 @@ class ComputeStage(wiring.Component):
     store. dma: read client (uop and acc loads). wr_uop, wr_acc, wr_out: buffer write ports.
     uop_rd, inp_rd, wgt_rd, acc_rd_a, acc_rd_b: buffer read ports (acc ones write-transparent).
     finished (Out): FINISH retired. idle, busy_cycle, stall_cycle (Out): as StageControl.
-    gemm_uop / alu_uop (Out): one cycle per micro-op issued.
+    gemm_uop / alu_uop (Out): one cycle per micro-op issued. halt (In): take no instruction.
+    event / executing (Out): as StageControl's. fault (Out, strobe) / fault_index (Out): a
+    micro-op index out of range, in the instruction of that index.
     """
 
     LOAD_TYPES = (MemType.UOP, MemType.ACC)
@@ -46,7 +53,7 @@ class ComputeStage(wiring.Component):
         self.cfg = cfg
         acc_bits = cfg.acc_elem_bytes * 8
         super().__init__({
-            "cmd": Out(QueueReadSignature(INSN_BITS)),
+            "cmd": Out(QueueReadSignature(INSN_BITS + INDEX_BITS)),
             "prev_in": Out(QueueReadSignature(1)), "prev_out": Out(QueueWriteSignature(1)),
             "next_in": Out(QueueReadSignature(1)), "next_out": Out(QueueWriteSignature(1)),
             "dma": Out(ReadClientSignature(cfg)),
@@ -59,12 +66,13 @@ class ComputeStage(wiring.Component):
             "acc_rd_a": In(read_signature(cfg.acc_idx_bits, acc_bits)),
             "acc_rd_b": In(read_signature(cfg.acc_idx_bits, acc_bits)),
             "finished": Out(1), "idle": Out(1), "busy_cycle": Out(1), "stall_cycle": Out(1),
-            "gemm_uop": Out(1), "alu_uop": Out(1)})
+            "gemm_uop": Out(1), "alu_uop": Out(1), "halt": In(1), "event": Out(1), "executing": Out(1),
+            "fault": Out(1), "fault_index": Out(INDEX_BITS)})
 
     def elaborate(self, platform):
         m = Module()
         cfg = self.cfg
-        m.submodules.ctrl = ctrl = StageControl(has_prev=True, has_next=True)
+        m.submodules.ctrl = ctrl = StageControl(has_prev=True, has_next=True, width=INSN_BITS + INDEX_BITS)
         m.submodules.loader = loader = TileLoader(cfg, self.LOAD_TYPES)
         m.submodules.gemm = gemm = GemmCore(cfg)
         m.submodules.alu = alu = TensorAlu(cfg)
@@ -73,7 +81,7 @@ class ComputeStage(wiring.Component):
         wiring.connect(m, wiring.flipped(self.dma), loader.dma)
         wiring.connect(m, wiring.flipped(self.wr_uop), getattr(loader, port_name(MemType.UOP)))
 
-        insn = ctrl.insn
+        insn = ctrl.insn[:INSN_BITS]
         opcode = insn[:OPCODE_BITS]
         is_gemm, is_alu = opcode == Opcode.GEMM, opcode == Opcode.ALU
         g, a, e = decode(cfg, "GEMM", insn), decode(cfg, "ALU", insn), decode(cfg, "EPILOGUE", insn)
@@ -91,13 +99,14 @@ class ComputeStage(wiring.Component):
         bgn, end = pick("uop_bgn"), pick("uop_end")
         iter_out, iter_in = pick("iter_out"), pick("iter_in")
         sb = cfg.src_idx_bits
+        wide = LOOP_ITER_BITS + 2      # room for (iter - 1) * factor above an index: sums never wrap
         active = Signal()
         u = Signal(cfg.uop_idx_bits + 1)
         i0, i1 = Signal.like(g.iter_out), Signal.like(g.iter_in)
-        d_out, d_in = Signal(cfg.acc_idx_bits), Signal(cfg.acc_idx_bits)
-        s_out, s_in = Signal(sb), Signal(sb)
-        w_out, w_in = Signal(cfg.wgt_idx_bits), Signal(cfg.wgt_idx_bits)
-        e_out, e_in = Signal(cfg.acc_idx_bits), Signal(cfg.acc_idx_bits)   # seed offsets
+        d_out, d_in = Signal(cfg.acc_idx_bits + wide), Signal(cfg.acc_idx_bits + wide)
+        s_out, s_in = Signal(sb + wide), Signal(sb + wide)
+        w_out, w_in = Signal(cfg.wgt_idx_bits + wide), Signal(cfg.wgt_idx_bits + wide)
+        e_out, e_in = Signal(cfg.acc_idx_bits + wide), Signal(cfg.acc_idx_bits + wide)   # seed offsets
         dfo, dfi = pick("dst_factor_out"), pick("dst_factor_in")
         sfo, sfi = pick("src_factor_out"), pick("src_factor_in")
 
@@ -132,13 +141,28 @@ class ComputeStage(wiring.Component):
                      p1_last.eq(u + 1 == end)]
         ul = uop_layout(cfg)
         uop = data.View(ul, self.uop_rd.data[:ul.size])
-        dst = (uop.acc + p1_d)[:cfg.acc_idx_bits]
-        src = (uop.src + p1_s)[:sb]
-        m.d.comb += [gemm.in_valid.eq(p1_valid & is_gemm), gemm.in_acc.eq(dst), gemm.in_inp.eq(src[:cfg.inp_idx_bits]),
-                     gemm.in_wgt.eq((uop.wgt + p1_w)[:cfg.wgt_idx_bits]), gemm.in_reset.eq(g.reset),
-                     gemm.in_flush.eq(g.flush & p1_last), gemm.in_seed.eq((epi_base + p1_e)[:cfg.acc_idx_bits]),
+        dst_full, src_full = Signal(len(p1_d) + 1), Signal(len(p1_s) + 1)
+        wgt_full, seed_full = Signal(len(p1_w) + 1), Signal(len(p1_e) + 1)
+        m.d.comb += [dst_full.eq(uop.acc + p1_d), src_full.eq(uop.src + p1_s), wgt_full.eq(uop.wgt + p1_w),
+                     seed_full.eq(epi_base + p1_e)]
+        dst, src = dst_full[:cfg.acc_idx_bits], src_full[:sb]
+        # ---- index faults (the checks of fsim's _plan and _flush_plan) -----------------------
+        reads_src = Mux(is_gemm, ~g.reset, ~a.use_imm | (a.alu_op == AluOp.FLUSH))
+        src_depth = Mux(is_gemm, cfg.inp_depth, cfg.acc_depth)
+        bad_idx = Signal()
+        m.d.comb += bad_idx.eq((dst_full >= cfg.acc_depth) | (reads_src & (src_full >= src_depth)) |
+                               (is_gemm & ~g.reset & (wgt_full >= cfg.wgt_depth)) |
+                               (is_gemm & g.flush & p1_last & ~epi_to_acc & (seed_full >= cfg.acc_depth)))
+        faulted = Signal()
+        issue = p1_valid & ~faulted & ~bad_idx
+        with m.If(p1_valid & ~faulted & bad_idx):
+            m.d.comb += [self.fault.eq(1), self.fault_index.eq(ctrl.insn[INSN_BITS:])]
+            m.d.sync += [faulted.eq(1), active.eq(0)]
+        m.d.comb += [gemm.in_valid.eq(issue & is_gemm), gemm.in_acc.eq(dst), gemm.in_inp.eq(src[:cfg.inp_idx_bits]),
+                     gemm.in_wgt.eq(wgt_full[:cfg.wgt_idx_bits]), gemm.in_reset.eq(g.reset),
+                     gemm.in_flush.eq(g.flush & p1_last), gemm.in_seed.eq(seed_full[:cfg.acc_idx_bits]),
                      gemm.flush_imm.eq(epi_imm), gemm.flush_to_acc.eq(epi_to_acc),
-                     alu.in_valid.eq(p1_valid & is_alu), alu.in_dst.eq(dst), alu.in_src.eq(src[:cfg.acc_idx_bits]),
+                     alu.in_valid.eq(issue & is_alu), alu.in_dst.eq(dst), alu.in_src.eq(src[:cfg.acc_idx_bits]),
                      alu.in_op.eq(a.alu_op), alu.in_use_imm.eq(a.use_imm), alu.in_imm.eq(a.imm)]
 
         # ---- buffer ports --------------------------------------------------------------------
@@ -171,6 +195,7 @@ class ComputeStage(wiring.Component):
         with m.If(ctrl.retire & (opcode == Opcode.FINISH)):
             m.d.sync += finished.eq(1)
         m.d.comb += [ctrl.unit_busy.eq(loader.busy | active | p1_valid | gemm.busy | alu.busy),
-                     ctrl.halt.eq(finished), self.finished.eq(finished), self.idle.eq(ctrl.idle),
+                     ctrl.halt.eq(finished | faulted | self.halt), self.finished.eq(finished), self.idle.eq(ctrl.idle),
+                     self.event.eq(ctrl.event), self.executing.eq(ctrl.executing),
                      self.busy_cycle.eq(ctrl.busy_cycle), self.stall_cycle.eq(ctrl.stall_cycle)]
         return m

@@ -14,47 +14,111 @@ Dispatch: one instruction per cycle from the buffer head to its command queue wh
 has space, up to and including the first FINISH: instructions after it are never dispatched
 (those already read are dropped), and no DMA starts from the cycle after it is dispatched.
 Routing: LOAD of INP/WGT -> load; STORE -> store; everything else (GEMM, ALU, FINISH, LOAD of
-UOP/ACC, unknown) -> compute.
+UOP/ACC) -> compute; compute's command queue entries carry the instruction's index above its
+128 bits (INDEX_BITS), for the faults compute reports.
+Faults (accel/hw/params.py): each instruction is checked as it enters the buffer (the code is
+stored beside it, so the check is off the dispatch path); a faulting instruction at the head is
+not dispatched: fetch raises `fault` with its code and index and dispatches nothing more. So
+does reaching INSN_COUNT without a FINISH (NO_FINISH, index INSN_COUNT). halt (In) stops
+dispatch and refill (another unit's fault).
 """
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from accel.isa import AccelConfig, MemType, Opcode
+from accel.isa import AccelConfig, AluOp, MemType, Opcode, buffer_depth, formats_for
 from accel.isa.config import INSN_BITS, OPCODE_BITS
 
 from .axi import ReadClientSignature
 from .dma import ReadDMA
-from .layouts import mem_type_of
-from .params import ibuf_depth
+from .layouts import decode, mem_type_of
+from .params import CODE_BITS, INDEX_BITS, ErrorCode, ibuf_depth
 from .queues import Queue, QueueWriteSignature
+from .stage import POP_NEXT, POP_PREV, PUSH_NEXT, PUSH_PREV
 
 INSN_BYTES = INSN_BITS // 8
 
 
+def static_check(m: Module, cfg: AccelConfig, word):
+    """The ErrorCode (CODE_BITS) of an instruction word as fetch sees it: accel.hw.params.
+    static_fault's checks, with decoding's (ILLEGAL_INSN) first and BAD_FIELD before SRAM_RANGE."""
+    code = Signal(CODE_BITS)
+    opcode = word[:OPCODE_BITS]
+    fmts = formats_for(cfg)
+    ld, st, g = decode(cfg, "LOAD", word), decode(cfg, "STORE", word), decode(cfg, "GEMM", word)
+    a = decode(cfg, "ALU", word)
+    illegal, bad, over = Signal(), Signal(), Signal()
+    rows, cols = Signal(SIZE_W := len(ld.y_size) + 2), Signal(SIZE_W)
+    n = Signal(2 * SIZE_W)
+    m.d.comb += [rows.eq(ld.y_pad0 + ld.y_size + ld.y_pad1), cols.eq(ld.x_pad0 + ld.x_size + ld.x_pad1),
+                 n.eq(rows * cols)]     # (a STORE's pads are zero unless BAD_FIELD)
+    m.d.comb += illegal.eq(1)
+    with m.Switch(opcode):
+        for op in Opcode:
+            with m.Case(op):
+                used = sum(w for _, w in fmts[op.name])
+                m.d.comb += illegal.eq(word[used:] != 0)
+                if op == Opcode.LOAD:
+                    mem = ld.mem_type
+                    with m.If(mem > max(MemType)):
+                        m.d.comb += illegal.eq(1)
+                    load_stage = (mem == MemType.INP) | (mem == MemType.WGT)
+                    m.d.comb += bad.eq((load_stage & (word[POP_PREV] | word[PUSH_PREV])) | (mem == MemType.OUT))
+                    with m.Switch(mem):
+                        for t in (MemType.UOP, MemType.WGT, MemType.INP, MemType.ACC):
+                            with m.Case(t):
+                                m.d.comb += over.eq((n != 0) & (ld.sram_base + n > buffer_depth(cfg, t)))
+                elif op == Opcode.STORE:
+                    with m.If(st.mem_type > max(MemType)):
+                        m.d.comb += illegal.eq(1)
+                    m.d.comb += [bad.eq(word[POP_NEXT] | word[PUSH_NEXT] | (st.mem_type != MemType.OUT) |
+                                        (st.y_pad0 != 0) | (st.y_pad1 != 0) | (st.x_pad0 != 0) | (st.x_pad1 != 0)),
+                                 over.eq((n != 0) & (st.sram_base + n > cfg.out_depth))]
+                elif op in (Opcode.GEMM, Opcode.ALU):
+                    f = g if op == Opcode.GEMM else a
+                    if op == Opcode.ALU:
+                        with m.If(a.alu_op > max(AluOp)):
+                            m.d.comb += illegal.eq(1)
+                    m.d.comb += [bad.eq(f.uop_bgn > f.uop_end), over.eq(f.uop_end > cfg.uop_depth)]
+    with m.If(illegal):
+        m.d.comb += code.eq(ErrorCode.ILLEGAL_INSN)
+    with m.Elif(bad):
+        m.d.comb += code.eq(ErrorCode.BAD_FIELD)
+    with m.Elif(over):
+        m.d.comb += code.eq(ErrorCode.SRAM_RANGE)
+    return code
+
+
 class Fetch(wiring.Component):
     """run (In): the accelerator is busy; insn_addr / insn_count (In). dma: read client.
-    ld_cmd / cp_cmd / st_cmd: command queue producers. dma_idle (Out): no DMA in progress.
-    stopped (Out): FINISH has been dispatched (nothing more will be)."""
+    ld_cmd / cp_cmd / st_cmd: command queue producers (cp_cmd's entries: instruction, index).
+    dma_idle (Out): no DMA in progress. stopped (Out): FINISH has been dispatched (nothing more
+    will be). dispatch (Out): an instruction is dispatched this cycle. halt (In): stop.
+    fault (Out, strobe) / fault_code / fault_index (Out): a static fault or NO_FINISH.
+    next_index (Out): the index of the next instruction to dispatch."""
 
     def __init__(self, cfg: AccelConfig):
         self.cfg = cfg
         super().__init__({"run": In(1), "insn_addr": In(cfg.dram_addr_width), "insn_count": In(32),
                           "dma": Out(ReadClientSignature(cfg)),
-                          "ld_cmd": Out(QueueWriteSignature(INSN_BITS)), "cp_cmd": Out(QueueWriteSignature(INSN_BITS)),
+                          "ld_cmd": Out(QueueWriteSignature(INSN_BITS)),
+                          "cp_cmd": Out(QueueWriteSignature(INSN_BITS + INDEX_BITS)),
                           "st_cmd": Out(QueueWriteSignature(INSN_BITS)), "dma_idle": Out(1),
-                          "stopped": Out(1)})
+                          "stopped": Out(1), "dispatch": Out(1), "halt": In(1),
+                          "fault": Out(1), "fault_code": Out(CODE_BITS), "fault_index": Out(INDEX_BITS),
+                          "next_index": Out(INDEX_BITS)})
 
     def elaborate(self, platform):
         m = Module()
         cfg = self.cfg
         depth = ibuf_depth(cfg)
         m.submodules.dma = dma = ReadDMA(cfg, (INSN_BYTES,), count_width=depth.bit_length())
-        m.submodules.ibuf = ibuf = Queue(INSN_BITS, depth)
+        m.submodules.ibuf = ibuf = Queue(INSN_BITS + CODE_BITS, depth)
         wiring.connect(m, wiring.flipped(self.dma), dma.bus)
-        m.d.comb += [ibuf.w.en.eq(dma.out_valid), ibuf.w.data.eq(dma.out_data), self.dma_idle.eq(~dma.busy)]
+        m.d.comb += [ibuf.w.en.eq(dma.out_valid), ibuf.w.data.eq(Cat(dma.out_data, static_check(m, cfg, dma.out_data))),
+                     self.dma_idle.eq(~dma.busy)]
 
         addr = Signal(cfg.dram_addr_width)
         remaining = Signal(32)
@@ -65,13 +129,14 @@ class Fetch(wiring.Component):
                      n.eq(Mux(remaining < free, remaining, free)),
                      threshold.eq(Mux(remaining < depth // 2, remaining, depth // 2))]
         stopped = Signal()
+        count, index = Signal(32), Signal(INDEX_BITS)     # INSN_COUNT; index of the next dispatch
         with m.FSM():
             with m.State("INIT"):
                 with m.If(self.run):
-                    m.d.sync += [addr.eq(self.insn_addr), remaining.eq(self.insn_count)]
+                    m.d.sync += [addr.eq(self.insn_addr), remaining.eq(self.insn_count), count.eq(self.insn_count)]
                     m.next = "FETCH"
             with m.State("FETCH"):
-                with m.If((remaining == 0) | stopped):
+                with m.If((remaining == 0) | stopped | self.halt):
                     m.next = "DONE"
                 with m.Elif(~dma.busy & (free >= threshold)):
                     m.d.comb += [dma.start.eq(1), dma.addr.eq(addr), dma.count.eq(n)]
@@ -80,17 +145,30 @@ class Fetch(wiring.Component):
                 pass
 
         # ---- dispatch ----------------------------------------------------------------------------
-        word = ibuf.r.data
+        word, code = ibuf.r.data[:INSN_BITS], ibuf.r.data[INSN_BITS:]
         opcode = word[:OPCODE_BITS]
         mem = mem_type_of(cfg, word)
         to_load = (opcode == Opcode.LOAD) & ((mem == MemType.INP) | (mem == MemType.WGT))
         to_store = opcode == Opcode.STORE
         to_compute = ~to_load & ~to_store
         dest_rdy = Mux(to_load, self.ld_cmd.rdy, Mux(to_store, self.st_cmd.rdy, self.cp_cmd.rdy))
-        go = ibuf.r.rdy & dest_rdy & ~stopped
+        live = ~stopped & ~self.halt
+        go = ibuf.r.rdy & dest_rdy & live & (code == 0)
         for q, sel in ((self.ld_cmd, to_load), (self.cp_cmd, to_compute), (self.st_cmd, to_store)):
             m.d.comb += [q.data.eq(word), q.en.eq(go & sel)]
+        m.d.comb += self.cp_cmd.data.eq(Cat(word, index))
+        with m.If(go):
+            m.d.sync += index.eq(index + 1)
         with m.If(go & (opcode == Opcode.FINISH)):
             m.d.sync += stopped.eq(1)
-        m.d.comb += [ibuf.r.en.eq(go), self.stopped.eq(stopped)]
+        # a faulting head, or every instruction dispatched and none a FINISH (count latched from
+        # the FETCH state on: INIT holds index = count = 0)
+        started = Signal()
+        with m.If(self.run):
+            m.d.sync += started.eq(1)
+        with m.If(live & started & ((ibuf.r.rdy & (code != 0)) | (index == count))):
+            m.d.comb += [self.fault.eq(1), self.fault_code.eq(Mux(index == count, ErrorCode.NO_FINISH, code)),
+                         self.fault_index.eq(index)]
+            m.d.sync += stopped.eq(1)
+        m.d.comb += [ibuf.r.en.eq(go), self.stopped.eq(stopped), self.dispatch.eq(go), self.next_index.eq(index)]
         return m

@@ -123,7 +123,8 @@ class LoadStage(wiring.Component):
     """The load stage: LOADs of INP and WGT tiles.
 
     cmd: its command queue; next_in / next_out: tokens from / to compute; dma: read client;
-    wr_inp, wr_wgt: buffer write ports; idle, busy_cycle, stall_cycle: as StageControl.
+    wr_inp, wr_wgt: buffer write ports; idle, busy_cycle, stall_cycle, halt, event, executing: as
+    StageControl's.
     """
 
     MEM_TYPES = (MemType.INP, MemType.WGT)
@@ -133,7 +134,8 @@ class LoadStage(wiring.Component):
         members = {"cmd": Out(QueueReadSignature(INSN_BITS)),
                    "next_in": Out(QueueReadSignature(1)), "next_out": Out(QueueWriteSignature(1)),
                    "dma": Out(ReadClientSignature(cfg)),
-                   "idle": Out(1), "busy_cycle": Out(1), "stall_cycle": Out(1)}
+                   "idle": Out(1), "busy_cycle": Out(1), "stall_cycle": Out(1),
+                   "halt": In(1), "event": Out(1), "executing": Out(1)}
         for mt in self.MEM_TYPES:
             members[port_name(mt)] = In(buffer_write_signature(cfg, mt))
         super().__init__(members)
@@ -148,6 +150,7 @@ class LoadStage(wiring.Component):
         for mt in self.MEM_TYPES:
             wiring.connect(m, wiring.flipped(getattr(self, port_name(mt))), getattr(loader, port_name(mt)))
         m.d.comb += [loader.start.eq(ctrl.start), loader.insn.eq(ctrl.insn), ctrl.unit_busy.eq(loader.busy),
-                     ctrl.halt.eq(0), self.idle.eq(ctrl.idle),
+                     ctrl.halt.eq(self.halt), self.idle.eq(ctrl.idle), self.event.eq(ctrl.event),
+                     self.executing.eq(ctrl.executing),
                      self.busy_cycle.eq(ctrl.busy_cycle), self.stall_cycle.eq(ctrl.stall_cycle)]
         return m

@@ -16,6 +16,10 @@ from enum import IntEnum
 from accel.isa import AccelConfig, Alu, Gemm, Insn, Load, MemType, Stage, Store, buffer_depth
 
 
+CODE_BITS = 3         # ERROR code field
+INDEX_BITS = 32       # instruction indices (INSN_COUNT is 32 bits)
+
+
 class ErrorCode(IntEnum):
     """ERROR register codes (0: none)."""
     NONE = 0

@@ -9,21 +9,35 @@ every counter in the cycle of the write; `start` pulses high in the next cycle (
 reset by it) and every counter counts from that cycle while busy; `finish` (In) ends the run:
 busy falls and done rises in the cycle after the one where finish is seen (that cycle counts).
 irq = done & CTRL.irq_enable.
+Errors (params.ErrorCode): a fault (In) latches its code and instruction index into ERROR /
+ERROR_INSN unless one of a lower index is latched; STATUS.error is set while a code is latched.
+The run then ends (busy falls, done and error rise) once the core is quiet (`quiet` In high for
+QUIET_CYCLES cycles in a row: no stage executing or taking an instruction, no fetch DMA, no
+read burst), or at once for the watchdog: with WATCHDOG = N > 0, N cycles in a row while busy
+without `progress` (In) raise a WATCHDOG fault (index: `wd_index`, the next instruction fetch
+would dispatch). halt (Out): an INDEX_RANGE or WATCHDOG fault is latched (every stage stops).
+SOFT_RESET: writing 1 pulses `reset_core` (as `start` does) and clears busy, done and the error,
+returning every queue and state machine of the core to idle; the counters and buffers are kept.
+An AXI transaction in flight is abandoned: use it when the bus is idle (after a watchdog fault
+on a stuck token protocol, say), not to abort a transfer.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from accel.isa import AccelConfig
 
 from .axi import AXI4LiteSignature
+from .params import CODE_BITS, INDEX_BITS, ErrorCode
 
 REG_ADDR_WIDTH = 8
 COUNTER_BITS = 64
+QUIET_CYCLES = 4     # > the 2-cycle queue latency: a token pushed is popped within the window
+STATUS_BUSY, STATUS_DONE, STATUS_BUS_ERROR, STATUS_ERROR = 1, 2, 4, 8
 
 COUNTERS: dict[str, str] = {
     "cycles": "cycles while busy (from the start pulse to done)",
@@ -56,7 +70,8 @@ def register_map(cfg: AccelConfig) -> list[Register]:
                                      "bit 1 irq_enable"),
         Register(0x04, "STATUS", "ro/w1c", "bit 0 busy (ro); bit 1 done (write 1 to clear); "
                                            "bit 2 bus_error: an AXI response other than OKAY, or with an unexpected ID "
-                                           "(write 1 to clear)"),
+                                           "(write 1 to clear); bit 3 error: the run ended on a fault, see ERROR "
+                                           "(ro; cleared by start and SOFT_RESET)"),
         Register(0x08, "INSN_ADDR_LO", "rw", "DRAM byte address of the first instruction, bits 31:0 "
                                              "(a multiple of 16)"),
         Register(0x0C, "INSN_ADDR_HI", "rw", f"bits {cfg.dram_addr_width - 1}:32 of the instruction address"
@@ -64,6 +79,15 @@ def register_map(cfg: AccelConfig) -> list[Register]:
         Register(0x10, "INSN_COUNT", "rw", "number of instructions to fetch"),
         Register(0x14, "CONFIG_ID", "ro", f"first 32 bits of the AccelConfig digest "
                                           f"(0x{cfg.digest()[:8]}), to check the driver's config"),
+        Register(0x18, "ERROR", "ro", "bits 2:0 the fault's code: " +
+                 ", ".join(f"{e.value} {e.name}" for e in ErrorCode) + " (accel.hw.params.ErrorCode)"),
+        Register(0x1C, "ERROR_INSN", "ro", "index of the faulting instruction (for NO_FINISH: INSN_COUNT; "
+                                           "for WATCHDOG: the next instruction fetch would dispatch)"),
+        Register(0x20, "WATCHDOG", "rw", "cycles in a row without progress (an instruction dispatched, taken or "
+                                         "retired, a micro-op, a bus beat) that end a run with a WATCHDOG fault; "
+                                         "0 (after reset) disables it"),
+        Register(0x24, "SOFT_RESET", "wo", "bit 0: write 1 to return every queue and state machine of the core to "
+                                           "idle and clear busy, done and the error (reads 0)"),
     ]
     for i, (name, desc) in enumerate(COUNTERS.items()):
         off = COUNTER_BASE + 8 * i
@@ -75,13 +99,16 @@ def register_map(cfg: AccelConfig) -> list[Register]:
 class ControlRegs(wiring.Component):
     """s_axil: AXI4-Lite slave. start (Out, pulse), busy (Out), insn_addr / insn_count (Out),
     irq (Out), finish (In), bus_error (In, strobe), ev_<counter> (In, strobes: count +1 per cycle
-    high, bytes_* count + bus bytes)."""
+    high, bytes_* count + bus bytes). reset_core (Out, pulse: start or SOFT_RESET). fault /
+    fault_code / fault_index (In), quiet, progress, wd_index (In), halt (Out): see Errors above."""
 
     def __init__(self, cfg: AccelConfig):
         self.cfg = cfg
         members = {"s_axil": In(AXI4LiteSignature(addr_width=REG_ADDR_WIDTH)),
                    "start": Out(1), "busy": Out(1), "insn_addr": Out(cfg.dram_addr_width), "insn_count": Out(32),
-                   "irq": Out(1), "finish": In(1), "bus_error": In(1)}
+                   "irq": Out(1), "finish": In(1), "bus_error": In(1),
+                   "reset_core": Out(1), "fault": In(1), "fault_code": In(CODE_BITS), "fault_index": In(INDEX_BITS),
+                   "quiet": In(1), "progress": In(1), "wd_index": In(INDEX_BITS), "halt": Out(1)}
         for name in COUNTERS:
             if name != "cycles":
                 members[f"ev_{name}"] = In(1)
@@ -96,7 +123,10 @@ class ControlRegs(wiring.Component):
         addr_lo, addr_hi, count = Signal(32), Signal(32), Signal(32)
         counters = {name: Signal(COUNTER_BITS, name=f"cnt_{name}") for name in COUNTERS}
         hi_shadow = Signal(32)
-        start = Signal()
+        start, soft = Signal(), Signal()
+        err_code, err_index = Signal(CODE_BITS), Signal(INDEX_BITS)
+        wd_limit, wd_count = Signal(32), Signal(32)
+        quiet_run = Signal(range(QUIET_CYCLES + 1))
 
         # ---- writes ---------------------------------------------------------------------------
         bvalid = Signal()
@@ -109,10 +139,10 @@ class ControlRegs(wiring.Component):
             m.d.sync += bvalid.eq(0)
 
         word = bus.awaddr[2:REG_ADDR_WIDTH]
-        m.d.sync += start.eq(0)
+        m.d.sync += [start.eq(0), soft.eq(0)]
         with m.If(w_fire):
             with m.Switch(word):
-                for off, reg in ((0x08, addr_lo), (0x0C, addr_hi), (0x10, count)):
+                for off, reg in ((0x08, addr_lo), (0x0C, addr_hi), (0x10, count), (0x20, wd_limit)):
                     with m.Case(off >> 2):
                         for i in range(4):
                             with m.If(bus.wstrb[i]):
@@ -121,7 +151,8 @@ class ControlRegs(wiring.Component):
                     with m.If(bus.wstrb[0]):
                         m.d.sync += irq_en.eq(bus.wdata[1])
                         with m.If(bus.wdata[0] & ~busy):
-                            m.d.sync += [start.eq(1), busy.eq(1), done.eq(0), bus_err.eq(0)]
+                            m.d.sync += [start.eq(1), busy.eq(1), done.eq(0), bus_err.eq(0), err_code.eq(0),
+                                         err_index.eq(0)]
                             m.d.sync += [c.eq(0) for c in counters.values()]
                 with m.Case(0x04 >> 2):
                     with m.If(bus.wstrb[0]):
@@ -129,10 +160,30 @@ class ControlRegs(wiring.Component):
                             m.d.sync += done.eq(0)
                         with m.If(bus.wdata[2]):
                             m.d.sync += bus_err.eq(0)
+                with m.Case(0x24 >> 2):
+                    with m.If(bus.wstrb[0] & bus.wdata[0]):
+                        m.d.sync += [soft.eq(1), busy.eq(0), done.eq(0), err_code.eq(0), err_index.eq(0)]
 
-        # ---- run state and counters ----------------------------------------------------------------
+        # ---- run state, faults, watchdog and counters ------------------------------------------------
+        with m.If(~self.progress & busy & ~start):
+            m.d.sync += wd_count.eq(wd_count + 1)
+        with m.Else():
+            m.d.sync += wd_count.eq(0)
+        with m.If(self.quiet & busy & ~start):
+            m.d.sync += quiet_run.eq(Mux(quiet_run == QUIET_CYCLES, QUIET_CYCLES, quiet_run + 1))
+        with m.Else():
+            m.d.sync += quiet_run.eq(0)
+        watchdog = (wd_limit != 0) & (wd_count >= wd_limit)
         with m.If(busy & ~start):
+            with m.If(self.fault & ((err_code == 0) | (self.fault_index < err_index))):
+                m.d.sync += [err_code.eq(self.fault_code), err_index.eq(self.fault_index)]
             with m.If(self.finish):
+                m.d.sync += [busy.eq(0), done.eq(1)]
+            with m.Elif(watchdog):
+                m.d.sync += [busy.eq(0), done.eq(1)]
+                with m.If(err_code == 0):
+                    m.d.sync += [err_code.eq(ErrorCode.WATCHDOG), err_index.eq(self.wd_index)]
+            with m.Elif((err_code != 0) & (quiet_run == QUIET_CYCLES)):
                 m.d.sync += [busy.eq(0), done.eq(1)]
         with m.If(self.bus_error):
             m.d.sync += bus_err.eq(1)
@@ -145,7 +196,9 @@ class ControlRegs(wiring.Component):
                 elif name != "cycles":
                     with m.If(getattr(self, f"ev_{name}")):
                         m.d.sync += c.eq(c + 1)
-        m.d.comb += [self.start.eq(start), self.busy.eq(busy), self.insn_count.eq(count),
+        m.d.comb += [self.start.eq(start), self.reset_core.eq(start | soft), self.busy.eq(busy),
+                     self.halt.eq((err_code == ErrorCode.INDEX_RANGE) | (err_code == ErrorCode.WATCHDOG)),
+                     self.insn_count.eq(count),
                      self.insn_addr.eq(Cat(addr_lo, addr_hi)[:aw]),
                      self.irq.eq(done & irq_en)]
 
@@ -164,7 +217,7 @@ class ControlRegs(wiring.Component):
                 with m.Case(0x00 >> 2):
                     m.d.sync += rdata.eq(irq_en << 1)
                 with m.Case(0x04 >> 2):
-                    m.d.sync += rdata.eq(busy | (done << 1) | (bus_err << 2))
+                    m.d.sync += rdata.eq(busy | (done << 1) | (bus_err << 2) | ((err_code != 0) << 3))
                 with m.Case(0x08 >> 2):
                     m.d.sync += rdata.eq(addr_lo[:min(aw, 32)])
                 with m.Case(0x0C >> 2):
@@ -174,6 +227,12 @@ class ControlRegs(wiring.Component):
                     m.d.sync += rdata.eq(count)
                 with m.Case(0x14 >> 2):
                     m.d.sync += rdata.eq(int(cfg.digest()[:8], 16))
+                with m.Case(0x18 >> 2):
+                    m.d.sync += rdata.eq(err_code)
+                with m.Case(0x1C >> 2):
+                    m.d.sync += rdata.eq(err_index)
+                with m.Case(0x20 >> 2):
+                    m.d.sync += rdata.eq(wd_limit)
                 for i, c in enumerate(counters.values()):
                     off = COUNTER_BASE + 8 * i
                     with m.Case(off >> 2):

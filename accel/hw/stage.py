@@ -42,13 +42,16 @@ class StageControl(wiring.Component):
     stage has that neighbour. insn (Out, 128): the instruction being executed. start (Out): first
     EXEC cycle. unit_busy (In). halt (In): stop taking instructions. idle (Out): in WAIT.
     busy_cycle / stall_cycle (Out): counter strobes. retire (Out): the PUSH cycle that completes.
+    event (Out): an instruction popped or retired this cycle (progress, for the watchdog).
+    executing (Out): in EXEC (the unit may be working).
     """
 
-    def __init__(self, *, has_prev: bool, has_next: bool):
+    def __init__(self, *, has_prev: bool, has_next: bool, width: int = INSN_BITS):
+        """width: bits of a command queue entry (the instruction, and what fetch adds above it)."""
         self.has_prev, self.has_next = has_prev, has_next
-        members = {"cmd": Out(QueueReadSignature(INSN_BITS)), "insn": Out(INSN_BITS), "start": Out(1),
+        members = {"cmd": Out(QueueReadSignature(width)), "insn": Out(width), "start": Out(1),
                    "unit_busy": In(1), "halt": In(1), "idle": Out(1), "retire": Out(1),
-                   "busy_cycle": Out(1), "stall_cycle": Out(1)}
+                   "busy_cycle": Out(1), "stall_cycle": Out(1), "event": Out(1), "executing": Out(1)}
         if has_prev:
             members.update({"prev_in": Out(QueueReadSignature(1)), "prev_out": Out(QueueWriteSignature(1))})
         if has_next:
@@ -92,7 +95,7 @@ class StageControl(wiring.Component):
                     with m.Else():
                         m.d.comb += self.stall_cycle.eq(1)
             with m.State("EXEC"):
-                m.d.comb += [self.busy_cycle.eq(1), self.start.eq(first)]
+                m.d.comb += [self.busy_cycle.eq(1), self.start.eq(first), self.executing.eq(1)]
                 m.d.sync += first.eq(0)
                 with m.If(~first & ~self.unit_busy):
                     m.next = "PUSH"
@@ -106,4 +109,5 @@ class StageControl(wiring.Component):
                     m.next = "WAIT"
                 with m.Else():
                     m.d.comb += self.stall_cycle.eq(1)
+        m.d.comb += self.event.eq(cmd.en | self.retire)
         return m

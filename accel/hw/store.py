@@ -185,7 +185,8 @@ class StoreUnit(wiring.Component):
 
 class StoreStage(wiring.Component):
     """The store stage: cmd (command queue), prev_in / prev_out (tokens from / to compute), wr
-    (write client), out_rd (out-buffer read port), idle, busy_cycle, stall_cycle."""
+    (write client), out_rd (out-buffer read port), idle, busy_cycle, stall_cycle; halt, event,
+    executing: as StageControl's."""
 
     def __init__(self, cfg: AccelConfig):
         self.cfg = cfg
@@ -193,7 +194,8 @@ class StoreStage(wiring.Component):
                           "prev_in": Out(QueueReadSignature(1)), "prev_out": Out(QueueWriteSignature(1)),
                           "wr": Out(WriteClientSignature(cfg)),
                           "out_rd": In(read_signature(cfg.acc_idx_bits, cfg.out_elem_bytes * 8)),
-                          "idle": Out(1), "busy_cycle": Out(1), "stall_cycle": Out(1)})
+                          "idle": Out(1), "busy_cycle": Out(1), "stall_cycle": Out(1),
+                          "halt": In(1), "event": Out(1), "executing": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -204,6 +206,7 @@ class StoreStage(wiring.Component):
         wiring.connect(m, wiring.flipped(self.wr), unit.wr)
         wiring.connect(m, wiring.flipped(self.out_rd), unit.out_rd)
         m.d.comb += [unit.start.eq(ctrl.start), unit.insn.eq(ctrl.insn), ctrl.unit_busy.eq(unit.busy),
-                     ctrl.halt.eq(0), self.idle.eq(ctrl.idle),
+                     ctrl.halt.eq(self.halt), self.idle.eq(ctrl.idle), self.event.eq(ctrl.event),
+                     self.executing.eq(ctrl.executing),
                      self.busy_cycle.eq(ctrl.busy_cycle), self.stall_cycle.eq(ctrl.stall_cycle)]
         return m

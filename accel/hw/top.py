@@ -4,11 +4,12 @@ AXI4 master and the control registers.
 Ports: m_axi (AXI4 master to DRAM), s_axil (AXI4-Lite control slave), irq. Everything but the
 control registers and the buffer contents is reset by the start pulse, so every run begins
 with empty queues; a run ends (done) when FINISH has retired in compute, the load and store
-stages are idle with empty command queues, and fetch has no read in progress.
+stages are idle with empty command queues, and fetch has no read in progress; or, after a
+fault, when the core is quiet (regs.py, Errors).
 """
 from __future__ import annotations
 
-from amaranth.hdl import Module, ResetInserter, unsigned
+from amaranth.hdl import Cat, Module, Mux, ResetInserter, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -20,6 +21,7 @@ from .axi import AXI4LiteSignature, AXI4Signature, AxiMaster
 from .compute import ComputeStage
 from .fetch import Fetch
 from .load import LoadStage
+from .params import INDEX_BITS, ErrorCode
 from .queues import Queue
 from .regs import REG_ADDR_WIDTH, ControlRegs
 from .store import StoreStage
@@ -47,8 +49,8 @@ class Accelerator(wiring.Component):
         m.d.comb += self.irq.eq(regs.irq)
 
         def core(name, elaboratable):
-            """Submodules of the core are reset by the start pulse."""
-            m.submodules[name] = ResetInserter(regs.start)(elaboratable)
+            """Submodules of the core are reset by the start pulse (and SOFT_RESET)."""
+            m.submodules[name] = ResetInserter(regs.reset_core)(elaboratable)
             return elaboratable
 
         fetch = core("fetch", Fetch(cfg))
@@ -63,9 +65,10 @@ class Accelerator(wiring.Component):
 
         # ---- command queues (fetch -> stages) and dependency-token queues -------------------------
         queues = {}
-        for name, src, dst in (("load_cmd", fetch.ld_cmd, load.cmd), ("compute_cmd", fetch.cp_cmd, compute.cmd),
-                               ("store_cmd", fetch.st_cmd, store.cmd)):
-            q = queues[name] = core(name, Queue(INSN_BITS, cfg.cmd_queue_depth))
+        for name, src, dst, width in (("load_cmd", fetch.ld_cmd, load.cmd, INSN_BITS),
+                                      ("compute_cmd", fetch.cp_cmd, compute.cmd, INSN_BITS + INDEX_BITS),
+                                      ("store_cmd", fetch.st_cmd, store.cmd, INSN_BITS)):
+            q = queues[name] = core(name, Queue(width, cfg.cmd_queue_depth))
             connect(m, src, q.w)
             connect(m, q.r, dst)
         for name, src, dst in (("l2c", load.next_out, compute.prev_in), ("c2l", compute.prev_out, load.next_in),
@@ -99,6 +102,19 @@ class Accelerator(wiring.Component):
                      regs.finish.eq(compute.finished & fetch.stopped & load.idle & store.idle & fetch.dma_idle &
                                     (queues["load_cmd"].level == 0) & (queues["store_cmd"].level == 0)),
                      regs.bus_error.eq(axi.bus_error),
+                     fetch.halt.eq(regs.halt), load.halt.eq(regs.halt), compute.halt.eq(regs.halt),
+                     store.halt.eq(regs.halt)]
+        # ---- faults, watchdog and counters ----------------------------------------------------------------
+        # compute's fault is in an instruction already dispatched: a lower index than fetch's
+        stages = (load, compute, store)
+        m.d.comb += [regs.fault.eq(fetch.fault | compute.fault),
+                     regs.fault_code.eq(Mux(compute.fault, ErrorCode.INDEX_RANGE, fetch.fault_code)),
+                     regs.fault_index.eq(Mux(compute.fault, compute.fault_index, fetch.fault_index)),
+                     regs.quiet.eq(~Cat(*(st.executing | st.event for st in stages)).any() & fetch.dma_idle &
+                                   ~fetch.dispatch & axi.rd_idle),
+                     regs.progress.eq(fetch.dispatch | Cat(*(st.event for st in stages)).any() | compute.gemm_uop |
+                                      compute.alu_uop | axi.rd_beat | axi.wr_beat),
+                     regs.wd_index.eq(fetch.next_index),
                      regs.ev_load_busy.eq(load.busy_cycle), regs.ev_load_stall.eq(load.stall_cycle),
                      regs.ev_compute_busy.eq(compute.busy_cycle), regs.ev_compute_stall.eq(compute.stall_cycle),
                      regs.ev_store_busy.eq(store.busy_cycle), regs.ev_store_stall.eq(store.stall_cycle),

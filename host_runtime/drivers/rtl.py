@@ -6,7 +6,9 @@ Options: dram (sim.dram.DramModel or its dict: the same timing tsim uses), trace
 slices from the stage controllers' state, and read bursts, in RunResult.raw.timeline), waves (a
 .vcd or .fst path for the whole driver's lifetime), max_cycles (cycle limit per run). The first use
 of a config builds the model (seconds for `tiny`, a minute or two for `default`), cached by config and source hash.
-RunResult.stats is sim.trace.Counters.to_dict() from the RTL's counter registers.
+RunResult.stats is sim.trace.Counters.to_dict() from the RTL's counter registers. A run that ends
+on a fault (STATUS.error) raises sim.errors.ProgramFault with the ERROR code and the instruction's
+index, naming the instruction (and the field, where the instruction alone shows it).
 """
 from __future__ import annotations
 
@@ -36,10 +38,15 @@ class RtlDriver(Driver):
             raise DriverError(f"driver 'rtl' cannot build the Verilator model: {e}") from None
 
     def run(self, dram: np.ndarray, insn_addr: int, insn_count: int) -> RunResult:
-        from sim.trace import Counters, Timeline, TimingRun, program_at
+        from sim.errors import ProgramFault
+        from sim.trace import Counters, Timeline, TimingRun
+        from .faults import fetched_program, name_fault
         t0 = time.perf_counter()
-        insns = program_at(self.cfg, dram, insn_addr, insn_count)
-        res = self.model.run(dram, insn_addr, insn_count)
+        insns, _ = fetched_program(self.cfg, dram, insn_addr, insn_count)
+        try:
+            res = self.model.run(dram, insn_addr, insn_count)
+        except ProgramFault as e:      # STATUS.error: ERROR / ERROR_INSN, named
+            raise name_fault(self.cfg, insns, e, "rtl") from None
         counters = Counters.from_hw(self.cfg, res.counters, insns)
         timeline = Timeline.from_spans(insns, res.stage_spans, res.bursts) if self.trace else None
         wall = time.perf_counter() - t0

@@ -38,17 +38,18 @@ class TsimDriver(Driver):
         self.helper = helper
 
     def run(self, dram: np.ndarray, insn_addr: int, insn_count: int) -> RunResult:
-        from sim.trace import Counters, Timeline, TimingRun, program_at
+        from sim.trace import Counters, Timeline, TimingRun
         from sim.tsim import helper
+        from .faults import fetched_program
         t0 = time.perf_counter()
-        insns = program_at(self.cfg, dram, insn_addr, insn_count)
+        insns, illegal = fetched_program(self.cfg, dram, insn_addr, insn_count)
         job = None
         if self.helper:   # the model's input is the program as fetched, before fsim's stores can touch it
             program = dram[insn_addr:insn_addr + insn_count * INSN_BYTES].tobytes()
             job = helper.submit(self.cfg, self.dram_model, program, insn_addr, self.max_cycles, self.trace)
         try:
             # data, and the program's checks (deadlock, ranges); BLAS leaves the helper its core
-            self.fsim.run_insns(dram, insns, single_thread=job is not None)
+            self.fsim.run_insns(dram, insns, single_thread=job is not None, illegal=illegal)
         except BaseException as e:
             if job is not None:
                 job.cancel(wait=isinstance(e, Exception))   # an interrupt does not wait for the model
@@ -56,7 +57,7 @@ class TsimDriver(Driver):
         st = job.result() if job is not None else None
         in_helper = st is not None
         if st is None:
-            st = self.tsim.run_insns(insns, insn_addr, self.max_cycles, trace=self.trace)
+            st = self.tsim.run_insns(insns, insn_addr, self.max_cycles, trace=self.trace, illegal=illegal)
         counters = Counters.from_hw(self.cfg, st.counters(), insns)
         timeline = Timeline.from_spans(insns, st.spans, st.bursts) if self.trace else None
         wall = time.perf_counter() - t0

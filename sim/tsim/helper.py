@@ -251,7 +251,7 @@ def submit(cfg, dram, program: bytes, insn_addr: int, max_cycles: int, trace: bo
 def serve() -> None:
     """The helper's loop: requests from stdin, replies on stdout, until stdin closes."""
     from accel.isa import AccelConfig
-    from accel.isa.isa import decode_program
+    from ..fsim import decode_fetched
     from ..dram import DramModel
     from .model import Tsim
     import signal
@@ -267,7 +267,8 @@ def serve() -> None:
                 models.clear()
             cfg_d, dram_d = pickle.loads(setup)
             model = models[setup] = Tsim(AccelConfig.from_dict(cfg_d), DramModel.from_dict(dram_d))
-        return model.run_insns(decode_program(program, model.cfg), insn_addr, max_cycles, trace=trace)
+        insns, illegal = decode_fetched(program, model.cfg)
+        return model.run_insns(insns, insn_addr, max_cycles, trace=trace, illegal=illegal)
 
     try:
         _write_frame(out, _READY)

@@ -388,7 +388,12 @@ class Tsim:
         self.elem_bytes = {m: elem_bytes(cfg, m) for m in MemType}
 
     def run_insns(self, insns: list[Insn], insn_addr: int = 0, max_cycles: int = 1 << 62,
-                  trace: bool = False) -> TsimStats:
+                  trace: bool = False, illegal=None) -> TsimStats:
+        """illegal: the ProgramFault of an undecodable word just after `insns` (sim.fsim.decode_fetched).
+        A program fetch faults on (sim.fsim.first_fault) raises that ProgramFault once what was
+        dispatched before it has run (its cycles are not modelled); micro-op index faults need the
+        data, which only fsim has (the tsim driver runs both)."""
+        from ..fsim import first_fault
         cfg = self.cfg
         self.stats = stats = TsimStats(spans=[] if trace else None, bursts=[] if trace else None)
         self.loop = loop = EventLoop()
@@ -400,9 +405,10 @@ class Tsim:
         cmdq = [TimedFifo(f"{s}_cmd", cfg.cmd_queue_depth) for s in STAGE_NAMES]
         routed = [[], [], []]
         dest = []
-        # fetch dispatches up to the first FINISH: what follows it never executes
-        self.finish_index = next((i for i, insn in enumerate(insns) if isinstance(insn, Finish)), None)
-        for i, insn in enumerate(insns[:None if self.finish_index is None else self.finish_index + 1]):
+        # fetch dispatches up to the first FINISH (what follows it never executes), or up to a fault
+        fault, n_dispatched = first_fault(insns, cfg, illegal)
+        self.finish_index = None if fault is not None else n_dispatched - 1
+        for i, insn in enumerate(insns[:n_dispatched]):
             s = int(stage_of(insn))
             routed[s].append((i, insn))
             dest.append(cmdq[s])
@@ -416,6 +422,8 @@ class Tsim:
             st.try_pop(0)
         if not loop.run(max_cycles):
             raise CycleLimitError(f"tsim: the program did not finish within {max_cycles} cycles")
+        if fault is not None:
+            raise fault
         stats.events = loop.events
         if self.finish_retired is None:
             raise DeadlockError("tsim: " + self._blocked_report())

@@ -20,7 +20,7 @@ import numpy as np
 from accel.isa import AccelConfig, resolve_config
 
 from ..dram import DramModel
-from ..errors import CycleLimitError, SimError
+from ..errors import CycleLimitError, ProgramFault, SimError
 from .build import build_library
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_CYCLES = 50_000_000
 _RUN_DONE, _RUN_CYCLE_LIMIT, _RUN_AXIL_STUCK = 0, 1, 2
 _STATUS_BUS_ERROR = 4
+STATUS_ERROR = 8            # accel/hw/regs.py STATUS bit 3
+_REG_ERROR = 0x18           # ERROR, then ERROR_INSN
 _U64P = ctypes.POINTER(ctypes.c_uint64)
 _U32P = ctypes.POINTER(ctypes.c_uint32)
 
@@ -88,7 +90,9 @@ class VerilatorModel:
             raise SimError(f"Verilator model bus is {self._lib.accel_bus_bytes(self._h)} bytes, the config says "
                            f"{self.cfg.bus_bytes}")
         self.counter_names = list(COUNTERS)
-        self._offsets = (ctypes.c_uint32 * len(COUNTERS))(*[COUNTER_BASE + 8 * i for i in range(len(COUNTERS))])
+        # the harness reads each offset and the next word: ERROR and ERROR_INSN come as one "counter"
+        self._offsets = (ctypes.c_uint32 * (len(COUNTERS) + 1))(*[COUNTER_BASE + 8 * i for i in range(len(COUNTERS))],
+                                                                  _REG_ERROR)
 
     def run(self, dram: np.ndarray, insn_addr: int, insn_count: int, max_cycles: int | None = None) -> RtlResult:
         if self._h is None:
@@ -98,11 +102,11 @@ class VerilatorModel:
         limit = self.max_cycles if max_cycles is None else max_cycles
         d = self.dram_model
         params = (ctypes.c_uint32 * 3)(d.read_latency, d.write_latency, d.bytes_per_cycle)
-        out = (ctypes.c_uint64 * len(self.counter_names))()
+        out = (ctypes.c_uint64 * (len(self.counter_names) + 1))()
         info = (ctypes.c_uint64 * 4)()
         t0 = time.perf_counter()
         rc = self._lib.accel_run(self._h, dram.ctypes.data, dram.size, insn_addr, insn_count, limit, params,
-                                 self._offsets, len(self.counter_names), out, info, int(self.probes))
+                                 self._offsets, len(self.counter_names) + 1, out, info, int(self.probes))
         wall = time.perf_counter() - t0
         counters = dict(zip(self.counter_names, (int(v) for v in out)))
         if rc == _RUN_AXIL_STUCK:
@@ -113,6 +117,12 @@ class VerilatorModel:
                                   f"program without a reachable FINISH")
         if info[2] or info[0] & _STATUS_BUS_ERROR:
             raise RtlRunError(f"rtl: an access outside the {dram.size}-byte DRAM got an AXI error response")
+        if info[0] & STATUS_ERROR:
+            from accel.hw.params import ERROR_TEXT, ErrorCode
+            err = int(out[len(self.counter_names)])
+            code, index = ErrorCode(err & 0xFF), err >> 32
+            raise ProgramFault(code, index, f"rtl: instruction {index}: {code.name} ({ERROR_TEXT[code]}), "
+                                            f"STATUS=0x{info[0]:x} after {counters['cycles']} cycles")
         spans, bursts = self._spans(int(info[3])) if self.probes else (None, None)
         return RtlResult(counters, wall, int(info[1]), spans, bursts)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from accel.hw.params import ErrorCode
 from accel.hw.verilog import generate
 from accel.isa import PRESETS, Finish, Gemm, Load, MemType, Store, encode_program
 from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, run_conv2d, run_dense
@@ -111,6 +112,76 @@ def test_instructions_after_finish_never_run(cfg):
     assert np.array_equal(images["fsim"], images["tsim"]) and np.array_equal(images["fsim"], images["rtl"])
     assert _counters(stats["tsim"]) == _counters(stats["rtl"])
     assert stats["rtl"]["gemm_uops"] == 0
+
+
+def _with_word(code: np.ndarray, index: int, word: int) -> np.ndarray:
+    code = code.copy().reshape(-1, 16)
+    code[index] = np.frombuffer(word.to_bytes(16, "little"), np.uint8)
+    return code.reshape(-1)
+
+
+def _fault_programs(cfg):
+    """(name, program bytes, instruction count, expected (code, index)) of programs that fault."""
+    from accel.isa import Alu, AluOp, Uop, encode_insn, encode_uops
+    uops = encode_uops([Uop(acc=250, src=0, wgt=0)], cfg)
+    ok = [Load(mem_type=MemType.INP, dram_base=0x100, y_size=1, x_size=2, x_stride=2, push_next=True),
+          Gemm(pop_prev=True, reset=True, uop_bgn=0, uop_end=0)]
+    fin = Finish()
+    E = ErrorCode
+    progs = {
+        "unknown opcode": (ok + [Gemm(), fin, fin], 2, 7, (E.ILLEGAL_INSN, 2)),
+        "bits above the format": (ok + [fin, fin], 2, encode_insn(Finish(), cfg) | 1 << 100, (E.ILLEGAL_INSN, 2)),
+        "undefined alu_op": (ok + [Alu(alu_op=AluOp.ADD), fin], 2, None, (E.ILLEGAL_INSN, 2)),
+        "load of OUT": (ok + [Load(mem_type=MemType.OUT), fin], None, None, (E.BAD_FIELD, 2)),
+        "store padding": (ok + [Store(y_size=1, x_size=1, x_pad1=1), fin], None, None, (E.BAD_FIELD, 2)),
+        "pop_prev on a load": (ok + [Load(mem_type=MemType.WGT, pop_prev=True), fin], None, None, (E.BAD_FIELD, 2)),
+        "load beyond INP": (ok + [Load(mem_type=MemType.INP, sram_base=250, y_size=1, x_size=10, x_stride=10), fin],
+                            None, None, (E.SRAM_RANGE, 2)),
+        "store beyond OUT": (ok + [Store(sram_base=200, y_size=2, x_size=30, x_stride=30), fin], None, None,
+                             (E.SRAM_RANGE, 2)),
+        "micro-ops beyond the buffer": (ok + [Gemm(uop_bgn=3, uop_end=300), fin], None, None, (E.SRAM_RANGE, 2)),
+        "no FINISH": (ok + [Gemm()], None, None, (E.NO_FINISH, 3)),
+        # compute's index fault at 3 precedes fetch's static fault at 4 (which must not win)
+        "dst index": (ok + [Load(mem_type=MemType.UOP, dram_base=0x40, y_size=1, x_size=1, x_stride=1),
+                            Gemm(uop_bgn=0, uop_end=1, iter_out=8, dst_factor_out=1, reset=True),
+                            Load(mem_type=MemType.OUT), fin], None, None, (E.INDEX_RANGE, 3)),
+    }
+    for name, (insns, at, word, want) in progs.items():
+        code = encode_program(insns, cfg).reshape(-1)
+        if name == "undefined alu_op":   # alu_op sits after the loop fields: find it by encoding ADD and MIN
+            w = encode_insn(insns[at], cfg)
+            shift = (w ^ encode_insn(Alu(alu_op=AluOp.MUL), cfg)).bit_length() - 3
+            word = w | 0xF << shift
+        if word is not None:
+            code = _with_word(code, at, word)
+        yield name, code, len(insns), want, uops
+
+
+@pytest.mark.parametrize("cfg", [TINY], ids=["tiny"])
+def test_faulting_programs_report_the_same_code_and_instruction(cfg):
+    """fsim, tsim and the RTL (STATUS.error, ERROR, ERROR_INSN) fault on the same instruction with
+    the same code; each error names the instruction; the RTL runs a good program after them."""
+    from sim.errors import ProgramFault
+    drivers = {name: get_driver(name, cfg) for name in ("fsim", "tsim", "rtl")}
+    try:
+        for name, code, n, want, uops in _fault_programs(cfg):
+            for drv_name, drv in drivers.items():
+                image = np.zeros(1 << 16, np.uint8)
+                image[0x1000:0x1000 + code.size] = code
+                image[0x40 * cfg.uop_elem_bytes:0x40 * cfg.uop_elem_bytes + uops.size] = uops
+                with pytest.raises(ProgramFault) as e:
+                    drv.run(image, 0x1000, n)
+                assert (e.value.code, e.value.index) == want, f"{name} on {drv_name}: {e.value}"
+                assert f"instruction {want[1]}" in str(e.value) or want[0] == ErrorCode.NO_FINISH, str(e.value)
+        prog, _ = random_program(cfg, 5)
+        images = {}
+        for drv_name in ("fsim", "rtl"):
+            images[drv_name] = prog.dram_image()
+            drivers[drv_name].run(images[drv_name], prog.insn_addr, len(prog.insns))
+        assert np.array_equal(images["fsim"], images["rtl"])
+    finally:
+        for d in drivers.values():
+            d.close()
 
 
 LAYERS = {"conv3x3": Conv2dSpec(1, 8, 8, 8, 8, 3, 3, (1, 1, 1, 1)),
