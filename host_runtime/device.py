@@ -72,7 +72,8 @@ _DRIVERS: dict[str, Callable[..., Driver]] = {}
 # Built-in drivers: name -> module that registers it (imported on first lookup, so a driver
 # whose dependencies are missing never breaks the others).
 _BUILTIN: dict[str, str] = {"fsim": "host_runtime.drivers.fsim", "tsim": "host_runtime.drivers.tsim",
-                            "rtl": "host_runtime.drivers.rtl"}
+                            "rtl": "host_runtime.drivers.rtl", "board": "host_runtime.drivers.board",
+                            "vboard": "host_runtime.drivers.vboard"}
 
 
 def register_driver(name: str):
