@@ -4,7 +4,8 @@ A driver executes an encoded program that already sits in DRAM:
     driver = get_driver("fsim", cfg)
     result = driver.run(dram, insn_addr, insn_count)   # dram: 1-D np.uint8, modified in place
 Drivers register by name with @register_driver("name"); the built-in ones live in
-host_runtime/drivers/ (fsim, tsim, rtl; board later) and are imported on first lookup.
+host_runtime/drivers/ (fsim, tsim, rtl, board, vboard) and are imported on first lookup;
+"remote://HOST:PORT" names the device an `accel serve` exposes (host_runtime/remote.py).
 """
 from __future__ import annotations
 
@@ -92,7 +93,10 @@ def available_drivers() -> list[str]:
     return sorted(set(_DRIVERS) | set(_BUILTIN))
 
 
-def get_driver(name: str, cfg: AccelConfig, **options) -> Driver:
+def get_driver(name: str, cfg: AccelConfig | None, **options) -> Driver:
+    if isinstance(name, str) and name.startswith("remote://"):   # `accel serve` elsewhere (host_runtime/remote.py)
+        from .remote import RemoteDriver
+        return RemoteDriver(cfg, name, **options)
     if name not in _DRIVERS and name in _BUILTIN:
         try:
             importlib.import_module(_BUILTIN[name])
@@ -116,6 +120,9 @@ class Device:
 
     def __init__(self, cfg: AccelConfig | str | None = None, driver: str | Driver | None = "fsim",
                  dram_bytes: int = DEFAULT_DRAM_BYTES, **driver_options):
+        if isinstance(cfg, str) and cfg.startswith("remote://"):   # Device("remote://HOST:PORT"): the server's config
+            driver = get_driver(cfg, None, **driver_options)
+            cfg, driver_options = driver.cfg, {}
         self.cfg = resolve_config(cfg)
         if dram_bytes > 1 << self.cfg.dram_addr_width:
             raise DriverError(f"dram_bytes={dram_bytes} exceeds the {1 << self.cfg.dram_addr_width} bytes "
