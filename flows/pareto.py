@@ -21,6 +21,8 @@ def candidates(records: list[dict]) -> list[dict]:
     if not ok:
         return []
     most = max(r.get("accel_macs") or 0 for r in ok)
+    if not most:   # nothing ran on the accelerator: zero cycles are not a speed
+        return []
     return [r for r in ok if r.get("fits") is not False
             and (r.get("accel_macs") or 0) >= (1 - OFFLOAD_TOLERANCE) * most]
 
@@ -55,6 +57,10 @@ def table(records: list[dict], params: list[str]) -> str:
     """The Pareto points (latency, LUT, DSP) as a text table, fastest first."""
     rows = front(records) or front(records, ("latency_ms",))
     if not rows:
+        ok = [r for r in records if r.get("status") == "ok"]
+        if ok and not any(r.get("accel_macs") for r in ok):
+            return ("no point ran a layer on the accelerator (the partitioner left every conv/dense on the CPU: "
+                    "see cpu_macs; [compile] force = {MatMul = \"accel\"} in the space file overrides soft declines)")
         return "no point finished ok and fits the part"
     cols = [*params, "latency_ms", "cycles", "lut", "dsp", "bram", "energy_uj", "point"]
     cells = [[_fmt((r.get("config") or r.get("params", {})).get(c, r.get(c)) if c in params else r.get(c))

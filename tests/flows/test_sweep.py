@@ -158,6 +158,9 @@ def test_strategy_and_pareto_front():
             {"point": "f", "status": "failed", "error": "x"}]
     assert [r["point"] for r in pareto.front(recs)] == ["a", "b"]
     assert pareto.best(recs)["point"] == "a"
+    assert [line.split()[-1] for line in pareto.table(recs, []).splitlines()[1:]] == ["a", "b"]
+    cpu_only = [dict(r, accel_macs=0, latency_ms=0.0) for r in recs[:3]]
+    assert pareto.best(cpu_only) is None and "no point ran a layer on the accelerator" in pareto.table(cpu_only, [])
 
 
 # ---- runs ---------------------------------------------------------------------------------------
