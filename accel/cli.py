@@ -213,6 +213,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--counters", nargs="?", const="-", metavar="FILE",
                    help="print the cycle counters (a model: per layer and in total), or write them as JSON to FILE")
     _model_run_args(p)
+    p.add_argument("--token-file", metavar="FILE",
+                   help="--driver remote://HOST:PORT: file holding the server's token (else ACCEL_TOKEN)")
     p.set_defaults(func=_run)
 
 
@@ -222,6 +224,10 @@ def _run(args) -> int:
         return run_cli(args)
     if args.check_races and args.driver != "fsim":
         raise CliError(f"--check-races is fsim's check; it needs --driver fsim, not {args.driver!r}")
+    if args.token_file:   # read by host_runtime/remote.py's RemoteDriver, for programs and models alike
+        if not args.driver.startswith("remote://"):
+            raise CliError(f"--token-file is for --driver remote://HOST:PORT, not {args.driver!r}")
+        os.environ["ACCEL_TOKEN_FILE"] = args.token_file
     if _is_module_file(args.input):
         return _run_model(args)
     if args.inputs or args.outputs or args.profile or args.profile_json:
@@ -925,6 +931,58 @@ def _cache_clear(args) -> int:
     cache = KernelCache()
     n = cache.clear()
     print(f"removed {n} kernel librar{'y' if n == 1 else 'ies'} from {cache.dir}")
+    return 0
+
+
+# ---- serve one device (host_runtime/server.py, docs/board.md) -------------------------------------
+@command("serve", "serve one device to remote clients (--driver remote://HOST:PORT): token authentication, "
+                  "loopback by default")
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--driver", default="fsim", choices=("fsim", "tsim", "rtl", "vboard", "board"),
+                   help="the device served (default: %(default)s)")
+    p.add_argument("--config", default="default", help="the device's config: preset name or JSON file "
+                                                       "(default: %(default)s; a board checks its bitstream's)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; any other "
+                                                      "needs a token)")
+    p.add_argument("--port", type=int, default=9091, help="TCP port (default: %(default)s; 0 picks a free one)")
+    p.add_argument("--token-file", metavar="FILE", help="file holding the token clients must prove (else ACCEL_TOKEN)")
+    p.add_argument("--bitstream", metavar="X.bit", help="--driver board with PYNQ: the overlay bitstream to load")
+    p.add_argument("--max-bytes", type=int, default=256 << 20, help="largest DRAM image a request may carry "
+                                                                   "(default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="board/vboard: seconds a run may take before the core is reset (default 60 / 600)")
+    p.add_argument("--max-clients", type=int, default=8, help="connections at once (default: %(default)s)")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args) -> int:
+    from accel.isa import resolve_config
+    from host_runtime.remote import read_token_file
+    from host_runtime.server import DeviceServer
+    token = read_token_file(args.token_file) if args.token_file else (os.environ.get("ACCEL_TOKEN") or "").strip()
+    options = {}
+    if args.bitstream:
+        if args.driver != "board":
+            raise CliError(f"--bitstream is for --driver board, not {args.driver!r}")
+        options["bitstream"] = args.bitstream
+    if args.timeout is not None:
+        if args.driver not in ("board", "vboard"):
+            raise CliError(f"--timeout is for --driver board or vboard; {args.driver!r} has cycle limits")
+        options["timeout_s"] = args.timeout
+    if not 0 <= args.port < 65536:
+        raise CliError(f"--port {args.port}: must be 0..65535")
+    logging.getLogger("host_runtime.server").setLevel(logging.INFO)   # one log line per request
+    srv = DeviceServer(resolve_config(args.config), driver=args.driver, host=args.host, port=args.port,
+                       token=token or None, max_payload=args.max_bytes, max_clients=args.max_clients, **options)
+    host, port = srv.address[:2]
+    print(f"serving driver {args.driver} on {host}:{port} (clients: --driver remote://{host}:{port}); Ctrl-C stops",
+          flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.close()
     return 0
 
 
