@@ -23,11 +23,19 @@ class GpuKernels(_Kernels):
     """Fused bodies composed from the library's GPU implementations -> GpuKernel (source text)."""
     kind = "cuda"
 
-    def __init__(self, target: str, check: bool = True):
+    def __init__(self, target: str, check: bool = True, tune=None):
         super().__init__()
         self.gpu_target = target
         self.check = check
         self.built: dict = {}
+        self.tuner = None
+        self.tuning: dict[str, dict] = {}
+        if tune and target == "opencl":
+            from .ops.gpu_tune import GpuTuner
+            self.tuner = GpuTuner(None if tune is True else tune)
+        elif tune:
+            log.warning("--tune: GPU kernels for %s are timed on a device of that kind; none here, defaults kept",
+                        target)
 
     def compile_gpu(self, body: Graph, consts: dict, symbol_hint: str):
         """(symbol, args, GpuKernel) for the body; KernelDeclined says why there is none."""
@@ -46,8 +54,15 @@ class GpuKernels(_Kernels):
             sym = f"kit_g{len(self.built)}_{''.join(c if c.isascii() and c.isalnum() else '_' for c in symbol_hint)[:40]}"
             try:
                 from .codegen.opencl import build_gpu
-                sch = anchor.schedule([out])
-                k = build_gpu(sch, [t for t, _ in args] + [out], self.gpu_target, name=sym)
+                from .ops.gpu import schedule_gpu, schedule_kind
+                params = [t for t, _ in args] + [out]
+                if self.tuner is not None and anchor.schedule is schedule_gpu:
+                    k, rec = self.tuner.best(self.tuner.key(repr(key)), schedule_kind([out]), lambda knobs: build_gpu(
+                        schedule_gpu([out], knobs), params, self.gpu_target, name=sym))
+                    self.tuning[sym] = {"knobs": rec["knobs"], "seconds": rec["seconds"],
+                                        "candidates": len(rec.get("trials", []))}
+                else:
+                    k = build_gpu(anchor.schedule([out]), params, self.gpu_target, name=sym)
                 if self.check:
                     _check_locally(k)
             except Exception as e:  # noqa: BLE001 - a schedule or back end that fails declines with why
@@ -74,9 +89,10 @@ def _check_locally(k) -> None:
 
 class GpuBuilder(_Builder):
     def __init__(self, graph, cfg, true_macs, progress=None, tune=None, gpu_target: str = "opencl"):
-        super().__init__(graph, cfg, true_macs, progress, tune)
+        super().__init__(graph, cfg, true_macs, progress, None)
         self.gpu_target = gpu_target
-        self.gpu = GpuKernels(gpu_target)
+        self.gpu = GpuKernels(gpu_target, tune=tune)
+        self.tuning = self.gpu.tuning
         self.on_cpu: dict[str, str] = {}    # op name -> why it has no GPU kernel
 
     def cpu_body(self, name: str, body: Graph, outer: list, out_tid: int) -> None:

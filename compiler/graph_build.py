@@ -702,7 +702,7 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
             raise BuildError(str(e)) from None
     if target in GPU_TARGETS:
         from .gpu_build import GpuBuilder
-        b = GpuBuilder(q, None, true_macs, progress, None, gpu_target=target)
+        b = GpuBuilder(q, None, true_macs, progress, tune, gpu_target=target)
     else:
         b = _Builder(q, cfg if target == "accel" else None, true_macs, progress, tune if target == "accel" else None)
     b.lower()

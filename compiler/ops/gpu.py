@@ -26,7 +26,8 @@ from . import registry
 
 THREADS = 256
 #: knob -> allowed values (the tuner's search space)
-GPU_KNOBS = {"threads": (64, 128, 256, 512), "tile": (4, 8, 16), "reg": (1, 2, 4), "kt": (4, 8, 16)}
+GPU_KNOBS = {"threads": (64, 128, 256, 512), "tile": (4, 8, 16), "reg": (1, 2, 4), "kt": (4, 8, 16),
+             "rc": (1, 4, 8)}
 
 
 def _as_list(outs):
@@ -251,24 +252,48 @@ _TAGS_CONV = ("conv2d_nchw",)
 _TAGS_GEMM = ("dense", "matmul", "batch_matmul")
 
 
-def schedule_gpu(outs):
-    """The schedule for a composed body, chosen by its anchor stage (conv, gemm, reduction,
-    injective); a failure of the tiled schedule falls back to one thread per output row."""
+def schedule_kind(outs) -> str:
+    """Which GPU schedule a composed body gets: conv, gemm, rows (reductions) or injective."""
     outs = _as_list(outs)
     s0 = te.create_schedule([o.op for o in outs])
     tags = {st.op.tag.split(",")[0] for st in _stages(s0)}
-    has_reduce = any(st.op.reduce_axis for st in _stages(s0))
     if tags & set(_TAGS_CONV):
-        return schedule_conv2d(outs)
+        return "conv"
     if tags & set(_TAGS_GEMM):
-        return schedule_gemm(outs)
-    if has_reduce:
-        return schedule_rows(outs)
-    return schedule_injective(outs)
+        return "gemm"
+    if any(st.op.reduce_axis for st in _stages(s0)):
+        return "rows"
+    return "injective"
+
+
+#: schedule kind -> (function, the knobs it takes)
+SCHEDULES = {"conv": (schedule_conv2d, ("tile", "reg", "rc", "threads")),
+             "gemm": (schedule_gemm, ("tile", "reg", "kt")),
+             "rows": (schedule_rows, ("threads",)),
+             "injective": (schedule_injective, ("threads",))}
+
+
+def schedule_gpu(outs, knobs: dict | None = None):
+    """The schedule for a composed body, chosen by its anchor stage (conv, gemm, reduction,
+    injective); `knobs` (tile, reg, kt, rc, threads: see GPU_KNOBS) override the defaults."""
+    fn, names = SCHEDULES[schedule_kind(outs)]
+    kw = {k: v for k, v in (knobs or {}).items() if k in names}
+    return fn(_as_list(outs), **kw)
+
+
+def _qdense_plain(x, w, b, muls=None, in_shift=0, w_shift=0, out_shift=0, layout="NC", weight_packed=False,
+                  n_out=None, mul=1, out_zp=0):
+    """int8 dense on the unpacked (N, K) weight, int32 accumulation, the library's requantization."""
+    from .library import _requant
+    from .nn import dense
+    return _requant(dense(x, w, b, "int32"), in_shift, w_shift, out_shift, mul, muls, out_zp)
 
 
 def register() -> None:
     """("op", "cuda") implementations: each op's plain-layout CPU compute with schedule_gpu."""
+    from .library import _q_check
+    if not registry.IMPLS.get(("qdense", "cuda")):
+        registry.add_impl("qdense", "cuda", "qdense.gpu", _qdense_plain, schedule_gpu, check=_q_check)
     for (op, target), impls in list(registry.IMPLS.items()):
         if target != "llvm" or registry.IMPLS.get((op, "cuda")):
             continue

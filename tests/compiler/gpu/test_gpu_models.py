@@ -109,3 +109,50 @@ def test_cuda_module_without_a_cuda_device_says_so():
     mod = compiler.build_model(zoo.mlp(), target="cuda")
     with pytest.raises(ExecutorError, match="CUDA"):
         mod.run(zoo.sample_inputs(zoo.mlp(), 1)[0])
+
+
+def test_qdq_model_on_opencl_matches_cpu_target_exactly():
+    opencl_or_skip()
+    pytest.importorskip("onnxruntime")
+    m = zoo.conv_bn_relu_pool()
+    feeds = zoo.sample_inputs(m, 4)
+    q = zoo.ort_quantize(m, feeds)
+    mod = compiler.build_model(q, target="opencl")
+    assert not mod.meta["fallbacks"], mod.meta["fallbacks"]
+    got, _ = mod.run(feeds[0])
+    want, _ = compiler.build_model(q, target="cpu").run(feeds[0])
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_tuning_log_makes_a_rebuild_a_lookup(tmp_path):
+    opencl_or_skip()
+    from compiler.ops import gpu_tune
+    m = zoo.mlp()
+    log = tmp_path / "gpu_tune.json"
+    mod = compiler.build_model(m, target="opencl", tune=str(log))
+    assert mod.meta["tuning"] and all(r["candidates"] >= 1 for r in mod.meta["tuning"].values())
+    table = __import__("json").loads(log.read_text())["gpu"]
+    assert len(table) == len(mod.meta["tuning"])
+    calls = []
+    orig = gpu_tune.measure
+    gpu_tune.measure = lambda k, **kw: calls.append(k) or orig(k)
+    try:
+        again = compiler.build_model(m, target="opencl", tune=str(log))
+    finally:
+        gpu_tune.measure = orig
+    assert not calls
+    assert {k: r["knobs"] for k, r in again.meta["tuning"].items()} == {k: r["knobs"] for k, r in mod.meta["tuning"].items()}
+    feeds = zoo.sample_inputs(m, 1)[0]
+    a, _ = again.run(feeds)
+    b, _ = compiler.build_model(m, target="cpu").run(feeds)
+    for k in a:
+        assert np.abs(a[k] - b[k]).max() <= 1e-5
+
+
+def test_broken_tuning_log_is_one_error(tmp_path):
+    from compiler.ops.gpu_tune import GpuTuneError, GpuTuner
+    p = tmp_path / "t.json"
+    p.write_text("[1, 2")
+    with pytest.raises(GpuTuneError, match="t.json"):
+        GpuTuner(p)
