@@ -1,0 +1,254 @@
+"""The board driver (host_runtime/drivers/board.py): relocation, its register protocol against an
+in-process fake board (fsim behind the register map), the Linux back end's plumbing on fake
+sysfs/dev files, and the virtual board (the same driver against the Verilated shell) against fsim
+and the rtl driver on random programs and a compiled model (tiny config)."""
+import sys
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from accel.isa import PRESETS, Load, MemType, Store, decode_program
+from host_runtime import get_driver
+from host_runtime.drivers.board import BoardBackend, BoardDriver, BoardError, DmaBuffer, LinuxBackend, relocate
+from sim.verilator.build import tools_available
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from randprog import random_program  # noqa: E402
+
+TINY = PRESETS["tiny"]
+R = {"CTRL": 0x00, "STATUS": 0x04, "INSN_ADDR_LO": 0x08, "INSN_ADDR_HI": 0x0C, "INSN_COUNT": 0x10, "CONFIG_ID": 0x14}
+
+
+# ---- relocation --------------------------------------------------------------------------------------
+def test_relocate_moves_every_dram_address_by_the_base():
+    prog, _ = random_program(TINY, 3)
+    base = 0x40000
+    moved = decode_program(relocate(TINY, prog.insns, base).reshape(-1), TINY)
+    from accel.isa.isa import elem_bytes
+    n = 0
+    for a, b in zip(prog.insns, moved):
+        if isinstance(a, (Load, Store)):
+            eb = elem_bytes(TINY, a.mem_type if isinstance(a, Load) else MemType.OUT)
+            assert b.dram_base * eb == a.dram_base * eb + base
+            n += 1
+        else:
+            assert a == b
+    assert n > 0
+    assert np.array_equal(relocate(TINY, prog.insns, 0).reshape(-1), prog.dram_image()[
+        prog.insn_addr:prog.insn_addr + 16 * len(prog.insns)])
+
+
+def test_relocate_past_the_address_width_names_the_instruction():
+    prog, _ = random_program(TINY, 3)
+    with pytest.raises(BoardError, match=r"instruction \d+ \((LOAD|STORE)\).*dram_addr_width"):
+        relocate(TINY, prog.insns, (1 << TINY.dram_addr_width) - 4096)
+
+
+# ---- the driver's protocol against a fake board ---------------------------------------------------------
+class _Buf(DmaBuffer):
+    def __init__(self, mem, base, n):
+        self.array = mem[base:base + n]
+        self.phys_addr = base
+        self.flushes = self.invalidates = 0
+
+    def flush(self):
+        self.flushes += 1
+
+    def invalidate(self):
+        self.invalidates += 1
+
+
+class FakeBoard(BoardBackend):
+    """fsim behind the register map: a start runs the program at INSN_ADDR over the whole physical
+    memory (so relocation must be right). mode: "ok", "error" (bus error), "hang" (never done)."""
+    name = "fake"
+
+    def __init__(self, cfg, base=0x20000, mode="ok", config_id=None):
+        self.cfg, self.base, self.mode = cfg, base, mode
+        self.mem = np.zeros(base + (4 << 20), np.uint8)
+        self.regs = {R["CONFIG_ID"]: int(cfg.digest()[:8], 16) if config_id is None else config_id}
+        self.status = 0
+        self.writes = []
+        self.fsim = get_driver("fsim", cfg)
+
+    def read32(self, off):
+        if off == R["STATUS"]:
+            return self.status
+        return self.regs.get(off, 0)
+
+    def write32(self, off, v):
+        self.writes.append((off, v))
+        if off == R["CTRL"] and v & 1:
+            if self.mode == "ok":
+                addr = self.regs[R["INSN_ADDR_LO"]] | self.regs[R["INSN_ADDR_HI"]] << 32
+                self.fsim.run(self.mem, addr, self.regs[R["INSN_COUNT"]])
+                self.status = 2
+            elif self.mode == "error":
+                self.status = 4
+            else:
+                self.status = 1
+        elif off == R["STATUS"]:
+            self.status &= ~v
+        else:
+            self.regs[off] = v
+
+    def alloc(self, n):
+        if self.base + n > self.mem.size:
+            raise BoardError("too big")
+        return _Buf(self.mem, self.base, n)
+
+
+def test_board_driver_relocates_and_leaves_fsims_dram():
+    board = FakeBoard(TINY)
+    ref = get_driver("fsim", TINY)    # on-chip buffers persist between runs, on both sides
+    with closing(BoardDriver(TINY, backend=board)) as drv:
+        for seed in (0, 5):
+            prog, _ = random_program(TINY, seed)
+            want, got = prog.dram_image(), prog.dram_image()
+            ref.run(want, prog.insn_addr, len(prog.insns))
+            res = drv.run(got, prog.insn_addr, len(prog.insns))
+            assert np.array_equal(got, want)
+            assert res.driver == "board" and res.insn_count == len(prog.insns)
+        assert drv._buf.flushes == 2 and drv._buf.invalidates == 2
+        # the device saw relocated addresses: INSN_ADDR is the buffer's base plus the program's offset
+        assert (R["INSN_ADDR_LO"], board.base + prog.insn_addr) in board.writes
+
+
+def test_board_driver_refuses_another_bitstreams_config():
+    with pytest.raises(BoardError, match="CONFIG_ID is 0x12345678.*accel build --config"):
+        BoardDriver(TINY, backend=FakeBoard(TINY, config_id=0x12345678))
+
+
+def test_board_driver_reports_error_status_and_clears_it():
+    board = FakeBoard(TINY, mode="error")
+    prog, _ = random_program(TINY, 0)
+    with closing(BoardDriver(TINY, backend=board)) as drv:
+        with pytest.raises(BoardError, match=r"STATUS=0x4 \(bus_error"):
+            drv.run(prog.dram_image(), prog.insn_addr, len(prog.insns))
+        assert board.status == 0       # cleared by the recovery
+
+
+def test_board_driver_times_out_and_resets():
+    board = FakeBoard(TINY, mode="hang")
+    prog, _ = random_program(TINY, 0)
+    with closing(BoardDriver(TINY, backend=board, timeout_s=0.2)) as drv:
+        with pytest.raises(BoardError, match="did not raise done within 0.2 s"):
+            drv.run(prog.dram_image(), prog.insn_addr, len(prog.insns))
+
+
+def test_board_driver_misaligned_buffer_is_refused():
+    board = FakeBoard(TINY, base=0x20008)
+    prog, _ = random_program(TINY, 0)
+    with closing(BoardDriver(TINY, backend=board)) as drv:
+        with pytest.raises(BoardError, match="not aligned"):
+            drv.run(prog.dram_image(), prog.insn_addr, len(prog.insns))
+
+
+def test_unknown_backend_and_missing_pynq():
+    with pytest.raises(BoardError, match="unknown board backend 'xyz'"):
+        BoardDriver(TINY, backend="xyz")
+    try:
+        import pynq  # noqa: F401
+    except ImportError:
+        with pytest.raises(BoardError, match="needs the pynq package"):
+            BoardDriver(TINY, backend="pynq")
+
+
+# ---- the Linux back end's plumbing (fake /sys and /dev) ----------------------------------------------
+def _fake_linux(root: Path, dma_size=1 << 16):
+    (root / "sys/class/uio/uio3/maps/map0").mkdir(parents=True)
+    (root / "sys/class/uio/uio3/name").write_text("accel\n")
+    (root / "sys/class/uio/uio3/maps/map0/size").write_text("0x10000\n")
+    (root / "dev").mkdir()
+    regs = np.zeros(0x10000 // 4, np.uint32)
+    regs[R["CONFIG_ID"] // 4] = int(TINY.digest()[:8], 16)
+    (root / "dev/uio3").write_bytes(regs.tobytes())
+    d = root / "sys/class/u-dma-buf/udmabuf0"
+    d.mkdir(parents=True)
+    (d / "phys_addr").write_text("0x1f000000\n")
+    (d / "size").write_text(f"{dma_size}\n")
+    (root / "dev/udmabuf0").write_bytes(bytes(dma_size))
+    return d
+
+
+def test_linux_backend_maps_uio_by_name_and_syncs_udmabuf(tmp_path):
+    d = _fake_linux(tmp_path)
+    b = LinuxBackend(TINY, uio="accel", root=str(tmp_path))
+    try:
+        assert b.read32(R["CONFIG_ID"]) == int(TINY.digest()[:8], 16)
+        b.write32(R["INSN_COUNT"], 1234)
+        assert b.read32(R["INSN_COUNT"]) == 1234
+        buf = b.alloc(4096)
+        assert buf.phys_addr == 0x1F000000 and buf.array.size == 4096
+        buf.array[:4] = [1, 2, 3, 4]
+        buf.flush()
+        assert (d / "sync_for_device").read_text() == "1" and (d / "sync_size").read_text() == "4096"
+        buf.invalidate()
+        assert (d / "sync_direction").read_text() == "2"
+        with pytest.raises(BoardError, match="holds 65536"):
+            b.alloc(1 << 20)
+    finally:
+        b.close()
+    assert np.frombuffer((tmp_path / "dev/uio3").read_bytes(), np.uint32)[R["INSN_COUNT"] // 4] == 1234
+
+
+def test_linux_backend_errors_name_the_missing_device(tmp_path):
+    _fake_linux(tmp_path)
+    with pytest.raises(BoardError, match="no UIO device 'other'"):
+        LinuxBackend(TINY, uio="other", root=str(tmp_path))
+    with pytest.raises(BoardError, match="no u-dma-buf device 'udmabuf7'"):
+        LinuxBackend(TINY, uio="uio3", udmabuf="udmabuf7", root=str(tmp_path))
+
+
+# ---- the virtual board --------------------------------------------------------------------------------
+rtl = pytest.mark.skipif(tools_available() is not None, reason=f"vboard: {tools_available()}")
+
+
+@pytest.fixture(scope="module")
+def boards():
+    """fsim, rtl and vboard drivers shared by the module (the Verilator builds are cached)."""
+    drivers = {"fsim": get_driver("fsim", TINY), "rtl": get_driver("rtl", TINY), "vboard": get_driver("vboard", TINY)}
+    yield drivers
+    for d in drivers.values():
+        d.close()
+
+
+@pytest.mark.rtl
+@rtl
+@pytest.mark.parametrize("seed", range(6))
+def test_vboard_random_programs_equal_fsim_and_rtl_counters(boards, seed):
+    prog, _ = random_program(TINY, 40 + seed)
+    images, res = {}, {}
+    for name, drv in boards.items():
+        images[name] = prog.dram_image()
+        res[name] = drv.run(images[name], prog.insn_addr, len(prog.insns))
+    for name in ("rtl", "vboard"):
+        bad = np.flatnonzero(images[name] != images["fsim"])
+        assert bad.size == 0, f"{name}: DRAM differs from fsim at {bad.size} bytes, first {bad[:1]}"
+    assert res["vboard"].cycles == res["rtl"].cycles > 0
+    assert res["vboard"].stats == res["rtl"].stats
+
+
+@pytest.mark.rtl
+@rtl
+def test_vboard_runs_a_compiled_model_like_fsim_and_rtl():
+    """A compiled residual block (tiny config) through the executor: vboard's outputs equal fsim's,
+    and per accelerator step its cycles equal the rtl driver's."""
+    import compiler
+    from compiler.frontend import zoo
+    from host_runtime.executor import Executor
+    m = zoo.residual_block()
+    feeds = zoo.sample_inputs(m, 3, seed=4)
+    mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:2])
+    outs, prof = {}, {}
+    for drv in ("fsim", "rtl", "vboard"):
+        with Executor(mod, driver=drv) as ex:
+            outs[drv] = ex.run(feeds[2])
+            prof[drv] = [r for r in ex.profile if r["target"] == "accel"]
+    for k in outs["fsim"]:
+        np.testing.assert_array_equal(outs["vboard"][k], outs["fsim"][k], err_msg=f"vboard: output {k}")
+    assert len(prof["vboard"]) >= 2
+    assert [r["cycles"] for r in prof["vboard"]] == [r["cycles"] for r in prof["rtl"]]
+    assert all(r["cycles"] > 0 for r in prof["vboard"])
