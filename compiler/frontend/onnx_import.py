@@ -87,12 +87,39 @@ def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | Non
     if opset < MIN_OPSET:
         from onnx import version_converter
         try:
-            model = version_converter.convert_version(model, MIN_OPSET)
+            model = _keep_resize10_semantics(model, version_converter.convert_version(model, MIN_OPSET))
         except Exception as e:
             raise ModelLoadError(f"{src}: cannot upgrade opset {opset} to {MIN_OPSET} with onnx's version "
                                  f"converter: {e}") from None
         log.info("upgraded %s from opset %d to %d", src, opset, MIN_OPSET)
     return model
+
+
+def _keep_resize10_semantics(old, new):
+    """onnx's version converter turns Upsample (opset 7-9) and Resize-10 into Resize-13 without
+    their coordinate mode: Resize-13's default (half_pixel) then moves every linear sample.
+    Those nodes (found by output name) get Resize-10's own: asymmetric coordinates, nearest
+    rounding down (up when every scale shrinks, as onnxruntime's opset-10 kernel does)."""
+    onnx = _onnx()
+    opset = default_opset(old)
+    outs = {n.output[0] for n in old.graph.node
+            if n.domain in ("", "ai.onnx") and (n.op_type == "Upsample" or (n.op_type == "Resize" and opset == 10))}
+    if not outs:
+        return new
+    consts = {t.name: t for t in new.graph.initializer}
+    consts.update({n.output[0]: n.attribute[0].t for n in new.graph.node if n.op_type == "Constant" and n.attribute})
+    for n in new.graph.node:
+        if n.op_type != "Resize" or n.output[0] not in outs:
+            continue
+        have = {a.name for a in n.attribute}
+        if "coordinate_transformation_mode" not in have:
+            n.attribute.append(onnx.helper.make_attribute("coordinate_transformation_mode", "asymmetric"))
+        if "nearest_mode" not in have:
+            sc = consts.get(n.input[2]) if len(n.input) > 2 else None
+            sc = onnx.numpy_helper.to_array(sc) if sc is not None else np.ones(0)
+            shrink = sc.size and all(v < 1 for v in sc if v != 1) and any(v != 1 for v in sc)
+            n.attribute.append(onnx.helper.make_attribute("nearest_mode", "ceil" if shrink else "floor"))
+    return new
 
 
 def _all_tensors(graph):
@@ -888,6 +915,133 @@ def _gather(c):
     if _input_deps(idx):
         return c.add("gather", [x, idx], {"axis": ax})
     return c.add("take", [x], {"indices": np.asarray(c.value(1, "indices"), np.int64), "axis": ax})
+
+
+@converter("Upsample")
+def _upsample(c):
+    """Upsample (deprecated at opset 10) is Resize with asymmetric coordinates, nearest rounding
+    down: converted as that Resize. Scales come from the input (opset 9), the attribute (opset 7)
+    or height_scale/width_scale (opset 1, where linear was called bilinear)."""
+    onnx = _onnx()
+    mode = c.attr("mode", "nearest")
+    mode = "linear" if mode == "bilinear" else mode
+    if mode not in ("nearest", "linear"):
+        c.fail(f"mode {mode!r} is not supported (nearest, linear)")
+    scales = c.value(1, "scales") if c.input(1) is not None else c.attr("scales")
+    if scales is None and c.attr("height_scale") is not None:
+        scales = [1.0, 1.0, float(c.attr("height_scale")), float(c.attr("width_scale", 1.0))]
+    if scales is None:
+        c.fail("no scales given (input 1, or the scales attribute)")
+    scales = np.asarray(scales, np.float32).reshape(-1)
+    if len(scales) != c.input(0).type.rank:
+        c.fail(f"{len(scales)} scales for an input of rank {c.input(0).type.rank}")
+    name = f"{c.node_name}/scales"
+    c.env[name] = c.const(scales, "scales")
+    node = onnx.helper.make_node("Resize", [c.onnx_node.input[0], "", name], list(c.onnx_node.output),
+                                 name=c.node_name, mode=mode, coordinate_transformation_mode="asymmetric",
+                                 nearest_mode="floor")
+    upsample, c.onnx_node = c.onnx_node, node
+    try:
+        return _resize(c)
+    finally:
+        c.onnx_node = upsample
+
+
+def _exp_minus_one_of_negative_part(c, x):
+    """exp(min(x, 0)) - 1: the negative branch of ELU-type activations, finite for every x."""
+    zero = c.const(np.asarray(0.0, x.dtype), "zero")
+    e = c.add("exp", [c.add("minimum", [x, zero], suffix="neg_part")], suffix="exp")
+    return c.add("sub", [e, c.const(np.asarray(1.0, x.dtype), "one")], suffix="expm1")
+
+
+@converter("Elu", "Selu")
+def _elu(c):
+    """Elu = relu(x) + alpha (exp(min(x, 0)) - 1); Selu = gamma Elu with its alpha."""
+    x = c.input(0)
+    selu = c.onnx_node.op_type == "Selu"
+    alpha = float(c.attr("alpha", 1.67326319217681884765625 if selu else 1.0))
+    neg = c.add("mul", [_exp_minus_one_of_negative_part(c, x), c.const(np.asarray(alpha, x.dtype), "alpha")],
+                suffix="alpha")
+    y = c.add("add", [c.add("relu", [x], suffix="pos"), neg], suffix="sum" if selu else "")
+    if selu:
+        y = c.add("mul", [y, c.const(np.asarray(float(c.attr("gamma", 1.05070102214813232421875)), x.dtype), "gamma")])
+    return y
+
+
+def _softplus(c, x, last: bool):
+    """log(1 + exp(x)) as relu(x) + log(1 + exp(-|x|)), which does not overflow."""
+    t = c.add("exp", [c.add("neg", [c.add("abs", [x], suffix="abs")], suffix="neg_abs")], suffix="exp")
+    t = c.add("log", [c.add("add", [t, c.const(np.asarray(1.0, x.dtype), "one")], suffix="one_plus")], suffix="log")
+    return c.add("add", [c.add("relu", [x], suffix="pos"), t], suffix="" if last else "softplus")
+
+
+@converter("Softplus")
+def _softplus_op(c):
+    return _softplus(c, c.input(0), True)
+
+
+@converter("Mish")
+def _mish(c):
+    """Mish = x tanh(softplus(x))."""
+    x = c.input(0)
+    return c.add("mul", [x, c.add("tanh", [_softplus(c, x, False)], suffix="tanh")])
+
+
+@converter("Expand")
+def _expand(c):
+    """Expand: numpy broadcasting of x against the constant shape, as x + zeros(shape) (exact)."""
+    x = c.input(0)
+    shape = [int(d) for d in np.ravel(c.value(1, "shape"))]
+    try:
+        out = np.broadcast_shapes(x.shape, tuple(shape))
+    except ValueError:
+        c.fail(f"shape {shape} does not broadcast with the input {list(x.shape)}")
+    if tuple(out) == tuple(x.shape):
+        return x
+    return c.add("add", [x, c.const(np.zeros(shape, x.dtype), "zeros")])
+
+
+@converter("Tile")
+def _tile(c):
+    """Tile: per axis, a concat of `repeats` copies."""
+    x = c.input(0)
+    reps = [int(r) for r in np.ravel(c.value(1, "repeats"))]
+    if len(reps) != x.type.rank or min(reps, default=1) < 0:
+        c.fail(f"repeats {reps} must be {x.type.rank} non-negative counts")
+    if 0 in reps:
+        c.fail(f"repeats {reps} would make an empty tensor")
+    y = x
+    todo = [a for a, r in enumerate(reps) if r > 1]
+    for a in todo:
+        y = c.add("concat", [y] * reps[a], {"axis": a}, suffix="" if a == todo[-1] else f"axis{a}")
+    return y
+
+
+@converter("DepthToSpace", "SpaceToDepth")
+def _depth_space(c):
+    """Pixel shuffle both ways as reshape - transpose - reshape (DCR and CRD modes)."""
+    x = c.input(0)
+    if x.type.rank != 4:
+        c.fail(f"expects an NCHW input, got {x.type}")
+    b = int(c.attr("blocksize", 0))
+    n, ch, h, w = x.shape
+    if b < 1:
+        c.fail(f"blocksize must be positive, got {b}")
+    if c.onnx_node.op_type == "DepthToSpace":
+        if ch % (b * b):
+            c.fail(f"{ch} channels are not a multiple of blocksize^2 = {b * b}")
+        if c.attr("mode", "DCR") == "DCR":
+            inner, perm = (n, b, b, ch // (b * b), h, w), (0, 3, 4, 1, 5, 2)
+        else:
+            inner, perm = (n, ch // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+        out = (n, ch // (b * b), h * b, w * b)
+    else:
+        if h % b or w % b:
+            c.fail(f"spatial size {h}x{w} is not a multiple of blocksize {b}")
+        inner, perm, out = (n, ch, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4), (n, ch * b * b, h // b, w // b)
+    y = c.add("reshape", [x], {"shape": inner}, suffix="split")
+    y = c.add("transpose", [y], {"perm": perm}, suffix="shuffle")
+    return c.add("reshape", [y], {"shape": out})
 
 
 @converter("Resize")

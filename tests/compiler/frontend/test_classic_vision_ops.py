@@ -232,3 +232,64 @@ def test_constant_of_shape_of_a_runtime_shape_fails_naming_the_node():
     m = model(nodes, [("s", TensorProto.INT64, [2])], [("y", F, ["a", "b"])])
     with pytest.raises(ConversionError, match="ConstantOfShape 'fill': shape .*must be constant.*graph input 's'"):
         from_onnx(m)
+
+
+# ---- other ops of older vision exports -----------------------------------------------------------
+def _one(op, in_shape, opset, attrs=None, inits=()):
+    """One node on input x (plus initializers); the output's type from onnxruntime's result."""
+    node = helper.make_node(op, ["x", *[n for n, _ in inits]], ["y"], name="the_node", **(attrs or {}))
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, list(in_shape))], [],
+                          [numpy_helper.from_array(np.asarray(v), n) for n, v in inits])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 7
+    if opset < 9:   # IR 3: initializers are graph inputs too
+        m.ir_version = 3
+        for n, v in inits:
+            m.graph.input.append(helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype),
+                                                               list(np.shape(v))))
+    inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    m.graph.output.extend(vi for vi in inferred.graph.value_info if vi.name == "y")
+    return m
+
+
+OLD_OPS = {
+    "upsample9_nearest": ("Upsample", (1, 2, 3, 3), 9, {"mode": "nearest"}, [("s", np.array([1, 1, 2, 3], np.float32))]),
+    "upsample9_linear": ("Upsample", (1, 2, 3, 4), 9, {"mode": "linear"}, [("s", np.array([1, 1, 2, 1.5], np.float32))]),
+    "upsample7_attr": ("Upsample", (1, 2, 3, 3), 7, {"mode": "nearest", "scales": [1.0, 1.0, 2.0, 2.0]}, []),
+    # onnx's version converter drops Resize-10's asymmetric coordinates; the import restores them
+    "resize10_linear_down": ("Resize", (1, 2, 6, 8), 10, {"mode": "linear"}, [("s", np.array([1, 1, 0.5, 0.75], np.float32))]),
+    "resize10_nearest_down": ("Resize", (1, 2, 6, 8), 10, {}, [("s", np.array([1, 1, 0.5, 0.75], np.float32))]),
+    "resize10_linear_up": ("Resize", (1, 2, 3, 4), 10, {"mode": "linear"}, [("s", np.array([1, 1, 2, 1.5], np.float32))]),
+    "elu": ("Elu", (3, 5), 13, {"alpha": 0.7}, []),
+    "selu": ("Selu", (3, 5), 13, {}, []),
+    "selu_attrs": ("Selu", (3, 5), 13, {"alpha": 1.5, "gamma": 0.8}, []),
+    "softplus": ("Softplus", (3, 5), 13, {}, []),
+    "mish": ("Mish", (3, 5), 18, {}, []),
+    "expand": ("Expand", (3, 1), 13, {}, [("s", np.array([2, 3, 4], np.int64))]),
+    "expand_noop": ("Expand", (2, 3), 13, {}, [("s", np.array([1, 3], np.int64))]),
+    "tile": ("Tile", (2, 3), 13, {}, [("r", np.array([2, 3], np.int64))]),
+    "depth_to_space_dcr": ("DepthToSpace", (1, 8, 2, 3), 13, {"blocksize": 2}, []),
+    "depth_to_space_crd": ("DepthToSpace", (2, 18, 2, 2), 13, {"blocksize": 3, "mode": "CRD"}, []),
+    "space_to_depth": ("SpaceToDepth", (1, 2, 4, 6), 13, {"blocksize": 2}, []),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OLD_OPS))
+def test_older_vision_ops_match_onnxruntime(case):
+    op, shape, opset, attrs, inits = OLD_OPS[case]
+    x = (RNG.standard_normal(shape) * 4).astype(np.float32)   # large values: softplus/elu tails
+    check(_one(op, shape, opset, attrs, inits), {"x": x}, rtol=1e-5, atol=1e-5)
+
+
+def test_activation_compositions_compile_without_fallbacks():
+    nodes = [helper.make_node("Elu", ["x"], ["a"], name="elu"), helper.make_node("Selu", ["a"], ["b"], name="selu"),
+             helper.make_node("Softplus", ["b"], ["c"], name="softplus"), helper.make_node("Mish", ["c"], ["y"], name="mish")]
+    m = model(nodes, [("x", F, [2, 16])], [("y", F, [2, 16])], opset=18)
+    mod = check(m, {"x": (RNG.standard_normal((2, 16)) * 30).astype(np.float32)}, rtol=1e-5, atol=1e-5, build=True)
+    assert mod.meta["fallbacks"] == []
+
+
+def test_depth_to_space_bad_blocksize_fails_naming_the_node():
+    m = _one("DepthToSpace", (1, 6, 2, 2), 13, {"blocksize": 2})
+    with pytest.raises(ConversionError, match="DepthToSpace 'the_node': 6 channels are not a multiple"):
+        from_onnx(m)
