@@ -7,7 +7,8 @@ Two modules (residual_block for the cpu target, and for the accelerator on the t
 built once; each case mutates one of them:
   raw     1-4 byte edits (flip, set, insert, delete, truncate) of the file: it must be refused with
           ModuleFormatError or load and give the original outputs bit for bit;
-  header  1-3 header values replaced (ints of any size, strings, null, lists, ...) and the hashes
+  header  1-3 header values replaced (integers near the real value, or of any size, strings,
+          null, lists, ...) and the hashes
           re-sealed, as an attacker would: refused, or runs and fails only with the kit's own
           one-line errors (AccelError: the runtime's, or the simulator's on a program the file
           changed); different outputs are allowed (the file says something else).
@@ -114,6 +115,11 @@ def mutate(data: bytes, mode: str, rng: random.Random) -> tuple[bytes, str]:
         try:
             for k in path[:-1]:
                 node = node[k]
+            old = node[path[-1]]
+            if isinstance(old, int) and not isinstance(old, bool) and rng.random() < 0.6:
+                # near the real value: the mutations most likely to pass the type checks
+                value = rng.choice([old + rng.choice([-4096, -64, -16, -4, -1, 1, 4, 16, 64, 4096]), old * 2,
+                                    old // 2, 0, 1])
             node[path[-1]] = value
             what.append(f"{'.'.join(map(str, path))}={value!r}"[:120])
         except (KeyError, IndexError, TypeError):
