@@ -17,8 +17,9 @@ from sim.dram import DramModel
 from .axi_model import AxiModel
 
 REG_CTRL, REG_STATUS, REG_INSN_ADDR_LO, REG_INSN_ADDR_HI, REG_INSN_COUNT = 0x00, 0x04, 0x08, 0x0C, 0x10
+REG_ERROR, REG_ERROR_INSN, REG_WATCHDOG, REG_SOFT_RESET = 0x18, 0x1C, 0x20, 0x24
 CTRL_START, CTRL_IRQ_EN = 1, 2
-STATUS_BUSY, STATUS_DONE, STATUS_BUS_ERROR = 1, 2, 4
+STATUS_BUSY, STATUS_DONE, STATUS_BUS_ERROR, STATUS_ERROR = 1, 2, 4, 8
 
 
 class TB:
@@ -42,13 +43,17 @@ class TB:
             out[name] = lo | hi << 32
         return out
 
-    async def run(self, dram: bytes, insn_addr: int, insn_count: int, max_cycles: int) -> dict:
-        """One program: DRAM in, start, step until irq (at most max_cycles), counters out.
-        Returns {"status": "done" | "hang", "counters", "wall_s", "status_reg", "bus_error",
-        "sim_cycles" (edges from the CTRL write to irq seen), "protocol_errors"}."""
+    async def run(self, dram: bytes, insn_addr: int, insn_count: int, max_cycles: int, watchdog: int = 0,
+                  soft_reset: bool = False) -> dict:
+        """One program: DRAM in, WATCHDOG set, start, step until irq (at most max_cycles), counters
+        out. soft_reset: after a hang, write SOFT_RESET (and check the core went idle) so that the
+        next program can start. Returns {"status": "done" | "fault" | "hang" | "reset", "counters",
+        "wall_s", "status_reg", "bus_error", "error" (ERROR, ERROR_INSN), "sim_cycles" (edges from
+        the CTRL write to irq seen), "protocol_errors"}."""
         ax = self.axi
         ax.mem[:len(dram)] = dram
         ax.mem[len(dram):] = bytes(len(ax.mem) - len(dram))
+        await ax.write_reg(REG_WATCHDOG, watchdog)
         await ax.write_reg(REG_INSN_ADDR_LO, insn_addr & 0xFFFFFFFF)
         await ax.write_reg(REG_INSN_ADDR_HI, insn_addr >> 32)
         await ax.write_reg(REG_INSN_COUNT, insn_count)
@@ -63,9 +68,15 @@ class TB:
         sim_cycles = ax.cycle - c0
         status = await ax.read_reg(REG_STATUS)
         counters = await self.read_counters()
+        error = (await ax.read_reg(REG_ERROR), await ax.read_reg(REG_ERROR_INSN))
+        state = "fault" if status & STATUS_ERROR else "done" if done else "hang"
         if done:
             await ax.write_reg(REG_STATUS, STATUS_DONE)   # clear done (and the interrupt)
-        return {"status": "done" if done else "hang", "counters": counters, "wall_s": wall, "status_reg": status,
+        elif soft_reset:
+            await ax.write_reg(REG_SOFT_RESET, 1)
+            after = await ax.read_reg(REG_STATUS)
+            state = "reset" if not after & (STATUS_BUSY | STATUS_DONE | STATUS_ERROR) else "hang"
+        return {"status": state, "counters": counters, "wall_s": wall, "status_reg": status, "error": error,
                 "bus_error": bool(status & STATUS_BUS_ERROR), "sim_cycles": sim_cycles,
                 "protocol_errors": list(ax.errors), "cpu_s": cpu, "steps": ax.steps - steps0,
                 "sleeps": ax.sleeps - sleeps0}

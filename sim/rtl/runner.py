@@ -58,12 +58,14 @@ class RtlProgram:
     insn_addr: int
     insn_count: int
     max_cycles: int = DEFAULT_MAX_CYCLES
+    watchdog: int = 0           # the WATCHDOG register (0: off)
+    soft_reset: bool = False    # after a hang, SOFT_RESET the core and go on with the next program
 
 
 @dataclass
 class RtlRun:
     name: str
-    status: str                 # "done" or "hang"
+    status: str                 # "done", "fault" (STATUS.error: see `error`), "hang", or "reset" (hang, then soft reset)
     dram: np.ndarray | None     # DRAM after the run (None after a hang)
     counters: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -71,6 +73,7 @@ class RtlRun:
     sim_cycles: int = 0         # clock edges from the start write to irq seen by the bench
     cpu_s: float = 0.0          # simulator process CPU time of the run (speed figures)
     steps: int = 0              # cycles the bus model woke up for
+    error: tuple[int, int] = (0, 0)   # (ERROR, ERROR_INSN) after the run
 
     @property
     def cycles(self) -> int:
@@ -235,7 +238,8 @@ def run_programs(config, programs: list[RtlProgram], simulator: str = "verilator
             fname = f"p{i}.bin"
             (job_dir / fname).write_bytes(p.dram.tobytes())
             spec["programs"].append({"name": f"p{i}", "dram": fname, "insn_addr": int(p.insn_addr),
-                                     "insn_count": int(p.insn_count), "max_cycles": int(p.max_cycles)})
+                                     "insn_count": int(p.insn_count), "max_cycles": int(p.max_cycles),
+                                     "watchdog": int(p.watchdog), "soft_reset": bool(p.soft_reset)})
         (job_dir / "job.json").write_text(json.dumps(spec))
         if simulator == "verilator":
             cmd = [str(bdir / TB_TOP)]
@@ -255,8 +259,9 @@ def run_programs(config, programs: list[RtlProgram], simulator: str = "verilator
         for p, r in zip(programs, res["programs"]):
             out = job_dir / f"{r['name']}.out.bin"
             dram = np.frombuffer(out.read_bytes(), dtype=np.uint8).copy() if out.exists() else None
-            runs.append(RtlRun(p.name, r["status"], dram, r["counters"], r["wall_s"], r["bus_error"], r["sim_cycles"], r["cpu_s"], r["steps"]))
-            if check and r["status"] != "done":
+            runs.append(RtlRun(p.name, r["status"], dram, r["counters"], r["wall_s"], r["bus_error"], r["sim_cycles"],
+                               r["cpu_s"], r["steps"], tuple(r["error"])))
+            if check and r["status"] == "hang":
                 raise RtlHang(f"{simulator}: program {p.name!r} did not finish within {p.max_cycles} cycles "
                               f"(STATUS=0x{r['status_reg']:x}, counters {r['counters']})")
             if check and r["bus_error"]:

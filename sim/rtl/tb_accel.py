@@ -1,9 +1,10 @@
 """cocotb test module: runs the job that runner.py wrote (ACCEL_RTL_JOB = job directory).
 
 job.json: {"dram_bytes": N, "stall_seed": seed | null, "dram": DramModel dict | null, "programs": [{"name", "dram" (file),
-"insn_addr", "insn_count", "max_cycles"}]}. For each program, in order, on one DUT (buffers
-persist across programs, as in a Fsim instance): load DRAM, run, write <name>.out.bin (the whole
-DRAM after the run) and append to result.json. A hang stops the job (the DUT is stuck busy).
+"insn_addr", "insn_count", "max_cycles", "watchdog", "soft_reset"}]}. For each program, in order, on one
+DUT (buffers persist across programs, as in a Fsim instance): load DRAM, run, write <name>.out.bin
+(the whole DRAM after the run) and append to result.json. A hang stops the job (the DUT is stuck
+busy) unless the program asks for a soft reset after it.
 """
 from __future__ import annotations
 
@@ -27,12 +28,13 @@ async def run_job(dut):
     t_job = time.perf_counter()
     for p in job["programs"]:
         dram = (job_dir / p["dram"]).read_bytes()
-        r = await tb.run(dram, p["insn_addr"], p["insn_count"], p["max_cycles"])
+        r = await tb.run(dram, p["insn_addr"], p["insn_count"], p["max_cycles"], p.get("watchdog", 0),
+                         p.get("soft_reset", False))
         r["name"] = p["name"]
-        if r["status"] == "done":
+        if r["status"] in ("done", "fault"):
             (job_dir / f"{p['name']}.out.bin").write_bytes(tb.dram(len(dram)))
         results.append(r)
         (job_dir / "result.json").write_text(json.dumps({"programs": results,
                                                          "wall_s": time.perf_counter() - t_job}))
-        if r["status"] != "done":
+        if r["status"] == "hang":
             break

@@ -89,3 +89,33 @@ def test_rtl_hang_is_reported_within_the_cycle_limit(tiny):
     with pytest.raises(RtlHang, match=r"program 'deadlock' did not finish within 2000 cycles"):
         run_programs(tiny, [RtlProgram("deadlock", prog.dram_image(), prog.insn_addr, 1, max_cycles=2000)],
                      "verilator")
+
+
+def test_rtl_watchdog_fault_soft_reset_and_recovery(tiny):
+    """A token deadlock ends with a WATCHDOG fault when WATCHDOG is set (STATUS.error, ERROR and
+    ERROR_INSN: the next instruction fetch would dispatch); without it the core hangs, SOFT_RESET
+    returns it to idle, and the next programs run: a faulting one reports its code and index, a
+    good one leaves fsim's bytes."""
+    require("verilator")
+    from accel.hw.params import ErrorCode
+    from accel.isa import Finish, Load, MemType
+    b = hp.Builder(tiny)
+    b.emit(Finish(pop_prev=True))          # no load ever pushes that token
+    stuck = b.program()
+    b = hp.Builder(tiny)
+    b.emit(Load(mem_type=MemType.INP, y_size=1, x_size=1, x_stride=1))
+    b.emit(Load(mem_type=MemType.OUT))
+    b.emit(Finish())
+    bad = b.program()
+    good = DIRECTED["every_kind"](tiny)
+    ref = good.dram_image()
+    Fsim(tiny).run(ref, good.insn_addr, len(good.insns))
+    runs = run_programs(tiny, [
+        RtlProgram("watchdog", stuck.dram_image(), stuck.insn_addr, 1, max_cycles=5000, watchdog=300),
+        RtlProgram("hang", stuck.dram_image(), stuck.insn_addr, 1, max_cycles=3000, soft_reset=True),
+        RtlProgram("bad field", bad.dram_image(), bad.insn_addr, 3, max_cycles=5000),
+        RtlProgram("good", good.dram_image(), good.insn_addr, len(good.insns), max_cycles=100_000)], "verilator")
+    assert [r.status for r in runs] == ["fault", "reset", "fault", "done"]
+    assert runs[0].error == (ErrorCode.WATCHDOG, 1) and runs[0].cycles < 400
+    assert runs[2].error == (ErrorCode.BAD_FIELD, 1)
+    assert np.array_equal(runs[3].dram, ref), first_differences(runs[3].dram, ref)
