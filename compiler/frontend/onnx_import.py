@@ -316,6 +316,7 @@ class _Ctx:
         self.nodes: list[Node] = []
         self.onnx_node = None
         self.node_name = ""
+        self.declared: dict[str, int] = {}   # tensor name -> ONNX elem type, from outputs/value_info
 
     def add(self, op: str, inputs, attrs=None, suffix: str = "") -> Node:
         name = self.node_name + (f"/{suffix}" if suffix else "")
@@ -434,8 +435,10 @@ def _dropout(c):
                "inference mode (training_mode false)")
     outs = c.onnx_node.output
     result = [x] if outs and outs[0] else []
-    if len(outs) > 1 and outs[1]:
-        result.append(c.const(np.ones(x.shape, bool), "mask"))
+    if len(outs) > 1 and outs[1]:   # bool since opset 10; opsets 7-9 declared it float
+        dt = c.declared.get(outs[1])
+        dt = _onnx().helper.tensor_dtype_to_np_dtype(dt) if dt else np.dtype(bool)
+        result.append(c.const(np.ones(x.shape, dt), "mask"))
     return result
 
 
@@ -1139,6 +1142,8 @@ def from_onnx(model, shapes: dict | None = None, name: str | None = None, runtim
     g = model.graph
 
     ctx = _Ctx(default_opset(model))
+    ctx.declared = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output)
+                    if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
     shapes = dict(shapes or {})
     inits = {t.name for t in g.initializer}
     input_names = [vi.name for vi in g.input]

@@ -293,3 +293,14 @@ def test_depth_to_space_bad_blocksize_fails_naming_the_node():
     m = _one("DepthToSpace", (1, 6, 2, 2), 13, {"blocksize": 2})
     with pytest.raises(ConversionError, match="DepthToSpace 'the_node': 6 channels are not a multiple"):
         from_onnx(m)
+
+
+def test_dropout_mask_declared_float_at_old_opsets_is_float_ones():
+    """Opsets 7-9 typed the mask like the input; declared so, it imports as float ones."""
+    nodes = [helper.make_node("Dropout", ["x"], ["y", "mask"], name="drop", ratio=0.5),
+             helper.make_node("Mul", ["y", "mask"], ["z"], name="mul")]
+    m = model(nodes, [("x", F, [2, 5])], [("z", F, [2, 5]), ("mask", F, [2, 5])], opset=9)
+    x = RNG.standard_normal((2, 5)).astype(np.float32)
+    z, mask = run(from_onnx(m), {"x": x})
+    assert mask.dtype == np.float32 and (mask == 1).all()
+    np.testing.assert_array_equal(z, x)
