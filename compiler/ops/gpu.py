@@ -261,6 +261,8 @@ def schedule_kind(outs) -> str:
         return "conv"
     if tags & set(_TAGS_GEMM):
         return "gemm"
+    if tags & {"softmax_wg", "layer_norm_wg"}:
+        return "wg"
     if any(st.op.reduce_axis for st in _stages(s0)):
         return "rows"
     return "injective"
@@ -278,7 +280,152 @@ def schedule_gpu(outs, knobs: dict | None = None):
     injective); `knobs` (tile, reg, kt, rc, threads: see GPU_KNOBS) override the defaults."""
     fn, names = SCHEDULES[schedule_kind(outs)]
     kw = {k: v for k, v in (knobs or {}).items() if k in names}
-    return fn(_as_list(outs), **kw)
+    s = fn(_as_list(outs), **kw)
+    _check_one_kernel(s)
+    return s
+
+
+def _check_one_kernel(s) -> None:
+    """One kernel = one root stage bound to blocks/threads; a body needing several (stages the
+    schedule left unbound, which would need a grid-wide barrier) is declined (the builder then
+    splits the group into its ops)."""
+    from ..errors import ScheduleError
+    roots = [st for st in _stages(s) if st.attach_type == "root"]
+    if len(roots) != 1:
+        raise ScheduleError(f"GPU schedule: {len(roots)} stages at root ({', '.join(st.name for st in roots)}); "
+                            "one kernel computes one")
+    if not any(a.thread is not None for a in roots[0].iter_attrs.values()):
+        raise ScheduleError(f"GPU schedule: stage '{roots[0].name}' is not bound to blocks or threads")
+
+
+# ---------------------------------------------------------------- work-group reductions
+#: rows shorter than this keep one thread per row (a block per row would idle most threads)
+WG_MIN_ROW = 64
+
+
+def _unravel(flat, dims):
+    """Index tuple of a flat (row-major) index into dims (constant sizes)."""
+    out = []
+    for d in reversed(dims):
+        out.append(flat % d if d > 1 else te.const(0))
+        flat = flat // d if d > 1 else flat
+    return list(reversed(out))
+
+
+def _row_view(shape, axes_lo, axes_hi):
+    """(rows, n, index(r, c)): rows are the axes outside [lo, hi), c runs over those inside."""
+    outer, red, inner = shape[:axes_lo], shape[axes_lo:axes_hi], shape[axes_hi:]
+    n_in = math.prod(inner)
+
+    def index(r, c):
+        o = _unravel(r // n_in, outer) if outer else []
+        i = _unravel(r % n_in, inner) if inner else []
+        return tuple(o + _unravel(c, red) + i)
+    return math.prod(outer) * n_in, math.prod(red), index
+
+
+def _partials(x_at, rows, n, T, combiner, name):
+    """partial[r, t] = combine over j of x_at(r, j*T + t) (t < T): each thread's share of a row."""
+    J = -(-n // T)
+    j = te.reduce_axis(J, f"{name}_j")
+    red = te.max if combiner == "max" else te.sum
+    return te.compute((rows, T), lambda r, t: red(x_at(r, j * T + t), axis=j, where=j * T + t < n),
+                      name=f"{name}_part", tag="wg_partial")
+
+
+def _combine(part, T, combiner, name):
+    t = te.reduce_axis(T, f"{name}_t")
+    red = te.max if combiner == "max" else te.sum
+    return te.compute((part.shape[0],), lambda r: red(part[r, t], axis=t), name=name, tag="wg_combine")
+
+
+def softmax_wg(x, axis=-1, threads: int = THREADS):
+    """softmax whose max and sum are work-group reductions: a block per row, each thread reduces a
+    strided share into shared memory, then the block combines the shares."""
+    ax = axis % x.ndim
+    shape = tuple(int(d) for d in x.shape)
+    rows, n, index = _row_view(shape, ax, ax + 1)
+    T = _pow2_at_most(n, threads)
+    safe = lambda r, c: x[index(r, te.elem_min(c, n - 1))]  # noqa: E731 - guarded by the where clause
+    mx = _combine(_partials(safe, rows, n, T, "max", "sm_max"), T, "max", "sm_max")
+    ex = lambda r, c: te.exp(safe(r, c) - mx[r])  # noqa: E731
+    sm = _combine(_partials(ex, rows, n, T, "sum", "sm_sum"), T, "sum", "sm_sum")
+    n_in = math.prod(shape[ax + 1:])
+
+    def out(*i):
+        o = 0
+        for d in range(ax):
+            o = o * shape[d] + i[d]
+        inn = 0
+        for d in range(ax + 1, len(shape)):
+            inn = inn * shape[d] + i[d]
+        r = o * n_in + inn
+        return te.exp(x[i] - mx[r]) / sm[r]
+    return te.compute(shape, out, name="softmax", tag="softmax_wg", attrs={"wg_lo": ax, "wg_hi": ax + 1})
+
+
+def layer_norm_wg(x, scale, bias=None, axis=-1, epsilon=1e-5, threads: int = THREADS):
+    """layer norm with work-group reductions for the mean and the variance (block per row)."""
+    ax = axis % x.ndim
+    shape = tuple(int(d) for d in x.shape)
+    rows, n, index = _row_view(shape, ax, len(shape))
+    T = _pow2_at_most(n, threads)
+    inv_n = te.const(1.0 / n, x.dtype)
+    safe = lambda r, c: x[index(r, te.elem_min(c, n - 1))]  # noqa: E731
+    s1 = _combine(_partials(safe, rows, n, T, "sum", "ln_mean"), T, "sum", "ln_mean")
+    dev = lambda r, c: (safe(r, c) - s1[r] * inv_n) * (safe(r, c) - s1[r] * inv_n)  # noqa: E731
+    s2 = _combine(_partials(dev, rows, n, T, "sum", "ln_var"), T, "sum", "ln_var")
+    eps = te.const(epsilon, x.dtype)
+    inner = shape[ax:]
+
+    def out(*i):
+        r = 0
+        for d in range(ax):
+            r = r * shape[d] + i[d]
+        c = i[ax:]
+        y = (x[i] - s1[r] * inv_n) * te.rsqrt(s2[r] * inv_n + eps) * scale[c]
+        return y + bias[c] if bias is not None else y
+    _ = inner
+    return te.compute(shape, out, name="layer_norm", tag="layer_norm_wg", attrs={"wg_lo": ax, "wg_hi": len(shape)})
+
+
+def schedule_wg(outs):
+    """Block per row (the output's axes outside the reduced ones fused), the row's elements over
+    the block's threads; partial reductions in shared memory, one per thread, then combined."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_all(s, outs)
+    out_t = outs[0]
+    ost = s[out_t]
+    parts = [st for st in _stages(s) if st.op.tag == "wg_partial"]
+    combs = [st for st in _stages(s) if st.op.tag == "wg_combine"]
+    T = int(parts[0].op.axis[1].dom.extent.value)
+    lo, hi = ost.op.attrs["wg_lo"], ost.op.attrs["wg_hi"]
+    axes = list(ost.op.axis)
+    row_axes, red_axes = axes[:lo] + axes[hi:], axes[lo:hi]
+    if row_axes:
+        ost.reorder(*row_axes, *red_axes)
+    f = ost.fuse(*row_axes) if len(row_axes) > 1 else (row_axes[0] if row_axes else None)
+    c = ost.fuse(*red_axes) if len(red_axes) > 1 else red_axes[0]
+    if f is None:
+        f, c = ost.split(c, nparts=1)   # one row: a unit block axis
+    co, ci = ost.split(c, T)
+    ost.reorder(f, ci, co)
+    ost.bind(f, te.thread_axis("blockIdx.x"))
+    ost.bind(ci, te.thread_axis("threadIdx.x"))
+    for st in sorted(parts + combs, key=lambda q: s.stages.index(q)):
+        st.set_scope("shared")
+        st.compute_at(ost, f)
+        if st in parts:
+            st.bind(st.op.axis[1], te.thread_axis("threadIdx.x"))
+    return s
+
+
+SCHEDULES["wg"] = (schedule_wg, ())
+
+
+def _wg_check(n: int):
+    return None if n >= WG_MIN_ROW else f"rows of {n} elements: one thread per row (schedule_rows) is the better fit"
 
 
 def _qdense_plain(x, w, b, muls=None, in_shift=0, w_shift=0, out_shift=0, layout="NC", weight_packed=False,
@@ -303,6 +450,11 @@ def register() -> None:
             continue
         i = plain[0]   # the plain compute (direct conv, not the CPU's specialized layouts)
         registry.add_impl(op, "cuda", f"{i.name}.gpu", i.compute, schedule_gpu, i.plevel, i.check)
+    registry.add_impl("softmax", "cuda", "softmax.workgroup", lambda x, axis=-1: softmax_wg(x, axis), schedule_gpu,
+                      plevel=20, check=lambda shapes, dtypes, attrs: _wg_check(shapes[0][attrs["axis"]]))
+    registry.add_impl("layer_norm", "cuda", "layer_norm.workgroup",
+                      lambda x, s, b=None, axis=-1, epsilon=1e-5: layer_norm_wg(x, s, b, axis, epsilon), schedule_gpu,
+                      plevel=20, check=lambda shapes, dtypes, attrs: _wg_check(math.prod(shapes[0][attrs["axis"]:])))
 
 
 register()

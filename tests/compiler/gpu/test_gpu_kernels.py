@@ -55,6 +55,12 @@ CASES = {
     "conv_dilated_1x1out": (lambda a, b: nn.conv2d(a, b, (1, 1), (2, 2, 2, 2), (2, 2)), [(1, 3, 7, 5), (5, 3, 3, 3)],
                             lambda a, b: conv_ref(a, b, (1, 1), (2, 2, 2, 2), (2, 2))),
     "softmax": (lambda a: nn.softmax(a, -1), [(4, 37)], _softmax),
+    "softmax_workgroup": (lambda a: gpu.softmax_wg(a, -1), [(3, 300)], _softmax),
+    "softmax_workgroup_axis1": (lambda a: gpu.softmax_wg(a, 1), [(2, 70, 3, 5)],
+                                lambda a: np.moveaxis(_softmax(np.moveaxis(a, 1, -1)), -1, 1)),
+    "layer_norm_workgroup": (lambda a, s, b: gpu.layer_norm_wg(a, s, b, 1), [(2, 8, 12), (8, 12), (8, 12)],
+                             lambda a, s, b: (a - a.mean((1, 2), keepdims=True))
+                             / np.sqrt(a.var((1, 2), keepdims=True) + 1e-5) * s + b),
     "layer_norm": (lambda a, s, b: nn.layer_norm(a, s, b, -1), [(6, 20), (20,), (20,)],
                    lambda a, s, b: (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5) * s + b),
     "max_pool": (lambda a: nn.pool2d(a, (3, 3), (2, 2), (1, 1, 1, 1), 0, "max"), [(1, 4, 9, 9)], _pool_max),
@@ -117,3 +123,30 @@ def test_unknown_gpu_target():
     b = te.compute((4,), lambda i: a[i] * 2.0, name="b")
     with pytest.raises(CodegenError, match="GPU targets are opencl, cuda"):
         build_gpu(gpu.schedule_injective([b]), [a, b], "metal", "k")
+
+
+@pytest.mark.parametrize("name", ["softmax_workgroup", "layer_norm_workgroup"])
+def test_workgroup_reductions_use_shared_partials(name):
+    k, *_ = _build(name, "opencl")
+    assert k.block[0] >= 64 and k.shared_bytes >= 4 * k.block[0]
+    assert "barrier(CLK_LOCAL_MEM_FENCE);" in k.source
+
+
+def test_library_picks_workgroup_softmax_for_long_rows():
+    from compiler.ops import registry
+    impl = registry.select("softmax", "cuda", [(2, 500)], ["float32"], {"axis": -1})
+    assert impl.name == "softmax.workgroup"
+    impl = registry.select("softmax", "cuda", [(2, 10)], ["float32"], {"axis": -1})
+    assert impl.name != "softmax.workgroup"
+
+
+def test_body_needing_two_kernels_is_declined():
+    from compiler.errors import ScheduleError
+    a = te.placeholder((8, 8), "float32", name="a")
+    w = te.placeholder((8, 8), "float32", name="w")
+    d = nn.dense(a, w)
+    k = te.reduce_axis(8, "k")
+    tot = te.compute((8,), lambda i: te.sum(d[i, k], axis=k), name="tot")
+    out = te.compute((8, 8), lambda i, j: d[i, j] / tot[i], name="out")
+    with pytest.raises(ScheduleError, match="one kernel computes one|not bound"):
+        gpu.schedule_gpu([out])
