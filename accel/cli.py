@@ -4,7 +4,7 @@
     accel asm IN.s -o OUT.accp [--config C] [--data ADDR=FILE] [--symbol NAME=ADDR:DTYPE:SHAPE]
     accel disasm IN.accp                  accel run PROG.accp [--driver fsim] [--dump SYMBOL] [--dump-dram F]
     accel run ... --check-races           (fsim: fail on a buffer entry two stages touch unordered by tokens)
-    accel compile MODEL.onnx --target accel|cpu [--config C] -o MODEL.accm [--calibration S.npz]
+    accel compile MODEL.onnx --target accel|cpu|opencl|cuda [--config C] -o MODEL.accm [--emit DIR] [--calibration S.npz]
     accel run MODEL.accm --input x.npy|name=x.npy|in.npz --output y.npy|out.npz [--driver fsim|tsim|rtl] [--profile]
     accel demo [--config C] [--driver fsim]   (residual CNN end to end; --m M --k K --n N: the matmul demo)
     accel verilog --config C -o DIR           (accel_top.v, accel_top.json: ports + register map, accel_top.vlt)
