@@ -36,7 +36,7 @@ from accel.isa import AccelConfig
 from accel.isa.isa import INSN_BYTES, Load, MemType, Store, elem_bytes, encode_program
 
 from ..device import Driver, RunResult, register_driver
-from ..errors import DriverError, HostRuntimeError
+from ..errors import HostRuntimeError
 
 log = logging.getLogger(__name__)
 
