@@ -173,7 +173,24 @@ def run_ort(model, feed: dict) -> dict[str, np.ndarray]:
         res = dict(zip(want, sess.run(want, {k: np.asarray(v) for k, v in feed.items()})))
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types; one line naming the executor
         raise BisectError(f"executor 'ort': onnxruntime cannot run the model: {str(e).splitlines()[0][:300]}") from None
-    return {name: np.asarray(res[outs[0]]) for name, _, _, outs in names if outs and outs[0] in res}
+    # a QDQ model rounds (and clamps) a node's output where a QuantizeLinear -> DequantizeLinear
+    # pair follows it: the int8 executors hold that value, so it is the node's reference
+    users: dict[str, list] = {}
+    for n in names:
+        for i in n[2]:
+            users.setdefault(i, []).append(n)
+    out = {}
+    for name, op, _, outs in names:
+        if not outs or outs[0] not in res:
+            continue
+        o = outs[0]
+        u = users.get(o, [])
+        if op not in QUIET_OPS and len(u) == 1 and u[0][1] == "QuantizeLinear" and u[0][3]:
+            d = users.get(u[0][3][0], [])
+            if d and d[0][1] == "DequantizeLinear" and d[0][3] and d[0][3][0] in res:
+                o = d[0][3][0]
+        out[name] = np.asarray(res[o])
+    return out
 
 
 # ---- the compiled side -----------------------------------------------------------------------
@@ -216,8 +233,9 @@ def run_cpu(model, feed: dict, calibration=None) -> Observed:
 
 
 # ---- comparing ---------------------------------------------------------------------------------
-def _qparams(n, depth: int = 0) -> tuple[float, int] | None:
-    """(scale, zero point) of an int8 graph node from its attributes, or None if they do not say."""
+def _qparams(n, depth: int = 0) -> tuple[float | None, int | None] | None:
+    """(scale, zero point) of an int8 graph node from its attributes (scale None: a fixed-point
+    multiplier, the scale is not recorded), or None if they say nothing."""
     if n is None or depth > 64:
         return None
     a = n.attrs
@@ -227,12 +245,20 @@ def _qparams(n, depth: int = 0) -> tuple[float, int] | None:
         s = a.get("scale") or (2.0 ** -a["shift"] if a.get("shift") is not None else None)
         return None if s is None else (float(s), int(a.get("zero_point", 0) or 0))
     if "out_shift" in a:
-        if a.get("mul", 1) != 1 or a.get("a_mul") or a.get("b_mul"):
-            return None   # fixed-point multipliers: the scale is not a shift
-        return 2.0 ** -a["out_shift"], int(a.get("out_zp", 0) or 0)
+        zp = int(a.get("out_zp", 0) or 0)
+        per_channel = n.op in ("qconv2d", "qdense") and len(n.inputs) > 3   # a 4th input: channel multipliers
+        if a.get("mul", 1) != 1 or a.get("a_mul") or a.get("b_mul") or per_channel:
+            return None, zp
+        return 2.0 ** -a["out_shift"], zp
     if n.op in SCALE_PRESERVING and n.inputs:
         return _qparams(n.inputs[0], depth + 1)
     return None
+
+
+#: ONNX ops left out of a divergence's "computed together with" line (still in the JSON's covers)
+QUIET_OPS = ("QuantizeLinear", "DequantizeLinear", "Constant")
+#: name parts a compiled tensor "X/part/..." may add and still hold ONNX node X's value
+SAME_VALUE_PARTS = {"quantize", "dequantize", "pack", "unpack"}
 
 
 def _unpack_like(x: np.ndarray, shape: tuple) -> np.ndarray | None:
@@ -255,7 +281,9 @@ def _unpack_like(x: np.ndarray, shape: tuple) -> np.ndarray | None:
 def _float_view(obs: Observed, node: str, shape: tuple | None) -> tuple[np.ndarray, float | None, str] | None:
     """An executor's value of ONNX node `node` as float in the reference's layout: (array, one
     quantization step or None, how it was scaled)."""
-    cands = [node] + [k for k in obs.values if k.startswith(node + "/")][::-1]
+    cands = [node] + [k for k in obs.values if k.startswith(node + "/")
+                      and set(k[len(node) + 1:].split("/")) <= SAME_VALUE_PARTS][::-1]
+    views = []
     for name in cands:
         x = obs.values.get(name)
         if x is None:
@@ -264,16 +292,18 @@ def _float_view(obs: Observed, node: str, shape: tuple | None) -> tuple[np.ndarr
             x = _unpack_like(x, tuple(shape))
             if x is None:
                 continue
+        views.append((name, x))
+    for name, x in views:   # a float form first
         if x.dtype.kind == "f":
             return x.astype(np.float64), None, "float"
-        if name != node and len(cands) > 1 and any(obs.values.get(c) is not None and obs.values[c].dtype.kind == "f"
-                                                   for c in cands[1:]):
-            continue   # a float form of this node exists: prefer it
+    for name, x in views:
         qp = _qparams(obs.nodes.get(name))
-        if qp is not None:
-            s, z = qp
+        s, z = qp if qp is not None else (None, None)
+        if s is not None:
             return (x.astype(np.float64) - z) * s, s, "scale"
-        return x.astype(np.float64), 0.0, "fitted"   # scale fitted against the reference below
+        if z is not None:    # scale fitted against the reference in compare_float
+            return x.astype(np.float64) - z, 0.0, "fitted"
+        return x.astype(np.float64), 0.0, "affine"   # scale and zero point fitted
     return None
 
 
@@ -282,14 +312,22 @@ def compare_float(ref: np.ndarray, got: np.ndarray, step: float | None, how: str
     """Cosine, relative error and largest difference of `got` against `ref`."""
     ref = ref.astype(np.float64).ravel()
     got = got.astype(np.float64).ravel()
-    if how == "fitted":
+    if how == "fitted":      # least-squares scale
         qq = float(got @ got)
         s = float(got @ ref) / qq if qq else 1.0
         got = got * s
         step = abs(s)
+    elif how == "affine":    # least-squares scale and offset
+        if got.size > 1 and float(np.ptp(got)) > 0:
+            s, c = np.polyfit(got, ref, 1)
+        else:
+            s, c = 1.0, float(np.mean(ref - got)) if got.size else 0.0
+        got = got * s + c
+        step = abs(float(s))
     nr, ng = float(np.linalg.norm(ref)), float(np.linalg.norm(got))
     if not np.all(np.isfinite(ref)) or not np.all(np.isfinite(got)):
-        same = bool(np.array_equal(np.isnan(ref), np.isnan(got)) and np.allclose(np.nan_to_num(ref), np.nan_to_num(got)))
+        same = bool(np.array_equal(np.isnan(ref), np.isnan(got))
+                    and np.allclose(np.nan_to_num(ref), np.nan_to_num(got)))
         return {"cos": None, "rel": None, "max_abs": None, "scale": how, "diverged": not same,
                 "text": "nan/inf " + ("same" if same else "DIFF")}
     diff = float(np.linalg.norm(got - ref))
@@ -457,8 +495,8 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
                 vb = _float_view(B, r, va[0].shape if shape is None else shape)
                 if vb is None or vb[0].shape != va[0].shape:
                     continue
-                if va[2] == "fitted":   # fit the side without a scale against the other
-                    cells[r] = compare_float(vb[0], va[0], va[1], "fitted", quant, tol)
+                if va[2] in ("fitted", "affine"):   # fit the side without a scale against the other
+                    cells[r] = compare_float(vb[0], va[0], va[1], va[2], quant, tol)
                 else:
                     cells[r] = compare_float(va[0], vb[0], vb[1], vb[2], quant, tol)
         first = next((r for r in row_names if r in cells and cells[r]["diverged"]), None)
@@ -468,7 +506,10 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
         if first is None:
             summary = f"{key}: no divergence over {len(cells)} compared node(s)"
         else:
-            others = [f"{n} ({op_of[n]})" for n in covers if n != first]
+            others = [f"{n} ({op_of[n]})" for n in covers if n != first and op_of[n] not in QUIET_OPS]
+            quiet = sum(1 for n in covers if n != first and op_of[n] in QUIET_OPS)
+            if quiet:
+                others.append(f"{quiet} QuantizeLinear/DequantizeLinear/Constant node(s)")
             summary = (f"{key}: first divergence at node '{first}' ({op_of[first]})"
                        + (f", computed together with {', '.join(others)}" if others else "")
                        + f": {cells[first]['text'].rstrip(' !')}")
