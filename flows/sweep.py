@@ -210,8 +210,10 @@ class _Runner:
                 self.client = Client(scheduler, timeout="30s")
             else:
                 n = workers or os.cpu_count() or 1
+                quiet = logging.ERROR if logging.getLogger().level >= logging.WARNING else logging.INFO
                 self.cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                            dashboard_address=None, memory_limit=memory_limit or "auto")
+                                            dashboard_address=None, memory_limit=memory_limit or "auto",
+                                            silence_logs=quiet)
                 self.client = Client(self.cluster)
         except (OSError, TimeoutError, ValueError) as e:
             self.close()
@@ -571,7 +573,7 @@ def main(args) -> int:
             raise SweepError(f"--shape {spec!r}: use NAME=1x3x224x224")
         shapes[name] = parse_shape(dims, f"--shape {spec}")
     bar = {"bar": None}
-    tty = sys.stderr.isatty()
+    tty = sys.stderr.isatty() and not getattr(args, "quiet", False)
 
     def on_start(n):
         if tty and n:
@@ -584,6 +586,8 @@ def main(args) -> int:
     def on_record(rec):
         if bar["bar"] is not None:
             bar["bar"].update(1)
+            if bar["bar"].n >= bar["bar"].total:   # the plot and table follow: stop the clock
+                bar["bar"].close()
             if rec.get("status") == "failed":
                 bar["bar"].write(f"failed {rec['point']}: {rec.get('error')}")
         elif rec.get("status") == "failed":
