@@ -277,15 +277,24 @@ def open_backend(name: str | None, cfg: AccelConfig, **options) -> BoardBackend:
 
 
 # ---- program relocation -----------------------------------------------------------------------------
-def relocate(cfg: AccelConfig, insns, base: int) -> np.ndarray:
-    """The program's encoded words with every LOAD/STORE DRAM address moved up by `base` bytes."""
-    if base == 0:
-        return encode_program(list(insns), cfg)
+def relocate(cfg: AccelConfig, insns, base: int, dram_bytes: int | None = None) -> np.ndarray:
+    """The program's encoded words with every LOAD/STORE DRAM address moved up by `base` bytes.
+    With dram_bytes, every transfer must lie inside [0, dram_bytes) first: the accelerator reaches
+    all physical memory, so a program must not reach past its own buffer."""
     limit = 1 << cfg.dram_addr_width
     out = []
     for i, insn in enumerate(insns):
         if isinstance(insn, (Load, Store)):
             eb = elem_bytes(cfg, insn.mem_type if isinstance(insn, Load) else MemType.OUT)
+            if dram_bytes is not None and insn.y_size and insn.x_size:
+                last = (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * eb
+                if last > dram_bytes:
+                    raise BoardError(f"instruction {i} ({insn.opcode.name}): dram_base={insn.dram_base} "
+                                     f"y_size={insn.y_size} x_size={insn.x_size} x_stride={insn.x_stride} reaches "
+                                     f"byte {last:#x}, beyond the {dram_bytes:#x}-byte DRAM")
+            if base == 0:
+                out.append(insn)
+                continue
             moved = insn.dram_base + base // eb
             if (moved + 1) * eb > limit:
                 raise BoardError(f"instruction {i} ({insn.opcode.name}): DRAM address {moved * eb:#x} after "
@@ -358,9 +367,9 @@ class BoardDriver(Driver):
             if self._buf is not None:
                 self._buf.free()
                 self._buf = None
-            self._buf = self.backend.alloc(nbytes)
+            self._buf = self.backend.alloc(-(-nbytes // 4096) * 4096)   # whole pages: loads read whole bus beats
             base = self._buf.phys_addr
-            align = max(INSN_BYTES, *(elem_bytes(self.cfg, m) for m in MemType))
+            align = max(INSN_BYTES, self.cfg.bus_bytes, *(elem_bytes(self.cfg, m) for m in MemType))
             if base % align:
                 raise BoardError(f"{self.name}: DMA buffer at {base:#x} is not aligned to {align} bytes (the largest "
                                  f"entry of config {self.cfg.digest()[:8]})")
@@ -385,7 +394,7 @@ class BoardDriver(Driver):
         base = buf.phys_addr
         view = buf.array[:dram.size]
         view[:] = dram
-        view[insn_addr:end] = relocate(self.cfg, insns, base).reshape(-1)
+        view[insn_addr:end] = relocate(self.cfg, insns, base, dram.size).reshape(-1)
         buf.flush()
         status = self.read32("STATUS")
         if status & STATUS_BUSY:

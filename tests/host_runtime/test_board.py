@@ -138,6 +138,21 @@ def test_board_driver_times_out_and_resets():
             drv.run(prog.dram_image(), prog.insn_addr, len(prog.insns))
 
 
+def test_board_driver_refuses_transfers_outside_the_dram():
+    """The accelerator reaches all physical memory: a STORE (or LOAD) past the Device's DRAM never
+    reaches the board, and the board is not started."""
+    from accel.isa import Finish, encode_program
+    board = FakeBoard(TINY)
+    for insn in (Store(dram_base=8192 // 4, y_size=1, x_size=1, x_stride=1),
+                 Load(mem_type=MemType.WGT, dram_base=0, y_size=3, x_size=1, x_stride=300)):
+        dram = np.zeros(8192, np.uint8)
+        dram[:32] = encode_program([insn, Finish()], TINY).reshape(-1)
+        with closing(BoardDriver(TINY, backend=board)) as drv:
+            with pytest.raises(BoardError, match=r"instruction 0 \((STORE|LOAD)\).*beyond the 0x2000-byte DRAM"):
+                drv.run(dram, 0, 2)
+    assert not any(off == R["CTRL"] for off, _ in board.writes)
+
+
 def test_board_driver_misaligned_buffer_is_refused():
     board = FakeBoard(TINY, base=0x20008)
     prog, _ = random_program(TINY, 0)
