@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -194,11 +195,11 @@ def run_ort(model, feed: dict) -> dict[str, np.ndarray]:
 
 
 # ---- the compiled side -----------------------------------------------------------------------
-def build_accel(model, feed: dict, config=None, calibration: list | None = None):
+def build_accel(model, feed: dict, config=None, calibration: list | None = None, fuse: bool = True):
     """The accelerator build of `model`; calibrated on `calibration`, else on the input itself
     (so the scales fit the data bisected: a quantization divergence is then the quantizer's)."""
     from compiler.graph_build import build_model
-    return build_model(model, target="accel", config=config, calibration=calibration or [feed])
+    return build_model(model, target="accel", config=config, calibration=calibration or [feed], fuse=fuse)
 
 
 def run_int8ref(mod, feed: dict) -> Observed:
@@ -222,10 +223,10 @@ def run_driver(mod, feed: dict, driver: str, **options) -> Observed:
     return Observed(driver, vals, getattr(mod, "graph", None), integer=True)
 
 
-def run_cpu(model, feed: dict, calibration=None) -> Observed:
+def run_cpu(model, feed: dict, calibration=None, fuse: bool = True) -> Observed:
     from compiler.graph_build import build_model
     from host_runtime.executor import Executor
-    mod = build_model(model, target="cpu", calibration=calibration)
+    mod = build_model(model, target="cpu", calibration=calibration, fuse=fuse)
     with Executor(mod) as ex:
         ex.run(feed, keep=True)
         vals = dict(ex.values)
@@ -421,11 +422,12 @@ def parse_executors(text: str | list[str] | None) -> list[str]:
 
 def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance | str | None = None,
            calibration: list | None = None, module=None, driver_options: dict | None = None,
-           progress: Callable[[str], None] | None = None) -> BisectReport:
+           progress: Callable[[str], None] | None = None, fuse: bool = True) -> BisectReport:
     """Run `model` (ONNX path, bytes or ModelProto) on `feed` ({input name: array}) on each
     executor and compare neighbours node by node. module: a prebuilt accelerator build to use
     instead of compiling (its .graph is needed for int8ref). driver_options: per driver name,
-    keyword options for get_driver."""
+    keyword options for get_driver. fuse=False compiles without operator fusion, so that every
+    ONNX node's output is observable (a fault only the fused code has may then vanish: try both)."""
     import onnx
     from compiler.errors import CompilerError
     from host_runtime.errors import HostRuntimeError
@@ -451,13 +453,13 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
     try:
         if any(e not in FLOAT_EXECUTORS for e in ex) and module is None:
             say("compiling for the accelerator")
-            module = build_accel(model, feed, config, calibration)
+            module = build_accel(model, feed, config, calibration, fuse)
         for e in ex:
             say(f"running {e}")
             if e == "ort":
                 obs[e] = Observed("ort", run_ort(model, feed))
             elif e == "cpu":
-                obs[e] = run_cpu(model, feed, calibration)
+                obs[e] = run_cpu(model, feed, calibration, fuse)
             elif e == "int8ref":
                 obs[e] = run_int8ref(module, feed)
             else:
@@ -538,6 +540,9 @@ def add_arguments(p) -> None:
                         "steps never count; default 2)")
     p.add_argument("--calibration", metavar="S.npz",
                    help="samples for the int8 scales (as for `accel compile`; default: the input itself)")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="compile without operator fusion: every ONNX node's output observable (a fault in fused "
+                        "code only may then vanish; compare both)")
     p.add_argument("--json", metavar="F", help="write the table and the first divergence of each pair as JSON")
     p.set_defaults(func=main)
 
@@ -570,7 +575,7 @@ def main(args) -> int:
     feed = _read_inputs(_Inputs(graph), args.inputs)
     cal = _calibration(args.calibration, graph.inputs)
     report = bisect(model, feed, executors=ex, config=cfg, tolerance=tol, calibration=cal,
-                    progress=lambda msg: print(f"{msg} ...", file=__import__("sys").stderr))
+                    progress=lambda msg: print(f"{msg} ...", file=sys.stderr), fuse=not args.no_fuse)
     report.model = args.model
     print(report.table())
     if args.json:

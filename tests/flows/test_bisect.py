@@ -90,6 +90,21 @@ def test_corrupted_weights_named_on_the_compiled_pair(demo, demo_module):
     assert stem["pairs"]["int8ref~fsim"]["diverged"] is False
 
 
+def test_unfused_build_observes_every_layer(demo):
+    """Without fusion the conv itself is observed: a fault in its weights is named at the conv."""
+    model, feed = demo
+    mod = build_accel(model, feed, "default", fuse=False)
+    w = next(n for n in mod.graph.nodes if n.name == "down/wq/packed").value.tobytes()
+    k = next(k for k, (_, data) in enumerate(mod.segments) if w in data)
+    addr, data = mod.segments[k]
+    i = data.find(w)
+    mod.segments[k] = (addr, data[:i] + (np.frombuffer(w, np.int8) // 3).tobytes() + data[i + len(w):])
+    r = bisect(model, feed, executors="int8ref,fsim", module=mod)
+    p = _pair(r, "int8ref~fsim")
+    assert p["first"] == "down" and p["covers"] == ["down"], r.table()
+    assert next(row for row in r.rows if row["name"] == "block_relu2")["pairs"]["int8ref~fsim"]["differ"] == 0
+
+
 @register_driver("faulty_fsim_test")
 class _Faulty(FsimDriver):
     """fsim that flips one output byte of its third accelerator program (a hardware fault)."""
