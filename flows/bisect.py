@@ -195,11 +195,13 @@ def run_ort(model, feed: dict) -> dict[str, np.ndarray]:
 
 
 # ---- the compiled side -----------------------------------------------------------------------
-def build_accel(model, feed: dict, config=None, calibration: list | None = None, fuse: bool = True):
+def build_accel(model, feed: dict, config=None, calibration: list | None = None, fuse: bool = True,
+                shapes: dict | None = None, force_target: dict | None = None):
     """The accelerator build of `model`; calibrated on `calibration`, else on the input itself
     (so the scales fit the data bisected: a quantization divergence is then the quantizer's)."""
     from compiler.graph_build import build_model
-    return build_model(model, target="accel", config=config, calibration=calibration or [feed], fuse=fuse)
+    return build_model(model, target="accel", config=config, calibration=calibration or [feed], fuse=fuse,
+                       shapes=shapes, force_target=force_target)
 
 
 def run_int8ref(mod, feed: dict) -> Observed:
@@ -223,10 +225,10 @@ def run_driver(mod, feed: dict, driver: str, **options) -> Observed:
     return Observed(driver, vals, getattr(mod, "graph", None), integer=True)
 
 
-def run_cpu(model, feed: dict, calibration=None, fuse: bool = True) -> Observed:
+def run_cpu(model, feed: dict, calibration=None, fuse: bool = True, shapes: dict | None = None) -> Observed:
     from compiler.graph_build import build_model
     from host_runtime.executor import Executor
-    mod = build_model(model, target="cpu", calibration=calibration, fuse=fuse)
+    mod = build_model(model, target="cpu", calibration=calibration, fuse=fuse, shapes=shapes)
     with Executor(mod) as ex:
         ex.run(feed, keep=True)
         vals = dict(ex.values)
@@ -422,12 +424,15 @@ def parse_executors(text: str | list[str] | None) -> list[str]:
 
 def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance | str | None = None,
            calibration: list | None = None, module=None, driver_options: dict | None = None,
-           progress: Callable[[str], None] | None = None, fuse: bool = True) -> BisectReport:
+           progress: Callable[[str], None] | None = None, fuse: bool = True, shapes: dict | None = None,
+           force_target: dict | None = None) -> BisectReport:
     """Run `model` (ONNX path, bytes or ModelProto) on `feed` ({input name: array}) on each
     executor and compare neighbours node by node. module: a prebuilt accelerator build to use
     instead of compiling (its .graph is needed for int8ref). driver_options: per driver name,
     keyword options for get_driver. fuse=False compiles without operator fusion, so that every
-    ONNX node's output is observable (a fault only the fused code has may then vanish: try both)."""
+    ONNX node's output is observable (a fault only the fused code has may then vanish: try both).
+    shapes: static shapes of inputs with symbolic dimensions (default: the fed arrays' shapes);
+    force_target: {ONNX op type: "accel" | "cpu"} as for accel compile --force."""
     import onnx
     from compiler.errors import CompilerError
     from host_runtime.errors import HostRuntimeError
@@ -447,19 +452,20 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
     if missing:
         raise BisectError(f"no input value for {', '.join(missing)} (model inputs: {', '.join(inputs)})")
     feed = {k: np.asarray(v) for k, v in feed.items() if k in inputs}
+    shapes = dict(shapes or {k: list(v.shape) for k, v in feed.items()})
     say = progress or (lambda msg: log.info("%s", msg))
     obs: dict[str, Observed] = {}
     e = "accel build"
     try:
         if any(e not in FLOAT_EXECUTORS for e in ex) and module is None:
             say("compiling for the accelerator")
-            module = build_accel(model, feed, config, calibration, fuse)
+            module = build_accel(model, feed, config, calibration, fuse, shapes, force_target)
         for e in ex:
             say(f"running {e}")
             if e == "ort":
                 obs[e] = Observed("ort", run_ort(model, feed))
             elif e == "cpu":
-                obs[e] = run_cpu(model, feed, calibration, fuse)
+                obs[e] = run_cpu(model, feed, calibration, fuse, shapes)
             elif e == "int8ref":
                 obs[e] = run_int8ref(module, feed)
             else:
@@ -540,6 +546,10 @@ def add_arguments(p) -> None:
                         "steps never count; default 2)")
     p.add_argument("--calibration", metavar="S.npz",
                    help="samples for the int8 scales (as for `accel compile`; default: the input itself)")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=DxDx..",
+                   help="static shape of an input with symbolic dimensions, e.g. x=1x3x224x224; repeatable")
+    p.add_argument("--force", action="append", default=[], metavar="OP=TARGET",
+                   help="put every op of a type on a target in the accelerator build (e.g. Conv=cpu); repeatable")
     p.add_argument("--no-fuse", action="store_true",
                    help="compile without operator fusion: every ONNX node's output observable (a fault in fused "
                         "code only may then vanish; compare both)")
@@ -567,15 +577,32 @@ def main(args) -> int:
     ex = parse_executors(args.executors)
     tol = Tolerance.parse(args.tolerance)
     cfg = resolve_config(args.config)
+    shapes = {}
+    for spec in args.shape:
+        name, sep, dims = spec.partition("=")
+        try:
+            shapes[name] = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            raise CliError(f"--shape {spec!r}: expected NAME=DxDx.., e.g. x=1x3x224x224") from None
+        if not sep or not name:
+            raise CliError(f"--shape {spec!r}: expected NAME=DxDx..")
+    force = {}
+    for spec in args.force:
+        op, sep, tgt = spec.partition("=")
+        if not sep or not op or tgt not in ("accel", "cpu"):
+            raise CliError(f"--force {spec!r}: expected OP=accel or OP=cpu")
+        force[op] = tgt
     try:
         model = load_model(args.model)
-        graph = from_onnx(model)
+        graph = from_onnx(model, shapes=shapes or None)
     except CompilerError as e:
-        raise CliError(f"{args.model}: {e}") from None
+        hint = " (give it with --shape NAME=DxDx..)" if "symbolic" in str(e) else ""
+        raise CliError(f"{args.model}: {e}{hint}") from None
     feed = _read_inputs(_Inputs(graph), args.inputs)
     cal = _calibration(args.calibration, graph.inputs)
     report = bisect(model, feed, executors=ex, config=cfg, tolerance=tol, calibration=cal,
-                    progress=lambda msg: print(f"{msg} ...", file=sys.stderr), fuse=not args.no_fuse)
+                    progress=lambda msg: print(f"{msg} ...", file=sys.stderr), fuse=not args.no_fuse,
+                    shapes=shapes or None, force_target=force or None)
     report.model = args.model
     print(report.table())
     if args.json:
