@@ -264,6 +264,14 @@ def test_symbolic_input_needs_a_shape(tmp_path):
     assert res.records[0]["status"] == "ok", res.records[0]["error"]
 
 
+def test_random_strategy_runs_n_distinct_points(model, tmp_path):
+    s = space({"block_out": [4, 8, 16], "acc_buff_bytes": [4096, 3000]})
+    res = run_sweep(s, [model], tmp_path / "r", workers=0, strategy="random:2", seed=3, synth="none", plot=False,
+                    kit=KIT)
+    assert res.evaluated == 2 and len({r["point"] for r in res.records}) == 2
+    assert len(read_csv(tmp_path / "r" / "results.csv")) == 2
+
+
 def test_optuna_strategy(model, tmp_path):
     pytest.importorskip("optuna")
     s = space({"block_out": [4, 8], "block_in": [4]})
