@@ -104,7 +104,8 @@ def load_space(path: str | Path) -> Space:
     try:
         data = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
-        raise SweepError(f"space file {p}: not valid {'JSON' if p.suffix.lower() == '.json' else 'TOML'} ({e})") from None
+        kind = "JSON" if p.suffix.lower() == ".json" else "TOML"
+        raise SweepError(f"space file {p}: not valid {kind} ({e})") from None
     return parse_space(data, source=str(p))
 
 

@@ -133,8 +133,9 @@ class Plan:
     energy: dict = field(default_factory=dict)
 
     def identity(self) -> dict:
-        return {"models": [m.sha for m in self.models], "shapes": [m.shapes for m in self.models], "kit": self.kit, "driver": self.driver,
-                "synth": self.synth, "part": self.part, "board_max_mhz": self.board_max_mhz,
+        """Everything besides the config that a point's results depend on (part of its key)."""
+        return {"models": [m.sha for m in self.models], "shapes": [m.shapes for m in self.models], "kit": self.kit,
+                "driver": self.driver, "synth": self.synth, "part": self.part, "board_max_mhz": self.board_max_mhz,
                 "energy": self.energy, "force": self.space.force}
 
     def point(self, values: dict) -> Point | None:
@@ -321,15 +322,18 @@ class _Submitter:
         self.plan, self.runner, self.out = plan, runner, out_dir
         self.blobs = None
         self.futures: dict = {}
+        self._n = 0
 
     def submit(self, p: Point):
         task = self.plan.task(p, self.out)
+        self._n += 1
         if self.runner.client is None:
-            self.futures[len(self.futures)] = (p, task)
+            self.futures[self._n] = (p, task)
             return
-        if self.blobs is None:
+        if self.blobs is None:   # the models travel to the workers once, not with every task
             self.blobs = [self.runner.client.scatter(m.blob, hash=True) for m in self.plan.models]
-        fut = self.runner.client.submit(evaluate_point, task, *self.blobs, pure=False, key=f"sweep-point-{p.key}-{time.monotonic_ns()}")
+        fut = self.runner.client.submit(evaluate_point, task, *self.blobs, pure=False,
+                                        key=f"sweep-point-{p.key}-{os.getpid()}-{self._n}-{time.monotonic_ns()}")
         self.futures[fut] = p
 
     def results(self):
@@ -409,7 +413,8 @@ def _need_optuna():
     try:
         import optuna  # noqa: F401
     except ImportError:
-        raise SweepError("--strategy optuna:N needs optuna: pip install 'accel-kit[sweep]' (or pip install optuna)") from None
+        raise SweepError("--strategy optuna:N needs optuna: pip install 'accel-kit[sweep]' "
+                         "(or pip install optuna)") from None
 
 
 def _constraints(rec: dict, most_macs: int) -> list[float]:
