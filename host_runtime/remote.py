@@ -9,8 +9,11 @@ u32 payload length> (little-endian), a UTF-8 JSON object, then raw payload bytes
 checked before anything is read. The server greets with {"type": "hello", "nonce", "config",
 "digest", "driver", "auth", "max_payload"}; the client answers {"type": "auth", "proof":
 hex HMAC-SHA256(token, "accel-rpc-v1" + nonce)} (the token itself never crosses the wire).
-Requests: {"type": "run", "digest", "insn_addr", "insn_count"} with the DRAM image as payload
--> {"type": "result", "result": RunResult.to_dict()} with the DRAM after the run; {"type":
+Requests: {"type": "run", "digest", "insn_addr", "insn_count", "dram_bytes", "encoding"}:
+"full" sends the DRAM image as payload, "pages" only the 4 KiB pages that differ from the image
+the server kept from this connection's last run (<u32 n, n x u32 index, n x 4096 bytes>); the
+answer {"type": "result", "result": RunResult.to_dict()} carries the pages the run changed, in
+the same packing. A failed run drops the kept image (the next run sends it whole). {"type":
 "ping"} -> {"type": "pong"}; any failure -> {"type": "error", "message"}.
 """
 from __future__ import annotations
@@ -100,6 +103,38 @@ def recv_frame(sock: socket.socket, max_header: int = MAX_HEADER, max_payload: i
     return header, _recv_exact(sock, plen, "payload") if plen else bytearray()
 
 
+# ---- DRAM pages (a run sends and returns only the pages that differ) ----------------------------------
+PAGE = 4096
+
+
+def padded(nbytes: int) -> int:
+    return -(-nbytes // PAGE) * PAGE
+
+
+def changed_pages(new: np.ndarray, old: np.ndarray) -> np.ndarray:
+    """Indices of the PAGE-byte pages where two equally long, page-padded images differ."""
+    return np.flatnonzero((new.reshape(-1, PAGE) != old.reshape(-1, PAGE)).any(axis=1)).astype(np.uint32)
+
+
+def pack_pages(image: np.ndarray, pages: np.ndarray) -> bytes:
+    """<u32 n> <n x u32 page index> <n x PAGE bytes>, from a page-padded image."""
+    data = image.reshape(-1, PAGE)[pages]
+    return struct.pack("<I", len(pages)) + pages.astype("<u4").tobytes() + data.tobytes()
+
+
+def unpack_pages(blob: bytes | bytearray, npages: int) -> tuple[np.ndarray, np.ndarray]:
+    """(page indices, (n, PAGE) data) of a packed blob, checked: length, indices increasing and < npages."""
+    if len(blob) < 4:
+        raise ProtocolError("page blob shorter than its count")
+    (n,) = struct.unpack_from("<I", blob)
+    if len(blob) != 4 + n * (4 + PAGE):
+        raise ProtocolError(f"page blob of {len(blob)} bytes does not hold the {n} pages it announces")
+    idx = np.frombuffer(blob, "<u4", count=n, offset=4).astype(np.int64)
+    if n and (idx[-1] >= npages or np.any(np.diff(idx) <= 0)):
+        raise ProtocolError(f"page indices must increase and stay below {npages}")
+    return idx, np.frombuffer(blob, np.uint8, count=n * PAGE, offset=4 + 4 * n).reshape(n, PAGE)
+
+
 # ---- tokens and addresses --------------------------------------------------------------------------
 def parse_url(url: str) -> tuple[str, int]:
     """remote://HOST:PORT (HOST may be [v6]) -> (host, port)."""
@@ -177,6 +212,7 @@ class RemoteDriver(Driver):
                 raise RemoteError(f"{url}: the server's device has config digest {server_cfg.digest()[:12]}, this "
                                   f"program was built for {cfg.digest()[:12]}; start the server with that config")
             self.server_driver = str(hello.get("driver"))
+            self._shadow = None       # the DRAM image the server holds for this connection (page-padded)
             self.max_payload = int(hello.get("max_payload", DEFAULT_MAX_PAYLOAD))
         except (OSError, ValueError, KeyError, TypeError) as e:
             self.sock.close()
@@ -207,16 +243,30 @@ class RemoteDriver(Driver):
                               f"{self.max_payload} bytes (accel serve --max-bytes)")
         t0 = time.perf_counter()
         self.sock.settimeout(self.timeout_s)
+        size = padded(dram.size)
+        image = np.zeros(size, np.uint8)
+        image[:dram.size] = dram
+        head = {"type": "run", "digest": self.cfg.digest(), "insn_addr": int(insn_addr),
+                "insn_count": int(insn_count), "dram_bytes": int(dram.size)}
+        if self._shadow is not None and self._shadow.size == size:
+            head["encoding"] = "pages"      # only what changed since the server last had it
+            body = pack_pages(image, changed_pages(image, self._shadow))
+        else:
+            head["encoding"] = "full"
+            body = dram
+        self._shadow = None                 # unknown until the answer arrives
         try:
-            send_frame(self.sock, {"type": "run", "digest": self.cfg.digest(), "insn_addr": int(insn_addr),
-                                   "insn_count": int(insn_count)}, dram)
+            send_frame(self.sock, head, body)
             header, payload = self._recv()
         except OSError as e:
             self.close()
             raise RemoteError(f"{self.url}: connection lost: {e}") from None
-        if header.get("type") != "result" or len(payload) != dram.size:
-            raise RemoteError(f"{self.url}: unexpected answer {header.get('type')!r} with {len(payload)} bytes")
-        dram[:] = np.frombuffer(payload, np.uint8)
+        if header.get("type") != "result":
+            raise RemoteError(f"{self.url}: unexpected answer {header.get('type')!r}")
+        idx, data = unpack_pages(payload, size // PAGE)
+        image.reshape(-1, PAGE)[idx] = data
+        dram[:] = image[:dram.size]
+        self._shadow = image
         r = header.get("result") or {}
         return RunResult(driver=f"{PREFIX}{self.host}:{self.port}/{r.get('driver', self.server_driver)}",
                          insn_count=int(r.get("insn_count", insn_count)), wall_s=time.perf_counter() - t0,

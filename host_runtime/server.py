@@ -29,8 +29,8 @@ from accel.isa import AccelConfig, AccelError, resolve_config
 
 from .device import get_driver
 from .errors import HostRuntimeError
-from .remote import (DEFAULT_MAX_PAYLOAD, DEFAULT_PORT, PROTOCOL_VERSION, ProtocolError, auth_proof, recv_frame,
-                     send_frame)
+from .remote import (DEFAULT_MAX_PAYLOAD, DEFAULT_PORT, PAGE, PROTOCOL_VERSION, ProtocolError, auth_proof,
+                     changed_pages, pack_pages, padded, recv_frame, send_frame, unpack_pages)
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ class DeviceServer:
             raise ServerError(f"max_clients={max_clients}: must be 1..1024")
         self.token = token
         self.max_payload = int(max_payload)
+        self._max_frame = self.max_payload + 4 * (self.max_payload // PAGE + 1) + 4   # a page blob's indices
         self.request_timeout_s, self.idle_timeout_s = float(request_timeout_s), float(idle_timeout_s)
         self.queue_timeout_s = float(queue_timeout_s)
         self.driver_name = driver
@@ -152,10 +153,11 @@ class DeviceServer:
             conn.settimeout(self.request_timeout_s)
             if not self._handshake(conn, who):
                 return
+            session: dict = {}        # the DRAM image this connection's last run left ("image")
             while True:
                 conn.settimeout(self.idle_timeout_s)
                 try:
-                    header, payload = recv_frame(conn, max_payload=self.max_payload,
+                    header, payload = recv_frame(conn, max_payload=self._max_frame,
                                                  body_timeout=self.request_timeout_s)
                 except EOFError:
                     log.info("client %s disconnected", who)
@@ -164,7 +166,7 @@ class DeviceServer:
                     log.warning("client %s: %s; closing", who, e)
                     self._send_error(conn, who, str(e))
                     return
-                if not self._request(conn, who, header, payload):
+                if not self._request(conn, who, header, payload, session):
                     return
         except socket.timeout:
             log.warning("client %s: timed out; closing", who)
@@ -213,7 +215,7 @@ class DeviceServer:
         log.info("client %s authenticated", who)
         return True
 
-    def _request(self, conn, who: str, header: dict, payload: bytearray) -> bool:
+    def _request(self, conn, who: str, header: dict, payload: bytearray, session: dict) -> bool:
         """Handle one request; False ends the connection."""
         kind = header["type"]
         self.requests += 1
@@ -227,12 +229,14 @@ class DeviceServer:
             self._send_error(conn, who, f"unknown request type {kind[:40]!r}; requests are run, ping")
             return True
         try:
-            addr, count = self._check_run(header, payload)
-        except ValueError as e:
+            addr, count, image, nbytes = self._check_run(header, payload, session.get("image"))
+            session.pop("image", None)     # a failed run leaves no image to patch (the client sends it whole)
+        except (ValueError, ProtocolError) as e:
             log.warning("client %s: run refused: %s", who, e)
             self._send_error(conn, who, f"run refused: {e}")
             return True
-        dram = np.frombuffer(payload, np.uint8)
+        before = image.copy()
+        dram = image[:nbytes]
         if not self._device_lock.acquire(timeout=self.queue_timeout_s):
             log.warning("client %s: device busy for %.0f s", who, self.queue_timeout_s)
             self._send_error(conn, who, f"the device stayed busy for {self.queue_timeout_s:g} s; try again")
@@ -250,30 +254,51 @@ class DeviceServer:
             return True
         finally:
             self._device_lock.release()
-        log.info("client %s: run %d instructions at %#x, %d DRAM bytes: %s cycles, queued %.3f s, %.3f s", who, count,
-                 addr, dram.size, result.cycles, waited, time.perf_counter() - t0)
-        send_frame(conn, {"type": "result", "result": _plain(result.to_dict())}, dram)
+        pages = changed_pages(image, before)
+        log.info("client %s: run %d instructions at %#x, %d DRAM bytes (%s, %d bytes in): %s cycles, %d pages "
+                 "changed, queued %.3f s, %.3f s", who, count, addr, nbytes, header.get("encoding"), len(payload),
+                 result.cycles, len(pages), waited, time.perf_counter() - t0)
+        send_frame(conn, {"type": "result", "result": _plain(result.to_dict())}, pack_pages(image, pages))
+        session["image"] = image
         return True
 
-    def _check_run(self, header: dict, payload: bytearray) -> tuple[int, int]:
+    def _check_run(self, header: dict, payload: bytearray, kept: np.ndarray | None):
+        """(insn_addr, insn_count, page-padded image, DRAM bytes) of a run request, or ValueError."""
         if header.get("digest") != self.cfg.digest():
             raise ValueError(f"config digest {str(header.get('digest'))[:16]!r} is not the device's "
                              f"({self.cfg.digest()[:12]}); compile for the server's config")
         vals = []
-        for key in ("insn_addr", "insn_count"):
+        for key in ("insn_addr", "insn_count", "dram_bytes"):
             v = header.get(key)
             if type(v) is not int or v < 0:
                 raise ValueError(f"field {key} must be a non-negative integer, got {str(v)[:20]!r}")
             vals.append(v)
-        addr, count = vals
-        if not payload:
-            raise ValueError("the payload (DRAM image) is empty")
-        if addr % 16 or addr + 16 * count > len(payload) or count == 0:
-            raise ValueError(f"instructions [{addr:#x}, +{count}x16) do not lie in the {len(payload)}-byte DRAM image "
+        addr, count, nbytes = vals
+        if not 0 < nbytes <= self.max_payload:
+            raise ValueError(f"dram_bytes={nbytes}: must be 1..{self.max_payload} (accel serve --max-bytes)")
+        if nbytes > 1 << self.cfg.dram_addr_width:
+            raise ValueError(f"a {nbytes}-byte DRAM exceeds the config's {self.cfg.dram_addr_width}-bit addresses")
+        if addr % 16 or addr + 16 * count > nbytes or count == 0:
+            raise ValueError(f"instructions [{addr:#x}, +{count}x16) do not lie in the {nbytes}-byte DRAM image "
                              f"(insn_addr a multiple of 16, insn_count >= 1)")
-        if len(payload) > 1 << self.cfg.dram_addr_width:
-            raise ValueError(f"a {len(payload)}-byte DRAM exceeds the config's {self.cfg.dram_addr_width}-bit addresses")
-        return addr, count
+        encoding = header.get("encoding")
+        size = padded(nbytes)
+        if encoding == "full":
+            if len(payload) != nbytes:
+                raise ValueError(f"a full image of dram_bytes={nbytes} bytes came with {len(payload)} bytes")
+            image = np.zeros(size, np.uint8)
+            image[:nbytes] = np.frombuffer(payload, np.uint8)
+            return addr, count, image, nbytes
+        if encoding == "pages":
+            if kept is None or kept.size != size:
+                raise ValueError("encoding 'pages' needs the image of this connection's last successful run of the "
+                                 "same size; send it 'full'")
+            idx, data = unpack_pages(payload, size // PAGE)
+            kept.reshape(-1, PAGE)[idx] = data
+            if nbytes < size:
+                kept[nbytes:] = 0
+            return addr, count, kept, nbytes
+        raise ValueError(f"field encoding must be 'full' or 'pages', got {str(encoding)[:20]!r}")
 
 
 def _plain(obj):

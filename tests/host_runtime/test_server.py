@@ -4,6 +4,7 @@ clients; after every hostile client the server still serves a good one. Every so
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -158,7 +159,15 @@ def test_random_bytes_and_malformed_frames_leave_it_running(server):
         send_frame(s, req, bytes(256))
         h, _ = recv_frame(s)
         assert h["type"] == "error", req
-    send_frame(s, {"type": "run", "digest": TINY.digest(), "insn_addr": 0, "insn_count": 4}, bytes(256))
+    for req, body in (({"encoding": "pages"}, struct.pack("<I", 0)),          # no image kept yet
+                      ({"encoding": "full"}, bytes(100)),                     # size mismatch
+                      ({"encoding": "zip"}, bytes(256))):
+        send_frame(s, {"type": "run", "digest": TINY.digest(), "insn_addr": 0, "insn_count": 4, "dram_bytes": 256,
+                       **req}, body)
+        h, _ = recv_frame(s)
+        assert h["type"] == "error", req
+    send_frame(s, {"type": "run", "digest": TINY.digest(), "insn_addr": 0, "insn_count": 4, "dram_bytes": 256,
+                   "encoding": "full"}, bytes(256))
     h, _ = recv_frame(s)                  # four zero words: a failing program, reported, not fatal
     assert h["type"] in ("error", "result")
     send_frame(s, {"type": "ping"})
@@ -288,3 +297,43 @@ def test_compiled_model_through_the_executor(server, monkeypatch):
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=f"output {k}")
     assert rows and all(r["driver"].endswith("/fsim") and r["gemm_uops"] > 0 for r in rows)
+
+
+def test_later_runs_send_only_changed_pages(server, caplog):
+    """A connection's second run sends the pages that changed since the server's copy, and gets back
+    the pages the run changed; after inputs change between runs the DRAM still equals local fsim's.
+    A forged page blob is refused."""
+    import logging
+    from compiler.accel.conv2d import Requant, run_dense
+    caplog.set_level(logging.INFO, logger="host_runtime.server")
+    rng = np.random.default_rng(5)
+    with Device(TINY, driver=server.url, dram_bytes=1 << 20, token=TOKEN) as dev, \
+            Device(TINY, driver="fsim", dram_bytes=1 << 20) as local:
+        for i in range(3):
+            x = rng.integers(-128, 128, (6, 40), dtype=np.int8)
+            w = rng.integers(-128, 128, (24, 40), dtype=np.int8)
+            y, _, _ = run_dense(dev, x, w, None, Requant(6))
+            want, _, _ = run_dense(local, x, w, None, Requant(6))
+            assert np.array_equal(y, want)
+            assert np.array_equal(dev.memory.array, local.memory.array)
+    runs = [r.getMessage() for r in caplog.records if " run " in r.getMessage()]
+    assert "(full, 1048576 bytes in)" in runs[0] and all("(pages, " in m for m in runs[1:])
+    assert all(int(m.split("(pages, ")[1].split(" ")[0]) < 200_000 for m in runs[1:])
+    from accel.isa import Finish, encode_program
+    s = _raw(server)
+    image = np.zeros(8192, np.uint8)
+    image[:16] = encode_program([Finish()], TINY).reshape(-1)
+    send_frame(s, {"type": "run", "digest": TINY.digest(), "insn_addr": 0, "insn_count": 1, "dram_bytes": 8192,
+                   "encoding": "full"}, image)
+    assert recv_frame(s)[0]["type"] == "result"           # the server now keeps this image
+    for blob in (struct.pack("<I", 1) + struct.pack("<I", 9) + bytes(4096),          # index past the image
+                 struct.pack("<I", 2) + struct.pack("<II", 1, 0) + bytes(8192),      # not increasing
+                 struct.pack("<I", 3) + bytes(20)):                                  # short
+        send_frame(s, {"type": "run", "digest": TINY.digest(), "insn_addr": 0, "insn_count": 1, "dram_bytes": 8192,
+                       "encoding": "pages"}, blob)
+        h, _ = recv_frame(s)
+        assert h["type"] == "error" and "page" in h["message"] and "needs the image" not in h["message"], h
+    send_frame(s, {"type": "run", "digest": TINY.digest(), "insn_addr": 0, "insn_count": 1, "dram_bytes": 8192,
+                   "encoding": "pages"}, struct.pack("<I", 0))
+    assert recv_frame(s)[0]["type"] == "result"           # refused blobs left the kept image alone
+    s.close()
