@@ -72,6 +72,19 @@ def test_params_at_top_level_and_range_aliases():
         parse_space({"block_in": [4], "compile": {"shapes": {"x": "1xAx3"}}})
 
 
+def test_documented_spaces_parse():
+    import re
+    import tomllib
+    doc = (ROOT / "docs" / "sweep.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", doc, re.S)
+    assert blocks
+    for b in blocks:
+        s = parse_space(tomllib.loads(b))
+        assert s.size > 1 and s.constraints and s.energy and s.force and s.shapes
+    ex = load_space(ROOT / "docs" / "sweep_example.toml")
+    assert ex.size == 24 and ex.params["inp_buff_bytes"] == ["auto"]
+
+
 @pytest.mark.parametrize("data, words", [
     ({"params": {"blok_in": [4]}}, ["params.blok_in", "block_in"]),
     ({"params": {"block_in": "auto"}}, ["params.block_in", "auto"]),
