@@ -65,8 +65,23 @@ def _coop_load(s, cache, block: tuple[int, int, int]) -> None:
     """A shared cache stage filled by the whole block: its elements spread over the block's threads."""
     st = s[cache]
     axes = list(st.op.axis)
-    f = st.fuse(*axes) if len(axes) > 1 else axes[0]
     bx, by, bz = block
+    ext = [int(a.dom.extent.value) for a in axes]
+    if len(axes) > 1 and ext[-1] >= bx and math.prod(ext[:-1]) >= by * bz:
+        # rows x columns: the row index over (tz, ty), the column over tx; no div/mod by the row length
+        rows = st.fuse(*axes[:-1]) if len(axes) > 2 else axes[0]
+        ro, ri = st.split(rows, by * bz)
+        co, tx = st.split(axes[-1], bx)
+        st.reorder(ro, co, ri, tx)
+        if bz > 1:
+            tz, ty = st.split(ri, by)
+            st.bind(tz, te.thread_axis("threadIdx.z"))
+        else:
+            ty = ri
+        st.bind(ty, te.thread_axis("threadIdx.y"))
+        st.bind(tx, te.thread_axis("threadIdx.x"))
+        return
+    f = st.fuse(*axes) if len(axes) > 1 else axes[0]
     rest, tx = st.split(f, bx)
     if by > 1:
         rest, ty = st.split(rest, by)
