@@ -166,6 +166,11 @@ static inline long kit_fmodl(long a, long b) { long r = a % b; return (r != 0 &&
 """
 
 
+def mtype(dtype: str, where: str = "") -> str:
+    """The element type of a buffer: bool is stored as uchar (OpenCL has no bool in memory)."""
+    return "uchar" if dtype == "bool" else ctype(dtype, where)
+
+
 def ctype(dtype: str, where: str = "") -> str:
     if dt.lanes(dtype) != 1:
         raise CodegenError(f"{where}: vector type {dtype} in a GPU kernel (do not vectorize GPU schedules)")
@@ -183,6 +188,7 @@ class CodegenOpenCL:
         self.used: set = set()
         self.lines: list[str] = []
         self.shared: list[str] = []
+        self.uses_double = False
         self.declared: set = set()
         self.ind = 1
 
@@ -208,12 +214,14 @@ class CodegenOpenCL:
         where = f"kernel '{f.name}'"
         params = []
         for b in f.params:
-            params.append(f"__global {ctype(b.dtype, where)}* restrict {self.name(b, b.name)}")
+            params.append(f"__global {mtype(b.dtype, where)}* restrict {self.name(b, b.name)}")
         self.stmt(f.body)
         body = self.lines
         wg = f"__attribute__((reqd_work_group_size({self.block[0]}, {self.block[1]}, {self.block[2]})))"
         head = [f"__kernel {wg} void {f.name}({', '.join(params)}) {{"] + ["  " + s for s in self.shared]
-        return _PREAMBLE + "\n".join(head + body + ["}"]) + "\n"
+        self.uses_double = any("double" in x for x in params + self.shared + body)
+        fp64 = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if self.uses_double else ""
+        return fp64 + _PREAMBLE + "\n".join(head + body + ["}"]) + "\n"
 
     # statements
     def stmt(self, s) -> None:
@@ -263,12 +271,12 @@ class CodegenOpenCL:
                 self.stmt(s.body)
                 return
             self.declared.add(id(b))
-            self.shared.append(f"__local {ctype(b.dtype, where)} {name}[{n}];")
+            self.shared.append(f"__local {mtype(b.dtype, where)} {name}[{n}];")
         elif b.scope in ("local", "global", "warp"):
             if n * max(1, dt.bits(b.dtype) // 8) > 16384:
                 raise CodegenError(f"{where}: allocation '{b.name}' ({n} elements, scope {b.scope}) is too big for "
                                    "registers; stage it at a deeper loop")
-            self.emit(f"{ctype(b.dtype, where)} {name}[{n}];")
+            self.emit(f"{mtype(b.dtype, where)} {name}[{n}];")
         else:
             raise CodegenError(f"{where}: allocation '{b.name}' in scope {b.scope!r}")
         self.stmt(s.body)
@@ -276,7 +284,10 @@ class CodegenOpenCL:
     def s_BufferStore(self, s: BufferStore):
         if len(s.indices) != 1:
             raise CodegenError(f"kernel '{self.func.name}': store to '{s.buffer.name}' is not flattened")
-        self.emit(f"{self.name(s.buffer, s.buffer.name)}[{self.expr(s.indices[0])}] = {self.expr(s.value)};")
+        v = self.expr(s.value)
+        if s.buffer.dtype == "bool":
+            v = f"(uchar)({v})"
+        self.emit(f"{self.name(s.buffer, s.buffer.name)}[{self.expr(s.indices[0])}] = {v};")
 
     def s_For(self, s: For):
         v = self.name(s.loop_var, s.loop_var.name)
@@ -347,7 +358,8 @@ class CodegenOpenCL:
         if len(e.indices) != 1:
             raise CodegenError(f"kernel '{self.func.name}': load of '{e.buffer.name}' is not flattened")
         ctype(e.dtype, f"kernel '{self.func.name}'")
-        return f"{self.name(e.buffer, e.buffer.name)}[{self.expr(e.indices[0])}]"
+        v = f"{self.name(e.buffer, e.buffer.name)}[{self.expr(e.indices[0])}]"
+        return f"({v} != 0)" if e.buffer.dtype == "bool" else v
 
     def _bin(self, e, op):
         return f"({self.expr(e.a)} {op} {self.expr(e.b)})"

@@ -150,3 +150,31 @@ def test_body_needing_two_kernels_is_declined():
     out = te.compute((8, 8), lambda i, j: d[i, j] / tot[i], name="out")
     with pytest.raises(ScheduleError, match="one kernel computes one|not bound"):
         gpu.schedule_gpu([out])
+
+
+def test_bool_and_double_buffers(rng):
+    """bool tensors are uchar in OpenCL memory; float64 enables cl_khr_fp64."""
+    opencl_or_skip()
+    from host_runtime.gpu import run_kernel
+    a = te.placeholder((5, 7), "float32", name="a")
+    c = te.placeholder((5, 7), "bool", name="c")
+    m = te.compute((5, 7), lambda i, j: te.select(c[i, j], a[i, j], -a[i, j]), name="m")
+    b = te.compute((5, 7), lambda i, j: a[i, j] > 0.5, name="b")
+    x = rng.random((5, 7)).astype("float32")
+    cc = rng.random((5, 7)) > 0.5
+    k = build_gpu(gpu.schedule_gpu([m]), [a, c, m], "opencl", "bsel")
+    o = np.zeros((5, 7), "float32")
+    run_kernel(k.to_attrs(), [x, cc], o)
+    np.testing.assert_array_equal(o, np.where(cc, x, -x))
+    k = build_gpu(gpu.schedule_gpu([b]), [a, b], "opencl", "bcmp")
+    ob = np.zeros((5, 7), bool)
+    run_kernel(k.to_attrs(), [x], ob)
+    np.testing.assert_array_equal(ob, x > 0.5)
+    d = te.placeholder((6,), "float64", name="d")
+    e = te.compute((6,), lambda i: te.exp(d[i]) * 2.0, name="e")
+    k = build_gpu(gpu.schedule_gpu([e]), [d, e], "opencl", "dbl")
+    assert "cl_khr_fp64" in k.source
+    xd = rng.random(6)
+    od = np.zeros(6)
+    run_kernel(k.to_attrs(), [xd], od)
+    np.testing.assert_allclose(od, np.exp(xd) * 2, rtol=1e-12)
