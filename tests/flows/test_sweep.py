@@ -158,6 +158,33 @@ def test_kit_version_names_the_package():
     assert v.startswith("0.") and "+" in v
 
 
+def test_yosys_mode_takes_synthesis_figures(monkeypatch, tmp_path):
+    """--synth yosys: utilization and fit from the synthesis report, Fmax from routing when there is one."""
+    import types
+
+    import accel.hw.fpga.rtl as rtl_mod
+    import accel.hw.fpga.synth as synth_mod
+    from accel.hw.boards import part
+    from accel.isa import PRESETS
+    from flows.point import resources
+    calls = []
+
+    def fake_synth(rtl, family, out_dir, **kw):
+        calls.append((family, Path(out_dir), kw["part"].name, kw["pnr"]))
+        util = {"lut": 123, "ff": 45, "dsp": 99, "bram": 2.0}
+        return types.SimpleNamespace(utilization=util, fit=synth_mod.fit_check(util, kw["part"]),
+                                     timing={"fmax_mhz": 77.5, "source": "nextpnr"} if kw["pnr"] else None)
+    monkeypatch.setattr(rtl_mod, "rtl_for_config", lambda cfg: "verilog")
+    monkeypatch.setattr(synth_mod, "synthesize", fake_synth)
+    cfg = PRESETS["tiny"]
+    r = resources(cfg, part("LFE5U-25F"), "yosys", str(tmp_path / "s"), None)
+    assert calls == [("ecp5", tmp_path / "s", "LFE5U-25F-6BG381C", True)]
+    assert (r["lut"], r["dsp"], r["fmax_mhz"], r["fits"], r["limiting"]) == (123, 99, 77.5, False, "dsp")
+    r = resources(cfg, part("xc7z020"), "yosys", str(tmp_path / "x"), 50.0)
+    assert r["lut"] == 123 and r["fits"] is False          # fits the part, but 100 MHz > the board's 50
+    assert r["fmax_mhz"] is not None and "uncalibrated" in r["fmax_basis"]   # no Xilinx timing: the estimate's
+
+
 def test_strategy_and_pareto_front():
     assert parse_strategy("grid") == ("grid", None) and parse_strategy("optuna:7") == ("optuna", 7)
     for bad in ("grid:3", "random", "random:0", "optuna:x", "annealing:4"):
