@@ -218,7 +218,9 @@ def explain_table(rows: list[dict], folded: list[dict] | None = None) -> str:
                      f"{f.get('reason', 'folded into another op or removed by the graph passes')}")
     kinds = [k for k in KINDS if any(r.get("kind") == k for r in rows)]
     n_acc = sum(r["target"] == ACCEL for r in rows)
-    lines.append(f"{len(rows)} nodes: {n_acc} on the accelerator, {len(rows) - n_acc} on the CPU"
+    n_gpu = sum(r["target"] == "gpu" for r in rows)   # --target opencl|cuda (compiler.gpu_build)
+    lines.append(f"{len(rows)} nodes: {n_acc} on the accelerator, " + (f"{n_gpu} on the GPU, " if n_gpu else "")
+                 + f"{len(rows) - n_acc - n_gpu} on the CPU"
                  + (f", {len(folded)} folded away" if folded else ""))
     lines += [f"  {k:11} {KINDS[k]}" for k in kinds]
     return "\n".join(lines)
