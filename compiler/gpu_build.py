@@ -6,7 +6,8 @@ by the group's anchor, lowered once and printed as OpenCL C or PTX (compiler.cod
 compiler.codegen.nvptx). A group with no GPU form is split into its ops; an op with no GPU kernel
 (or whose kernel fails to build) runs on the CPU target's LLVM kernel (or NumPy), and the reason
 is recorded like a partition reason: meta['fallbacks'], meta['partition'] rows (target 'cpu',
-kind 'gpu'), the step's note. Kernels travel as source text in the step (docs/trust.md).
+kind 'fallback'; GPU rows: target and kind 'gpu'), the step's note. Kernels travel as source
+text in the step (docs/gpu.md, docs/trust.md).
 """
 from __future__ import annotations
 
@@ -131,7 +132,7 @@ class GpuBuilder(_Builder):
                 rows.append({"name": o.name, "op": o.op, "origin": o.origin, "target": "cpu" if why else "gpu",
                              "reason": f"{o.origin or o.op} '{o.name}': " + (
                                  f"runs on the CPU: {why}" if why else f"compiled for --target {self.gpu_target}"),
-                             "kind": "gpu" if why else "target"})
+                             "kind": "fallback" if why else "gpu"})
         seen = {r["name"] for r in rows}
         folded = [{"name": n.name, "op": n.origin or n.op} for n in graph_in.ops if n.name not in seen]
         return {"partition": rows, "folded": folded}
