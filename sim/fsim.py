@@ -922,6 +922,10 @@ class Fsim:
         self._accumulate_sorted(dst, prod)
 
     def _alu(self, idx: int, insn: Alu, dram: np.ndarray, stats: FsimStats) -> None:
+        n = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
+        if (n > CHUNK_ELEMS and self._iter_base is None and self.races is None and insn.use_imm
+                and insn.alu_op != AluOp.FLUSH and self._alu_repeated(insn, stats)):
+            return
         if self._in_chunks(idx, insn, dram, stats, self._alu):
             return
         plan = self._plan(idx, insn, "ALU")
@@ -963,6 +967,63 @@ class Fsim:
                 res = self._alu_apply(op, self.acc[d], b)
                 self.acc[d] = res
                 self.out[d] = (res if q is None else q).astype(self.out.dtype)
+
+    def _alu_repeated(self, insn: Alu, stats: FsimStats) -> bool:
+        """A long immediate ALU (not FLUSH): each element reads only its own entry, so entry d ends
+        as op applied count(d) times; counted per entry (in blocks) and applied in closed form (ADD,
+        MUL; MIN, MAX, CLIP, CLAMP, MOV are idempotent) or until a fixed point (SHR, REQUANT, SCALE
+        settle within a few dozen steps). What would take one Python step per element of a 16383 x
+        16383 loop takes milliseconds. False (nothing done): an index out of range (the block path
+        reports it) or no fixed point within 4096 steps."""
+        c, w = self.cfg, self.cfg.acc_width
+        u = self.uop[insn.uop_bgn:insn.uop_end, 0]
+        if int(u.max()) + (insn.iter_out - 1) * insn.dst_factor_out + (insn.iter_in - 1) * insn.dst_factor_in \
+                >= c.acc_depth:
+            return False
+        base = np.zeros(c.acc_depth, np.int64)        # entries one i0 pass writes, with their counts
+        step = max(1, CHUNK_ELEMS // len(u))
+        for b in range(0, insn.iter_in, step):
+            i1 = np.arange(b, min(insn.iter_in, b + step), dtype=np.int64)[:, None]
+            base += np.bincount((u[None, :] + i1 * insn.dst_factor_in).reshape(-1), minlength=c.acc_depth)
+        if insn.dst_factor_out == 0:
+            count = base * insn.iter_out
+        else:
+            count = np.zeros_like(base)
+            for i0 in range(insn.iter_out):
+                sh = i0 * insn.dst_factor_out
+                count[sh:] += base[:c.acc_depth - sh]
+        idx = np.flatnonzero(count)
+        k = count[idx][:, None, None]
+        a = self.acc[idx].astype(np.int64)
+        op, imm, m = insn.alu_op, np.int64(insn.imm), (1 << w) - 1
+        if op == AluOp.ADD:
+            res = wrap(a + k * imm, w)
+        elif op == AluOp.MUL:                          # a * imm^k mod 2^w, by squaring (w <= 32: exact in uint64)
+            r, sq, e = (a & m).astype(np.uint64), np.full(a.shape, int(imm) & m, np.uint64), np.broadcast_to(k, a.shape).copy()
+            while e.any():
+                odd = (e & 1).astype(bool)
+                r[odd] = (r[odd] * sq[odd]) & np.uint64(m)
+                sq = (sq * sq) & np.uint64(m)
+                e >>= 1
+            res = wrap(r.astype(np.int64), w)
+        elif op in (AluOp.MIN, AluOp.MAX, AluOp.CLIP, AluOp.CLAMP, AluOp.MOV):
+            res = self._alu_apply(op, a, imm)
+        else:
+            left = np.broadcast_to(k, a.shape).copy()
+            for _ in range(4096):
+                live = left > 0
+                if not live.any():
+                    break
+                nxt = self._alu_apply(op, a[live], imm).astype(np.int64)
+                left[live] = np.where(nxt == a[live], 0, left[live] - 1)
+                a[live] = nxt
+            else:
+                return False
+            res = wrap(a, w)
+        self.acc[idx] = res
+        self.out[idx] = res.astype(self.out.dtype)
+        stats.alu_uops += len(u) * insn.iter_out * insn.iter_in
+        return True
 
     def _mov_broadcast(self, insn: Alu, plan: _LoopPlan, write_out: bool = True) -> bool:
         """A MOV whose every iteration copies the same micro-op sources (a bias over an output tile)

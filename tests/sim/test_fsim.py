@@ -645,3 +645,42 @@ def test_fsim_memory_stays_bounded_whatever_the_loop_counts():
                                         r"iteration \(256, 0\)"):
         sim._gemm(0, Gemm(reset=True, uop_bgn=0, uop_end=1, iter_out=4096, iter_in=4096, dst_factor_out=1),
                   None, FsimStats())
+
+
+@pytest.mark.parametrize("op", [op for op in AluOp if op != AluOp.FLUSH])
+def test_fsim_long_immediate_alu_in_closed_form_matches_element_by_element(op):
+    """An immediate ALU past CHUNK_ELEMS iterations applies op count(d) times to each entry in
+    closed form or to a fixed point: the same acc/out as the element-by-element path (which took a
+    Python step per element: hours at 16383 x 16383), and a maximal loop takes moments."""
+    import sim.fsim as fsim_mod
+    rng = np.random.default_rng(int(op))
+    for trial in range(25):
+        nu, it_o, it_i = (int(v) for v in rng.integers(1, 7, 3))
+        nu = min(nu, 3)
+        imm = int(rng.integers(-6, 7)) if op == AluOp.MUL else int(rng.integers(-40, 40)) if op == AluOp.SHR \
+            else int(rng.integers(-(1 << 15), 1 << 15))
+        insn = Alu(alu_op=op, use_imm=True, imm=imm, uop_bgn=0, uop_end=nu, iter_out=it_o, iter_in=it_i,
+                   dst_factor_out=int(rng.integers(0, 3)), dst_factor_in=int(rng.integers(0, 3)))
+        acc = rng.integers(-2 ** 31, 2 ** 31, Fsim(TINY).acc.shape)
+        uops = [(int(d), 0, 0) for d in rng.integers(0, 30, nu)]
+        sims = []
+        for chunk in (fsim_mod.CHUNK_ELEMS, 0):
+            sim = Fsim(TINY)
+            sim.acc[:] = acc
+            sim.uop[:nu] = uops
+            old, fsim_mod.CHUNK_ELEMS = fsim_mod.CHUNK_ELEMS, chunk
+            try:
+                sim._alu(0, insn, None, stats := FsimStats())
+            finally:
+                fsim_mod.CHUNK_ELEMS = old
+            assert stats.alu_uops == nu * it_o * it_i
+            sims.append(sim)
+        assert (sims[0].acc == sims[1].acc).all() and (sims[0].out == sims[1].out).all(), insn
+    sim = Fsim(TINY)
+    sim.uop[0] = (3, 0, 0)
+    sim.acc[3] = 1000
+    sim._alu(0, Alu(alu_op=op, use_imm=True, imm=3, uop_bgn=0, uop_end=1, iter_out=16383, iter_in=16383), None,
+             FsimStats())
+    if op == AluOp.ADD:
+        assert sim.acc[3, 0, 0] == np.int32(np.int64(1000 + 3 * 16383 * 16383) % 2 ** 32 - 2 ** 32 * (
+            (1000 + 3 * 16383 * 16383) % 2 ** 32 >= 2 ** 31))
