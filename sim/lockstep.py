@@ -8,14 +8,15 @@ LOAD/GEMM/ALU writes, the DRAM bytes a STORE writes, the registers an EPILOGUE s
   (for a race-free program, program order is a valid order; the stages' own interleaving does not
   matter) and the first index whose effects differ is the divergence.
 - An executor that cannot be single-stepped (the RTL in Verilator, the timing model, a board: any
-  object with run(dram, insn_addr, insn_count)) runs prefixes instead: the first k+1 instructions,
-  with the dependency-token pushes no instruction of the prefix pops dropped, then a synchronizing
-  tail (EPILOGUE pushing to load and store, an empty LOAD and an empty STORE passing the tokens on,
-  FINISH popping both) so that FINISH waits for every load and store of the prefix. Both executors
-  run the same prefix from the same DRAM; k is bisected over the STOREs (DRAM changes only there)
-  for the first prefix whose DRAM differs. Only DRAM is compared in this mode, so the divergence
-  named is the first STORE that writes a differing byte; the steppable side's effect log then says
-  which instruction last wrote the OUT entries that STORE read (the likely origin).
+  object with run(dram, insn_addr, insn_count)) runs the whole program, then prefixes: the first
+  k+1 instructions, with the dependency-token pushes no instruction of the prefix pops dropped, then
+  a tail that waits for every load and store of the prefix (EPILOGUE pushing to both neighbours, an
+  empty LOAD passing the token on), stores the whole OUT buffer, runs one ALU pass adding 0 to
+  every accumulator (which writes out = narrow(acc)), stores OUT again and ends with FINISH.
+  Both executors run the same prefix from the same DRAM, and DRAM plus the two buffer dumps are
+  compared; k is bisected for the first prefix that differs (the last prefix is always run, so
+  buffer state no STORE writes out is compared too). Input, weight and micro-op entries are seen
+  only through the GEMMs that use them; the accumulators only in their low out_width bits.
 """
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from accel.isa import AccelConfig, Alu, Epilogue, Finish, Gemm, Insn, Load, MemType, Store, encode_program
+from accel.isa import (AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Store, Uop,
+                       encode_program, encode_uops)
 from accel.isa.asm import format_insn
+from accel.isa.config import LOOP_ITER_BITS
 from accel.isa.errors import AccelError
 from accel.isa.isa import INSN_BYTES
 
@@ -37,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: differing entries (or DRAM bytes) listed per resource in a report
 MOST = 8
+#: the largest GEMM/ALU loop count
+LOOP_MAX = (1 << LOOP_ITER_BITS) - 1
 
 
 class LockstepError(SimError):
@@ -57,9 +62,9 @@ class RecordingFsim(Fsim):
     to inject a fault (tests do)."""
 
     def __init__(self, cfg: AccelConfig, check_races: bool | None = False,
-                 fault: Callable[[int, "RecordingFsim", np.ndarray], None] | None = None):
-        """fault(index, sim, dram): called after each instruction executes, before its effect is
-        taken, to model a broken executor (tests inject one this way)."""
+                 fault: Callable[[int, Insn, "RecordingFsim", np.ndarray], None] | None = None):
+        """fault(index, insn, sim, dram): called after each instruction executes, before its effect
+        is taken, to model a broken executor (tests inject one this way)."""
         super().__init__(cfg, check_races)
         self.fault = fault
         self.effects: dict[int, Effect] = {}
@@ -89,7 +94,7 @@ class RecordingFsim(Fsim):
         try:
             fn(idx, insn, dram, stats)
             if self.fault is not None:
-                self.fault(idx, self, dram)
+                self.fault(idx, insn, self, dram)
         finally:
             self._lockstep_nest -= 1
         eff = Effect(idx)
@@ -162,9 +167,9 @@ class LockstepResult:
         if self.mode == "effects":
             how = "every instruction's buffer entries and DRAM bytes written compared"
         elif self.divergence is None:
-            how = "the whole run's DRAM compared: an executor that cannot be single-stepped"
+            how = "DRAM and the final OUT and accumulator entries compared: an executor that cannot be single-stepped"
         else:
-            how = f"prefixes bisected over the STOREs, DRAM compared: {self.runs} prefix runs each"
+            how = f"prefixes bisected, DRAM and buffer dumps compared: {self.runs} prefix runs each"
         if self.divergence is None:
             return f"lockstep {a}~{b}: {self.insn_count} instructions, no divergence ({how})"
         d = self.divergence
@@ -223,9 +228,56 @@ def _effects_lockstep(insns: list[Insn], ea: dict[int, Effect], eb: dict[int, Ef
 _FLAGS = ("push_prev", "push_next")
 
 
-def prefix_program(insns: list[Insn], k: int) -> list[Insn]:
+@dataclass(frozen=True)
+class DumpLayout:
+    """Where a prefix's tail writes the buffers (byte addresses): one micro-op word, the OUT buffer,
+    and the accumulators narrowed to OUT's width (an ALU pass adding 0 writes out = narrow(acc))."""
+    uop: int
+    out: int
+    acc: int
+    out_entries: int
+    acc_entries: int
+
+
+def dump_layout(cfg: AccelConfig, base: int) -> tuple[DumpLayout, int]:
+    """A DumpLayout from byte address `base` (aligned for every element size) and its end."""
+    eb, ub = cfg.out_elem_bytes, cfg.uop_elem_bytes
+    align = int(np.lcm.reduce([64, eb, ub]))
+    up = lambda x: -(-x // align) * align   # noqa: E731
+    n_acc = min(cfg.acc_depth, cfg.out_depth)
+    if n_acc > LOOP_MAX:   # the ALU pass covers what whole rows of its two loops reach
+        n_acc = (n_acc // -(-n_acc // LOOP_MAX)) * -(-n_acc // LOOP_MAX)
+    uop = up(base)
+    out = up(uop + ub)
+    acc = up(out + cfg.out_depth * eb)
+    return DumpLayout(uop, out, acc, cfg.out_depth, n_acc), acc + n_acc * eb
+
+
+def _dump_tail(cfg: AccelConfig, dump: DumpLayout) -> list[Insn]:
+    """After the prefix: OUT stored, then acc narrowed into OUT by an ALU pass and stored, then
+    FINISH; tokens order each step after the one it must follow (module doc)."""
+    eb, ub = cfg.out_elem_bytes, cfg.uop_elem_bytes
+    n = dump.acc_entries
+    inner = -(-n // LOOP_MAX)
+    outer = n // inner
+    return [Epilogue(push_prev=True, push_next=True),
+            Load(mem_type=MemType.INP, pop_next=True, push_next=True),
+            Store(mem_type=MemType.OUT, sram_base=0, dram_base=dump.out // eb, y_size=1, x_size=dump.out_entries,
+                  x_stride=dump.out_entries, pop_prev=True, push_prev=True),
+            Load(mem_type=MemType.UOP, sram_base=0, dram_base=dump.uop // ub, y_size=1, x_size=1, x_stride=1,
+                 pop_prev=True, pop_next=True),
+            Alu(alu_op=AluOp.ADD, use_imm=True, imm=0, uop_bgn=0, uop_end=1, iter_out=outer, iter_in=inner,
+                dst_factor_out=inner, dst_factor_in=1, src_factor_out=inner, src_factor_in=1, push_next=True),
+            Store(mem_type=MemType.OUT, sram_base=0, dram_base=dump.acc // eb, y_size=1, x_size=outer * inner,
+                  x_stride=outer * inner, pop_prev=True, push_prev=True),
+            Finish(pop_next=True)]
+
+
+def prefix_program(insns: list[Insn], k: int, cfg: AccelConfig | None = None,
+                   dump: DumpLayout | None = None) -> list[Insn]:
     """Instructions 0..k with the token pushes nothing in them pops dropped, then a tail that makes
-    FINISH wait for every load and store of the prefix (see the module doc)."""
+    FINISH wait for every load and store of the prefix; with `dump` (and cfg) the tail also writes
+    the OUT buffer and the narrowed accumulators to DRAM (see the module doc)."""
     pre = [i for i in insns[:k + 1] if not isinstance(i, Finish)]
     pushes: dict[str, list[tuple[int, str]]] = {}
     pops: dict[str, int] = {}
@@ -242,6 +294,8 @@ def prefix_program(insns: list[Insn], k: int) -> list[Insn]:
         extra = len(ps) - pops.get(q, 0)
         for j, flag in ps[len(ps) - extra:] if extra > 0 else []:
             pre[j] = pre[j].with_deps(**{flag: False})
+    if dump is not None:
+        return pre + _dump_tail(cfg, dump)
     tail = [Epilogue(push_prev=True, push_next=True),
             Load(mem_type=MemType.INP, pop_next=True, push_next=True),
             Store(mem_type=MemType.OUT, pop_prev=True, push_prev=True),
@@ -249,27 +303,33 @@ def prefix_program(insns: list[Insn], k: int) -> list[Insn]:
     return pre + tail
 
 
-def _run_prefix(make: Callable[[], Any], cfg: AccelConfig, insns: list[Insn], dram: np.ndarray,
-                name: str) -> np.ndarray:
-    """DRAM after running `insns` on a fresh executor; the code goes after the image's end."""
-    code = encode_program(insns, cfg).reshape(-1)
+def _run_prefix(make: Callable[[], Any], cfg: AccelConfig, insns: list[Insn], k: int, dram: np.ndarray,
+                name: str) -> tuple[np.ndarray, DumpLayout]:
+    """DRAM (the image, then the buffer dumps) after running prefix k on a fresh executor; the
+    prefix program and the dumps go after the image's end."""
     base = -(-dram.size // 64) * 64
-    if base + code.size > 1 << cfg.dram_addr_width:
-        raise LockstepError(f"no room for a prefix program after the {dram.size}-byte DRAM image within the "
-                            f"{cfg.dram_addr_width}-bit DRAM address space")
-    d = np.zeros(base + code.size, np.uint8)
+    dump, end = dump_layout(cfg, base)
+    p = prefix_program(insns, k, cfg, dump)
+    code = encode_program(p, cfg).reshape(-1)
+    code_at = -(-end // 64) * 64
+    total = code_at + code.size
+    if total > 1 << cfg.dram_addr_width:
+        raise LockstepError(f"no room for a prefix program and buffer dumps after the {dram.size}-byte DRAM image "
+                            f"within the {cfg.dram_addr_width}-bit DRAM address space")
+    d = np.zeros(total, np.uint8)
     d[:dram.size] = dram
-    d[base:] = code
+    d[dump.uop:dump.uop + cfg.uop_elem_bytes] = encode_uops([Uop(0, 0, 0)], cfg).reshape(-1)
+    d[code_at:] = code
     ex = make()
     try:
-        ex.run(d, base, len(insns))
+        ex.run(d, code_at, len(p))
     except AccelError as e:   # the simulators' and the drivers' own errors: one line naming the executor
-        raise LockstepError(f"executor {name!r} cannot run a prefix ({len(insns)} instructions): {e}") from None
+        raise LockstepError(f"executor {name!r} cannot run prefix {k} ({len(p)} instructions): {e}") from None
     finally:
         close = getattr(ex, "close", None)
         if close is not None:
             close()
-    return d[:dram.size]
+    return d[:end], dump
 
 
 def _store_entries(st: Store, byte_addrs: np.ndarray, eb: int) -> dict[int, int]:
@@ -285,19 +345,27 @@ def _store_entries(st: Store, byte_addrs: np.ndarray, eb: int) -> dict[int, int]
 
 
 def _dram_lines(da: np.ndarray, db: np.ndarray, names: tuple[str, str], eb: int, st: Insn | None = None,
-                most: int = MOST) -> list[str]:
-    """The differing DRAM, one line per entry-sized chunk (naming the OUT entry a STORE wrote there)."""
+                dump: DumpLayout | None = None, image: int | None = None, most: int = MOST) -> list[str]:
+    """The differing DRAM, one line per entry-sized chunk: the OUT entry a STORE wrote there, or,
+    past the image, the OUT or accumulator entry the dump holds."""
     at = np.flatnonzero(da != db)
     chunks = sorted({int(i) // eb for i in at})
     entry = _store_entries(st, np.array([c * eb for c in chunks]), eb) if isinstance(st, Store) else {}
     lines = []
     for c in chunks[:most]:
         lo = c * eb
-        what = f" (OUT entry {entry[lo]})" if lo in entry else ""
-        lines.append(f"dram[{lo:#x}..{lo + eb - 1:#x}]{what}: {names[0]} {_fmt_vals(da[lo:lo + eb])}  "
-                     f"{names[1]} {_fmt_vals(db[lo:lo + eb])}")
+        if dump is not None and image is not None and lo >= image:
+            if dump.out <= lo < dump.out + dump.out_entries * eb:
+                where = f"out[{(lo - dump.out) // eb}]"
+            elif dump.acc <= lo < dump.acc + dump.acc_entries * eb:
+                where = f"acc[{(lo - dump.acc) // eb}] (narrowed to out_width)"
+            else:
+                where = f"dump[{lo:#x}]"
+        else:
+            where = f"dram[{lo:#x}..{lo + eb - 1:#x}]" + (f" (OUT entry {entry[lo]})" if lo in entry else "")
+        lines.append(f"{where}: {names[0]} {_fmt_vals(da[lo:lo + eb])}  {names[1]} {_fmt_vals(db[lo:lo + eb])}")
     if len(chunks) > most:
-        lines.append(f"dram: {len(chunks) - most} more differing {eb}-byte entries")
+        lines.append(f"{len(chunks) - most} more differing {eb}-byte entries")
     return lines
 
 
@@ -348,46 +416,44 @@ def lockstep(cfg: AccelConfig, insns: list[Insn], dram: np.ndarray, insn_addr: i
                              ["DRAM differs after the run although every instruction's recorded effect agrees"])
         return LockstepResult(names, len(insns), "effects", div)
     effects = a.effects if rec_a else (b.effects if rec_b else {})
-    stores = [i for i, ins in enumerate(insns) if isinstance(ins, Store) and ins.y_size and ins.x_size]
-    if np.array_equal(da, db):
-        return LockstepResult(names, len(insns), "prefix", None, 0,
-                              "buffer entries no STORE writes out are not compared in this mode")
-    if not stores:
-        return LockstepResult(names, len(insns), "prefix",
-                              Divergence(len(insns) - 1, format_insn(insns[-1]), _dram_lines(da, db, names, eb),
-                                         ["the program has no STORE, yet DRAM differs"]), 0)
+    last = max((i for i, ins in enumerate(insns) if not isinstance(ins, Finish)), default=None)
+    if last is None:
+        return LockstepResult(names, len(insns), "prefix", None, 0)
     runs = 0
-    seen: dict[int, tuple[bool, np.ndarray, np.ndarray]] = {}
+    seen: dict[int, tuple[bool, np.ndarray, np.ndarray, DumpLayout]] = {}
 
-    def differs(k: int) -> tuple[bool, np.ndarray, np.ndarray]:
+    def differs(k: int):
         nonlocal runs
         if k not in seen:
             runs += 1
-            p = prefix_program(insns, k)
-            xa = _run_prefix(make_a, cfg, p, dram, names[0])
-            xb = _run_prefix(make_b, cfg, p, dram, names[1])
-            seen[k] = (not np.array_equal(xa, xb), xa, xb)
+            xa, lay = _run_prefix(make_a, cfg, insns, k, dram, names[0])
+            xb, _ = _run_prefix(make_b, cfg, insns, k, dram, names[1])
+            seen[k] = (not np.array_equal(xa, xb), xa, xb, lay)
         return seen[k]
 
-    lo, hi = 0, len(stores) - 1   # smallest store whose prefix differs (DRAM only changes at stores)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if differs(stores[mid])[0]:
-            hi = mid
-        else:
-            lo = mid + 1
-    k = stores[lo]
-    bad, xa, xb = differs(k)
-    if not bad:   # every prefix agrees although the whole run does not
+    whole = not np.array_equal(da, db)
+    if not whole and not differs(last)[0]:   # same DRAM, and the same OUT and accumulators at the end
+        return LockstepResult(names, len(insns), "prefix", None, runs,
+                              "input, weight and micro-op buffer entries are compared only through their use")
+    if not differs(last)[0]:
         return LockstepResult(names, len(insns), "prefix",
                               Divergence(len(insns) - 1, format_insn(insns[-1]), _dram_lines(da, db, names, eb),
                                          ["every prefix agrees; DRAM differs only after the whole program"]), runs)
-    at = np.flatnonzero(xa != xb)
-    div = Divergence(k, format_insn(insns[k]), _dram_lines(xa, xb, names, eb, insns[k]),
-                     _origin(insns, effects, k, at, eb))
+    lo, hi = 0, last   # the first prefix whose DRAM or buffer dumps differ
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if differs(mid)[0]:
+            hi = mid
+        else:
+            lo = mid + 1
+    k = lo
+    _, xa, xb, lay = differs(k)
+    at = np.flatnonzero(xa[:dram.size] != xb[:dram.size])
+    div = Divergence(k, format_insn(insns[k]), _dram_lines(xa, xb, names, eb, insns[k], lay, dram.size),
+                     _origin(insns, effects, k, at, eb) if at.size else [])
     return LockstepResult(names, len(insns), "prefix", div, runs,
-                          "only DRAM is compared for an executor that cannot be single-stepped: the divergence is "
-                          "the first STORE writing a differing byte")
+                          "compared after each prefix: DRAM, the OUT buffer and the accumulators narrowed to OUT's "
+                          "width (input, weight and micro-op entries only through their use)")
 
 
 def decode_at(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: AccelConfig) -> list[Insn]:

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from accel.cli import main
-from accel.isa import PRESETS, Store, encode_program
+from accel.isa import PRESETS, Store, Uop, encode_program, encode_uops
+from accel.isa.asm import format_insn
 from host_runtime.device import _DRIVERS, register_driver
 from host_runtime.drivers.fsim import FsimDriver
 from randprog import random_program
 from sim.fsim import Fsim
-from sim.lockstep import LockstepError, RecordingFsim, lockstep, prefix_program
+from sim.lockstep import LockstepError, RecordingFsim, dump_layout, lockstep, prefix_program
 from sim.verilator.build import tools_available
 
 CONFIGS = ["tiny", "default"]
@@ -40,9 +41,14 @@ def _stored_writer(cfg, prog):
     pytest.skip("the program stores nothing it computed")
 
 
-def _fault(at: int, entry: int):
-    def f(idx, sim, dram):
-        if idx == at:
+def _fault(at: int, entry: int, insn=None):
+    """Flip a bit of OUT entry `entry` after instruction `at` (and only that instruction, where a
+    prefix program puts other instructions at the same index)."""
+    def plain(i):   # a prefix drops the token pushes nothing in it pops
+        return i.with_deps(pop_prev=False, pop_next=False, push_prev=False, push_next=False)
+
+    def f(idx, ins, sim, dram):
+        if idx == at and (insn is None or plain(ins) == plain(insn)):
             sim.out[entry] ^= 1
     return f
 
@@ -76,19 +82,18 @@ def test_fault_named_at_its_instruction(config, seed):
     cfg = PRESETS[config]
     prog, _ = random_program(cfg, seed)
     st, entry, writer = _stored_writer(cfg, prog)
-    fault = _fault(writer, entry)
+    fault = _fault(writer, entry, prog.insns[writer])
     r = lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, lambda: RecordingFsim(cfg),
                  lambda: RecordingFsim(cfg, fault=fault), ("fsim", "bad"))
     assert r.diverged and r.divergence.index == writer, r.text()
     assert any(line.startswith(f"out[{entry}]:") for line in r.divergence.lines), r.text()
     assert f"instruction {writer}:" in r.text()
-    # run as a whole: the first STORE that writes the damage, and the instruction behind it
+    # run as a whole: prefixes with the OUT buffer dumped name the same instruction and entry
     r = lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, lambda: RecordingFsim(cfg),
                  lambda: _Whole(cfg, fault), ("fsim", "whole"))
     assert r.mode == "prefix" and r.diverged, r.text()
-    assert r.divergence.index == st and isinstance(prog.insns[st], Store)
-    assert any(f"OUT entry {entry})" in line for line in r.divergence.lines), r.text()
-    assert any(f"instruction {writer}:" in line for line in r.divergence.origin), r.text()
+    assert r.divergence.index == writer, r.text()
+    assert any(line.startswith(f"out[{entry}]:") for line in r.divergence.lines), r.text()
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -101,26 +106,39 @@ def test_every_prefix_is_a_valid_program(config):
     full = dram.copy()
     Fsim(cfg).run(full, prog.insn_addr, len(prog.insns))
 
-    def run_prefix(k):
-        p = prefix_program(prog.insns, k)
-        d = np.concatenate([dram, encode_program(p, cfg).reshape(-1)])
-        stats = Fsim(cfg, check_races=True).run(d, dram.size, len(p))   # a race would fail the run
-        return d[:dram.size], stats
+    def run_prefix(k, dump):
+        p = prefix_program(prog.insns, k, cfg, layout if dump else None)
+        d = np.concatenate([dram, np.zeros(end - dram.size, np.uint8), encode_program(p, cfg).reshape(-1)])
+        d[layout.uop:layout.uop + cfg.uop_elem_bytes] = encode_uops([Uop(0, 0, 0)], cfg).reshape(-1)
+        stats = Fsim(cfg, check_races=True).run(d, end, len(p))   # a race would fail the run
+        return d, stats
+    layout, end = dump_layout(cfg, dram.size)
     for k in range(len(prog.insns) - 1):
-        _, stats = run_prefix(k)
-        assert not stats.leftover_tokens, (k, stats.leftover_tokens)
+        for dump in (False, True):
+            _, stats = run_prefix(k, dump)
+            assert not stats.leftover_tokens, (k, stats.leftover_tokens)
     last = max(i for i, x in enumerate(prog.insns) if isinstance(x, Store))
-    assert np.array_equal(run_prefix(last)[0], full)
+    d, _ = run_prefix(last, True)
+    assert np.array_equal(d[:dram.size], full)
+    # the dumps hold the buffers as fsim leaves them after the whole program
+    sim = Fsim(cfg)
+    sim.run(dram.copy(), prog.insn_addr, len(prog.insns))
+    eb = cfg.out_elem_bytes
+    out = d[layout.out:layout.out + layout.out_entries * eb].view(sim.out.dtype).reshape(sim.out.shape)
+    assert np.array_equal(out, sim.out)
+    acc = d[layout.acc:layout.acc + layout.acc_entries * eb].view(sim.out.dtype)
+    assert np.array_equal(acc.reshape(-1), sim.acc[:layout.acc_entries].astype(sim.out.dtype).reshape(-1))
 
 
 @register_driver("faulty_lockstep_test")
 class _FaultyDriver(FsimDriver):
     """The fsim driver with one OUT entry flipped after instruction `at` (set by the test)."""
     at = entry = -1
+    insn = None
 
     def __init__(self, cfg, **kw):
         super().__init__(cfg, **kw)
-        self.sim = RecordingFsim(cfg, fault=_fault(type(self).at, type(self).entry))
+        self.sim = RecordingFsim(cfg, fault=_fault(type(self).at, type(self).entry, type(self).insn))
 
     def run(self, dram, insn_addr, insn_count):
         from host_runtime.device import RunResult
@@ -136,11 +154,11 @@ def test_cli_program_lockstep(tmp_path, capsys):
     assert main(["run", str(path), "--lockstep", "fsim,tsim"]) == 0
     assert "no divergence" in capsys.readouterr().out
     st, entry, writer = _stored_writer(cfg, prog)
-    _FaultyDriver.at, _FaultyDriver.entry = writer, entry
+    _FaultyDriver.at, _FaultyDriver.entry, _FaultyDriver.insn = writer, entry, prog.insns[writer]
     assert main(["run", str(path), "--lockstep", "fsim,faulty_lockstep_test"]) == 1
     out = capsys.readouterr().out
-    assert f"first divergence at instruction {st}: store" in out
-    assert f"last changed by instruction {writer}:" in out
+    assert f"first divergence at instruction {writer}: {format_insn(prog.insns[writer])}" in out
+    assert f"out[{entry}]:" in out
     assert main(["run", str(path), "--lockstep", "fsim"]) == 2
     assert main(["run", str(path), "--lockstep", "fsim,nosuch"]) == 2
     err = capsys.readouterr().err
@@ -203,13 +221,13 @@ def test_fsim_rtl_lockstep_tiny():
     r = lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, factory("fsim", cfg), factory("rtl", cfg),
                  ("fsim", "rtl"))
     assert r.mode == "prefix" and not r.diverged, r.text()
-    # prefixes run on the RTL as on fsim
+    # prefixes (with the buffer dumps) run on the RTL as on fsim
     from sim.lockstep import _run_prefix
     dram = prog.dram_image()
-    for k in (len(prog.insns) // 3, 2 * len(prog.insns) // 3):
-        p = prefix_program(prog.insns, k)
-        assert np.array_equal(_run_prefix(factory("fsim", cfg), cfg, p, dram, "fsim"),
-                              _run_prefix(factory("rtl", cfg), cfg, p, dram, "rtl"))
+    for k in (len(prog.insns) // 3, 2 * len(prog.insns) // 3, len(prog.insns) - 2):
+        a, _ = _run_prefix(factory("fsim", cfg), cfg, prog.insns, k, dram, "fsim")
+        b, _ = _run_prefix(factory("rtl", cfg), cfg, prog.insns, k, dram, "rtl")
+        assert np.array_equal(a, b), k
 
 
 def _bench():
@@ -236,9 +254,10 @@ def test_random_regression_slice(tmp_path):
     cfg = PRESETS["tiny"]
     prog, _ = random_program(cfg, 3)
     st, entry, writer = _stored_writer(cfg, prog)
-    _FaultyDriver.at, _FaultyDriver.entry = writer, entry
+    _FaultyDriver.at, _FaultyDriver.entry, _FaultyDriver.insn = writer, entry, prog.insns[writer]
     s = bench.regression(1, ["tiny"], ["faulty_lockstep_test"], first_seed=3)
     assert len(s["mismatches"]) == 1
     m = s["mismatches"][0]
-    assert (m["config"], m["seed"], m["executor"], m["first_insn"]) == ("tiny", 3, "faulty_lockstep_test", st)
-    assert any(f"instruction {writer}:" in line for line in m["origin"])
+    assert (m["config"], m["seed"], m["executor"], m["first_insn"]) == ("tiny", 3, "faulty_lockstep_test", writer)
+    assert m["disasm"] == format_insn(prog.insns[writer])
+    assert any(line.startswith(f"out[{entry}]:") for line in m["differences"])
