@@ -17,8 +17,10 @@ so the virtual board runs the same code a board does:
    the buffer's physical address (in entries of each buffer type) and INSN_ADDR points into it.
 3. Start (CTRL), poll STATUS with a timeout, read the error bits and the 64-bit counters,
    clear done, copy the buffer back (the instruction words as they were).
-4. On an error or a timeout the driver soft-resets the core where the register map has a reset
-   register, so the next program starts clean, and raises BoardError.
+4. A fault (STATUS.error with ERROR/ERROR_INSN) raises BoardFault, a BoardError that is also
+   sim.errors.ProgramFault with the code and instruction index fsim and rtl report; a bus error
+   or a timeout raises BoardError. Either way the driver soft-resets the core (SOFT_RESET) so the
+   next program starts clean. WATCHDOG is set at open (option watchdog, cycles; 0 turns it off).
 """
 from __future__ import annotations
 
@@ -35,12 +37,14 @@ import numpy as np
 from accel.isa import AccelConfig
 from accel.isa.isa import INSN_BYTES, Load, MemType, Store, elem_bytes, encode_program
 
+from sim.errors import ProgramFault
+
 from ..device import Driver, RunResult, register_driver
 from ..errors import HostRuntimeError
 
 log = logging.getLogger(__name__)
 
-STATUS_BUSY, STATUS_DONE = 1, 2
+STATUS_BUSY, STATUS_DONE, STATUS_BUS_ERROR = 1, 2, 4
 STATUS_ERROR_MASK = ~(STATUS_BUSY | STATUS_DONE) & 0xFFFFFFFF   # every bit above done reports an error
 CTRL_START, CTRL_IRQ_ENABLE = 1, 2
 RESET_REGISTERS = ("SOFT_RESET", "RESET")    # whichever the register map has (accel/hw/regs.py)
@@ -48,6 +52,14 @@ RESET_REGISTERS = ("SOFT_RESET", "RESET")    # whichever the register map has (a
 
 class BoardError(HostRuntimeError):
     """A board run failed: config mismatch, accelerator error status, timeout, buffer or mapping problem."""
+
+
+class BoardFault(BoardError, ProgramFault):
+    """The program faulted as the hardware reports it (STATUS.error, ERROR, ERROR_INSN): `code`
+    (accel.hw.params.ErrorCode) and the faulting instruction's `index`, as fsim and rtl raise it."""
+
+    def __init__(self, code, index: int, message: str):
+        ProgramFault.__init__(self, code, index, message)
 
 
 # ---- back-end interface ---------------------------------------------------------------------------
@@ -312,7 +324,7 @@ class BoardDriver(Driver):
     default_timeout_s = 60.0
 
     def __init__(self, cfg: AccelConfig, backend: str | BoardBackend | None = None, timeout_s: float | None = None,
-                 **backend_options):
+                 watchdog: int = 1 << 20, **backend_options):
         super().__init__(cfg)
         from accel.hw.regs import COUNTER_BASE, COUNTERS, register_map
         self.regs = {r.name: r.offset for r in register_map(cfg)}
@@ -320,6 +332,8 @@ class BoardDriver(Driver):
         self.timeout_s = float(timeout_s if timeout_s is not None else self.default_timeout_s)
         if not self.timeout_s > 0:
             raise BoardError(f"timeout_s={timeout_s}: must be > 0")
+        if type(watchdog) is not int or not 0 <= watchdog < 1 << 32:
+            raise BoardError(f"watchdog={watchdog!r}: cycles without progress before a fault, 0..2**32-1 (0: off)")
         self.backend = backend if isinstance(backend, BoardBackend) else self._open_backend(backend, **backend_options)
         self._buf: DmaBuffer | None = None
         try:
@@ -327,6 +341,8 @@ class BoardDriver(Driver):
             if self.read32("STATUS") & STATUS_BUSY:
                 log.warning("%s: the accelerator is busy at open; soft reset", self.name)
                 self._recover("busy at open")
+            if "WATCHDOG" in self.regs:      # a hung token protocol ends in a WATCHDOG fault, not a timeout
+                self.write32("WATCHDOG", watchdog)
         except BaseException:
             self.backend.close()
             raise
@@ -412,12 +428,7 @@ class BoardDriver(Driver):
             lo = self.backend.read32(off)          # reading LO latches HI
             hw[name] = self.backend.read32(off + 4) << 32 | lo
         if status & STATUS_ERROR_MASK:
-            extra = {n: self.read32(n) for n in self.regs if n.startswith("ERR")}
-            self._recover("error status")
-            detail = ", ".join(f"{n}=0x{v:x}" for n, v in extra.items())
-            raise BoardError(f"{self.name}: the accelerator reported an error: STATUS=0x{status:x}"
-                             f"{' (bus_error: an AXI error response)' if status & 4 else ''}"
-                             f"{', ' + detail if detail else ''}")
+            self._raise_error(status, hw["cycles"])
         self.write32("STATUS", STATUS_DONE)
         buf.invalidate()
         keep = dram[insn_addr:end].copy()
@@ -427,14 +438,32 @@ class BoardDriver(Driver):
         return RunResult(driver=self.name, insn_count=insn_count, wall_s=time.perf_counter() - t0,
                          stats=counters.to_dict(), cycles=counters.cycles, raw=TimingRun(counters, None))
 
+    def _raise_error(self, status: int, cycles: int):
+        """Read ERROR/ERROR_INSN, reset the core, raise BoardFault (a program fault) or BoardError."""
+        extra = {n: self.read32(n) for n in ("ERROR", "ERROR_INSN") if n in self.regs}
+        self._recover("error status")
+        if status & STATUS_BUS_ERROR:
+            raise BoardError(f"{self.name}: an AXI error response on the accelerator's memory port "
+                             f"(STATUS=0x{status:x}) after {cycles} cycles; the core was reset")
+        code = extra.get("ERROR", 0) & 0xFF
+        try:
+            from accel.hw.params import ERROR_TEXT, ErrorCode
+            ec = ErrorCode(code)
+        except (ImportError, ValueError):
+            raise BoardError(f"{self.name}: the accelerator reported an error: STATUS=0x{status:x}, "
+                             f"ERROR=0x{code:x}, ERROR_INSN={extra.get('ERROR_INSN')}; the core was reset") from None
+        index = extra.get("ERROR_INSN", -1)
+        raise BoardFault(ec, index, f"{self.name}: instruction {index}: {ec.name} ({ERROR_TEXT.get(ec, '?')}), "
+                                        f"STATUS=0x{status:x} after {cycles} cycles; the core was reset")
+
     def _wait(self, t0: float) -> int:
         """Poll STATUS until done or an error bit, backing off to 1 ms; soft reset on timeout."""
         deadline = t0 + self.timeout_s
         pause, polls = 0.0, 0
         while True:
             status = self.read32("STATUS")
-            if status & STATUS_ERROR_MASK or (status & STATUS_DONE and not status & STATUS_BUSY):
-                return status
+            if not status & STATUS_BUSY and status & (STATUS_DONE | STATUS_ERROR_MASK):
+                return status              # a fault ends the run too, once the core is quiet
             if time.perf_counter() > deadline:
                 self._recover("timeout")
                 raise BoardError(f"{self.name}: the accelerator did not raise done within {self.timeout_s:g} s "

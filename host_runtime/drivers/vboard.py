@@ -113,8 +113,8 @@ class _ShmBuffer(DmaBuffer):
         self.array = None
         try:
             self.shm.close()
-        except BufferError:
-            pass
+        except BufferError:          # a caller still holds a view: the mapping goes with the last one
+            self.shm.close = lambda: None
         try:
             self.shm.unlink()
         except FileNotFoundError:

@@ -85,12 +85,18 @@ class FakeBoard(BoardBackend):
                 addr = self.regs[R["INSN_ADDR_LO"]] | self.regs[R["INSN_ADDR_HI"]] << 32
                 self.fsim.run(self.mem, addr, self.regs[R["INSN_COUNT"]])
                 self.status = 2
-            elif self.mode == "error":
-                self.status = 4
+            elif self.mode == "bus":
+                self.status = 2 | 4
+            elif self.mode == "fault":
+                self.status = 2 | 8
+                self.regs[0x18], self.regs[0x1C] = 3, 1          # ERROR = SRAM_RANGE, ERROR_INSN = 1
             else:
                 self.status = 1
         elif off == R["STATUS"]:
-            self.status &= ~v
+            self.status &= ~v & ~8
+        elif off == 0x24 and v & 1:                              # SOFT_RESET
+            self.status = 0
+            self.resets = getattr(self, "resets", 0) + 1
         else:
             self.regs[off] = v
 
@@ -121,13 +127,24 @@ def test_board_driver_refuses_another_bitstreams_config():
         BoardDriver(TINY, backend=FakeBoard(TINY, config_id=0x12345678))
 
 
-def test_board_driver_reports_error_status_and_clears_it():
-    board = FakeBoard(TINY, mode="error")
+def test_board_driver_reports_faults_and_bus_errors_and_resets():
+    from accel.hw.params import ErrorCode
+    from host_runtime.drivers.board import BoardFault
+    from sim.errors import ProgramFault
     prog, _ = random_program(TINY, 0)
+    board = FakeBoard(TINY, mode="fault")
     with closing(BoardDriver(TINY, backend=board)) as drv:
-        with pytest.raises(BoardError, match=r"STATUS=0x4 \(bus_error"):
+        assert board.regs[0x20] == 1 << 20                       # WATCHDOG set at open
+        with pytest.raises(BoardFault, match=r"instruction 1: SRAM_RANGE .*STATUS=0xa.*reset") as e:
             drv.run(prog.dram_image(), prog.insn_addr, len(prog.insns))
-        assert board.status == 0       # cleared by the recovery
+        assert isinstance(e.value, ProgramFault) and e.value.code == ErrorCode.SRAM_RANGE and e.value.index == 1
+        assert board.status == 0 and board.resets == 1
+    board = FakeBoard(TINY, mode="bus")
+    with closing(BoardDriver(TINY, backend=board, watchdog=0)) as drv:
+        assert board.regs[0x20] == 0
+        with pytest.raises(BoardError, match=r"AXI error response.*STATUS=0x6"):
+            drv.run(prog.dram_image(), prog.insn_addr, len(prog.insns))
+        assert board.status == 0 and board.resets == 1
 
 
 def test_board_driver_times_out_and_resets():
@@ -267,3 +284,30 @@ def test_vboard_runs_a_compiled_model_like_fsim_and_rtl():
     assert len(prof["vboard"]) >= 2
     assert [r["cycles"] for r in prof["vboard"]] == [r["cycles"] for r in prof["rtl"]]
     assert all(r["cycles"] > 0 for r in prof["vboard"])
+
+
+@pytest.mark.rtl
+@rtl
+def test_vboard_fault_matches_fsim_and_the_core_recovers(boards):
+    """A STORE with padding faults (BAD_FIELD): vboard raises the code and instruction index fsim
+    raises, soft-resets the core, and the next program runs as on fsim."""
+    from accel.isa import Finish, encode_program
+    from sim.errors import ProgramFault
+    bad = [Load(mem_type=MemType.INP, dram_base=0, y_size=1, x_size=1, x_stride=1),
+           Store(dram_base=64, y_size=1, x_size=1, x_stride=1, y_pad0=1), Finish()]
+    codes = {}
+    for name in ("fsim", "vboard"):
+        dram = np.zeros(8192, np.uint8)
+        dram[4096:4096 + 48] = encode_program(bad, TINY).reshape(-1)
+        with pytest.raises(ProgramFault) as e:
+            boards[name].run(dram, 4096, len(bad))
+        codes[name] = (e.value.code, e.value.index)
+    assert codes["vboard"] == codes["fsim"]
+    from compiler.accel.conv2d import Requant, run_dense
+    from host_runtime import Device
+    rng = np.random.default_rng(1)
+    x, w = rng.integers(-128, 128, (6, 40), dtype=np.int8), rng.integers(-128, 128, (24, 40), dtype=np.int8)
+    y, res, _ = run_dense(Device(TINY, driver=boards["vboard"], dram_bytes=1 << 20), x, w, None, Requant(6))
+    with Device(TINY, driver="fsim", dram_bytes=1 << 20) as local:
+        want, _, _ = run_dense(local, x, w, None, Requant(6))
+    assert np.array_equal(y, want) and res.cycles > 0
