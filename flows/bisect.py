@@ -111,12 +111,14 @@ class BisectReport:
         return any(p["first"] is not None for p in self.pairs)
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "executors": self.executors, "tolerance": self.tolerance.to_dict(),
-                "diverged": self.diverged, "pairs": self.pairs, "rows": self.rows}
+        """Plain JSON data (an infinite or undefined figure becomes null)."""
+        return _finite({"model": self.model, "executors": self.executors, "tolerance": self.tolerance.to_dict(),
+                        "diverged": self.diverged, "pairs": self.pairs, "rows": self.rows})
 
     def write_json(self, path: str | Path) -> None:
         from accel.isa.files import write_atomic
-        write_atomic(Path(path), json.dumps(self.to_dict(), indent=1, default=_json_default).encode())
+        write_atomic(Path(path), json.dumps(self.to_dict(), indent=1, default=_json_default,
+                                            allow_nan=False).encode())
 
     def table(self) -> str:
         keys = [p["key"] for p in self.pairs]
@@ -138,6 +140,16 @@ class BisectReport:
         for p in self.pairs:
             lines.append(p["summary"])
         return "\n".join(lines)
+
+
+def _finite(v):
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    if isinstance(v, (float, np.floating)):
+        return float(v) if np.isfinite(v) else None
+    return v
 
 
 def _json_default(o):
@@ -434,8 +446,6 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
     shapes: static shapes of inputs with symbolic dimensions (default: the fed arrays' shapes);
     force_target: {ONNX op type: "accel" | "cpu"} as for accel compile --force."""
     import onnx
-    from compiler.errors import CompilerError
-    from host_runtime.errors import HostRuntimeError
     if isinstance(model, (str, Path)):
         from compiler.frontend.onnx_import import load_model
         label = str(model)
@@ -470,7 +480,9 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
                 obs[e] = run_int8ref(module, feed)
             else:
                 obs[e] = run_driver(module, feed, e, **(driver_options or {}).get(e, {}))
-    except (CompilerError, HostRuntimeError) as err:
+    except BisectError:
+        raise
+    except (AccelError, OSError) as err:   # the compiler's, the runtime's, a simulator's or a driver's error
         raise BisectError(f"executor {e!r}: {err}") from None
     ref_shapes = {k: v.shape for k, v in obs["ort"].values.items()} if "ort" in obs else {}
     row_names = list(inputs) + [n for n, *_ in onnx_nodes]
