@@ -13,21 +13,39 @@ kernel (steps of kind 'numpy', labelled so in the profile).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+import numpy as np
 
 from accel.isa.config import AccelConfig, resolve_config
 from host_runtime.executor import (Executor, ModuleFormatError, ModuleImage, format_profile, profile_summary,
                                    register_host_op)
 
+from .graph.ir import Node
 from .graph.ops import REGISTRY
 
 EXTENSION = ".accm"
 
 
+def _host_op_check(op: str):
+    """check(attrs, inputs, out) for a numpy step of graph op `op`: the op's own attribute checks
+    and type inference on the step's inputs must give as many elements as the output buffer."""
+    def check(attrs, inputs, out):
+        # a constant goes in as a view: Node.const marks its array read-only, the module's stays as is
+        ins = [Node.const(a.view()) if isinstance(a, np.ndarray) else Node.input(f"p{k}", a[0], a[1])
+               for k, a in enumerate(inputs)]
+        t = Node(op, ins, attrs, name="step").type
+        if math.prod(t.shape) != math.prod(out[0]):
+            return f"gives {t.dtype}{list(t.shape)}, the output buffer is {out[1]}{list(out[0])}"
+        return None
+    return check
+
+
 def _register_graph_ops() -> None:
     for name, opdef in REGISTRY.items():
         if opdef.impl is not None and name not in ("input", "const", "fused"):
-            register_host_op(name, opdef.impl)
+            register_host_op(name, opdef.impl, _host_op_check(name))
 
 
 _register_graph_ops()

@@ -80,12 +80,20 @@ class ExecutorError(HostRuntimeError):
 
 # ---- host ops: NumPy-level implementations the runtime calls by name -----------------------------
 HOST_OPS: dict[str, Callable[..., np.ndarray]] = {}
+#: per host op, check(attrs, inputs, out) -> None or why the step is refused; inputs are a
+#: constant's array or a tensor's (shape, dtype), out the output's (shape, dtype)
+HOST_OP_CHECKS: dict[str, Callable[..., str | None]] = {}
 
 
-def register_host_op(name: str, fn: Callable[..., np.ndarray]) -> None:
+def register_host_op(name: str, fn: Callable[..., np.ndarray],
+                     check: Callable[..., str | None] | None = None) -> None:
     """fn(attrs, *arrays) -> array. Used by steps of kind 'numpy' (the compiler registers its
-    reference implementations here when compiler.module is imported)."""
+    reference implementations here when compiler.module is imported). `check` vets a step's
+    attributes and input types before anything runs: a file's attributes then cannot make the
+    op compute a result larger than its output buffer (nor allocate its way there)."""
     HOST_OPS[name] = fn
+    if check is not None:
+        HOST_OP_CHECKS[name] = check
 
 
 def pack_blocked(x: np.ndarray, block) -> np.ndarray:
@@ -839,6 +847,15 @@ class Executor:
                                     f"({'import compiler.module, which registers the graph ops' if s.kind == 'numpy' else 'unknown native op'})")
             attrs = _decode_attrs(s.attrs)
             ins = [a for a in s.args]
+            check = HOST_OP_CHECKS.get(s.op) if s.kind == "numpy" else None
+            if check is not None:
+                types = [self.module.consts[a[1]] if a[0] == "c" else self.module._arg_type(a) for a in ins]
+                try:
+                    why = check(attrs, types, (tuple(out.shape), str(out.dtype)))
+                except Exception as e:  # noqa: BLE001 - the op's own checks reject the attributes
+                    why = " ".join(str(e).split())[:300] or type(e).__name__
+                if why:
+                    raise ModuleFormatError(f"step '{s.name}' ({s.op}): {why}")
 
             def call():
                 try:

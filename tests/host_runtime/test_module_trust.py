@@ -535,3 +535,38 @@ def test_summary_of_a_module_with_malformed_meta(cpu_mod):
     mod = CompiledModule.from_bytes(seal(h, payload))
     assert mod.summary().startswith("<CompiledModule 'residual_block' target=cpu")
     assert "MACs" in cpu_mod[0].summary()
+
+
+# ---- numpy steps: a file's attributes are vetted by the op's own checks -----------------------------
+@pytest.fixture(scope="module")
+def numpy_mod():
+    from onnx import TensorProto
+    b = zoo.ModelBuilder("embed", seed=4)
+    ids = b.input("ids", (2, 8), TensorProto.INT64)
+    x = b.op("Gather", [b.init(b.rng.standard_normal((50, 32)).astype(np.float32)), ids], name="embedding", axis=0)
+    mod = compiler.build_model(b.build([b.op("Relu", [x], name="relu")]), target="cpu")
+    assert mod.count("numpy") == 1
+    feeds = {"ids": np.arange(16, dtype=np.int64).reshape(2, 8) % 50}
+    return mod, feeds, mod.run(feeds)[0]
+
+
+@pytest.mark.parametrize("attrs, want", [
+    ({"axis": 1}, r"step 'embedding' \(gather\): gives float32\[50, 2, 8\], the output buffer is float32\[2, 8, 32\]"),
+    ({"axis": 7}, r"step 'embedding' \(gather\): .*axis"),
+    ({"axis": 0, "evil": 1}, r"unknown attribute\(s\) evil"),
+])
+def test_numpy_step_attributes_are_checked_before_running(numpy_mod, attrs, want):
+    mod, feeds, _ = numpy_mod
+    h, payload = split(mod.to_bytes())
+    h["steps"][_first(h, "numpy")]["attrs"] = attrs
+    back = ModuleImage.from_bytes(seal(h, payload))
+    with pytest.raises(ModuleFormatError, match=want):
+        Executor(back)
+
+
+def test_numpy_step_from_a_file_runs(numpy_mod):
+    mod, feeds, want = numpy_mod
+    with Executor(ModuleImage.from_bytes(mod.to_bytes())) as ex:
+        got = ex.run(feeds)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
