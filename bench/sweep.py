@@ -5,7 +5,8 @@ The sequential loop calls flows.point.evaluate_point for each point in this proc
 tsim run, estimate, energy: the work of one Dask task), after one warm-up point; the Dask run is
 `run_sweep(workers=2)` into a fresh folder, timed from the call (cluster start included) and from
 the workers being up, to the last point's record (the workers' own imports and first compile
-count against Dask). Both evaluate the same points
+count against Dask), and again on a cluster whose workers have each run the warm-up point (the
+steady state of a long sweep). All evaluate the same points
 (the sweep's results are checked equal to the loop's cycles). Prints, and writes
 bench/results/sweep.json.
 
@@ -82,13 +83,30 @@ def main(argv=None) -> int:
     t_dask_run = stamps["last"] - stamps["start"]    # workers up to the last point's record
     got = {r["point"]: r for r in res.records if r["point"] in keys}
     same = all(got[k].get("cycles") == seq[k].get("cycles") for k in keys)
+
+    # warm: the same points on a cluster whose workers have each run the warm-up point already
+    # (what a long sweep sees after its first points), like the warmed sequential process
+    from distributed import Client, LocalCluster
+    warm_task = plan.task(points[0], tmp)
+    with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=40) as cluster, Client(cluster) as client:
+        client.wait_for_workers(args.workers)
+        client.run(evaluate_point, warm_task, *[m.blob for m in models])
+        stamps_w = {}
+        t0 = time.perf_counter()
+        res_w = run_sweep(space, models, tmp / "dask-warm", scheduler=cluster.scheduler_address, kit=kit, plot=False,
+                          combos=combos, on_record=lambda r: stamps_w.__setitem__("last", time.perf_counter()))
+        t_warm = stamps_w["last"] - t0
+    same = same and all(r.get("cycles") == seq[r["point"]].get("cycles") for r in res_w.records)
     n = len(points)
     out = {"model": model.name, "points": n, "workers": args.workers, "cpus": os.cpu_count(),
            "sequential_s": round(t_seq, 2), "dask_s": round(t_dask, 2), "dask_run_s": round(t_dask_run, 2),
            "points_per_min_sequential": round(60 * n / t_seq, 2),
            "points_per_min_dask": round(60 * n / t_dask, 2),
            "points_per_min_dask_after_start": round(60 * n / t_dask_run, 2),
+           "dask_warm_s": round(t_warm, 2), "points_per_min_dask_warm": round(60 * n / t_warm, 2),
            "speedup": round(t_seq / t_dask, 2), "speedup_after_start": round(t_seq / t_dask_run, 2),
+           "speedup_warm": round(t_seq / t_warm, 2),
            "same_cycles": same, "failed": sum(r.get("status") != "ok" for r in seq.values()),
            "host": platform.node(), "load_avg": os.getloadavg()[0], "kit": kit}
     print(json.dumps(out, indent=2))
