@@ -66,10 +66,18 @@ def send_frame(sock: socket.socket, header: dict, payload=b"") -> None:
         sock.sendall(body)
 
 
-def _recv_exact(sock: socket.socket, n: int, what: str) -> bytearray:
+MIN_RATE = 1 << 20        # bytes/s a frame's payload must at least arrive at (on top of the frame timeout)
+
+
+def _recv_exact(sock: socket.socket, n: int, what: str, deadline: float | None = None) -> bytearray:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout(f"the {what} did not arrive in time ({got} of {n} bytes)")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:], min(n - got, 1 << 20))
         if k == 0:
             raise ProtocolError(f"connection closed after {got} of {n} bytes of the {what}")
@@ -79,14 +87,14 @@ def _recv_exact(sock: socket.socket, n: int, what: str) -> bytearray:
 
 def recv_frame(sock: socket.socket, max_header: int = MAX_HEADER, max_payload: int = DEFAULT_MAX_PAYLOAD,
                body_timeout: float | None = None) -> tuple[dict, bytearray]:
-    """One frame: (header dict, payload). The socket's own timeout applies to the first byte,
-    `body_timeout` (if given) to the rest."""
+    """One frame: (header dict, payload). The socket's own timeout applies to the first byte;
+    with body_timeout the rest of the frame must arrive within body_timeout seconds in all (plus
+    a second per MiB of payload), however slowly its bytes trickle in."""
     first = sock.recv(1)
     if not first:
         raise EOFError("connection closed")
-    if body_timeout is not None:
-        sock.settimeout(body_timeout)
-    raw = bytes(first) + bytes(_recv_exact(sock, FRAME.size - 1, "frame prefix"))
+    deadline = None if body_timeout is None else time.monotonic() + body_timeout
+    raw = bytes(first) + bytes(_recv_exact(sock, FRAME.size - 1, "frame prefix", deadline))
     magic, hlen, plen = FRAME.unpack(raw)
     if magic != MAGIC:
         raise ProtocolError(f"bad frame magic {magic!r} (expected {MAGIC!r}): not an accel RPC peer")
@@ -94,13 +102,15 @@ def recv_frame(sock: socket.socket, max_header: int = MAX_HEADER, max_payload: i
         raise ProtocolError(f"frame header of {hlen} bytes exceeds the limit of {max_header}")
     if plen > max_payload:
         raise ProtocolError(f"frame payload of {plen} bytes exceeds the limit of {max_payload}")
+    if deadline is not None:
+        deadline += plen / MIN_RATE
     try:
-        header = json.loads(bytes(_recv_exact(sock, hlen, "frame header")).decode("utf-8"))
+        header = json.loads(bytes(_recv_exact(sock, hlen, "frame header", deadline)).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise ProtocolError("frame header is not UTF-8 JSON") from None
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
         raise ProtocolError("frame header is not a JSON object with a string 'type'")
-    return header, _recv_exact(sock, plen, "payload") if plen else bytearray()
+    return header, _recv_exact(sock, plen, "payload", deadline) if plen else bytearray()
 
 
 # ---- DRAM pages (a run sends and returns only the pages that differ) ----------------------------------

@@ -337,3 +337,40 @@ def test_later_runs_send_only_changed_pages(server, caplog):
                    "encoding": "pages"}, struct.pack("<I", 0))
     assert recv_frame(s)[0]["type"] == "result"           # refused blobs left the kept image alone
     s.close()
+
+
+def test_a_trickling_client_is_cut_at_the_frame_deadline(server):
+    """Bytes arriving just inside the per-read timeout do not keep a frame open: the whole frame
+    has request_timeout_s (2 s here), before and after authenticating."""
+    for auth in (False, True):
+        s = _raw(server, auth=auth)
+        head = json.dumps({"type": "ping", "pad": "x" * 100}).encode()
+        frame = FRAME.pack(MAGIC, len(head), 0) + head
+        t0, cut = time.monotonic(), False
+        for b in frame:
+            try:
+                s.sendall(bytes([b]))
+            except OSError:
+                cut = True
+                break
+            if time.monotonic() - t0 > 8:
+                break
+            time.sleep(0.5)
+        assert cut or _closed(s)
+        assert time.monotonic() - t0 < 8
+        s.close()
+    _check_alive(server)
+
+
+def test_counters_and_cycles_come_back_from_a_timing_driver(monkeypatch):
+    """A tsim server: the remote run's cycles and counters equal a local tsim run's."""
+    monkeypatch.setenv("ACCEL_TSIM_HELPER", "0")
+    prog, _ = random_program(TINY, 4)
+    local = get_driver("tsim", TINY)
+    want = local.run(prog.dram_image(), prog.insn_addr, len(prog.insns))
+    local.close()
+    with DeviceServer(TINY, driver="tsim", port=0).start() as srv:
+        with closing(get_driver(f"remote://127.0.0.1:{srv.address[1]}", TINY)) as d:
+            got = d.run(prog.dram_image(), prog.insn_addr, len(prog.insns))
+    assert got.cycles == want.cycles > 0
+    assert got.stats == json.loads(json.dumps(want.stats, default=str))
