@@ -11,8 +11,6 @@ nvidia-cuda-nvcc-cu12 wheel is installed.
 """
 from __future__ import annotations
 
-import math
-
 import llvmlite.binding as llvm
 from llvmlite import ir
 
@@ -212,5 +210,3 @@ def build_ptx(func: PrimFunc) -> GpuKernel:
     params = [(b.const_shape(), b.dtype) for b in func.params]
     return GpuKernel(func.name, "ptx", ptx, grid, block, params, shared_bytes(func), ir=str(mod))
 
-
-_ = math

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ..errors import CodegenError
 from ..tir import dtype as dt
 from ..tir import expr as E
-from ..tir.functor import Mutator, post_order_visit
+from ..tir.functor import Mutator
 from ..tir.stmt import (Allocate, AttrStmt, BufferStore, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc,
                         SeqStmt, Stmt)
 
@@ -446,8 +446,6 @@ def build_opencl(func: PrimFunc) -> GpuKernel:
     params = [(b.const_shape(), b.dtype) for b in func.params]
     return GpuKernel(func.name, "opencl", src, grid, block, params, shared_bytes(func))
 
-
-_ = (Mutator, post_order_visit, LetStmt)
 
 
 def build_gpu(sch, args, target: str = "opencl", name: str = "main") -> GpuKernel:
