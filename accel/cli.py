@@ -956,6 +956,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args) -> int:
+    import signal
     from accel.isa import resolve_config
     from host_runtime.remote import read_token_file
     from host_runtime.server import DeviceServer
@@ -972,6 +973,10 @@ def _serve(args) -> int:
     if not 0 <= args.port < 65536:
         raise CliError(f"--port {args.port}: must be 0..65535")
     logging.getLogger("host_runtime.server").setLevel(logging.INFO)   # one log line per request
+
+    def _stop(signum, frame):   # systemd stops with SIGTERM: close the device (board reset, vboard shell)
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, _stop)
     srv = DeviceServer(resolve_config(args.config), driver=args.driver, host=args.host, port=args.port,
                        token=token or None, max_payload=args.max_bytes, max_clients=args.max_clients, **options)
     host, port = srv.address[:2]
