@@ -576,9 +576,10 @@ class Fsim:
                 k = int(np.argmax(arr >= depth))
                 ui = k % len(u)
                 b0, b1 = self._iter_base or (0, 0)
-                raise ProgramFault(ErrorCode.INDEX_RANGE, idx, f"instruction {idx} ({name}): {what} index {int(arr[k])} out of range "
-                                f"[0, {depth}) at micro-op {insn.uop_bgn + ui}, iteration "
-                                f"({b0 + k // len(u) // insn.iter_in}, {b1 + k // len(u) % insn.iter_in})")
+                raise ProgramFault(ErrorCode.INDEX_RANGE, idx,
+                                   f"instruction {idx} ({name}): {what} index {int(arr[k])} out of range "
+                                   f"[0, {depth}) at micro-op {insn.uop_bgn + ui}, iteration "
+                                   f"({b0 + k // len(u) // insn.iter_in}, {b1 + k // len(u) % insn.iter_in})")
         plan = _LoopPlan(dst, src, wgt, _contiguous_run(dst))
         if dst.size <= PLAN_CACHE_ELEMS:
             self._plan_elems += dst.size
@@ -614,7 +615,8 @@ class Fsim:
         base = uop[insn.uop_bgn:insn.uop_end]
         try:
             for a, r, b, q in blocks:
-                shift = [a * insn.dst_factor_out + b * insn.dst_factor_in, a * insn.src_factor_out + b * insn.src_factor_in,
+                shift = [a * insn.dst_factor_out + b * insn.dst_factor_in,
+                         a * insn.src_factor_out + b * insn.src_factor_in,
                          a * insn.wgt_factor_out + b * insn.wgt_factor_in if gemm else 0]
                 self.uop = uop.copy()
                 self.uop[insn.uop_bgn:insn.uop_end] = base + np.array(shift, np.int64)
@@ -713,9 +715,11 @@ class Fsim:
             seeds = (e.seed_base + i0 * e.seed_factor_out + i1 * e.seed_factor_in).reshape(-1)
             if not e.to_acc and seeds.size and int(seeds.max()) >= self.cfg.acc_depth:
                 k = int(np.argmax(seeds >= self.cfg.acc_depth))
-                raise ProgramFault(ErrorCode.INDEX_RANGE, idx, f"instruction {idx} (GEMM): flush seed index {int(seeds[k])} out of range "
-                                f"[0, {self.cfg.acc_depth}) at iteration ({k // insn.iter_in}, {k % insn.iter_in}) "
-                                f"(EPILOGUE seed_base {e.seed_base}, factors {e.seed_factor_out}, {e.seed_factor_in})")
+                raise ProgramFault(ErrorCode.INDEX_RANGE, idx,
+                                   f"instruction {idx} (GEMM): flush seed index {int(seeds[k])} out of range "
+                                   f"[0, {self.cfg.acc_depth}) at iteration ({k // insn.iter_in}, "
+                                   f"{k % insn.iter_in}) (EPILOGUE seed_base {e.seed_base}, factors "
+                                   f"{e.seed_factor_out}, {e.seed_factor_in})")
             flushed = plan.dst.reshape(-1, nu)[:, -1]
             at = np.arange(nu - 1, plan.dst.size, nu)
             last = np.full(self.cfg.acc_depth, -1, np.int64)
@@ -999,7 +1003,8 @@ class Fsim:
         if op == AluOp.ADD:
             res = wrap(a + k * imm, w)
         elif op == AluOp.MUL:                          # a * imm^k mod 2^w, by squaring (w <= 32: exact in uint64)
-            r, sq, e = (a & m).astype(np.uint64), np.full(a.shape, int(imm) & m, np.uint64), np.broadcast_to(k, a.shape).copy()
+            r, sq = (a & m).astype(np.uint64), np.full(a.shape, int(imm) & m, np.uint64)
+            e = np.broadcast_to(k, a.shape).copy()
             while e.any():
                 odd = (e & 1).astype(bool)
                 r[odd] = (r[odd] * sq[odd]) & np.uint64(m)

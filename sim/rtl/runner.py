@@ -65,7 +65,7 @@ class RtlProgram:
 @dataclass
 class RtlRun:
     name: str
-    status: str                 # "done", "fault" (STATUS.error: see `error`), "hang", or "reset" (hang, then soft reset)
+    status: str                 # "done", "fault" (STATUS.error: see `error`), "hang", "reset" (hang, soft reset)
     dram: np.ndarray | None     # DRAM after the run (None after a hang)
     counters: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0

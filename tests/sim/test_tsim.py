@@ -189,7 +189,8 @@ def test_tsim_faults_where_fetch_does_and_ignores_what_follows_finish():
     from accel.hw.params import ErrorCode
     from sim.errors import ProgramFault
     ld = Load(mem_type=MemType.INP, dram_base=0x40, y_size=1, x_size=2, x_stride=2, push_next=True)
-    for prog, want in (([ld, Gemm(pop_prev=True), Store(y_size=1, x_size=1, x_pad0=1), Finish()], (ErrorCode.BAD_FIELD, 2)),
+    for prog, want in (([ld, Gemm(pop_prev=True), Store(y_size=1, x_size=1, x_pad0=1), Finish()],
+                        (ErrorCode.BAD_FIELD, 2)),
                        ([ld, Gemm(pop_prev=True, uop_end=999), Finish()], (ErrorCode.SRAM_RANGE, 1)),
                        ([ld, Gemm(pop_prev=True)], (ErrorCode.NO_FINISH, 2))):
         with pytest.raises(ProgramFault) as e:
@@ -197,5 +198,6 @@ def test_tsim_faults_where_fetch_does_and_ignores_what_follows_finish():
         assert (e.value.code, e.value.index) == want
     cfg = dataclasses.replace(TINY, cmd_queue_depth=2, bus_width=128)
     base = Tsim(cfg).run_insns([ld, Gemm(pop_prev=True), Finish()]).counters()
-    tail = Tsim(cfg).run_insns([ld, Gemm(pop_prev=True), Finish(), Store(sram_base=999), Load(mem_type=MemType.OUT)] * 3)
+    junk = [Store(sram_base=999), Load(mem_type=MemType.OUT)]
+    tail = Tsim(cfg).run_insns([ld, Gemm(pop_prev=True), Finish()] + junk * 3)
     assert tail.counters()["cycles"] >= base["cycles"] and tail.counters()["gemm_uops"] == 0
