@@ -3,8 +3,8 @@
     python bench/fuzz_accm.py [--cases 5000] [--seed 0] [--mode raw|header|both] [--timeout 30]
                               [--out bench/results/fuzz_accm.json]
 
-Two modules (residual_block for the cpu target, and for the accelerator on the tiny config) are
-built once; each case mutates one of them:
+Three modules (residual_block for the cpu target and for the accelerator on the tiny config, and
+an embedding lookup with a numpy step) are built once; each case mutates one of them:
   raw     1-4 byte edits (flip, set, insert, delete, truncate) of the file: it must be refused with
           ModuleFormatError or load and give the original outputs bit for bit;
   header  1-3 header values replaced (integers near the real value, or of any size, strings,
@@ -39,22 +39,32 @@ sys.path.insert(0, str(ROOT))
 
 from host_runtime.executor import FORMAT_VERSION, MAGIC  # noqa: E402
 
-TARGETS = ("cpu", "accel")
+TARGETS = ("cpu", "accel", "numpy")
 
 
 def build(work: Path) -> None:
-    """The two modules, an input and their outputs, into `work`."""
+    """The modules, their inputs and outputs, into `work`."""
+    from onnx import TensorProto
+
     import compiler
     from compiler.frontend import zoo
     m = zoo.residual_block()
     feeds = zoo.sample_inputs(m, 3, seed=3)
+    b = zoo.ModelBuilder("embed", seed=4)   # a gather at run-time indices: a numpy step
+    ids = b.input("ids", (2, 8), TensorProto.INT64)
+    x = b.op("Gather", [b.init(b.rng.standard_normal((50, 32)).astype(np.float32)), ids], name="embedding", axis=0)
+    embed = b.build([b.op("Relu", [x], name="relu")])
     for target in TARGETS:
-        kw = {"config": "tiny", "calibration": feeds[:2]} if target == "accel" else {}
-        mod = compiler.build_model(m, target=target, **kw)
-        outs = mod.run(feeds[2])[0]
+        model, feed, kw = m, feeds[2], {}
+        if target == "accel":
+            kw = {"config": "tiny", "calibration": feeds[:2]}
+        elif target == "numpy":
+            model, feed = embed, {"ids": np.arange(16, dtype=np.int64).reshape(2, 8)}
+        mod = compiler.build_model(model, target="cpu" if target == "numpy" else target, **kw)
+        outs = mod.run(feed)[0]
         (work / f"{target}.accm").write_bytes(mod.to_bytes())
         np.savez(work / f"{target}.out.npz", **outs)
-    np.savez(work / "in.npz", **feeds[2])
+        np.savez(work / f"{target}.in.npz", **feed)
 
 
 def seal(h, payload: bytes) -> bytes:
@@ -136,7 +146,7 @@ def run_case(work: Path, k: int, seed: int, modes: list[str]) -> dict:
     target, mode = rng.choice(TARGETS), rng.choice(modes)
     data, what = mutate((work / f"{target}.accm").read_bytes(), mode, rng)
     row = {"case": k, "target": target, "mode": mode, "mutation": what}
-    feeds = dict(np.load(work / "in.npz"))
+    feeds = dict(np.load(work / f"{target}.in.npz"))
     want = dict(np.load(work / f"{target}.out.npz"))
     try:
         mod = ModuleImage.from_bytes(data, "fuzz.accm")
@@ -204,8 +214,13 @@ def campaign(args) -> dict:
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    samples: dict[str, list] = {}
+    for r in rows:
+        if not r.get("finding") and r["outcome"] != "refused" and len(samples.setdefault(r["outcome"], [])) < 10:
+            samples[r["outcome"]].append(r)
     return {"cases": args.cases, "seed": args.seed, "mode": args.mode, "counts": counts,
-            "findings": [r for r in rows if r.get("finding")], "wall_s": round(time.time() - t0, 1)}
+            "findings": [r for r in rows if r.get("finding")], "samples": samples,
+            "wall_s": round(time.time() - t0, 1)}
 
 
 def main(argv=None) -> int:

@@ -455,12 +455,12 @@ _VALUES = st.one_of(st.integers(-(1 << 70), 1 << 70), st.integers(-3, 300), st.n
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(data=st.data(), which=st.sampled_from(["cpu", "cpu", "accel"]))
-def test_fuzz_header_values_with_valid_hashes(cpu_mod, accel_mod, data, which):
+@given(data=st.data(), which=st.sampled_from(["cpu", "cpu", "accel", "numpy"]))
+def test_fuzz_header_values_with_valid_hashes(cpu_mod, accel_mod, numpy_mod, data, which):
     """An attacker re-seals the hashes: any header value is then refused with ModuleFormatError,
     or the module loads, runs and fails only with the kit's own one-line errors (the runtime's,
     or the simulator's for a program a changed header makes it read)."""
-    mod, feeds, _ = cpu_mod if which == "cpu" else accel_mod
+    mod, feeds, _ = {"cpu": cpu_mod, "accel": accel_mod, "numpy": numpy_mod}[which]
     h, payload = split(mod.to_bytes())
     paths = [p for p in _leaves(h) if p and p[0] not in ("meta", "library_target")]
     for _ in range(data.draw(st.integers(1, 3))):
