@@ -1195,10 +1195,11 @@ def from_onnx(model, shapes: dict | None = None, name: str | None = None, runtim
         for oname, node in zip(real_outputs, outs):
             ctx.env[oname] = node
     outputs, names = [], []
+    from .qoperator import integer_output   # a quantized output is carried as its dequantized value
     for vi in g.output:
         if vi.name not in ctx.env:
             raise ConversionError(f"graph output '{vi.name}' is not produced by any node")
-        outputs.append(ctx.env[vi.name])
+        outputs.append(integer_output(ctx, vi))
         names.append(vi.name)
     return Graph(ctx.nodes, inputs, outputs, names, name or g.name or "model",
                  meta={"onnx_opset": ctx.opset})

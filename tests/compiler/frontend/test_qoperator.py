@@ -237,3 +237,25 @@ def test_errors_of_the_plain_converter_name_the_quantized_node():
     m.graph.node[1].attribute.append(helper.make_attribute("group", 3))
     with pytest.raises(ConversionError, match=r"^QLinearConv 'conv': "):
         compiler.build_model(m, target="cpu")
+
+
+def test_hand_written_qgemm_with_float_output():
+    """QGemm without y_scale: a float result, alpha a_scale b_scale (A B^T + C). Without an output
+    scale the layer has no int8 result: it runs as a float dense layer on the dequantized weights
+    (exact products, float32 sums), against onnxruntime to float precision."""
+    rng = np.random.default_rng(2)
+    ms = "com.microsoft"
+    inits = [numpy_helper.from_array(v, k) for k, v in {
+        "xs": np.float32(0.04), "xz": np.int8(3), "w": rng.integers(-127, 128, (6, 16)).astype(np.int8),
+        "ws": np.float32(0.02), "wz": np.int8(0), "b": rng.integers(-300, 300, 6).astype(np.int32)}.items()]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="quant_x"),
+             helper.make_node("QGemm", ["xq", "xs", "xz", "w", "ws", "wz", "b"], ["y"], name="fc", domain=ms,
+                              transB=1, alpha=0.5)]
+    g = helper.make_graph(nodes, "qgemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 6])], inits)
+    qm = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ms, 1)])
+    mod = compiler.build_model(qm, target="cpu")
+    assert [n.op for n in all_nodes(mod.graph) if n.op in ("dense", "qdense")] == ["dense"]
+    for seed in range(2):
+        f = {"x": np.random.default_rng(seed).normal(0, 2, (3, 16)).astype(np.float32)}
+        np.testing.assert_allclose(next(iter(mod.run(f)[0].values())), ort_run(qm, f)[0], rtol=1e-5, atol=1e-5)
