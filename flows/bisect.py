@@ -51,8 +51,8 @@ class Tolerance:
     int8 (quantization error accumulates through the network: loose on purpose)."""
     float_cos: float = 0.9999
     float_rel: float = 1e-3
-    quant_cos: float = 0.95
-    quant_rel: float = 0.35
+    quant_cos: float = 0.9
+    quant_rel: float = 0.5
     lsb: float = 2.0
 
     KEYS = {"cos": "quant_cos", "rel": "quant_rel", "float_cos": "float_cos", "float_rel": "float_rel",
@@ -92,10 +92,53 @@ class Observed:
     graph: Any = None
     integer: bool = False          # runs the accelerator build's int8 graph (bit-exact among these)
     nodes: dict[str, Any] = field(default_factory=dict)   # graph node by name
+    #: tensor name -> the ONNX node whose value it holds, where that is not its namesake (a conv
+    #: whose batch norm was folded into it holds the batch norm's output)
+    alias: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.graph is not None and not self.nodes:
             self.nodes = {n.name: n for n in self.graph.nodes}
+
+    def tensor_of(self, row: str) -> str | None:
+        """The tensor holding ONNX node `row`'s value, by name (None when folded into another)."""
+        for t, r in self.alias.items():
+            if r == row:
+                return t
+        return None if self.alias.get(row, row) != row else row
+
+
+def folded_aliases(onnx_nodes, graph) -> dict[str, str]:
+    """{compiled node name: ONNX node it really holds}: where ONNX node X's only consumer Y left no
+    node of its own in the compiled graph (a batch norm, a constant Mul/Add folded into X), X's
+    tensor holds Y's value (and so on along a chain of such nodes)."""
+    if graph is None:
+        return {}
+    names = set()
+    for n in graph.nodes:
+        names.add(n.name)
+        if n.op == "fused":
+            names.update(o.name for o in n.attrs["body"].nodes)
+    present = lambda x: x in names or any(k.startswith(x + "/") for k in names)   # noqa: E731
+    users: dict[str, list] = {}
+    for n in onnx_nodes:
+        for i in n[2]:
+            users.setdefault(i, []).append(n)
+    by_name = {n[0]: n for n in onnx_nodes}
+    out = {}
+    for name, _, _, outs in onnx_nodes:
+        if name not in names or not outs:
+            continue
+        cur, seen = by_name[name], {name}
+        while cur[3]:
+            u = users.get(cur[3][0], [])
+            if len(u) != 1 or u[0][0] in seen or present(u[0][0]) or len(users.get(cur[3][0], [])) != 1:
+                break
+            cur = u[0]
+            seen.add(cur[0])
+        if cur[0] != name:
+            out[name] = cur[0]
+    return out
 
 
 @dataclass
@@ -296,8 +339,11 @@ def _unpack_like(x: np.ndarray, shape: tuple) -> np.ndarray | None:
 def _float_view(obs: Observed, node: str, shape: tuple | None) -> tuple[np.ndarray, float | None, str] | None:
     """An executor's value of ONNX node `node` as float in the reference's layout: (array, one
     quantization step or None, how it was scaled)."""
-    cands = [node] + [k for k in obs.values if k.startswith(node + "/")
-                      and set(k[len(node) + 1:].split("/")) <= SAME_VALUE_PARTS][::-1]
+    own = obs.tensor_of(node)
+    if own is None:
+        return None
+    cands = [own] + [k for k in obs.values if k.startswith(own + "/")
+                     and set(k[len(own) + 1:].split("/")) <= SAME_VALUE_PARTS][::-1]
     views = []
     for name in cands:
         x = obs.values.get(name)
@@ -484,6 +530,8 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
         raise
     except (AccelError, OSError) as err:   # the compiler's, the runtime's, a simulator's or a driver's error
         raise BisectError(f"executor {e!r}: {err}") from None
+    for o in obs.values():
+        o.alias = folded_aliases(onnx_nodes, o.graph)
     ref_shapes = {k: v.shape for k, v in obs["ort"].values.items()} if "ort" in obs else {}
     row_names = list(inputs) + [n for n, *_ in onnx_nodes]
     row_set = set(row_names)
@@ -500,6 +548,7 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
             by_row: dict[str, list[str]] = {}
             for n in shared:
                 r = _row_of(n, row_set)
+                r = A.alias.get(r, r)
                 if r is not None:
                     by_row.setdefault(r, []).append(n)
             for r, names in by_row.items():
@@ -553,7 +602,7 @@ def add_arguments(p) -> None:
                    help=f"executors to compare, in the order {','.join(CHAIN)} (any registered driver after "
                         f"them; default: %(default)s)")
     p.add_argument("--tolerance", metavar="KEY=V,...",
-                   help="float comparison limits: cos, rel (int8 vs float; default 0.95, 0.35), float_cos, float_rel "
+                   help="float comparison limits: cos, rel (int8 vs float; default 0.9, 0.5), float_cos, float_rel "
                         "(float vs float; default 0.9999, 1e-3), lsb (differences within this many quantization "
                         "steps never count; default 2)")
     p.add_argument("--calibration", metavar="S.npz",

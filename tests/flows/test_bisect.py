@@ -196,3 +196,20 @@ def test_tolerance_and_executor_parsing():
     assert compare_float(x, x[::-1] - 4.5, None, "float", True, tol)["diverged"]
     # a fitted scale absorbs a uniform factor: only the shape of the values counts
     assert not compare_float(x, 3 * x, 0.0, "fitted", True, tol)["diverged"]
+
+
+def test_folded_batch_norm_is_compared_at_the_batch_norm():
+    """A conv whose batch norm is folded into it holds the batch norm's output: that row, not the
+    conv's, is compared (against onnxruntime's pre-norm conv output it would look broken)."""
+    from compiler.frontend.zoo import ModelBuilder
+    b = ModelBuilder("conv_bn", 0)
+    x = b.input("x", (1, 16, 8, 8))
+    y = b.bn(b.conv(x, 16, 16, name="c1"), 16, name="bn1")
+    y = b.conv(y, 16, 16, name="c2")
+    model = b.build([y])
+    feed = zoo.sample_inputs(model, 1, seed=2)[0]
+    r = bisect(model, feed, executors="ort,cpu,int8ref")
+    assert not r.diverged, r.table()
+    rows = {row["name"]: row["pairs"] for row in r.rows}
+    assert "ort~cpu" in rows["bn1"] and "ort~cpu" not in rows["c1"]
+    assert rows["bn1"]["ort~cpu"]["cos"] > 0.9999
