@@ -81,6 +81,7 @@ def port_list(top) -> list[tuple[str, str, int, object]]:
 def describe(cfg: AccelConfig, top=None) -> dict:
     """The JSON description: ports, register map, config, derived values, interface notes."""
     from .axi import AXI_CACHE_NORMAL, ID_WIDTH, WRITE_ID
+    from .params import ERROR_TEXT, ErrorCode
     from .regs import REG_ADDR_WIDTH, register_map
     from .top import READ_CLIENTS, Accelerator
     if top is None:
@@ -101,6 +102,7 @@ def describe(cfg: AccelConfig, top=None) -> dict:
             "irq": {"sense": "level-high", "meaning": "STATUS.done & CTRL.irq_enable"}},
         "registers": [{"offset": r.offset, "offset_hex": f"0x{r.offset:02X}", "name": r.name, "access": r.access,
                        "description": r.description} for r in register_map(cfg)],
+        "error_codes": {e.name: {"code": int(e), "meaning": ERROR_TEXT.get(e, "none")} for e in ErrorCode},
         "config": cfg.to_dict(), "config_digest": cfg.digest(),
         "derived": cfg.summary()["derived"],
     }

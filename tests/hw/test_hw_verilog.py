@@ -34,6 +34,7 @@ def test_generate_writes_verilog_json_and_waivers(tmp_path):
     assert regs["CTRL"] == 0 and regs["STATUS"] == 4 and regs["CYCLES_LO"] == 0x40
     assert len(desc["registers"]) == len(register_map(preset("tiny"))) == 10 + 2 * len(COUNTERS)
     assert (regs["ERROR"], regs["ERROR_INSN"], regs["WATCHDOG"], regs["SOFT_RESET"]) == (0x18, 0x1C, 0x20, 0x24)
+    assert desc["error_codes"]["INDEX_RANGE"]["code"] == 4 and desc["error_codes"]["NONE"]["code"] == 0
     assert desc["config"] == preset("tiny").to_dict()
     assert (tmp_path / "out" / "accel_top.vlt").exists()
 
