@@ -98,6 +98,10 @@ class OpenCLDevice:
 
     def launcher(self, attrs: dict, arrays: list[np.ndarray], out: np.ndarray):
         cl = self.cl
+        most = self.device.max_work_group_size
+        if math.prod(attrs["block"]) > most:
+            raise GpuError(f"kernel {attrs['kernel']} needs {math.prod(attrs['block'])} threads per block, "
+                           f"{self.name} allows {most}")
         k = self.kernel(attrs["source"], attrs["kernel"])
         mf = cl.mem_flags
         bufs = [cl.Buffer(self.ctx, mf.READ_WRITE, size=max(1, a.nbytes)) for a in arrays] + \

@@ -169,6 +169,8 @@ def schedule_gemm(outs, tile: int = 8, reg: int = 2, kt: int = 8):
     ko, ki = dst.split(k, min(kt, K))
     dax = list(dst.op.axis)
     dst.reorder(*dax[:-2], ko, ki, dax[-2], dax[-1])
+    dst.unroll(dax[-2])   # the RM x RN accumulators stay in registers (unrolling the output copy too
+    dst.unroll(dax[-1])   # made PoCL miscompile a fused dense+bias+relu: left rolled)
     for t in _inputs(dst.op):
         c = s.cache_read(t, "shared", [dst])
         s[c].compute_at(dst, ko)
@@ -219,6 +221,7 @@ def schedule_conv2d(outs, tile: int = 8, reg: int = 4, rc: int = 4, threads: int
     rco, rci = dst.split(c_ax, min(rc, C))
     dn, do, dy, dx = dst.op.axis
     dst.reorder(dn, rco, ry, rx, rci, do, dy, dx)
+    dst.unroll(do)        # the RO accumulators stay in registers
     for t in _inputs(dst.op):
         c = s.cache_read(t, "shared", [dst])
         s[c].compute_at(dst, rco)
