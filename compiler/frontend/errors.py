@@ -17,7 +17,9 @@ class UnsupportedOpError(FrontendError):
         self.unsupported = unsupported
         parts = [f"{op} (node{'s' if len(ns) > 1 else ''} {', '.join(repr(n) for n in ns)})"
                  for op, ns in sorted(unsupported.items())]
-        super().__init__(f"model has {len(unsupported)} unsupported op type(s): {'; '.join(parts)}")
+        super().__init__(f"model has {len(unsupported)} unsupported op type(s): {'; '.join(parts)}; "
+                         f"each needs a converter (compiler/frontend/onnx_import.py CONVERTERS), or only "
+                         f"constant inputs so that it folds at import")
 
 
 class ConversionError(FrontendError, ValueError):

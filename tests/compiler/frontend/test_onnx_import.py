@@ -241,6 +241,7 @@ def test_onnx_import_unsupported_ops_listed_in_one_error():
     msg = str(e.value)
     assert "3 unsupported op type(s)" in msg
     assert "Det (node 'det')" in msg and "Hardmax (nodes 'hm1', 'hm2')" in msg
+    assert "needs a converter" in msg
     assert e.value.unsupported == {"Det": ["det"], "Hardmax": ["hm1", "hm2"], "com.example.MyCustomOp": ["custom"]}
 
 
