@@ -105,7 +105,6 @@ def test_unfused_build_observes_every_layer(demo):
     assert next(row for row in r.rows if row["name"] == "block_relu2")["pairs"]["int8ref~fsim"]["differ"] == 0
 
 
-@register_driver("faulty_fsim_test")
 class _Faulty(FsimDriver):
     """fsim that flips one output byte of its third accelerator program (a hardware fault)."""
     fault_at = 2
@@ -122,7 +121,15 @@ class _Faulty(FsimDriver):
         return r
 
 
-def test_faulty_driver_named_on_the_hardware_pair(demo, demo_module):
+@pytest.fixture
+def faulty_driver():
+    """_Faulty as driver 'faulty_fsim_test' for one test (the registry is global)."""
+    register_driver("faulty_fsim_test")(_Faulty)
+    yield _Faulty
+    _DRIVERS.pop("faulty_fsim_test", None)
+
+
+def test_faulty_driver_named_on_the_hardware_pair(demo, demo_module, faulty_driver):
     model, feed = demo
     mod = demo_module
     out = next(t for t in mod.tensors if t.name == "block_relu2")
@@ -137,7 +144,6 @@ def test_faulty_driver_named_on_the_hardware_pair(demo, demo_module):
     assert {"block_conv2", "residual"} <= set(p["covers"])
     cell = next(row for row in r.rows if row["name"] == "block_relu2")["pairs"][p["key"]]
     assert cell["differ"] >= 1 and cell["differing"] == ["block_relu2"]
-    assert "faulty_fsim_test" in _DRIVERS
 
 
 def _outlier_model(seed: int = 0):

@@ -130,7 +130,6 @@ def test_every_prefix_is_a_valid_program(config):
     assert np.array_equal(acc.reshape(-1), sim.acc[:layout.acc_entries].astype(sim.out.dtype).reshape(-1))
 
 
-@register_driver("faulty_lockstep_test")
 class _FaultyDriver(FsimDriver):
     """The fsim driver with one OUT entry flipped after instruction `at` (set by the test)."""
     at = entry = -1
@@ -146,7 +145,15 @@ class _FaultyDriver(FsimDriver):
         return RunResult(self.name, insn_count, 0.0, {})
 
 
-def test_cli_program_lockstep(tmp_path, capsys):
+@pytest.fixture
+def faulty_driver():
+    """_FaultyDriver as driver 'faulty_lockstep_test' for one test (the registry is global)."""
+    register_driver("faulty_lockstep_test")(_FaultyDriver)
+    yield _FaultyDriver
+    _DRIVERS.pop("faulty_lockstep_test", None)
+
+
+def test_cli_program_lockstep(tmp_path, capsys, faulty_driver):
     cfg = PRESETS["tiny"]
     prog, _ = random_program(cfg, 3)
     path = tmp_path / "p.accp"
@@ -163,7 +170,6 @@ def test_cli_program_lockstep(tmp_path, capsys):
     assert main(["run", str(path), "--lockstep", "fsim,nosuch"]) == 2
     err = capsys.readouterr().err
     assert "name two executors" in err and "unknown executor 'nosuch'" in err
-    assert "faulty_lockstep_test" in _DRIVERS
 
 
 def test_compiled_model_lockstep_names_the_step():
@@ -240,7 +246,7 @@ def _bench():
     return mod
 
 
-def test_random_regression_slice(tmp_path):
+def test_random_regression_slice(tmp_path, faulty_driver):
     """bench/random_regression.py on a small slice: tsim, the plain ISA model and (where Verilator
     is installed) the RTL agree with fsim; a faulty executor is reported with seed, config and the
     first diverging instruction."""
