@@ -240,8 +240,7 @@ def _run(args) -> int:
             raise CliError(f"{args.input} has no symbol {name!r}; symbols are {', '.join(prog.symbols) or '(none)'}")
     dram = prog.dram_image()
     timing = bool(args.trace or args.timeline or args.counters)
-    if timing and args.driver not in ("tsim", "rtl"):
-        raise CliError(f"--trace, --timeline and --counters need a timing driver (tsim or rtl), not {args.driver!r}")
+    _check_timing_driver(args, timing)
     driver = get_driver(args.driver, prog.config, **({"trace": True} if args.trace or args.timeline else {}),
                         **({"check_races": True} if args.check_races else {}))
     try:
@@ -353,9 +352,24 @@ class _Progress:
         self.stack.close()
 
 
+def _check_timing_driver(args, timing: bool) -> None:
+    """tsim and rtl give traces, timelines and counters; the board drivers (vboard, board) and
+    remote:// devices give counters (a remote one when it runs a timing driver)."""
+    if not timing or args.driver in ("tsim", "rtl"):
+        return
+    counters_only = args.driver in ("vboard", "board") or args.driver.startswith("remote://")
+    if not counters_only:
+        raise CliError(f"--trace, --timeline and --counters need a timing driver (tsim or rtl), not {args.driver!r}")
+    if args.trace or args.timeline:
+        raise CliError(f"--trace and --timeline need tsim or rtl; {args.driver!r} gives --counters only")
+
+
 def _timing_outputs(args, prog, result) -> None:
     """--trace / --timeline / --counters of `accel run` (sim.trace)."""
     from sim.trace import write_counters, write_perfetto, write_timeline_png
+    if result.raw is None:
+        raise CliError(f"{result.driver} reported no counters (a remote server running fsim); serve tsim, rtl, "
+                       f"vboard or board")
     counters, timeline = result.raw.counters, result.raw.timeline
     if args.trace:
         write_perfetto(args.trace, prog.config, counters, timeline, prog.insns, result.driver)
@@ -565,8 +579,7 @@ def _run_model(args) -> int:
         raise CliError("--dump and --dump-dram apply to program files (.accp); use --output for a model's outputs")
     mod = CompiledModule.load(args.input)
     timing = bool(args.trace or args.timeline or args.counters)
-    if timing and args.driver not in ("tsim", "rtl"):
-        raise CliError(f"--trace, --timeline and --counters need a timing driver (tsim or rtl), not {args.driver!r}")
+    _check_timing_driver(args, timing)
     if timing and not mod.count("accel"):
         raise CliError(f"{args.input}: --trace/--timeline/--counters show accelerator layers; this model has none "
                        f"(target {mod.target}); use --profile")

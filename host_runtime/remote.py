@@ -278,9 +278,10 @@ class RemoteDriver(Driver):
         dram[:] = image[:dram.size]
         self._shadow = image
         r = header.get("result") or {}
+        stats = r.get("stats") or {}
         return RunResult(driver=f"{PREFIX}{self.host}:{self.port}/{r.get('driver', self.server_driver)}",
                          insn_count=int(r.get("insn_count", insn_count)), wall_s=time.perf_counter() - t0,
-                         stats=r.get("stats") or {}, cycles=r.get("cycles"))
+                         stats=stats, cycles=r.get("cycles"), raw=_timing_run(stats))
 
     def ping(self) -> float:
         """Round-trip seconds of a ping (also checks the connection)."""
@@ -295,3 +296,20 @@ class RemoteDriver(Driver):
                 self.sock.close()
             finally:
                 self.sock = None
+
+
+def _timing_run(stats: dict):
+    """sim.trace.TimingRun (counters, no timeline) rebuilt from a timing driver's stats, else None."""
+    from sim.trace import SCHEMA, Counters, StageCounters, TimingRun
+    if not isinstance(stats, dict) or stats.get("schema") != SCHEMA:
+        return None
+    try:
+        c = Counters(cycles=int(stats["cycles"]), clock_mhz=float(stats["clock_mhz"]),
+                     macs_per_cycle=int(stats["macs_per_cycle"]),
+                     stages={k: StageCounters(**{f: int(v) for f, v in d.items()}) for k, d in stats["stages"].items()},
+                     gemm_uops=int(stats["gemm_uops"]), alu_uops=int(stats["alu_uops"]), macs=int(stats["macs"]),
+                     bytes_read=int(stats["dram_bytes"]["read"]), bytes_written=int(stats["dram_bytes"]["written"]),
+                     insns={str(k): int(v) for k, v in stats.get("insns", {}).items()})
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return TimingRun(c, None)

@@ -374,3 +374,4 @@ def test_counters_and_cycles_come_back_from_a_timing_driver(monkeypatch):
             got = d.run(prog.dram_image(), prog.insn_addr, len(prog.insns))
     assert got.cycles == want.cycles > 0
     assert got.stats == json.loads(json.dumps(want.stats, default=str))
+    assert got.raw.counters.to_dict() == json.loads(json.dumps(want.raw.counters.to_dict()))   # accel run --counters
