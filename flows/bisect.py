@@ -630,7 +630,12 @@ class _Inputs:
 
 
 def main(args) -> int:
-    from accel.cli import CliError, _calibration, _read_inputs
+    from accel.cli import CliError, _calibration, _read_inputs, _same_file, _spec_file
+    if args.json:
+        for src in [args.model, args.calibration] + [_spec_file(x) for x in args.inputs]:
+            if src and src != "random" and _same_file(args.json, src):
+                raise CliError(f"--json {args.json} is the same file as the input {src}; refusing to overwrite an "
+                               f"input (choose another output path)")
     from accel.isa import resolve_config
     from compiler.errors import CompilerError
     from compiler.frontend import from_onnx

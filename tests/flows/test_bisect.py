@@ -62,8 +62,12 @@ def test_cli_exit_status_and_json(demo, tmp_path, capsys):
     assert main(["bisect", str(m), "--input", str(x), "--executors", "fsim"]) == 2
     assert main(["bisect", str(m), "--input", str(x), "--executors", "ort,nope"]) == 2
     assert main(["bisect", str(m), "--input", str(x), "--tolerance", "cos=1.5"]) == 2
+    before = m.read_bytes()
+    assert main(["bisect", str(m), "--input", str(x), "--json", str(m)]) == 2   # never over an input
+    assert m.read_bytes() == before
     err = capsys.readouterr().err
     assert "at least two" in err and "unknown executor 'nope'" in err and "cos=1.5" in err
+    assert "refusing to overwrite" in err
 
 
 def test_corrupted_weights_named_on_the_compiled_pair(demo, demo_module):
