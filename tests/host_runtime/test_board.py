@@ -311,3 +311,34 @@ def test_vboard_fault_matches_fsim_and_the_core_recovers(boards):
     with Device(TINY, driver="fsim", dram_bytes=1 << 20) as local:
         want, _, _ = run_dense(local, x, w, None, Requant(6))
     assert np.array_equal(y, want) and res.cycles > 0
+
+
+@pytest.mark.rtl
+@rtl
+def test_vboard_hang_ends_in_watchdog_fault_or_timeout_and_recovers():
+    """A LOAD popping a token nobody pushes hangs the core: with the watchdog the run ends in a
+    WATCHDOG fault, without it in the driver's timeout; both soft-reset the core and the next
+    program runs. Also: another DRAM timing and phys_base 0, cycles equal to rtl's."""
+    from accel.hw.params import ErrorCode
+    from accel.isa import Finish, encode_program
+    from host_runtime.drivers.board import BoardFault
+    hang = [Load(mem_type=MemType.INP, dram_base=0, y_size=1, x_size=1, x_stride=1, pop_next=True), Finish()]
+    dram_model = {"read_latency": 12, "write_latency": 5, "bytes_per_cycle": 3}
+    prog, _ = random_program(TINY, 11)
+    with closing(get_driver("rtl", TINY, dram=dram_model)) as rtl_drv:
+        want = prog.dram_image()
+        want_res = rtl_drv.run(want, prog.insn_addr, len(prog.insns))
+    for options in ({"watchdog": 2000}, {"watchdog": 0, "timeout_s": 1.0}):
+        with closing(get_driver("vboard", TINY, dram=dram_model, phys_base=0, **options)) as drv:
+            dram = np.zeros(8192, np.uint8)
+            dram[4096:4096 + 32] = encode_program(hang, TINY).reshape(-1)
+            if options["watchdog"]:
+                with pytest.raises(BoardFault) as e:
+                    drv.run(dram, 4096, 2)
+                assert e.value.code == ErrorCode.WATCHDOG
+            else:
+                with pytest.raises(BoardError, match="did not raise done within 1 s.*reset"):
+                    drv.run(dram, 4096, 2)
+            got = prog.dram_image()
+            res = drv.run(got, prog.insn_addr, len(prog.insns))
+            assert np.array_equal(got, want) and res.cycles == want_res.cycles
