@@ -105,7 +105,8 @@ def get_driver(name: str, cfg: AccelConfig | None, **options) -> Driver:
     try:
         cls = _DRIVERS[name]
     except KeyError:
-        raise DriverError(f"unknown driver {name!r}; drivers are {', '.join(available_drivers())}") from None
+        raise DriverError(f"unknown driver {name!r}; drivers are {', '.join(available_drivers())}, "
+                          f"or remote://HOST:PORT (accel serve)") from None
     return cls(cfg, **options)
 
 
