@@ -90,7 +90,7 @@ class DeviceServer:
         if token is not None and len(token) < 16:
             raise ServerError("the token is shorter than 16 characters; use e.g. `python -c \"import secrets; "
                               "print(secrets.token_hex(32))\"`")
-        if not 0 < max_payload <= 1 << self.cfg.dram_addr_width and max_payload <= 4 << 30:
+        if type(max_payload) is not int or not 0 < max_payload <= min(1 << self.cfg.dram_addr_width, 4 << 30):
             raise ServerError(f"max_payload={max_payload}: must be 1..min(4 GiB, 2**dram_addr_width)")
         for name, v in (("request_timeout_s", request_timeout_s), ("idle_timeout_s", idle_timeout_s),
                         ("queue_timeout_s", queue_timeout_s)):

@@ -238,6 +238,9 @@ def test_bind_rules_and_limits():
         DeviceServer(TINY, host="0.0.0.0", port=0)
     with pytest.raises(ServerError, match="shorter than 16"):
         DeviceServer(TINY, port=0, token="short")
+    for bad in (0, -1, 5 << 30, 1.5):
+        with pytest.raises(ServerError, match="max_payload"):
+            DeviceServer(TINY, port=0, max_payload=bad)
     with pytest.raises(ServerError, match="a server exposes one of"):
         DeviceServer(TINY, driver="remote://x:1", port=0)
     for url in ("remote://", "remote://h:0", "remote://h:70000", "remote://a b:1", "http://h:1"):
