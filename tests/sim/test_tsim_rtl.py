@@ -70,7 +70,7 @@ def test_tsim_rtl_gemm_alu_alone(insn):
 
 @pytest.mark.parametrize("dram", DRAMS)
 @pytest.mark.parametrize("kw", [dict(y_size=1, x_size=1), dict(y_size=3, x_size=5, x_stride=7, dram_base=1),
-                                dict(y_size=2, x_size=200, x_stride=200, dram_base=1000),   # 4 KiB crossing
+                                dict(y_size=1, x_size=250, x_stride=250, dram_base=1000),   # 4 KiB crossing
                                 dict(y_size=4, x_size=2, x_stride=3, dram_base=3)])
 def test_tsim_rtl_store_alone(dram, kw):
     kw = dict(kw)
