@@ -383,15 +383,20 @@ class BoardDriver(Driver):
             if self._buf is not None:
                 self._buf.free()
                 self._buf = None
-            self._buf = self.backend.alloc(-(-nbytes // 4096) * 4096)   # whole pages: loads read whole bus beats
-            base = self._buf.phys_addr
+            buf = self.backend.alloc(-(-nbytes // 4096) * 4096)   # whole pages: loads read whole bus beats
+            base = buf.phys_addr
             align = max(INSN_BYTES, self.cfg.bus_bytes, *(elem_bytes(self.cfg, m) for m in MemType))
+            problem = None
             if base % align:
-                raise BoardError(f"{self.name}: DMA buffer at {base:#x} is not aligned to {align} bytes (the largest "
-                                 f"entry of config {self.cfg.digest()[:8]})")
-            if base + nbytes > 1 << self.cfg.dram_addr_width:
-                raise BoardError(f"{self.name}: DMA buffer [{base:#x}, {base + nbytes:#x}) is beyond the "
-                                 f"{self.cfg.dram_addr_width}-bit dram_addr_width of the config")
+                problem = (f"DMA buffer at {base:#x} is not aligned to {align} bytes (the largest entry or bus "
+                           f"beat of config {self.cfg.digest()[:8]})")
+            elif base + nbytes > 1 << self.cfg.dram_addr_width:
+                problem = (f"DMA buffer [{base:#x}, {base + nbytes:#x}) is beyond the {self.cfg.dram_addr_width}-bit "
+                           f"dram_addr_width of the config")
+            if problem:
+                buf.free()
+                raise BoardError(f"{self.name}: {problem}")
+            self._buf = buf
             log.info("%s: DMA buffer of %d bytes at %#x", self.name, nbytes, base)
         return self._buf
 
