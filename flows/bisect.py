@@ -100,6 +100,12 @@ class Observed:
         if self.graph is not None and not self.nodes:
             self.nodes = {n.name: n for n in self.graph.nodes}
 
+    @property
+    def quantized(self) -> bool:
+        """Whether it computes in int8 (its float tensors then carry quantization error too)."""
+        return self.integer or (self.graph is not None and any(str(n.dtype) in ("int8", "uint8")
+                                                               for n in self.graph.nodes))
+
     def tensor_of(self, row: str) -> str | None:
         """The tensor holding ONNX node `row`'s value, by name (None when folded into another)."""
         for t, r in self.alias.items():
@@ -554,8 +560,7 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
             for r, names in by_row.items():
                 cells[r] = compare_exact(A, B, names)
         else:
-            quant = A.integer or B.integer or any(v.dtype.kind != "f" for v in B.values.values())
-            kind = "quant" if quant else "float"
+            kind = "quant" if A.quantized or B.quantized else "float"
             for r in row_names:
                 shape = ref_shapes.get(r)
                 va = _float_view(A, r, shape)
@@ -564,6 +569,8 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
                 vb = _float_view(B, r, va[0].shape if shape is None else shape)
                 if vb is None or vb[0].shape != va[0].shape:
                     continue
+                quant = kind == "quant" or va[2] != "float" or vb[2] != "float"   # an int8 side
+                kind = "quant" if quant else kind
                 if va[2] in ("fitted", "affine"):   # fit the side without a scale against the other
                     cells[r] = compare_float(vb[0], va[0], va[1], va[2], quant, tol)
                 else:
