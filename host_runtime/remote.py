@@ -232,9 +232,9 @@ class RemoteDriver(Driver):
             raise
         super().__init__(server_cfg)
 
-    def _recv(self) -> tuple[dict, bytearray]:
+    def _recv(self, max_payload: int = 0) -> tuple[dict, bytearray]:
         try:
-            header, payload = recv_frame(self.sock, max_payload=DEFAULT_MAX_PAYLOAD << 2)
+            header, payload = recv_frame(self.sock, max_payload=max_payload)
         except EOFError:
             raise RemoteError(f"{self.url}: the server closed the connection") from None
         except socket.timeout:
@@ -267,7 +267,7 @@ class RemoteDriver(Driver):
         self._shadow = None                 # unknown until the answer arrives
         try:
             send_frame(self.sock, head, body)
-            header, payload = self._recv()
+            header, payload = self._recv(4 + (size // PAGE) * (4 + PAGE))   # at most every page back
         except OSError as e:
             self.close()
             raise RemoteError(f"{self.url}: connection lost: {e}") from None
