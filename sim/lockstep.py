@@ -399,17 +399,21 @@ def lockstep(cfg: AccelConfig, insns: list[Insn], dram: np.ndarray, insn_addr: i
     eb = cfg.out_elem_bytes
     a, b = make_a(), make_b()
     da, db = dram.copy(), dram.copy()
+    errors: dict[str, str] = {}
     for ex, d, name in ((a, da, names[0]), (b, db, names[1])):
         try:
             ex.run(d, insn_addr, len(insns))
-        except AccelError as e:
-            raise LockstepError(f"executor {name!r} cannot run the program: {e}") from None
+        except AccelError as e:   # one executor failing where the other does not is a divergence too
+            errors[name] = str(e)
         finally:
             close = getattr(ex, "close", None)
             if close is not None and not isinstance(ex, Fsim):
                 close()
+    if len(errors) == 2:
+        raise LockstepError("neither executor can run the program: " +
+                            "; ".join(f"{n}: {m}" for n, m in errors.items()))
     rec_a, rec_b = isinstance(a, RecordingFsim), isinstance(b, RecordingFsim)
-    if rec_a and rec_b:
+    if rec_a and rec_b and not errors:
         div = _effects_lockstep(insns, a.effects, b.effects, names)
         if div is None and not np.array_equal(da, db):   # a write outside what the effects cover
             div = Divergence(len(insns) - 1, format_insn(insns[-1]), _dram_lines(da, db, names, eb),
@@ -420,26 +424,37 @@ def lockstep(cfg: AccelConfig, insns: list[Insn], dram: np.ndarray, insn_addr: i
     if last is None:
         return LockstepResult(names, len(insns), "prefix", None, 0)
     runs = 0
-    seen: dict[int, tuple[bool, np.ndarray, np.ndarray, DumpLayout]] = {}
+    seen: dict[int, tuple] = {}
 
     def differs(k: int):
+        """(differ?, DRAM+dumps of a, of b, layout, error lines) of prefix k."""
         nonlocal runs
         if k not in seen:
             runs += 1
-            xa, lay = _run_prefix(make_a, cfg, insns, k, dram, names[0])
-            xb, _ = _run_prefix(make_b, cfg, insns, k, dram, names[1])
-            seen[k] = (not np.array_equal(xa, xb), xa, xb, lay)
+            got, errs, lay = [], [], None
+            for make, name in ((make_a, names[0]), (make_b, names[1])):
+                try:
+                    x, lay = _run_prefix(make, cfg, insns, k, dram, name)
+                except LockstepError as e:
+                    x = None
+                    errs.append(str(e))
+                got.append(x)
+            if len(errs) == 2:
+                raise LockstepError(f"neither executor can run prefix {k}: {errs[0]}; {errs[1]}")
+            bad = bool(errs) or not np.array_equal(got[0], got[1])
+            seen[k] = (bad, got[0], got[1], lay, errs)
         return seen[k]
 
-    whole = not np.array_equal(da, db)
+    whole = bool(errors) or not np.array_equal(da, db)
     if not whole and not differs(last)[0]:   # same DRAM, and the same OUT and accumulators at the end
         return LockstepResult(names, len(insns), "prefix", None, runs,
                               "input, weight and micro-op buffer entries are compared only through their use")
     if not differs(last)[0]:
+        lines = [f"{n}: {m}" for n, m in errors.items()] or _dram_lines(da, db, names, eb)
         return LockstepResult(names, len(insns), "prefix",
-                              Divergence(len(insns) - 1, format_insn(insns[-1]), _dram_lines(da, db, names, eb),
-                                         ["every prefix agrees; DRAM differs only after the whole program"]), runs)
-    lo, hi = 0, last   # the first prefix whose DRAM or buffer dumps differ
+                              Divergence(len(insns) - 1, format_insn(insns[-1]), lines,
+                                         ["every prefix agrees; the whole program does not"]), runs)
+    lo, hi = 0, last   # the first prefix whose DRAM or buffer dumps differ (or that one executor fails)
     while lo < hi:
         mid = (lo + hi) // 2
         if differs(mid)[0]:
@@ -447,10 +462,13 @@ def lockstep(cfg: AccelConfig, insns: list[Insn], dram: np.ndarray, insn_addr: i
         else:
             lo = mid + 1
     k = lo
-    _, xa, xb, lay = differs(k)
-    at = np.flatnonzero(xa[:dram.size] != xb[:dram.size])
-    div = Divergence(k, format_insn(insns[k]), _dram_lines(xa, xb, names, eb, insns[k], lay, dram.size),
-                     _origin(insns, effects, k, at, eb) if at.size else [])
+    _, xa, xb, lay, errs = differs(k)
+    if errs:
+        div = Divergence(k, format_insn(insns[k]), errs)
+    else:
+        at = np.flatnonzero(xa[:dram.size] != xb[:dram.size])
+        div = Divergence(k, format_insn(insns[k]), _dram_lines(xa, xb, names, eb, insns[k], lay, dram.size),
+                         _origin(insns, effects, k, at, eb) if at.size else [])
     return LockstepResult(names, len(insns), "prefix", div, runs,
                           "compared after each prefix: DRAM, the OUT buffer and the accumulators narrowed to OUT's "
                           "width (input, weight and micro-op entries only through their use)")

@@ -204,17 +204,27 @@ def test_compiled_model_lockstep_names_the_step():
     assert f"first divergence in step '{steps[t].name}'" in rep.text()
 
 
-def test_bad_prefix_request():
+def test_executor_failing_alone_is_named_at_its_instruction():
+    """One executor faulting where the other runs is a divergence: the first prefix it fails names
+    the instruction; both failing is an error naming both."""
+    from sim.errors import ExecError
     cfg = PRESETS["tiny"]
     prog, _ = random_program(cfg, 1)
+    gemm = next(i for i, x in enumerate(prog.insns) if type(x).__name__ == "Gemm")
+
+    def crash(idx, ins, sim, dram):
+        if idx == gemm and type(ins).__name__ == "Gemm":
+            raise ExecError(f"instruction {idx}: injected fault")
+    r = lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, lambda: RecordingFsim(cfg),
+                 lambda: _Whole(cfg, crash), ("fsim", "crashy"))
+    assert r.diverged and r.divergence.index == gemm, r.text()
+    assert "injected fault" in r.text()
 
     class Broken:
         def run(self, dram, a, n):
-            from sim.errors import ExecError
             raise ExecError("broken executor")
-    with pytest.raises(LockstepError, match="'broken'"):
-        lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, lambda: RecordingFsim(cfg), Broken,
-                 ("fsim", "broken"))
+    with pytest.raises(LockstepError, match="neither executor"):
+        lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, Broken, Broken, ("broken", "broken2"))
 
 
 @pytest.mark.rtl
