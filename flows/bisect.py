@@ -625,6 +625,11 @@ def add_arguments(p) -> None:
     p.set_defaults(func=main)
 
 
+def _say(msg: str) -> None:
+    """Progress on a terminal (stderr stays one error line when redirected)."""
+    print(f"{msg} ...", file=sys.stderr)
+
+
 class _Inputs:
     """What accel.cli's input reader asks of a model: input names and their types."""
 
@@ -674,7 +679,8 @@ def main(args) -> int:
     feed = _read_inputs(_Inputs(graph), args.inputs)
     cal = _calibration(args.calibration, graph.inputs)
     report = bisect(model, feed, executors=ex, config=cfg, tolerance=tol, calibration=cal,
-                    progress=lambda msg: print(f"{msg} ...", file=sys.stderr), fuse=not args.no_fuse,
+                    progress=_say if sys.stderr.isatty() and not getattr(args, "quiet", False) else None,
+                    fuse=not args.no_fuse,
                     shapes=shapes or None, force_target=force or None)
     report.model = args.model
     print(report.table())

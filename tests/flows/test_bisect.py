@@ -66,6 +66,7 @@ def test_cli_exit_status_and_json(demo, tmp_path, capsys):
     assert main(["bisect", str(m), "--input", str(x), "--json", str(m)]) == 2   # never over an input
     assert m.read_bytes() == before
     err = capsys.readouterr().err
+    assert all(line.startswith("error: ") for line in err.strip().splitlines())   # one line per failure
     assert "at least two" in err and "unknown executor 'nope'" in err and "cos=1.5" in err
     assert "refusing to overwrite" in err
 
