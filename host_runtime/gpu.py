@@ -141,6 +141,7 @@ class CudaDevice:
         if int(err) != 0 or n < 1:
             raise GpuError("no CUDA device found")
         err, self.dev = cu.cuDeviceGet(0)
+        self._check(err, "opening device 0")
         err, self.ctx = cu.cuCtxCreate(0, self.dev) if not hasattr(cu, "cuDevicePrimaryCtxRetain") else \
             cu.cuDevicePrimaryCtxRetain(self.dev)
         self._check(err, "creating a context")
