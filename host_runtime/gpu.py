@@ -102,6 +102,10 @@ class OpenCLDevice:
         if math.prod(attrs["block"]) > most:
             raise GpuError(f"kernel {attrs['kernel']} needs {math.prod(attrs['block'])} threads per block, "
                            f"{self.name} allows {most}")
+        sizes = list(self.device.max_work_item_sizes)
+        if any(b > s for b, s in zip(attrs["block"], sizes)):
+            raise GpuError(f"kernel {attrs['kernel']} needs a block of {attrs['block']}, {self.name} allows "
+                           f"at most {sizes[:3]} per dimension")
         k = self.kernel(attrs["source"], attrs["kernel"])
         mf = cl.mem_flags
         bufs = [cl.Buffer(self.ctx, mf.READ_WRITE, size=max(1, a.nbytes)) for a in arrays] + \

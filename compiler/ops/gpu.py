@@ -25,6 +25,8 @@ from ..te.tensor import ComputeOp
 from . import registry
 
 THREADS = 256
+#: threadIdx.z's limit on CUDA (and most OpenCL GPUs: max work-item sizes (1024, 1024, 64))
+MAX_Z = 64
 #: knob -> allowed values (the tuner's search space)
 GPU_KNOBS = {"threads": (64, 128, 256, 512), "tile": (4, 8, 16), "reg": (1, 2, 4), "kt": (4, 8, 16),
              "rc": (1, 4, 8)}
@@ -201,7 +203,7 @@ def schedule_conv2d(outs, tile: int = 8, reg: int = 4, rc: int = 4, threads: int
     tx = _pow2_at_most(OW, tile)
     ty = _pow2_at_most(OH, tile)
     ro = _pow2_at_most(O, reg)
-    to = _pow2_at_most(max(1, O // ro), max(1, threads // (tx * ty)))
+    to = _pow2_at_most(max(1, O // ro), min(MAX_Z, max(1, threads // (tx * ty))))
     ob, oo = ost.split(o, to * ro)
     otz, oi = ost.split(oo, ro)
     yb, yt = ost.split(y, ty)

@@ -54,6 +54,7 @@ CASES = {
                        lambda a, b: conv_ref(a, b, (1, 1), (1, 1, 1, 1), groups=8)),
     "conv_dilated_1x1out": (lambda a, b: nn.conv2d(a, b, (1, 1), (2, 2, 2, 2), (2, 2)), [(1, 3, 7, 5), (5, 3, 3, 3)],
                             lambda a, b: conv_ref(a, b, (1, 1), (2, 2, 2, 2), (2, 2))),
+    "conv_1x1_spatial": (lambda a, b: nn.conv2d(a, b), [(1, 32, 1, 1), (300, 32, 1, 1)], lambda a, b: conv_ref(a, b)),
     "softmax": (lambda a: nn.softmax(a, -1), [(4, 37)], _softmax),
     "softmax_workgroup": (lambda a: gpu.softmax_wg(a, -1), [(3, 300)], _softmax),
     "softmax_workgroup_axis1": (lambda a: gpu.softmax_wg(a, 1), [(2, 70, 3, 5)],
@@ -96,6 +97,13 @@ def test_conv_and_dense_use_local_memory(name):
     assert k.shared_bytes > 0
     assert "__local float" in k.source and "barrier(CLK_LOCAL_MEM_FENCE);" in k.source
     assert k.block[0] * k.block[1] * k.block[2] > 1
+
+
+def test_blocks_fit_cuda_limits():
+    """threadIdx.z at most 64 and at most 1024 threads, whatever the shape (a 1x1 feature map
+    puts every thread of a conv block on the channel axis)."""
+    k, *_ = _build("conv_1x1_spatial", "cuda")
+    assert k.block[2] <= 64 and k.block[0] * k.block[1] * k.block[2] <= 1024
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
