@@ -11,6 +11,11 @@ request); the grant holds from the AR handshake until the R beat with RLAST, and
 issued in the cycle after that beat. Writes pass straight through (the store is the only writer).
 All bursts are INCR with full-width beats (ARSIZE/AWSIZE = log2(bus bytes)); ARID is the read
 client's index, AWID 0. bus_error flags a response other than OKAY or with an unexpected ID.
+Quiescing (before the core is reset by start or SOFT_RESET): while `quiesce` is high no new AR or
+AW is offered, but one already offered stays until taken (AXI A3.2.1), a read burst in flight
+takes all its beats (rready high once its client is gone) and a write burst gets its B;
+`idle` says that nothing is offered or in flight, so the core can be reset without breaking a
+transaction. The master itself is never reset mid-run for that reason.
 """
 from __future__ import annotations
 
@@ -90,6 +95,8 @@ class AxiMaster(wiring.Component):
     rd[i]: read clients (In = flipped client view); wr: the write client; bus: AXI4 master.
     rd_beat / wr_beat: one cycle per R / W beat transferred (for the byte counters);
     rd_idle: no read burst in flight; bus_error: a beat or response with RRESP/BRESP != OKAY.
+    quiesce (In): offer no new burst and take every R and B beat (the clients are about to be
+    reset); idle (Out): no burst offered or open.
     """
 
     def __init__(self, cfg: AccelConfig, n_read: int = 3):
@@ -98,7 +105,8 @@ class AxiMaster(wiring.Component):
             "rd": In(ReadClientSignature(cfg)).array(n_read),
             "wr": In(WriteClientSignature(cfg)),
             "bus": Out(AXI4Signature(addr_width=cfg.dram_addr_width, data_width=cfg.bus_width)),
-            "rd_beat": Out(1), "wr_beat": Out(1), "rd_idle": Out(1), "bus_error": Out(1)})
+            "rd_beat": Out(1), "wr_beat": Out(1), "rd_idle": Out(1), "bus_error": Out(1),
+            "quiesce": In(1), "idle": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -126,15 +134,19 @@ class AxiMaster(wiring.Component):
                                 m.d.comb += [grant.eq(c), any_req.eq(1)]
         m.d.sync += [hold.eq(bus.arvalid & ~bus.arready), held.eq(grant)]
 
-        m.d.comb += [bus.arvalid.eq(any_req & ~locked), bus.arid.eq(grant), bus.arsize.eq(size), bus.arburst.eq(AXI_BURST_INCR),
+        ar_offered = Signal()             # AR shown and not yet taken: it must stay
+        m.d.sync += ar_offered.eq(bus.arvalid & ~bus.arready)
+        m.d.comb += [bus.arvalid.eq(any_req & ~locked & (~self.quiesce | ar_offered)), bus.arid.eq(grant), bus.arsize.eq(size), bus.arburst.eq(AXI_BURST_INCR),
                      bus.arcache.eq(AXI_CACHE_NORMAL), bus.arlock.eq(0), bus.arprot.eq(0)]
         with m.Switch(grant):
             for c in range(n):
                 with m.Case(c):
                     m.d.comb += [bus.araddr.eq(self.rd[c].ar_addr), bus.arlen.eq(self.rd[c].ar_len),
-                                 self.rd[c].ar_ready.eq(bus.arready & ~locked)]
+                                 self.rd[c].ar_ready.eq(bus.arready & bus.arvalid)]
         with m.If(bus.arvalid & bus.arready):
             m.d.sync += [locked.eq(1), owner.eq(grant), last.eq(grant)]
+        with m.If(self.quiesce & self.idle):     # the core's reset cycle: every run arbitrates alike
+            m.d.sync += [last.eq(n - 1), owner.eq(0)]
 
         for c in range(n):
             m.d.comb += [self.rd[c].r_valid.eq(bus.rvalid & locked & (owner == c)),
@@ -142,20 +154,25 @@ class AxiMaster(wiring.Component):
         with m.Switch(owner):
             for c in range(n):
                 with m.Case(c):
-                    m.d.comb += bus.rready.eq(locked & self.rd[c].r_ready)
+                    m.d.comb += bus.rready.eq(locked & (self.rd[c].r_ready | self.quiesce))
         r_fire = bus.rvalid & bus.rready
         with m.If(r_fire & bus.rlast):
             m.d.sync += locked.eq(0)
 
         wr = self.wr
-        m.d.comb += [bus.awvalid.eq(wr.aw_valid), bus.awid.eq(WRITE_ID), bus.awaddr.eq(wr.aw_addr), bus.awlen.eq(wr.aw_len),
+        aw_offered = Signal()
+        m.d.sync += aw_offered.eq(bus.awvalid & ~bus.awready)
+        open_writes = Signal(4)           # bursts whose AW was taken and whose B has not come
+        m.d.sync += open_writes.eq(open_writes + (bus.awvalid & bus.awready) - (bus.bvalid & bus.bready))
+        m.d.comb += [bus.awvalid.eq(wr.aw_valid & (~self.quiesce | aw_offered)), bus.awid.eq(WRITE_ID), bus.awaddr.eq(wr.aw_addr), bus.awlen.eq(wr.aw_len),
                      bus.awsize.eq(size), bus.awburst.eq(AXI_BURST_INCR), bus.awcache.eq(AXI_CACHE_NORMAL),
-                     bus.awlock.eq(0), bus.awprot.eq(0), wr.aw_ready.eq(bus.awready),
+                     bus.awlock.eq(0), bus.awprot.eq(0), wr.aw_ready.eq(bus.awready & bus.awvalid),
                      bus.wvalid.eq(wr.w_valid), bus.wdata.eq(wr.w_data), bus.wstrb.eq(wr.w_strb),
                      bus.wlast.eq(wr.w_last), wr.w_ready.eq(bus.wready),
-                     wr.b_valid.eq(bus.bvalid), bus.bready.eq(wr.b_ready)]
+                     wr.b_valid.eq(bus.bvalid), bus.bready.eq(wr.b_ready | self.quiesce)]
 
         w_fire = bus.wvalid & bus.wready
+        m.d.comb += self.idle.eq(~locked & ~bus.arvalid & ~bus.awvalid & (open_writes == 0))
         m.d.comb += [self.rd_beat.eq(r_fire), self.wr_beat.eq(w_fire), self.rd_idle.eq(~locked),
                      self.bus_error.eq((r_fire & ((bus.rresp != AXI_RESP_OKAY) | (bus.rid != owner))) |
                                        (bus.bvalid & bus.bready & ((bus.bresp != AXI_RESP_OKAY) |

@@ -99,7 +99,8 @@ def register_map(cfg: AccelConfig) -> list[Register]:
 class ControlRegs(wiring.Component):
     """s_axil: AXI4-Lite slave. start (Out, pulse), busy (Out), insn_addr / insn_count (Out),
     irq (Out), finish (In), bus_error (In, strobe), ev_<counter> (In, strobes: count +1 per cycle
-    high, bytes_* count + bus bytes). reset_core (Out, pulse: start or SOFT_RESET). fault /
+    high, bytes_* count + bus bytes). reset_core (Out, pulse: start or SOFT_RESET, once bus_idle).
+    quiesce (Out): a reset is waiting for the bus; bus_idle (In): no AXI burst offered or open. fault /
     fault_code / fault_index (In), quiet, progress, wd_index (In), halt (Out): see Errors above."""
 
     def __init__(self, cfg: AccelConfig):
@@ -107,7 +108,7 @@ class ControlRegs(wiring.Component):
         members = {"s_axil": In(AXI4LiteSignature(addr_width=REG_ADDR_WIDTH)),
                    "start": Out(1), "busy": Out(1), "insn_addr": Out(cfg.dram_addr_width), "insn_count": Out(32),
                    "irq": Out(1), "finish": In(1), "bus_error": In(1),
-                   "reset_core": Out(1), "fault": In(1), "fault_code": In(CODE_BITS), "fault_index": In(INDEX_BITS),
+                   "reset_core": Out(1), "quiesce": Out(1), "bus_idle": In(1), "fault": In(1), "fault_code": In(CODE_BITS), "fault_index": In(INDEX_BITS),
                    "quiet": In(1), "progress": In(1), "wd_index": In(INDEX_BITS), "halt": Out(1)}
         for name in COUNTERS:
             if name != "cycles":
@@ -123,7 +124,16 @@ class ControlRegs(wiring.Component):
         addr_lo, addr_hi, count = Signal(32), Signal(32), Signal(32)
         counters = {name: Signal(COUNTER_BITS, name=f"cnt_{name}") for name in COUNTERS}
         hi_shadow = Signal(32)
+        # start and SOFT_RESET reset the core; a request waits (quiesce) until no AXI burst is
+        # offered or open, since a reset mid-transaction would withdraw VALID or cut a burst.
+        # The bus is idle whenever a run has ended normally, so start keeps its timing.
+        start_req, soft_req = Signal(), Signal()
         start, soft = Signal(), Signal()
+        m.d.comb += [start.eq(start_req & self.bus_idle), soft.eq(soft_req & self.bus_idle & ~start_req)]
+        with m.If(start):
+            m.d.sync += [start_req.eq(0), soft_req.eq(0)]
+        with m.If(soft):
+            m.d.sync += soft_req.eq(0)
         err_code, err_index = Signal(CODE_BITS), Signal(INDEX_BITS)
         wd_limit, wd_count = Signal(32), Signal(32)
         quiet_run = Signal(range(QUIET_CYCLES + 1))
@@ -139,7 +149,6 @@ class ControlRegs(wiring.Component):
             m.d.sync += bvalid.eq(0)
 
         word = bus.awaddr[2:REG_ADDR_WIDTH]
-        m.d.sync += [start.eq(0), soft.eq(0)]
         with m.If(w_fire):
             with m.Switch(word):
                 for off, reg in ((0x08, addr_lo), (0x0C, addr_hi), (0x10, count), (0x20, wd_limit)):
@@ -151,7 +160,7 @@ class ControlRegs(wiring.Component):
                     with m.If(bus.wstrb[0]):
                         m.d.sync += irq_en.eq(bus.wdata[1])
                         with m.If(bus.wdata[0] & ~busy):
-                            m.d.sync += [start.eq(1), busy.eq(1), done.eq(0), bus_err.eq(0), err_code.eq(0),
+                            m.d.sync += [start_req.eq(1), busy.eq(1), done.eq(0), bus_err.eq(0), err_code.eq(0),
                                          err_index.eq(0)]
                             m.d.sync += [c.eq(0) for c in counters.values()]
                 with m.Case(0x04 >> 2):
@@ -162,19 +171,20 @@ class ControlRegs(wiring.Component):
                             m.d.sync += bus_err.eq(0)
                 with m.Case(0x24 >> 2):
                     with m.If(bus.wstrb[0] & bus.wdata[0]):
-                        m.d.sync += [soft.eq(1), busy.eq(0), done.eq(0), err_code.eq(0), err_index.eq(0)]
+                        m.d.sync += [soft_req.eq(1), start_req.eq(0), busy.eq(0), done.eq(0), err_code.eq(0),
+                                     err_index.eq(0)]
 
         # ---- run state, faults, watchdog and counters ------------------------------------------------
-        with m.If(~self.progress & busy & ~start):
+        with m.If(~self.progress & busy & ~start_req):
             m.d.sync += wd_count.eq(wd_count + 1)
         with m.Else():
             m.d.sync += wd_count.eq(0)
-        with m.If(self.quiet & busy & ~start):
+        with m.If(self.quiet & busy & ~start_req):
             m.d.sync += quiet_run.eq(Mux(quiet_run == QUIET_CYCLES, QUIET_CYCLES, quiet_run + 1))
         with m.Else():
             m.d.sync += quiet_run.eq(0)
         watchdog = (wd_limit != 0) & (wd_count >= wd_limit)
-        with m.If(busy & ~start):
+        with m.If(busy & ~start_req):
             with m.If(self.fault & ((err_code == 0) | (self.fault_index < err_index))):
                 m.d.sync += [err_code.eq(self.fault_code), err_index.eq(self.fault_index)]
             with m.If(self.finish):
@@ -197,6 +207,7 @@ class ControlRegs(wiring.Component):
                     with m.If(getattr(self, f"ev_{name}")):
                         m.d.sync += c.eq(c + 1)
         m.d.comb += [self.start.eq(start), self.reset_core.eq(start | soft), self.busy.eq(busy),
+                     self.quiesce.eq(start_req | soft_req),
                      self.halt.eq((err_code == ErrorCode.INDEX_RANGE) | (err_code == ErrorCode.WATCHDOG)),
                      self.insn_count.eq(count),
                      self.insn_addr.eq(Cat(addr_lo, addr_hi)[:aw]),

@@ -57,7 +57,9 @@ class Accelerator(wiring.Component):
         load = core("load", LoadStage(cfg))
         compute = core("compute", ComputeStage(cfg))
         store = core("store", StoreStage(cfg))
-        axi = core("axi", AxiMaster(cfg, n_read=len(READ_CLIENTS)))
+        # not reset with the core: it finishes the bursts on the bus first (quiesce / idle)
+        m.submodules.axi = axi = AxiMaster(cfg, n_read=len(READ_CLIENTS))
+        m.d.comb += [axi.quiesce.eq(regs.quiesce), regs.bus_idle.eq(axi.idle)]
         connect(m, flipped(self.m_axi), axi.bus)
         for i, stage in enumerate((fetch, load, compute)):
             connect(m, stage.dma, axi.rd[i])
