@@ -973,6 +973,9 @@ def profile_summary(rows: list[dict], config: AccelConfig | None = None) -> dict
            "accel_wall_s": sum(r["time_s"] for r in acc), "accel_insns": sum(r.get("insns") or 0 for r in acc),
            "accel_macs": sum(r["macs"] for r in acc), "cpu_macs": sum(r["macs"] for r in cpu),
            "accel_cycles": sum(cycles) if have_cycles else None}
+    gpu = [r for r in rows if r["target"] == "gpu"]
+    if gpu:   # --target opencl|cuda: kernel launches with their copies in and out
+        out.update(gpu_time_s=sum(r["time_s"] for r in gpu), gpu_macs=sum(r["macs"] for r in gpu))
     if have_cycles and config is not None:
         out["accel_latency_s"] = out["accel_cycles"] / (config.clock_mhz * 1e6)
         out["accel_utilization"] = out["accel_macs"] / (out["accel_cycles"] * config.macs_per_cycle)
@@ -991,8 +994,9 @@ def format_profile(rows: list[dict], config: AccelConfig | None = None) -> str:
                       f"{cyc if cyc else '':>10} {f'{util:.0%}' if util is not None else '':>6}  "
                       f"{r.get('note', '')}").rstrip())
     s = profile_summary(rows, config)
-    tail = (f"total: {s['steps']} steps, CPU {s['cpu_time_s'] * 1e3:.3f} ms, accelerator {s['accel_insns']} "
-            f"instructions for {s['accel_macs']} MACs")
+    tail = (f"total: {s['steps']} steps, CPU {s['cpu_time_s'] * 1e3:.3f} ms, "
+            + (f"GPU {s['gpu_time_s'] * 1e3:.3f} ms for {s['gpu_macs']} MACs, " if "gpu_time_s" in s else "")
+            + f"accelerator {s['accel_insns']} instructions for {s['accel_macs']} MACs")
     if s.get("accel_cycles"):
         tail += f", {s['accel_cycles']} cycles"
         if "accel_latency_s" in s:

@@ -158,3 +158,14 @@ def test_broken_tuning_log_is_one_error(tmp_path):
     p.write_text("[1, 2")
     with pytest.raises(GpuTuneError, match="t.json"):
         GpuTuner(p)
+
+
+def test_profile_counts_gpu_time():
+    opencl_or_skip()
+    from host_runtime.executor import format_profile, profile_summary
+    m = zoo.mlp()
+    mod = compiler.build_model(m, target="opencl")
+    _, rows = mod.run(zoo.sample_inputs(m, 1)[0])
+    s = profile_summary(rows)
+    assert s["gpu_macs"] == sum(r["macs"] for r in rows) > 0 and s["gpu_time_s"] > 0
+    assert "GPU " in format_profile(rows).splitlines()[-1]
