@@ -16,10 +16,10 @@ QUIET_CYCLES cycles in a row: no stage executing or taking an instruction, no fe
 read burst), or at once for the watchdog: with WATCHDOG = N > 0, N cycles in a row while busy
 without `progress` (In) raise a WATCHDOG fault (index: `wd_index`, the next instruction fetch
 would dispatch). halt (Out): an INDEX_RANGE or WATCHDOG fault is latched (every stage stops).
-SOFT_RESET: writing 1 pulses `reset_core` (as `start` does) and clears busy, done and the error,
+SOFT_RESET: writing 1 clears busy, done and the error and requests `reset_core` (as `start` does),
 returning every queue and state machine of the core to idle; the counters and buffers are kept.
-An AXI transaction in flight is abandoned: use it when the bus is idle (after a watchdog fault
-on a stuck token protocol, say), not to abort a transfer.
+Both requests wait (`quiesce`) until the AXI master is idle (`bus_idle`), so that no transaction
+on the bus is cut; after a normal run the bus is idle and start keeps its timing.
 """
 from __future__ import annotations
 
