@@ -186,3 +186,41 @@ def test_bool_and_double_buffers(rng):
     od = np.zeros(6)
     run_kernel(k.to_attrs(), [xd], od)
     np.testing.assert_allclose(od, np.exp(xd) * 2, rtol=1e-12)
+
+
+def _in_body(src, old, new):
+    head, sep, body = src.partition("__kernel")
+    return head + sep + body.replace(old, new, 1)
+
+
+def _attrs_of(name):
+    k, *_ = _build(name, "opencl")
+    return k.to_attrs()
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda s: _in_body(s, "[kit_idx(", "[("), "not clamped"),
+    (lambda s: s.replace("__local float", "__local float *", 1), "pointer|declared|__local"),
+    (lambda s: s.rstrip().rstrip("}") + " float* p = (float*)1234; p[0] = 1.0f; }", "pointer|not allowed|\\["),
+    (lambda s: s.replace("/* generated", "#include <x>\n/* generated", 1), "preamble"),
+    (lambda s: s.replace("barrier(CLK_LOCAL_MEM_FENCE);", "printf(CLK_LOCAL_MEM_FENCE);", 1), "call of 'printf'"),
+])
+def test_crafted_opencl_source_is_refused(edit, why):
+    from host_runtime.gpu import check_gpu_attrs
+    attrs = _attrs_of("dense")
+    assert check_gpu_attrs(attrs) is None
+    bad = dict(attrs, source=edit(attrs["source"]))
+    assert bad["source"] != attrs["source"]
+    msg = check_gpu_attrs(bad)
+    assert msg is not None and __import__("re").search(why, msg), msg
+
+
+def test_opencl_clamp_must_match_the_array_size():
+    import re
+    from host_runtime.gpu import check_gpu_attrs
+    attrs = _attrs_of("dense")
+    n = attrs["params"][0][0][0] * attrs["params"][0][0][1]
+    src = re.sub(rf", {n}\)\]", f", {n * 1000})]", attrs["source"], count=1)
+    assert src != attrs["source"]
+    assert "must be clamped to its size" in check_gpu_attrs(dict(attrs, source=src))
+    assert "signature" in check_gpu_attrs(dict(attrs, block=[attrs["block"][0] * 2, *attrs["block"][1:]]))
