@@ -160,6 +160,20 @@ _MATH = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "floor": "f
 from host_runtime.gpu import FP64_PRAGMA, OPENCL_PREAMBLE as _PREAMBLE  # noqa: E402 - the runtime verifies it
 
 
+_RESERVED = {"if", "else", "for", "while", "do", "return", "break", "continue", "switch", "case", "default", "goto",
+             "const", "static", "inline", "restrict", "volatile", "void", "struct", "union", "enum", "typedef",
+             "sizeof", "kernel", "global", "local", "private", "constant", "generic", "barrier", "min", "max",
+             "fmin", "fmax", "abs", "fabs", "exp", "log", "sqrt", "tanh", "floor", "ceil", "rint", "trunc", "pow",
+             "exp2", "log2", "sin", "cos", "clamp", "select", "INFINITY", "NAN", "CLK_LOCAL_MEM_FENCE", "true",
+             "false", "signed", "unsigned", "auto", "extern", "register", "asm", "printf"}
+
+
+def _is_type_name(name: str) -> bool:
+    import re
+    return re.match(r"(u?char|u?short|u?int|u?long|float|double|half|bool|size_t|ptrdiff_t|u?intptr_t)\d*$",
+                    name) is not None
+
+
 def mtype(dtype: str, where: str = "") -> str:
     """The element type of a buffer: bool is stored as uchar (OpenCL has no bool in memory)."""
     return "uchar" if dtype == "bool" else ctype(dtype, where)
@@ -190,8 +204,8 @@ class CodegenOpenCL:
         key = id(obj)
         if key not in self.names:
             base = "".join(c if c.isalnum() else "_" for c in hint) or "v"
-            if base[0].isdigit():
-                base = "v" + base
+            if base[0].isdigit() or base in _RESERVED or _is_type_name(base) or base.startswith(("kit_", "get_")):
+                base = "v_" + base   # a tensor named 'tanh' or 'int' must not shadow a builtin
             n, k = base, 0
             while n in self.used:
                 k += 1

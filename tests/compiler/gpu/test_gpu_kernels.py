@@ -224,3 +224,19 @@ def test_opencl_clamp_must_match_the_array_size():
     assert src != attrs["source"]
     assert "must be clamped to its size" in check_gpu_attrs(dict(attrs, source=src))
     assert "signature" in check_gpu_attrs(dict(attrs, block=[attrs["block"][0] * 2, *attrs["block"][1:]]))
+
+
+def test_tensor_names_do_not_shadow_builtins(rng):
+    """An input named 'int' and an output named 'tanh' (the elementwise op's compute name) get
+    renamed in the OpenCL C, so the call to tanh() still means the builtin."""
+    opencl_or_skip()
+    from compiler.ops import elemwise as ew
+    from host_runtime.gpu import run_kernel
+    a = te.placeholder((3, 70), "float32", name="int")
+    y = ew.tanh(a)
+    k = build_gpu(gpu.schedule_gpu([y]), [a, y], "opencl", "k_tanh")
+    assert "restrict v_int" in k.source and "restrict v_tanh" in k.source
+    x = rng.standard_normal((3, 70)).astype("float32")
+    o = np.zeros((3, 70), "float32")
+    run_kernel(k.to_attrs(), [x], o)
+    np.testing.assert_allclose(o, np.tanh(x), atol=1e-6)
