@@ -87,12 +87,43 @@ def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | Non
     if opset < MIN_OPSET:
         from onnx import version_converter
         try:
-            model = _keep_resize10_semantics(model, version_converter.convert_version(model, MIN_OPSET))
+            model = _keep_resize10_semantics(model, version_converter.convert_version(
+                _without_removed_ops(model), MIN_OPSET))
         except Exception as e:
             raise ModelLoadError(f"{src}: cannot upgrade opset {opset} to {MIN_OPSET} with onnx's version "
                                  f"converter: {e}") from None
         log.info("upgraded %s from opset %d to %d", src, opset, MIN_OPSET)
     return model
+
+
+def _without_removed_ops(model):
+    """ImageScaler (experimental, gone from opset 10; Tiny YOLOv2 and other opset-8 exports use it)
+    stops onnx's version converter, which has no schema for it: rewritten before the upgrade as
+    Mul by scale and Add of the per-channel bias, both valid at every opset from 7."""
+    onnx = _onnx()
+    if not any(n.op_type == "ImageScaler" and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    for k, n in enumerate(model.graph.node):
+        if n.op_type != "ImageScaler" or n.domain not in ("", "ai.onnx"):
+            out.graph.node.append(n)
+            continue
+        a = {at.name: onnx.helper.get_attribute_value(at) for at in n.attribute}
+        bias = np.asarray(a.get("bias", []), np.float32)
+        base = f"{n.name or 'ImageScaler_' + str(k)}"
+        scaled = f"{base}/scaled" if bias.size else n.output[0]
+        out.graph.node.extend([
+            onnx.helper.make_node("Constant", [], [f"{base}/scale"], name=f"{base}/scale",
+                                  value=onnx.numpy_helper.from_array(np.float32(a.get("scale", 1.0)))),
+            onnx.helper.make_node("Mul", [n.input[0], f"{base}/scale"], [scaled], name=f"{base}/mul")])
+        if bias.size:
+            out.graph.node.extend([
+                onnx.helper.make_node("Constant", [], [f"{base}/bias"], name=f"{base}/bias",
+                                      value=onnx.numpy_helper.from_array(bias.reshape(-1, 1, 1))),
+                onnx.helper.make_node("Add", [scaled, f"{base}/bias"], [n.output[0]], name=n.name or base)])
+    return out
 
 
 def _keep_resize10_semantics(old, new):
@@ -948,6 +979,20 @@ def _upsample(c):
         return _resize(c)
     finally:
         c.onnx_node = upsample
+
+
+@converter("ImageScaler")
+def _image_scaler(c):
+    """scale x + bias[channel] (opsets 1-9; load_model rewrites it the same way before the upgrade)."""
+    x = c.input(0)
+    bias = np.asarray(c.attr("bias", []), x.dtype).reshape(-1)
+    if bias.size not in (0, x.shape[1]):
+        c.fail(f"bias has {bias.size} values for {x.shape[1]} channels")
+    y = c.add("mul", [x, c.const(np.asarray(float(c.attr("scale", 1.0)), x.dtype), "scale")],
+              suffix="scale" if bias.size else "")
+    if bias.size:
+        y = c.add("add", [y, c.const(bias.reshape((-1,) + (1,) * (x.type.rank - 2)), "bias")])
+    return y
 
 
 def _exp_minus_one_of_negative_part(c, x):

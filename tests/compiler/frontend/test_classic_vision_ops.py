@@ -249,6 +249,8 @@ def _one(op, in_shape, opset, attrs=None, inits=()):
                                                                list(np.shape(v))))
     inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True)
     m.graph.output.extend(vi for vi in inferred.graph.value_info if vi.name == "y")
+    if not m.graph.output:   # experimental ops (ImageScaler) have no shape inference: same as x
+        m.graph.output.append(helper.make_tensor_value_info("y", F, list(in_shape)))
     return m
 
 
@@ -260,6 +262,8 @@ OLD_OPS = {
     "resize10_linear_down": ("Resize", (1, 2, 6, 8), 10, {"mode": "linear"}, [("s", np.array([1, 1, 0.5, 0.75], np.float32))]),
     "resize10_nearest_down": ("Resize", (1, 2, 6, 8), 10, {}, [("s", np.array([1, 1, 0.5, 0.75], np.float32))]),
     "resize10_linear_up": ("Resize", (1, 2, 3, 4), 10, {"mode": "linear"}, [("s", np.array([1, 1, 2, 1.5], np.float32))]),
+    # ImageScaler (gone from opset 10) is rewritten before the upgrade, which cannot convert it
+    "image_scaler": ("ImageScaler", (1, 3, 4, 4), 8, {"scale": 0.5, "bias": [1.0, -2.0, 3.0]}, []),
     "elu": ("Elu", (3, 5), 13, {"alpha": 0.7}, []),
     "selu": ("Selu", (3, 5), 13, {}, []),
     "selu_attrs": ("Selu", (3, 5), 13, {"alpha": 1.5, "gamma": 0.8}, []),
