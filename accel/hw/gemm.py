@@ -12,6 +12,14 @@ the second acc port in S1 (with the same S3 bypass) and writes the seed to the a
 the FLUSH requantization of its sum (flush_imm) to the output buffer (with flush_to_acc, to the
 accumulator too, sign-extended, instead of the seed); other micro-ops give the
 output buffer their narrowed sum. The bypass forwards what was written to the accumulator.
+
+DSP packing (two products per multiplier, as Xilinx packs INT8 into its DSPs): output lanes 2j and
+2j+1 multiply the same input element, so S2 computes inp * ((w_{2j+1} << S) + w_{2j}) once, with
+S = inp_width + wgt_width (each product fits S signed bits). The low S bits, read as signed, are
+the even lane's product exactly; the bits above them, floored, are the odd lane's product minus 1
+where the even one is negative, a borrow that is added back once per dot product (a count of the
+borrow bits) instead of per product. Bit-exact; same cycles. Packing is used where the packed
+operand fits a DSP48E1's 25-bit port and the input its 18-bit one (8-bit inputs and weights).
 """
 from __future__ import annotations
 
@@ -24,6 +32,39 @@ from accel.isa.config import ALU_IMM_BITS
 
 from .alu import flush_lane
 from .layouts import lanes, read_signature
+
+
+# the DSP48E1 multiplier's signed port widths (25 x 18): packing must fit them to save DSPs
+DSP_A_BITS, DSP_B_BITS = 25, 18
+
+
+def packing_shift(inp_width: int, wgt_width: int) -> int | None:
+    """S for two inp x wgt products per multiply, or None where the packed weight operand
+    ((w_hi << S) + w_lo: wgt_width + S + 1 signed bits) or the input would not fit the DSP."""
+    s = inp_width + wgt_width
+    return s if wgt_width + s + 1 <= DSP_A_BITS and inp_width <= DSP_B_BITS else None
+
+
+def packed_weights(w_hi: int, w_lo: int, shift: int) -> int:
+    """Python model of the packed operand (w_hi << shift) + w_lo (signed integers)."""
+    return (w_hi << shift) + w_lo
+
+
+def split_packed(p: int, shift: int) -> tuple[int, int]:
+    """Python model of the bit slicing: the packed product p's (hi, lo) products. lo: the low
+    `shift` bits as signed; hi: the bits above them (floored) plus the borrow, lo's sign bit."""
+    low = p & ((1 << shift) - 1)
+    borrow = low >> (shift - 1)
+    return (p >> shift) + borrow, low - (borrow << shift)
+
+
+def packed_dots(inp: list, w_lo: list, w_hi: list, shift: int) -> tuple:
+    """Amaranth: (sum inp*w_hi, sum inp*w_lo) with one multiply per element pair."""
+    prods = [a * ((wh << shift) + wl) for a, wl, wh in zip(inp, w_lo, w_hi)]
+    lo = [p[:shift].as_signed() for p in prods]
+    hi = [p[shift:].as_signed() for p in prods]
+    borrows = tree_sum([p[shift - 1].as_unsigned() for p in prods])
+    return tree_sum(hi) + borrows, tree_sum(lo)
 
 
 def tree_sum(values: list):
@@ -41,8 +82,14 @@ class GemmCore(wiring.Component):
     busy (Out): a micro-op is in S2 or S3. reset micro-ops sum to zero.
     """
 
-    def __init__(self, cfg: AccelConfig):
+    def __init__(self, cfg: AccelConfig, *, dsp_packing: bool | None = None):
+        """dsp_packing: two products per multiplier (None: wherever packing_shift allows it)."""
         self.cfg = cfg
+        shift = packing_shift(cfg.inp_width, cfg.wgt_width)
+        if dsp_packing and shift is None:
+            raise ValueError(f"dsp_packing: inp_width {cfg.inp_width} x wgt_width {cfg.wgt_width} does not "
+                             f"fit a {DSP_A_BITS}x{DSP_B_BITS} multiplier packed (8 x 8 does)")
+        self.pack_shift = shift if dsp_packing is not False and cfg.block_out > 1 else None
         self.acc_bits = cfg.batch * cfg.block_out * cfg.acc_width
         super().__init__({
             "in_valid": In(1), "in_acc": In(cfg.acc_idx_bits), "in_inp": In(cfg.inp_idx_bits),
@@ -96,10 +143,16 @@ class GemmCore(wiring.Component):
         # S2: products and dot products; accumulator value with the S3 -> S2 bypass
         inp = lanes(self.inp_rd.data, nb * ni, cfg.inp_width)
         wgt = lanes(self.wgt_rd.data, no * ni, cfg.wgt_width)
+        shift = self.pack_shift
         for b in range(nb):
+            row = inp[b * ni:(b + 1) * ni]
             for o in range(no):
-                prods = [inp[b * ni + i] * wgt[o * ni + i] for i in range(ni)]
-                m.d.sync += p3_dot[b * no + o].eq(tree_sum(prods))
+                if shift is not None and o % 2 == 0 and o + 1 < no:
+                    hi, lo = packed_dots(row, wgt[o * ni:(o + 1) * ni], wgt[(o + 1) * ni:(o + 2) * ni], shift)
+                    m.d.sync += [p3_dot[b * no + o].eq(lo), p3_dot[b * no + o + 1].eq(hi)]
+                elif shift is None or o % 2 == 0:    # (odd lanes of a pair are written with the even one)
+                    prods = [row[i] * wgt[o * ni + i] for i in range(ni)]
+                    m.d.sync += p3_dot[b * no + o].eq(tree_sum(prods))
         bypass = p3_valid & (p3_idx == p2_idx)
         seed_bypass = p3_valid & (p3_idx == p2_seed)
         m.d.sync += [p3_valid.eq(p2_valid), p3_idx.eq(p2_idx), p3_reset.eq(p2_reset), p3_flush.eq(p2_flush),

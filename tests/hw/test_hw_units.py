@@ -147,6 +147,151 @@ def test_gemm_core_one_uop_per_cycle_with_back_to_back_hazards(cfg):
         assert unpack(final[i], c.batch * c.block_out, c.acc_width).tolist() == ref[i].reshape(-1).tolist(), i
 
 
+# ---- GEMM core: two int8 products per DSP ---------------------------------------------------------
+def test_dsp_packing_model_is_exact_for_every_int8_triple():
+    """The bit slicing's Python model against plain products for all 2**24 (inp, w_hi, w_lo);
+    the packed operand stays within the DSP48E1's 25-bit signed port."""
+    from accel.hw.gemm import DSP_A_BITS, packed_weights, packing_shift, split_packed
+    shift = packing_shift(8, 8)
+    assert shift == 16
+    w = np.arange(-128, 128, dtype=np.int64)
+    wh, wl = np.meshgrid(w, w, indexing="ij")
+    packed = packed_weights(wh, wl, shift)
+    assert packed.min() >= -(1 << (DSP_A_BITS - 1)) and packed.max() < 1 << (DSP_A_BITS - 1)
+    for a in range(-128, 128):
+        hi, lo = split_packed(a * packed, shift)
+        assert np.array_equal(hi, a * wh) and np.array_equal(lo, a * wl), a
+
+
+def test_dsp_packing_shift_only_where_the_packed_operand_fits():
+    from accel.hw.gemm import GemmCore, packing_shift
+    assert [packing_shift(i, w) for i, w in ((8, 8), (8, 16), (16, 8), (16, 16))] == [16, None, None, None]
+    wide = AccelConfig(inp_width=16, wgt_width=16, block_in=4, block_out=4, uop_buff_bytes=1024,
+                       inp_buff_bytes=1024, wgt_buff_bytes=2048, acc_buff_bytes=4096, out_buff_bytes=1024)
+    assert GemmCore(wide).pack_shift is None
+    assert GemmCore(CFG).pack_shift == 16 and GemmCore(CFG, dsp_packing=False).pack_shift is None
+    with pytest.raises(ValueError, match="inp_width 16 x wgt_width 16"):
+        GemmCore(wide, dsp_packing=True)
+
+
+class _PackedDots(Elaboratable):
+    """packed_dots over n elements, combinational: (sum inp*w_hi, sum inp*w_lo)."""
+    def __init__(self, n):
+        self.inp = [Signal(signed(8), name=f"a{i}") for i in range(n)]
+        self.w_lo = [Signal(signed(8), name=f"wl{i}") for i in range(n)]
+        self.w_hi = [Signal(signed(8), name=f"wh{i}") for i in range(n)]
+        self.hi, self.lo = Signal(signed(32)), Signal(signed(32))
+
+    def elaborate(self, platform):
+        from accel.hw.gemm import packed_dots
+        m = Module()
+        hi, lo = packed_dots(self.inp, self.w_lo, self.w_hi, 16)
+        m.d.comb += [self.hi.eq(hi), self.lo.eq(lo)]
+        return m
+
+
+def test_packed_products_rtl_every_input_and_weight_against_corner_partners():
+    """The Amaranth unit, one element: every (inp, v) pair once, v as w_hi or w_lo (alternating)
+    against a corner value as its partner, plus all corner triples (the model test covers all
+    2**24 triples; simulating them would take minutes)."""
+    dut = _PackedDots(1)
+    corners = (-128, -127, -1, 0, 1, 127)
+    cases = []
+    for a in range(-128, 128):
+        for v in range(-128, 128):
+            k = (7 * a + v) % 12
+            cases.append((a, v, corners[k // 2]) if k % 2 else (a, corners[k // 2], v))
+    cases += [(a, h, lw) for a in corners for h in corners for lw in corners]
+    bad = []
+
+    async def tb(ctx):
+        for a, h, lw in cases:
+            ctx.set(dut.inp[0], a)
+            ctx.set(dut.w_hi[0], h)
+            ctx.set(dut.w_lo[0], lw)
+            got = (ctx.get(dut.hi), ctx.get(dut.lo))
+            if got != (a * h, a * lw):
+                bad.append((a, h, lw, got))
+
+    sim = Simulator(dut)
+    sim.add_testbench(tb)
+    sim.run()
+    assert not bad, bad[:5]
+
+
+def test_packed_dot_products_rtl_sum_the_borrows_once_per_dot():
+    """16-element dot products (the default block_in) with inputs and weights drawn towards the
+    extremes, so that many low products are negative (many borrows) and sums reach 16 * 2**14."""
+    from hypothesis import given, settings, strategies as st
+    int8 = st.one_of(st.sampled_from([-128, -127, -1, 0, 1, 127]), st.integers(-128, 127))
+    vec = st.lists(int8, min_size=16, max_size=16)
+    dut = _PackedDots(16)
+
+    def run(a, wh, wl):
+        out = []
+
+        async def tb(ctx):
+            for sig, vals in ((dut.inp, a), (dut.w_hi, wh), (dut.w_lo, wl)):
+                for s_, v in zip(sig, vals):
+                    ctx.set(s_, v)
+            out.append((ctx.get(dut.hi), ctx.get(dut.lo)))
+        sim = Simulator(dut)
+        sim.add_testbench(tb)
+        sim.run()
+        return out[0]
+
+    @settings(max_examples=60, deadline=None, derandomize=True)
+    @given(vec, vec, vec)
+    def check(a, wh, wl):
+        assert run(a, wh, wl) == (int(np.dot(a, wh)), int(np.dot(a, wl)))
+    check()
+    # every low product negative and the sums at their extremes
+    assert run([-128] * 16, [-128] * 16, [127] * 16) == (16 << 14, -16 * 128 * 127)
+    assert run([127] * 16, [-128] * 16, [-128] * 16) == (-16 * 127 * 128,) * 2
+
+
+def test_gemm_core_default_shape_packed_equals_plain_products_at_the_extremes():
+    """A 1x16x16 core (the default's shape) with and without packing, against numpy, on entries
+    of extreme and random int8 values; the accumulator wraps at 32 bits."""
+    c = AccelConfig(batch=1, block_in=16, block_out=16, uop_buff_bytes=1024, inp_buff_bytes=256,
+                    wgt_buff_bytes=2048, acc_buff_bytes=1024, out_buff_bytes=256)
+    rng = np.random.default_rng(7)
+    ext = np.array([-128, -127, -1, 0, 1, 127])
+    inp = np.concatenate([np.full((1, 1, 16), -128), np.full((1, 1, 16), 127), rng.choice(ext, (6, 1, 16)),
+                          rng.integers(-128, 128, (8, 1, 16))])
+    wgt = np.concatenate([np.full((1, 16, 16), -128), np.tile([127, -128], (1, 16, 8)), rng.choice(ext, (2, 16, 16)),
+                          rng.integers(-128, 128, (4, 16, 16))])
+    acc0 = rng.integers(-(1 << 31), 1 << 31, (c.acc_depth, 1, 16))
+    uops = [(d % c.acc_depth, s, w) for d, (s, w) in enumerate((s, w) for s in range(16) for w in range(8))]
+    results = {}
+    for packing in (True, False):
+        h = _GemmHarness(c, inp, wgt, acc0)
+        h.core = GemmCore(c, dsp_packing=packing)
+        final = results[packing] = {}
+
+        async def tb(ctx, h=h, final=final):
+            core = h.core
+            for d, s, w in uops:
+                ctx.set(core.in_valid, 1)
+                ctx.set(core.in_acc, d)
+                ctx.set(core.in_inp, s)
+                ctx.set(core.in_wgt, w)
+                await ctx.tick()
+            ctx.set(core.in_valid, 0)
+            for _ in range(3):
+                await ctx.tick()
+            for i in range(c.acc_depth):
+                final[i] = ctx.get(h.acc.data[i])
+        simulate(h, tb)
+    ref = acc0.astype(np.int64).copy()
+    for d, s, w in uops:
+        ref[d] = ref[d] + inp[s] @ wgt[w].T
+    ref = ((ref + (1 << 31)) % (1 << 32)) - (1 << 31)
+    assert results[True] == results[False]
+    for i in range(c.acc_depth):
+        assert unpack(results[True][i], 16, 32).tolist() == ref[i].reshape(-1).tolist(), i
+
+
 # ---- tensor ALU --------------------------------------------------------------------------------
 class _AluHarness(Elaboratable):
     """TensorAlu on an accumulator memory, written as the compute stage writes it (a FLUSH: the
