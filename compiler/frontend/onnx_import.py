@@ -67,6 +67,7 @@ def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | Non
     if not model.graph.node and not model.graph.output:
         raise ModelLoadError(f"{src}: the model has no graph (truncated or not ONNX)")
     model = _load_external_data(model, base_dir, src)
+    model = _declare_output_shapes(model)
     try:
         onnx.checker.check_model(model, full_check=True)
     except Exception as e:  # onnx.checker.ValidationError, shape inference errors and friends
@@ -94,6 +95,32 @@ def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | Non
                                  f"converter: {e}") from None
         log.info("upgraded %s from opset %d to %d", src, opset, MIN_OPSET)
     return model
+
+
+def _declare_output_shapes(model):
+    """Graph outputs declared with a type but no shape run in onnxruntime, but onnx's checker
+    refuses them ("Field 'shape' of 'type' is required"): they take the shape onnx's shape
+    inference gives, so that the checker still checks everything else. An output whose shape
+    cannot be inferred is left as it was (and the checker says so)."""
+    onnx = _onnx()
+    missing = [o.name for o in model.graph.output
+               if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape")]
+    if not missing:
+        return model
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:   # the checker reports what is wrong
+        return model
+    shapes = {v.name: v.type.tensor_type.shape for v in (*inferred.graph.value_info, *inferred.graph.output)
+              if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+    if not any(name in shapes for name in missing):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for o in out.graph.output:
+        if o.name in missing and o.name in shapes:
+            o.type.tensor_type.shape.CopyFrom(shapes[o.name])
+    return out
 
 
 def _without_removed_ops(model):

@@ -178,6 +178,17 @@ def test_checker_message_is_shown_on_one_line_naming_the_model(tmp_path):
     assert "MatMul" in msg and "\n" not in msg
 
 
+def test_an_output_declared_without_a_shape_is_accepted_as_onnxruntime_accepts_it():
+    """onnx's checker wants every graph output's shape field; shape inference supplies it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 13)])
+    xv = np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)
+    expected = ort.InferenceSession(m.SerializeToString()).run(None, {"x": xv})[0]
+    np.testing.assert_array_equal(run(from_onnx(m), {"x": xv})["y"], expected)
+
+
 def test_full_checker_catches_what_only_shape_inference_sees(tmp_path):
     """full_check: a declared output shape that contradicts the inferred one is refused."""
     m = _matmul_model(W)
