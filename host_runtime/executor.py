@@ -826,7 +826,8 @@ class Executor:
                 raise ModuleFormatError(f"step '{s.name}': kernel {s.symbol!r} is not a function defined in the "
                                         f"module's kernel IR")
             fn = self.lib.function(s.symbol)   # only a function the verified IR defines, never libc's
-            arrays = [np.ascontiguousarray(self._arg(a)) for a in s.args] + [out]
+            # np.require, not ascontiguousarray: that turns a 0-d tensor into a 1-d copy
+            arrays = [np.require(self._arg(a), requirements='C') for a in s.args] + [out]
             for a, arr in zip(s.args, arrays):
                 if a[0] == "t" and arr is not self.views[a[1]]:
                     raise ExecutorError(f"step '{s.name}': argument tensor {a[1]} is not contiguous")

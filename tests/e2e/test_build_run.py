@@ -424,3 +424,17 @@ def test_e2e_broken_tuning_log_stops_the_build(tmp_path):
     log_path.write_text('{"k": 3}')
     with pytest.raises(BuildError, match="expected a JSON object of tuning records"):
         compiler.build_model(m, target="accel", config="tiny", tune=log_path)
+
+
+def test_cpu_kernel_step_takes_a_scalar_tensor():
+    """A 0-d tensor between two kernel steps (ReduceMean over every axis, then Relu) reaches the
+    kernel as the tensor itself, not a 1-d copy."""
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
+    g = helper.make_graph([helper.make_node("ReduceMean", ["x"], ["m"], keepdims=0),
+                           helper.make_node("Relu", ["m"], ["y"])], "scalar", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    xv = np.arange(6, dtype=np.float32).reshape(2, 3) - 1
+    out, _ = compiler.build(m.SerializeToString(), target="cpu").run({"x": xv})
+    assert out["y"].shape == () and out["y"] == np.float32(1.5)
