@@ -12,6 +12,7 @@ Ops and attributes follow the graph IR (compiler.graph.ops); `ops.list_ops()` li
 lookup for an unsupported (op, target) raises OpNotSupported with the reason.
 """
 from . import library as _library  # noqa: F401  (fills the registry)
+from . import gpu as _gpu  # noqa: F401  (the GPU schedules, so a lookup never depends on import order)
 from .api import CompiledOp, clear_cache, compile_op, get, list_ops
 from .registry import (DECLINED, IMPLS, OPS, Implementation, OpDef, OpError, OpNotSupported, add_impl,
                        decline, define, implementations, select)

@@ -19,10 +19,18 @@ def test_get_returns_compute_and_schedule_usable_with_build():
 
 
 def test_unsupported_target_is_declined_with_reason():
-    with pytest.raises(ops.OpNotSupported, match="GPU backend is not implemented"):
-        ops.get("conv2d", target="cuda")
     with pytest.raises(ops.OpNotSupported, match="compiler.accel"):
         ops.get("dense", target="vta")
+
+
+def test_gpu_schedules_are_registered_whatever_was_imported_first():
+    assert ops.implementations("conv2d", target="cuda")
+    ops.define("kit_test_no_gpu_op", attrs={})
+    try:
+        with pytest.raises(ops.OpNotSupported, match="no GPU schedule is registered"):
+            ops.implementations("kit_test_no_gpu_op", target="cuda")
+    finally:
+        ops.OPS.pop("kit_test_no_gpu_op", None)
 
 
 def test_implementation_declines_explain_themselves():
