@@ -294,8 +294,6 @@ add_impl("layout_transform", "llvm", "layout_transform.injective",
 
 
 # ---------------------------------------------------------------- other targets
-decline("*", "cuda", "no GPU schedule is registered for this operator (compiler/ops/gpu.py registers them "
-                     "as (op, 'cuda')); the partitioner keeps it on the CPU")
 decline("*", "vta", "accelerator operators are lowered by compiler.accel (int8 conv2d, dense, add in the "
                     "packed layout); this library provides their CPU fallback under target 'llvm'")
 
