@@ -26,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from accel.hw.boards import Part, default_part
+from accel.hw.params import CODE_BITS, INDEX_BITS, ibuf_depth
 from accel.isa import AccelConfig
 from accel.isa.config import INSN_BITS
 
@@ -54,9 +55,11 @@ def memories(cfg: AccelConfig) -> list[tuple[str, MemShape]]:
     """(module, shape) of every memory yosys infers in accel_top for `cfg`.
 
     Buffers live in the top module (accel/hw/top.py): one write port each; the accumulator has
-    two read ports (GEMM/ALU operands) transparent to its write port. Command queues are
-    SyncFIFOBuffered(128, cmd_queue_depth), whose storage is depth - 1 entries plus an output
-    register. The dependency-token queues carry a constant bit, so yosys removes their storage.
+    two read ports (GEMM/ALU operands) transparent to its write port. Queues are SyncFIFOBuffered,
+    whose storage is depth - 1 entries plus an output register: the load and store command queues
+    hold instructions, compute's also each instruction's index, and fetch's buffer (ibuf_depth
+    entries) each instruction's fault code. The dependency-token queues carry a constant bit, so
+    yosys removes their storage.
     """
     top = ""
     mems = [(top, MemShape("uop_buf", cfg.uop_depth, cfg.uop_bits)),
@@ -64,9 +67,13 @@ def memories(cfg: AccelConfig) -> list[tuple[str, MemShape]]:
             (top, MemShape("wgt_buf", cfg.wgt_depth, cfg.wgt_elem_bytes * 8)),
             (top, MemShape("acc_buf", cfg.acc_depth, cfg.acc_elem_bytes * 8, n_read=2, transparent=True)),
             (top, MemShape("out_buf", cfg.out_depth, cfg.out_elem_bytes * 8))]
-    if cfg.cmd_queue_depth > 1:
-        for q in ("load_cmd.fifo", "compute_cmd.fifo", "store_cmd.fifo", "fetch.ibuf.fifo"):
-            mems.append((q, MemShape(f"{q}.storage", cfg.cmd_queue_depth - 1, INSN_BITS)))
+    queues = (("load_cmd.fifo", cfg.cmd_queue_depth, INSN_BITS),
+              ("compute_cmd.fifo", cfg.cmd_queue_depth, INSN_BITS + INDEX_BITS),
+              ("store_cmd.fifo", cfg.cmd_queue_depth, INSN_BITS),
+              ("fetch.ibuf.fifo", ibuf_depth(cfg), INSN_BITS + CODE_BITS))
+    for q, depth, width in queues:
+        if depth > 1:
+            mems.append((q, MemShape(f"{q}.storage", depth - 1, width)))
     return mems
 
 
