@@ -10,7 +10,8 @@ import pytest
 from conftest import needs_yosys
 
 from accel.hw.fpga import calibrate
-from accel.hw.fpga.estimate import Mul, dsp_count, estimate, memories, multipliers, verilog_memories
+from accel.hw.fpga.estimate import (Mul, current_source_key, dsp_count, estimate, memories, multipliers,
+                                     verilog_memories)
 from accel.hw.fpga.memmap import MemShape, map_memory
 from accel.hw.fpga.synth import utilization_from_cells
 from accel.isa import AccelConfig, preset
@@ -63,11 +64,13 @@ def test_dsp_count_follows_mul2dsp(a, b, y, xc7, ecp5):
 
 
 def test_multipliers_of_the_tiny_core():
-    """16 GEMM products; per ALU lane MUL's and SCALE's (one multiplier after synth_ecp5's sharing)."""
+    """16 GEMM products packed two per 8 x 25 multiply (one DSP48E1, two 18x18 on ECP5); per ALU
+    lane MUL's and SCALE's (one multiplier after synth_ecp5's sharing)."""
     muls = multipliers(preset("tiny"))
-    assert [(m.module, m.count) for m in muls] == [("compute.gemm", 16), ("compute.alu", 4), ("compute.alu", 4)]
-    assert sum(m.count * dsp_count(m, "xc7") for m in muls) == 16 + 4 * (3 + 4)
-    assert sum(m.count * dsp_count(m, "ecp5") for m in multipliers(preset("tiny"), "ecp5")) == 16 + 4 * 4
+    assert [(m.module, m.count) for m in muls] == [("compute.gemm", 8), ("compute.alu", 4), ("compute.alu", 4),
+                                                   ("fetch.check", 1)]
+    assert sum(m.count * dsp_count(m, "xc7") for m in muls) == 8 + 4 * (3 + 4) + 2
+    assert sum(m.count * dsp_count(m, "ecp5") for m in multipliers(preset("tiny"), "ecp5")) == 16 + 4 * 4 + 4
 
 
 # ---- inventory against the RTL -------------------------------------------------------------------
@@ -82,9 +85,20 @@ def test_inventory_matches_the_memories_in_the_generated_verilog():
 
 
 # ---- the fitted model ----------------------------------------------------------------------------
-def _records(family):
+def _records(family, current_only=True):
+    """Records synthesized from the current RTL (current_only). When the RTL changed since calibration, the
+    comparison would be against another design: the test reports that as an expected failure
+    naming the command that refreshes the records, instead of comparing."""
     data = calibrate.load_data()
-    return [r for r in data["runs"] if r["family"] == family]
+    recs = [r for r in data["runs"] if r["family"] == family]
+    key = current_source_key()
+    if not current_only:
+        return recs
+    current = [r for r in recs if r.get("rtl_source_key") == key]
+    if recs and not current:
+        pytest.xfail(f"the {len(recs)} {family} calibration records predate the current RTL (rtl_source_key "
+                     f"differs): re-run `python -m accel.hw.fpga.calibrate run --family {family}`")
+    return current
 
 
 def test_estimate_is_within_15_percent_on_held_out_configs():
@@ -135,7 +149,7 @@ def test_estimate_clock_comes_from_the_ecp5_fit_and_says_so():
     e5, e7 = estimate(preset("tiny"), "ecp5"), estimate(preset("tiny"), "xc7")
     assert 5 < e5.fmax_mhz < 500 and e5.fmax_basis.startswith("fit to nextpnr-ecp5")
     assert e7.fmax_basis.startswith("uncalibrated")
-    for r in _records("ecp5"):
+    for r in _records("ecp5", current_only=False):    # the fit's own records: consistent whatever the RTL
         if (r.get("timing") or {}).get("fmax_mhz"):
             got = estimate(AccelConfig.from_dict(r["config"]), "ecp5").fmax_mhz
             assert abs(got - r["timing"]["fmax_mhz"]) <= r["timing"]["fmax_mhz"] * (fm["max_error_pct"] + 0.5) / 100

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from accel.hw.boards import Part, default_part
 from accel.hw.params import CODE_BITS, INDEX_BITS, ibuf_depth
-from accel.isa import AccelConfig
+from accel.isa import AccelConfig, formats_for
 from accel.isa.config import INSN_BITS
 
 from .errors import FpgaError
@@ -78,17 +78,27 @@ def memories(cfg: AccelConfig) -> list[tuple[str, MemShape]]:
 
 
 def multipliers(cfg: AccelConfig, family: str = "xc7") -> list[Mul]:
-    """GEMM: one inp x wgt product per MAC; ALU per lane: MUL's acc x acc product (low acc_width
+    """GEMM: one inp x wgt product per MAC, or per two MACs where GemmCore packs two products into
+    one inp x (packed weights) multiply (accel.hw.gemm.packing_shift); ALU per lane: MUL's acc x acc product (low acc_width
     bits) and SCALE's full acc x multiplier product (the unsigned multiplier of up to 24 bits
     enters signed, one bit wider). synth_ecp5's resource sharing merges the two ALU products (the
     ops exclude each other) into one acc x (acc + 1) multiplier with the full product."""
     lanes = cfg.batch * cfg.block_out
     m = min(24, cfg.acc_width) + 1
     gemm = Mul("compute.gemm", cfg.inp_width, cfg.wgt_width, cfg.inp_width + cfg.wgt_width, cfg.macs_per_cycle)
+    from accel.hw.gemm import packing_shift      # (amaranth: imported only when counting)
+    shift = packing_shift(cfg.inp_width, cfg.wgt_width)
+    if shift is not None and cfg.block_out > 1:  # two products per multiply (block_out is even)
+        packed = cfg.wgt_width + shift + 1
+        gemm = Mul("compute.gemm", cfg.inp_width, packed, cfg.inp_width + packed, cfg.macs_per_cycle // 2)
+    # fetch's fault check: a LOAD's padded rows x columns against the buffer (unsigned, so one bit
+    # wider signed; accel.hw.fetch.static_check)
+    size = dict(formats_for(cfg)["LOAD"])["y_size"] + 2
+    check = Mul("fetch.check", size + 1, size + 1, 2 * size, 1)
     if family == "ecp5":
-        return [gemm, Mul("compute.alu", cfg.acc_width, cfg.acc_width + 1, cfg.acc_width + m, lanes)]
+        return [gemm, Mul("compute.alu", cfg.acc_width, cfg.acc_width + 1, cfg.acc_width + m, lanes), check]
     return [gemm, Mul("compute.alu", cfg.acc_width, cfg.acc_width, cfg.acc_width, lanes),
-            Mul("compute.alu", cfg.acc_width, m, cfg.acc_width + m, lanes)]
+            Mul("compute.alu", cfg.acc_width, m, cfg.acc_width + m, lanes), check]
 
 
 # yosys mul2dsp parameters per family: (A max, B max, A partial, B partial); signed-only DSPs keep
