@@ -664,6 +664,31 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_compile)
 
 
+def shape_specs(specs) -> dict[str, list[int]]:
+    """--shape NAME=DxDx.. options -> {input name: dims}."""
+    shapes = {}
+    for spec in specs:
+        name, sep, dims = spec.partition("=")
+        try:
+            shapes[name] = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            raise CliError(f"--shape {spec!r}: expected NAME=DxDx.., e.g. x=1x3x224x224") from None
+        if not sep or not name:
+            raise CliError(f"--shape {spec!r}: expected NAME=DxDx..")
+    return shapes
+
+
+def force_specs(specs) -> dict[str, str]:
+    """--force OP=accel|cpu options -> {ONNX op type: target}."""
+    force = {}
+    for spec in specs:
+        op, sep, tgt = spec.partition("=")
+        if not sep or not op or tgt not in ("accel", "cpu"):
+            raise CliError(f"--force {spec!r}: expected OP=accel or OP=cpu")
+        force[op] = tgt
+    return force
+
+
 def _calibration(path: str | None, graph_inputs: list, shapes: dict | None = None) -> list[dict] | None:
     """--calibration FILE -> a list of feeds; each input's array must be (S, *input shape)."""
     if path is None:
@@ -700,21 +725,7 @@ def _compile(args) -> int:
     import time
     from compiler.frontend import from_onnx
     from compiler.graph_build import build_model
-    shapes = {}
-    for spec in args.shape:
-        name, sep, dims = spec.partition("=")
-        try:
-            shapes[name] = [int(d) for d in dims.lower().split("x")]
-        except ValueError:
-            raise CliError(f"--shape {spec!r}: expected NAME=DxDx.., e.g. x=1x3x224x224") from None
-        if not sep or not name:
-            raise CliError(f"--shape {spec!r}: expected NAME=DxDx..")
-    force = {}
-    for spec in args.force:
-        op, sep, tgt = spec.partition("=")
-        if not sep or tgt not in ("accel", "cpu"):
-            raise CliError(f"--force {spec!r}: expected OP=accel or OP=cpu")
-        force[op] = tgt
+    shapes, force = shape_specs(args.shape), force_specs(args.force)
     t0 = time.perf_counter()
     from accel import progress
     with progress.task(f"compile import {Path(args.model).name}"):

@@ -642,7 +642,7 @@ class _Inputs:
 
 
 def main(args) -> int:
-    from accel.cli import CliError, _calibration, _read_inputs, _same_file, _spec_file
+    from accel.cli import CliError, _calibration, _read_inputs, _same_file, _spec_file, force_specs, shape_specs
     if args.json:
         for src in [args.model, args.calibration] + [_spec_file(x) for x in args.inputs]:
             if src and src != "random" and _same_file(args.json, src):
@@ -655,21 +655,7 @@ def main(args) -> int:
     ex = parse_executors(args.executors)
     tol = Tolerance.parse(args.tolerance)
     cfg = resolve_config(args.config)
-    shapes = {}
-    for spec in args.shape:
-        name, sep, dims = spec.partition("=")
-        try:
-            shapes[name] = [int(d) for d in dims.lower().split("x")]
-        except ValueError:
-            raise CliError(f"--shape {spec!r}: expected NAME=DxDx.., e.g. x=1x3x224x224") from None
-        if not sep or not name:
-            raise CliError(f"--shape {spec!r}: expected NAME=DxDx..")
-    force = {}
-    for spec in args.force:
-        op, sep, tgt = spec.partition("=")
-        if not sep or not op or tgt not in ("accel", "cpu"):
-            raise CliError(f"--force {spec!r}: expected OP=accel or OP=cpu")
-        force[op] = tgt
+    shapes, force = shape_specs(args.shape), force_specs(args.force)
     try:
         model = load_model(args.model)
         graph = from_onnx(model, shapes=shapes or None)

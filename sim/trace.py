@@ -186,6 +186,22 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise SimError(f"cannot write {path}: {e.strerror}") from None
 
 
+def _save_png(fig, path: str | Path) -> None:
+    """Lay out, write atomically (a temporary file renamed into place) and close a figure."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.png")
+    try:
+        fig.savefig(tmp, dpi=110)
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SimError(f"cannot write {path}: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
 def write_counters(path: str | Path, counters: Counters, driver: str | None = None) -> None:
     d = counters.to_dict()
     if driver:
@@ -259,17 +275,7 @@ def write_timeline_png(path: str | Path, cfg: AccelConfig, counters: Counters, t
     handles += [Patch(color=c, label=f"read: {n}") for n, c in client_colors.items()]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(handles), fontsize=8,
               frameon=False)
-    fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.png")
-    try:
-        fig.savefig(tmp, dpi=110)
-        tmp.replace(path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise SimError(f"cannot write {path}: {e.strerror}") from None
-    finally:
-        plt.close(fig)
+    _save_png(fig, path)
 
 
 # ---- compiled models: one span per layer ------------------------------------------------------------
@@ -463,14 +469,4 @@ def write_model_timeline_png(path: str | Path, cfg: AccelConfig, layers: list[La
     handles += [Patch(color=c, label=f"read: {n}") for n, c in client_colors.items()]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(handles), fontsize=8,
               frameon=False)
-    fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.png")
-    try:
-        fig.savefig(tmp, dpi=110)
-        tmp.replace(path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise SimError(f"cannot write {path}: {e.strerror}") from None
-    finally:
-        plt.close(fig)
+    _save_png(fig, path)
