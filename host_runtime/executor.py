@@ -459,6 +459,7 @@ class ModuleImage:
         ModuleImage.__init__(obj, name, target, cfg, dram, segments, tensors, ios["inputs"], ios["outputs"], steps,
                              consts, kernels, lt, meta)
         obj.validate(source)
+        _refuse_untrusted_ptx(obj, source)
         return obj
 
     @staticmethod
@@ -721,6 +722,19 @@ class ModuleImage:
                 fail(f"{w}: attrs.shape = {_short(crop)}; expected null or at least two sizes")
         if math.prod(want) != math.prod(out.shape):
             fail(f"{w}: {s.op} of {list(shape)} gives {list(want)}, the output tensor is {list(out.shape)}")
+
+
+TRUST_PTX_ENV = "ACCEL_TRUST_PTX"
+
+
+def _refuse_untrusted_ptx(module, source: str) -> None:
+    """PTX is GPU machine code the kit cannot verify (OpenCL C is verified, CPU kernels travel as
+    verified IR): a file's PTX runs only when the user says they trust the file."""
+    ptx = [s.name for s in module.steps if s.kind == "gpu" and isinstance(s.attrs, dict) and s.attrs.get("lang") == "ptx"]
+    if ptx and os.environ.get(TRUST_PTX_ENV) != "1":
+        raise ModuleFormatError(f"{source}: {len(ptx)} step(s) carry PTX kernels (first: '{ptx[0]}'), which the kit "
+                                f"cannot verify on load; recompile the model here (accel compile --target cuda), or "
+                                f"set {TRUST_PTX_ENV}=1 if you trust this file")
 
 
 def _json_default(o):

@@ -113,6 +113,20 @@ def test_cuda_module_without_a_cuda_device_says_so():
         mod.run(zoo.sample_inputs(zoo.mlp(), 1)[0])
 
 
+def test_ptx_from_a_file_runs_only_when_the_user_trusts_the_file(tmp_path, monkeypatch):
+    """PTX cannot be verified on load (unlike OpenCL C and CPU kernel IR): refused by default,
+    named with the option that accepts it."""
+    from host_runtime.executor import TRUST_PTX_ENV, ModuleFormatError
+    mod = compiler.build_model(zoo.mlp(), target="cuda")
+    p = tmp_path / "mlp_cuda.accm"
+    mod.save(p)
+    monkeypatch.delenv(TRUST_PTX_ENV, raising=False)
+    with pytest.raises(ModuleFormatError, match=f"PTX kernels .* {TRUST_PTX_ENV}=1"):
+        CompiledModule.load(p)
+    monkeypatch.setenv(TRUST_PTX_ENV, "1")
+    assert CompiledModule.load(p).target == "cuda"
+
+
 def test_qdq_model_on_opencl_matches_cpu_target_exactly():
     opencl_or_skip()
     pytest.importorskip("onnxruntime")
