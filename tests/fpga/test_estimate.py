@@ -70,7 +70,7 @@ def test_multipliers_of_the_tiny_core():
     assert [(m.module, m.count) for m in muls] == [("compute.gemm", 8), ("compute.alu", 4), ("compute.alu", 4),
                                                    ("fetch.check", 1)]
     assert sum(m.count * dsp_count(m, "xc7") for m in muls) == 8 + 4 * (3 + 4) + 2
-    assert sum(m.count * dsp_count(m, "ecp5") for m in multipliers(preset("tiny"), "ecp5")) == 16 + 4 * 4 + 4
+    assert sum(m.count * dsp_count(m, "ecp5") for m in multipliers(preset("tiny"), "ecp5")) == 16 + 4 * 4 + 1
 
 
 # ---- inventory against the RTL -------------------------------------------------------------------

@@ -91,10 +91,12 @@ def multipliers(cfg: AccelConfig, family: str = "xc7") -> list[Mul]:
     if shift is not None and cfg.block_out > 1:  # two products per multiply (block_out is even)
         packed = cfg.wgt_width + shift + 1
         gemm = Mul("compute.gemm", cfg.inp_width, packed, cfg.inp_width + packed, cfg.macs_per_cycle // 2)
-    # fetch's fault check: a LOAD's padded rows x columns against the buffer (unsigned, so one bit
-    # wider signed; accel.hw.fetch.static_check)
+    # fetch's fault check: a LOAD's padded rows x columns against the buffer (accel.hw.fetch.
+    # static_check), unsigned: one bit wider where the DSPs are signed-only (yosys DSP_SIGNEDONLY:
+    # Xilinx), as it is on ECP5's MULT18X18D
     size = dict(formats_for(cfg)["LOAD"])["y_size"] + 2
-    check = Mul("fetch.check", size + 1, size + 1, 2 * size, 1)
+    signed_only = family != "ecp5"
+    check = Mul("fetch.check", size + signed_only, size + signed_only, 2 * size, 1)
     if family == "ecp5":
         return [gemm, Mul("compute.alu", cfg.acc_width, cfg.acc_width + 1, cfg.acc_width + m, lanes), check]
     return [gemm, Mul("compute.alu", cfg.acc_width, cfg.acc_width, cfg.acc_width, lanes),
