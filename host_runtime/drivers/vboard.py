@@ -19,16 +19,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
-import json
 import logging
-import os
 import select
-import shutil
 import socket
 import struct
 import subprocess
 import sys
-import time
 from multiprocessing import shared_memory
 from pathlib import Path
 
@@ -43,21 +39,18 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 SHELL_CPP = HERE / "vboard_shell.cpp"
-LIB_NAME = "libaccel_vboard.so"
 _REQ = struct.Struct("<BII")
 _ANS = struct.Struct("<BI")
 _ATTACH = struct.Struct("<QIII")
 CHUNK_CYCLES = 4096          # cycles the shell clocks between looks at the socket while the core is busy
 DEFAULT_PHYS_BASE = 0x10000  # where the DMA buffer sits in the virtual physical memory
-BUILD_RECIPE = "vboard-shell-1"   # bump when build_shell_library's commands change (part of the cache key)
+BUILD_RECIPE = "vboard-shell-2"   # bump when build_shell_library's commands change (part of the cache key)
 
 
 # ---- the shell's library ----------------------------------------------------------------------------
 def build_shell_library(config) -> Path:
-    """sim/verilator/build.py's model with vboard_shell.cpp as the harness (cached by the rtl library's
-    key, the shell source and BUILD_RECIPE); returns the library's path."""
-    from accel.hw.verilog import LINT_WAIVERS, cache_root, generate
-    from accel.isa.files import file_lock
+    """sim/verilator/build.py's model with vboard_shell.cpp as the harness (build_cached, keyed by the
+    rtl library's key, the shell source and BUILD_RECIPE); returns the library's path."""
     from sim.verilator import build as vb
     missing = vb.tools_available()
     if missing:
@@ -67,39 +60,10 @@ def build_shell_library(config) -> Path:
     h.update(SHELL_CPP.read_bytes())
     h.update(BUILD_RECIPE.encode())
     key = h.hexdigest()[:16]
-    bdir = cache_root() / "vboard" / key
-    lib = bdir / LIB_NAME
-    if lib.exists():
-        return lib
-    with file_lock(cache_root() / "vboard" / f"{key}.lock"):
-        if lib.exists():
-            return lib
-        t0 = time.perf_counter()
-        gen = generate(cfg)
-        if bdir.exists():
-            shutil.rmtree(bdir)
-        obj = bdir / "obj"
-        obj.mkdir(parents=True)
-        src = bdir / f"{vb.SIM_TOP}.v"
-        verilog = Path(gen["verilog"]).read_text()
-        ports = json.loads(Path(gen["json"]).read_text())["ports"]
-        src.write_text(vb.collapse_repeats(verilog) + "\n" + vb.sim_wrapper(ports))
-        (bdir / "probes.h").write_text(vb._probe_header(verilog))
-        cflags = ["-fPIC", "-march=native", f"-I{vb.HERE}", "-DACCEL_PROBES", "-include", str(bdir / "probes.h")]
-        cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "--top-module", vb.SIM_TOP, "--prefix", "Vtop",
-               "-Mdir", str(obj), "-o", str(obj / LIB_NAME), "-Wno-fatal", *vb._flags(None),
-               "-CFLAGS", " ".join(cflags), "-LDFLAGS", "-shared",
-               "-MAKEFLAGS", "OPT_FAST=-O3 OPT_SLOW=-O0 OPT_GLOBAL=-O2",
-               str(LINT_WAIVERS), str(SHELL_CPP), str(src)]
-        log.info("building the virtual board's shell for config %s", cfg.digest())
-        try:
-            vb._run(cmd, bdir, "Verilator build of the vboard shell")
-        except vb.BuildError as e:
-            raise BoardError(str(e)) from None
-        os.replace(obj / LIB_NAME, lib)
-        shutil.rmtree(obj, ignore_errors=True)
-        log.info("built %s in %.1f s", lib, time.perf_counter() - t0)
-    return lib
+    try:
+        return vb.build_cached(cfg, key, "vboard", SHELL_CPP, what="Verilator build of the vboard shell")
+    except vb.BuildError as e:
+        raise BoardError(str(e)) from None
 
 
 # ---- the parent's side: a BoardBackend talking to the shell -------------------------------------------

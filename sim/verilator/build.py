@@ -183,14 +183,21 @@ def build_library(config, waves: str | None = None) -> Path:
     missing = tools_available()
     if missing:
         raise BuildError(f"the rtl driver needs Verilator and a C++ compiler: {missing}")
-    from accel.hw.verilog import LINT_WAIVERS, cache_root, generate
     cfg = resolve_config(config)
-    key = library_key(cfg, waves)
-    bdir = cache_root() / "verilator" / key
+    return build_cached(cfg, library_key(cfg, waves), "verilator", HARNESS, waves=waves)
+
+
+def build_cached(cfg: AccelConfig, key: str, kind: str, harness: Path, *, waves: str | None = None,
+                 what: str = f"Verilator build of {TOP}") -> Path:
+    """Build once, under a file lock, the shared library of the Verilated accelerator for `cfg`
+    linked with `harness` (harness.cpp, or a file that includes it: the vboard shell); later calls
+    find it in cache_root()/kind/key. Returns the library's path."""
+    from accel.hw.verilog import LINT_WAIVERS, cache_root, generate
+    bdir = cache_root() / kind / key
     lib = bdir / LIB_NAME
     if lib.exists():
         return lib
-    with file_lock(cache_root() / "verilator" / f"{key}.lock"):
+    with file_lock(cache_root() / kind / f"{key}.lock"):
         if lib.exists():
             return lib
         t0 = time.perf_counter()
@@ -208,17 +215,17 @@ def build_library(config, waves: str | None = None) -> Path:
         # a shared library's code may call its own functions directly (no PLT, no interposition); link-time
         # optimisation across the split C++ files (--output-split) and the harness: 1.03-1.04x
         cflags = ["-fPIC", "-march=native", "-fno-semantic-interposition", "-fno-plt", "-flto=2", "-DACCEL_PROBES",
-                  "-include", str(bdir / "probes.h")]
+                  f"-I{HERE}", "-include", str(bdir / "probes.h")]
         cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "--top-module", SIM_TOP, "--prefix", "Vtop",
                "-Mdir", str(obj), "-o", str(obj / LIB_NAME), "-Wno-fatal", *_flags(waves),
                "-CFLAGS", " ".join(cflags), "-LDFLAGS", "-shared -flto=2",
                "-MAKEFLAGS", "OPT_FAST=-O3 OPT_SLOW=-O0 OPT_GLOBAL=-O2",
-               *map(str, vlts), str(HARNESS), str(src)]
-        log.info("building the Verilator model of %s for config %s", TOP, cfg.digest())
-        with task(f"Verilator build of {TOP} ({cfg.digest()}; minutes the first time)"):
-            _run(cmd, bdir, f"Verilator build of {TOP}")
+               *map(str, vlts), str(harness), str(src)]
+        log.info("%s for config %s", what, cfg.digest())
+        with task(f"{what} ({cfg.digest()}; minutes the first time)"):
+            _run(cmd, bdir, what)
         if not (obj / LIB_NAME).exists():
-            raise BuildError(f"Verilator build of {TOP} finished without {obj / LIB_NAME}")
+            raise BuildError(f"{what} finished without {obj / LIB_NAME}")
         # linked beside the objects, then moved into place in one rename: a process that finds the
         # library (the check before the lock) never loads one the linker is still writing
         os.replace(obj / LIB_NAME, lib)
