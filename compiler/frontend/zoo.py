@@ -202,12 +202,13 @@ def sample_inputs(model, n: int = 1, seed: int = 1) -> list[dict[str, np.ndarray
     return feeds
 
 
-def ort_quantize(model, feeds, per_channel: bool = False, activations: str = "int8"):
+def ort_quantize(model, feeds, per_channel: bool = False, activations: str = "int8", quant_format: str = "qdq"):
     """The model quantized by onnxruntime's tools as their documentation says: pre-processing (which
     folds batch norms into convs; newer onnxruntime versions otherwise quantize the batch norm on its
-    own), then static QDQ quantization calibrated on `feeds`, int8 weights (symmetric, per tensor or
+    own), then static quantization calibrated on `feeds`, int8 weights (symmetric, per tensor or
     per output channel). activations: "int8" (the tool's default: asymmetric, with zero points),
-    "uint8", or "symmetric" int8."""
+    "uint8", or "symmetric" int8. quant_format: "qdq" (Quantize/DequantizeLinear pairs) or
+    "qoperator" (QLinearConv, QGemm, ...)."""
     import tempfile
 
     import onnx
@@ -215,6 +216,8 @@ def ort_quantize(model, feeds, per_channel: bool = False, activations: str = "in
                                           quantize_static)
     if activations not in ("int8", "uint8", "symmetric"):
         raise ValueError(f"ort_quantize: activations={activations!r}; choose int8, uint8 or symmetric")
+    if quant_format not in ("qdq", "qoperator"):
+        raise ValueError(f"ort_quantize: quant_format={quant_format!r}; choose qdq or qoperator")
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -225,7 +228,8 @@ def ort_quantize(model, feeds, per_channel: bool = False, activations: str = "in
     with tempfile.TemporaryDirectory() as d:
         onnx.save(model, f"{d}/m.onnx")
         quant_pre_process(f"{d}/m.onnx", f"{d}/p.onnx")
-        quantize_static(f"{d}/p.onnx", f"{d}/q.onnx", Reader(), quant_format=QuantFormat.QDQ,
+        fmt = QuantFormat.QDQ if quant_format == "qdq" else QuantFormat.QOperator
+        quantize_static(f"{d}/p.onnx", f"{d}/q.onnx", Reader(), quant_format=fmt,
                         activation_type=QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8,
                         weight_type=QuantType.QInt8, per_channel=per_channel,
                         extra_options={"ActivationSymmetric": activations == "symmetric", "WeightSymmetric": True})

@@ -1,10 +1,8 @@
 """onnxruntime's QOperator quantized models (QLinearConv, QGemm, QLinearAdd, ...): imported as the
 int8 layers the QDQ path makes, compiled for cpu and accel, run on fsim, against onnxruntime's
 own run of the same quantized model (the oracle), and bit-exact against our int8 reference."""
-import tempfile
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -17,25 +15,8 @@ from host_runtime.executor import Executor
 
 
 def qoperator(model, feeds, per_channel=False, activations="int8"):
-    """model quantized by onnxruntime as QOperator: pre-processed, calibrated on feeds, int8
-    symmetric weights; activations int8 (asymmetric, the default), uint8, or symmetric int8."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quant_pre_process,
-                                          quantize_static)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(feeds)
-
-        def get_next(self):
-            return next(self.it, None)
-    with tempfile.TemporaryDirectory() as d:
-        onnx.save(model, f"{d}/m.onnx")
-        quant_pre_process(f"{d}/m.onnx", f"{d}/p.onnx")
-        quantize_static(f"{d}/p.onnx", f"{d}/q.onnx", Reader(), quant_format=QuantFormat.QOperator,
-                        activation_type=QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8,
-                        weight_type=QuantType.QInt8, per_channel=per_channel,
-                        extra_options={"ActivationSymmetric": activations == "symmetric", "WeightSymmetric": True})
-        return onnx.load(f"{d}/q.onnx")
+    """model quantized by onnxruntime as QOperator (zoo.ort_quantize's recipe)."""
+    return zoo.ort_quantize(model, feeds, per_channel, activations, quant_format="qoperator")
 
 
 def cnn(seed=0):
