@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 
-from .graph.ir import Graph, Node, format_graph
-from .graph_build import KernelDeclined, _Builder, _Kernels, _library_form
+from .graph.ir import Graph, Node
+from .graph_build import KernelDeclined, _Builder, _Kernels, _library_form, kernel_symbol
 from host_runtime.executor import Step
 
 log = logging.getLogger(__name__)
@@ -40,19 +40,11 @@ class GpuKernels(_Kernels):
 
     def compile_gpu(self, body: Graph, consts: dict, symbol_hint: str):
         """(symbol, args, GpuKernel) for the body; KernelDeclined says why there is none."""
-        from . import ops  # noqa: F401 - fills the registry
-        from .ops import gpu  # noqa: F401 - registers the GPU implementations
-        try:
-            args, out, anchor = self.trace(body, consts)
-        except KernelDeclined:
-            raise
-        except Exception as e:  # noqa: BLE001 - any failure of composition declines with its reason
-            raise KernelDeclined(f"{type(e).__name__}: {e}") from None
-        key = (format_graph(body, canonical=True), tuple(sorted(consts)),
-               tuple((tuple(t.shape), str(t.dtype)) for t, _ in args))
+        from . import ops  # noqa: F401 - fills the registry, GPU implementations included
+        args, out, anchor, key = self.traced(body, consts)
         hit = self.built.get(key)
         if hit is None:
-            sym = f"kit_g{len(self.built)}_{''.join(c if c.isascii() and c.isalnum() else '_' for c in symbol_hint)[:40]}"
+            sym = kernel_symbol("g", len(self.built), symbol_hint)
             try:
                 from .codegen.opencl import build_gpu
                 from .ops.gpu import schedule_gpu, schedule_kind

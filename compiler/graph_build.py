@@ -81,6 +81,12 @@ class KernelDeclined(Exception):
     """A group has no compiled form (an op the library lacks, or a build failure); says why."""
 
 
+def kernel_symbol(prefix: str, n: int, hint: str) -> str:
+    """The n-th kernel's exported name: kit_<prefix><n>_ and the layer's name in identifier characters
+    (the trust check accepts only kit_ functions)."""
+    return f"kit_{prefix}{n}_{''.join(c if c.isascii() and c.isalnum() else '_' for c in hint)[:40]}"
+
+
 class _Kernels:
     """Composes fused groups from the operator library into verified LLVM IR modules."""
 
@@ -145,8 +151,10 @@ class _Kernels:
             raise KernelDeclined(f"library compute gives {out.dtype}{list(out.shape)}, the graph says {want}")
         return args, out, anchor
 
-    def compile(self, body: Graph, consts: dict[int, np.ndarray], symbol_hint: str):
-        """(symbol, args) for the body, compiling once per distinct signature."""
+    def traced(self, body: Graph, consts: dict[int, np.ndarray]):
+        """(args, out, anchor, key): the body composed from library implementations, and its
+        signature, the key under which one kernel serves every group like it; KernelDeclined says
+        why it cannot be composed."""
         try:
             args, out, anchor = self.trace(body, consts)
         except KernelDeclined:
@@ -155,9 +163,14 @@ class _Kernels:
             raise KernelDeclined(f"{type(e).__name__}: {e}") from None
         key = (format_graph(body, canonical=True), tuple(sorted(consts)),
                tuple((tuple(t.shape), str(t.dtype)) for t, _ in args))
+        return args, out, anchor, key
+
+    def compile(self, body: Graph, consts: dict[int, np.ndarray], symbol_hint: str):
+        """(symbol, args) for the body, compiling once per distinct signature."""
+        args, out, anchor, key = self.traced(body, consts)
         sym = self.cache.get(key)
         if sym is None:
-            sym = f"kit_k{len(self.cache)}_{''.join(c if c.isascii() and c.isalnum() else '_' for c in symbol_hint)[:40]}"
+            sym = kernel_symbol("k", len(self.cache), symbol_hint)
             try:
                 from .build import build
                 sch = anchor.schedule([out])
