@@ -1,0 +1,81 @@
+"""The repository's static checks, run by the README's test command so CI keeps them.
+
+ruff (rule set in pyproject.toml), the import-linter layer contracts (DESIGN.md's dependency
+column) and the commit message rule (docs/contributing.md). Each fails with the tool's own output.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Commits from here on follow the message rule; older history is left as it is.
+COMMIT_RULE_CUTOFF = "cdc9e662af4a3eac459207d09d3794fa46ae9737"
+SUBJECT_MAX = 72
+
+
+def _tool(name: str) -> str:
+    """Path of a console script installed with the [test] extra, or skip naming it."""
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if path is None:
+        pytest.skip(f"{name} is not installed (pip install -e '.[test]' brings it)")
+    return path
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_ruff_clean():
+    res = _run([_tool("ruff"), "check", "--no-cache", "--output-format", "concise", "."])
+    assert res.returncode == 0, f"ruff check found problems:\n{res.stdout}{res.stderr}"
+
+
+def test_import_layers_kept():
+    res = _run([_tool("lint-imports"), "--no-cache"])
+    assert res.returncode == 0, f"lint-imports: a layer contract is broken:\n{res.stdout}{res.stderr}"
+
+
+def message_problems(message: str) -> list[str]:
+    """What breaks the rule: a subject of at most 72 characters, then a blank line before a body."""
+    lines = message.rstrip("\n").split("\n")
+    problems = []
+    if not lines[0].strip():
+        problems.append("empty subject")
+    if len(lines[0]) > SUBJECT_MAX:
+        problems.append(f"subject is {len(lines[0])} characters (at most {SUBJECT_MAX})")
+    if len(lines) > 1 and lines[1].strip():
+        problems.append("second line is not blank")
+    return problems
+
+
+def test_message_rule_itself():
+    assert message_problems("area: do a thing\n\nWhy it is done.\n") == []
+    assert message_problems("area: short subject only\n") == []
+    assert message_problems("x" * 73) == [f"subject is 73 characters (at most {SUBJECT_MAX})"]
+    assert message_problems("subject\nbody glued to it\n") == ["second line is not blank"]
+
+
+def test_commit_messages_since_cutoff():
+    git = shutil.which("git")
+    if git is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    if _run([git, "cat-file", "-e", f"{COMMIT_RULE_CUTOFF}^{{commit}}"]).returncode != 0:
+        pytest.skip(f"history does not reach the rule's cutoff {COMMIT_RULE_CUTOFF[:12]} (shallow clone?)")
+    res = _run([git, "log", "--no-merges", "--format=%h%x00%B%x1e", f"{COMMIT_RULE_CUTOFF}..HEAD"])
+    assert res.returncode == 0, res.stderr
+    bad = []
+    for entry in res.stdout.split("\x1e"):
+        entry = entry.strip("\n")
+        if not entry:
+            continue
+        sha, message = entry.split("\x00", 1)
+        problems = message_problems(message)
+        if problems:
+            bad.append(f"{sha} {message.splitlines()[0][:60]!r}: {'; '.join(problems)}")
+    assert not bad, "commit messages break the rule (docs/contributing.md):\n" + "\n".join(bad)
