@@ -45,6 +45,7 @@ from typing import Any, Callable
 import numpy as np
 
 from accel.isa import AccelConfig
+from accel.isa.layout import pack_blocked, unpack_blocked
 from accel.isa.files import write_atomic
 
 from .errors import HostRuntimeError
@@ -94,27 +95,6 @@ def register_host_op(name: str, fn: Callable[..., np.ndarray],
     HOST_OPS[name] = fn
     if check is not None:
         HOST_OP_CHECKS[name] = check
-
-
-def pack_blocked(x: np.ndarray, block) -> np.ndarray:
-    """N C ... -> N' C' ... b0 b1, zero-padding N and C to whole blocks (the accelerator layout)."""
-    b0, b1 = block
-    n, c = x.shape[:2]
-    rest = x.shape[2:]
-    n2, c2 = -(-n // b0), -(-c // b1)
-    xp = np.zeros((n2 * b0, c2 * b1, *rest), x.dtype)
-    xp[:n, :c] = x
-    r = len(rest)
-    return xp.reshape(n2, b0, c2, b1, *rest).transpose(0, 2, *range(4, 4 + r), 1, 3)
-
-
-def unpack_blocked(x: np.ndarray, shape) -> np.ndarray:
-    """Inverse of pack_blocked, cropping to `shape` (None keeps the padding)."""
-    r = x.ndim - 4
-    n2, c2, b0, b1 = x.shape[0], x.shape[1], x.shape[-2], x.shape[-1]
-    rest = x.shape[2:2 + r]
-    y = x.transpose(0, 2 + r, 1, 3 + r, *range(2, 2 + r)).reshape(n2 * b0, c2 * b1, *rest)
-    return y if shape is None else y[:shape[0], :shape[1]]
 
 
 NATIVE_OPS: dict[str, Callable[..., np.ndarray]] = {

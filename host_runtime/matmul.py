@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accel.isa import AccelConfig, AluOp, MemType, Stage
+from accel.isa import AccelConfig, AluOp, MemType, Stage, layout
 from accel.isa.config import ALU_IMM_BITS, LOOP_ITER_BITS
 
 from .errors import CommandError
@@ -90,30 +90,23 @@ def plan_matmul(cfg: AccelConfig, m: int, k: int, n: int, virtual_threads: int =
 
 # ---- host-side packing ------------------------------------------------------------------------
 def pack_inp(cfg: AccelConfig, a: np.ndarray, mt: int, kt: int) -> np.ndarray:
-    """(M, K) -> (mt, kt, batch, block_in) zero-padded: INP entries, a row of K blocks per row block."""
-    p = np.zeros((mt * cfg.batch, kt * cfg.block_in), np.int8)
-    p[:a.shape[0], :a.shape[1]] = a
-    return np.ascontiguousarray(p.reshape(mt, cfg.batch, kt, cfg.block_in).transpose(0, 2, 1, 3))
+    """(M, K) -> (mt, kt, batch, block_in) INP entries, zero-padded (accel.isa.layout's dense input)."""
+    return layout.pack_blocked(np.asarray(a).astype(np.int8, copy=False), layout.inp_block(cfg), (mt, kt))
 
 
 def pack_wgt(cfg: AccelConfig, b: np.ndarray, kt: int, nt: int) -> np.ndarray:
-    """(K, N) -> (nt, kt, block_out, block_in) zero-padded: WGT entries (row o = weights of output o)."""
-    p = np.zeros((kt * cfg.block_in, nt * cfg.block_out), np.int8)
-    p[:b.shape[0], :b.shape[1]] = b
-    return np.ascontiguousarray(p.reshape(kt, cfg.block_in, nt, cfg.block_out).transpose(2, 0, 3, 1))
+    """(K, N) -> (nt, kt, block_out, block_in) WGT entries, zero-padded: B's transpose as O I."""
+    return layout.pack_blocked(np.asarray(b).astype(np.int8, copy=False).T, layout.wgt_block(cfg), (nt, kt))
 
 
 def pack_bias(cfg: AccelConfig, bias: np.ndarray, nt: int) -> np.ndarray:
-    """(N,) -> (nt, batch, block_out): ACC entries, the bias repeated for every batch row."""
-    p = np.zeros(nt * cfg.block_out, _INT[cfg.acc_width])
-    p[:bias.shape[0]] = bias
-    return np.ascontiguousarray(np.broadcast_to(p.reshape(nt, 1, cfg.block_out), (nt, cfg.batch, cfg.block_out)))
+    """(N,) -> (nt, batch, block_out) ACC entries, the bias repeated for every batch row."""
+    return layout.pack_bias(bias, cfg, _INT[cfg.acc_width], out_blocks=nt)
 
 
 def unpack_out(cfg: AccelConfig, c: np.ndarray, m: int, n: int) -> np.ndarray:
     """(mt, nt, batch, block_out) OUT entries -> (M, N)."""
-    mt, nt = c.shape[:2]
-    return np.ascontiguousarray(c.transpose(0, 2, 1, 3).reshape(mt * cfg.batch, nt * cfg.block_out)[:m, :n])
+    return layout.unpack_blocked(c, (m, n))
 
 
 def matmul_reference(a, b, bias=None, shift: int = 0, lo: int | None = -128, hi: int | None = 127,

@@ -19,3 +19,11 @@ class AsmError(AccelError, ValueError):
 
 class ProgramFormatError(AccelError, ValueError):
     """A program file is malformed, of another format version, or built for another config."""
+
+
+class LayoutError(AccelError, ValueError):
+    """A tensor cannot be packed to (or unpacked from) a blocked layout: wrong rank, shape or block."""
+
+
+class OperandError(EncodingError):
+    """An ALU operand (immediate or register lane value) is outside the range its op can encode."""

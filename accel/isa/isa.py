@@ -22,6 +22,7 @@ import numpy as np
 from .config import (ALU_IMM_BITS, ALU_OPCODE_BITS, INSN_BITS, LOOP_ITER_BITS, MEM_TYPE_BITS,
                      OPCODE_BITS, PAD_BITS, SIZE_BITS, AccelConfig)
 from .errors import EncodingError
+from .operands import flush_immediate  # noqa: F401  (defined with the other ALU operands)
 from .schema import describe
 
 INSN_BYTES = INSN_BITS // 8
@@ -85,16 +86,6 @@ class AluOp(IntEnum):
     REQUANT = 8
     SCALE = 9
     FLUSH = 10
-
-
-def flush_immediate(shift: int, hi: int, lo_zero: bool = False, round_half: bool = False,
-                    symmetric: bool = False) -> int:
-    """The (signed 16-bit) immediate of an ALU FLUSH: shift 0..31, hi a signed byte, lo = 0 when
-    lo_zero, else -hi when symmetric, else -hi - 1; round half up when round_half."""
-    if not 0 <= shift < 32 or not -128 <= hi <= 127:
-        raise EncodingError(f"FLUSH: shift {shift} must be in 0..31 and hi {hi} in -128..127")
-    v = shift | int(round_half) << 5 | int(lo_zero) << 6 | (hi & 0xFF) << 7 | int(symmetric) << 15
-    return v - (1 << 16) if v >= 1 << 15 else v
 
 
 class Stage(IntEnum):

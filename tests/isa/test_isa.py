@@ -89,9 +89,9 @@ def test_isa_field_overflow_names_field():
         encode_insn(Alu(imm=40000), cfg)
     with pytest.raises(EncodingError, match="micro-op 1: field acc=256"):
         encode_uops([Uop(0, 0, 0), Uop(256, 0, 0)], cfg)
-    with pytest.raises(EncodingError, match="FLUSH: shift 32 must be in 0..31"):
+    with pytest.raises(EncodingError, match=r"FLUSH shift=32 outside its range \[0, 31\]"):
         flush_immediate(32, 127)
-    with pytest.raises(EncodingError, match="hi 128 in -128..127"):
+    with pytest.raises(EncodingError, match=r"FLUSH hi=128 outside its range \[-128, 127\]"):
         flush_immediate(8, 128)
 
 
