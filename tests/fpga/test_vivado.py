@@ -167,6 +167,31 @@ def test_build_tcl_stub_rejects_broken_scripts(tmp_path, rtl_of, mutation):
     assert any(e in proc.stderr for e in expect.split("|")), proc.stderr
 
 
+@needs_tclsh
+@pytest.mark.parametrize("wns", ["-0.042", "0.000", ""])
+def test_build_tcl_fails_on_negative_slack_after_implementation(tmp_path, rtl_of, wns):
+    """Setup or hold slack below zero (or no timed path at all) stops the script with an error before
+    the overlay is written; timing.json records what was measured."""
+    cfg = preset("tiny")
+    out = tmp_path / "out"
+    write_project(board("pynq-z1"), cfg, rtl_of(cfg), out)
+    text = (out / "build.tcl").read_text()
+    assert "-setup]]" in text and "-hold]]" in text and "CRITICAL WARNING" not in text
+    proc, calls = run_stub(out, tmp_path, STUB_WNS=wns)
+    timing = json.loads((out / "reports/timing.json").read_text())
+    assert timing["clock_mhz"] == 100
+    if wns == "0.000":
+        assert proc.returncode == 0, proc.stderr
+        assert timing == {"clock_mhz": 100, "wns_ns": 0.0, "whs_ns": 0.0, "met": True}
+        assert (out / "overlay/accel.bit").is_file()
+        return
+    assert proc.returncode != 0
+    assert "timing not met at 100 MHz after implementation" in proc.stderr, proc.stderr
+    assert f"setup WNS {wns or 'null'} ns" in proc.stderr
+    assert timing["met"] is False and timing["wns_ns"] == (float(wns) if wns else None)
+    assert not (out / "overlay/accel.bit").exists() and "write_hw_platform" not in [c[0] for c in calls]
+
+
 # ---- checks and errors ------------------------------------------------------------------------
 def test_build_rejects_what_the_board_cannot_host(tmp_path, rtl_of):
     fast = preset("tiny").replace(clock_mhz=300.0)
