@@ -1,6 +1,8 @@
-"""The op registry: for every graph op its attribute schema, type inference, fusion pattern and
-NumPy reference implementation.
+"""The operator schema: every op is declared here once - its attributes (defaults and allowed
+values), arity, type and shape inference, NumPy reference semantics and fusion pattern.
 
+Targets add kernels for a declared op in compiler.ops (`register_kernel(op, target kind)`); they
+take their attributes from this schema (normalize_attrs), never with defaults of their own.
 Ops come in groups (the table of contents below): leaves, float operators as imported from ONNX,
 ONNX's own QDQ ops, the shift-quantized int8 ops the accelerator runs, layout ops, and `fused`.
 The reference implementations define what every backend must compute; the int8 ones are exact
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
+from numbers import Integral
 from typing import Callable
 
 import numpy as np
@@ -22,7 +25,13 @@ from host_runtime.executor import pack_blocked, unpack_blocked
 from .errors import OpError
 from .ir import Node, TensorType
 
-REQUIRED = object()
+
+class _Required:
+    def __repr__(self):
+        return "REQUIRED"
+
+
+REQUIRED = _Required()
 INT8_MIN, INT8_MAX = -127, 127  # symmetric: -128 is never produced, so CLIP(dst, 127) suffices
 
 
@@ -36,8 +45,59 @@ class Pattern(IntEnum):
     OPAQUE = 8  # never fused
 
 
+@dataclass(frozen=True)
+class Attr:
+    """One attribute: its default (REQUIRED: none) and, where not every value is legal, a test of
+    the value plus the words an error shows for what is allowed."""
+    default: object = REQUIRED
+    allowed: str = ""
+    test: Callable[[object], bool] | None = None
+
+    def problem(self, v) -> str | None:
+        """None when v is legal, else what is allowed."""
+        if self.test is None:
+            return None
+        try:
+            ok = bool(self.test(v))
+        except Exception:  # noqa: BLE001 - a value the test cannot even look at is not allowed
+            ok = False
+        return None if ok else self.allowed
+
+
+def one_of(default, *choices) -> Attr:
+    """An attribute that takes one of a few values."""
+    return Attr(default, "one of " + ", ".join(repr(c) for c in choices),
+                lambda v: any(type(v) is type(c) and v == c or isinstance(v, Integral) and v == c for c in choices))
+
+
+def ints(default, n: int, lo: int) -> Attr:
+    """n integers, each at least lo (strides, pads, kernel sizes)."""
+    return Attr(default, f"{n} integers >= {lo}",
+                lambda v: len(v) == n and all(isinstance(x, Integral) and x >= lo for x in v))
+
+
+def int_in(default, lo: int, hi: int | None = None, what: str = "") -> Attr:
+    """An integer in [lo, hi] (hi None: no upper bound)."""
+    words = what or (f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]")
+    return Attr(default, words, lambda v: isinstance(v, Integral) and lo <= v and (hi is None or v <= hi))
+
+
+def _zero_point() -> Attr:
+    return int_in(0, -128, 127, "an int8 zero point in [-128, 127]")
+
+
+def _as_attr(v) -> Attr:
+    return v if isinstance(v, Attr) else Attr(v)
+
+
+def _where(op: str, node_name: str | None) -> str:
+    return op if node_name is None else f"{op} '{node_name}'"
+
+
 @dataclass
 class OpDef:
+    """A declared op. infer(node) -> TensorType; impl(attrs, *arrays) -> array is the reference
+    semantics every kernel must match; attrs maps each attribute name to its Attr."""
     name: str
     pattern: Pattern
     infer: Callable[[Node], TensorType]
@@ -46,36 +106,77 @@ class OpDef:
     attrs: dict = field(default_factory=dict)
     doc: str = ""
 
-    def check_attrs(self, node: Node, attrs: dict) -> dict:
+    def __post_init__(self):
+        self.attrs = {k: _as_attr(v) for k, v in self.attrs.items()}
+
+    @property
+    def reference(self):
+        return self.impl
+
+    def defaults(self) -> dict:
+        """attribute -> default (REQUIRED where there is none)."""
+        return {k: a.default for k, a in self.attrs.items()}
+
+    def normalize(self, attrs: dict | None, node_name: str | None = None) -> dict:
+        """Every attribute of the op, defaults filled in, lists as tuples; an unknown or missing
+        attribute or a value outside the allowed ones raises OpError naming op, node and attribute."""
+        attrs = dict(attrs or {})
+        where = _where(self.name, node_name)
         unknown = sorted(set(attrs) - set(self.attrs))
         if unknown:
-            raise OpError(f"{self.name} '{node.name}': unknown attribute(s) {', '.join(unknown)}; "
+            raise OpError(f"{where}: unknown attribute(s) {', '.join(unknown)}; "
                           f"{self.name} takes {', '.join(self.attrs) or 'none'}")
         out = {}
-        for k, default in self.attrs.items():
+        for k, spec in self.attrs.items():
             if k in attrs:
                 v = attrs[k]
-                out[k] = tuple(v) if isinstance(v, list) else v
-            elif default is REQUIRED:
-                raise OpError(f"{self.name} '{node.name}': missing required attribute {k!r}")
+                v = tuple(v) if isinstance(v, list) else v
+                why = spec.problem(v)
+                if why is not None:
+                    raise OpError(f"{where}: {k}={v!r} must be {why}")
+                out[k] = v
+            elif spec.default is REQUIRED:
+                raise OpError(f"{where}: missing required attribute {k!r}")
             else:
-                out[k] = default
+                out[k] = spec.default
+        return out
+
+    def check_arity(self, n_inputs: int, node_name: str | None = None) -> None:
         lo, hi = self.arity
-        if not lo <= len(node.inputs) <= hi:
+        if not lo <= n_inputs <= hi:
             want = str(lo) if lo == hi else f"{lo}..{hi}"
-            raise OpError(f"{self.name} '{node.name}': takes {want} inputs, got {len(node.inputs)}")
+            raise OpError(f"{_where(self.name, node_name)}: takes {want} inputs, got {n_inputs}")
+
+    def check_attrs(self, node: Node, attrs: dict) -> dict:
+        out = self.normalize(attrs, node.name)
+        self.check_arity(len(node.inputs), node.name)
         return out
 
 
 REGISTRY: dict[str, OpDef] = {}
 
 
+def declare(name: str, pattern: Pattern, arity, attrs: dict | None = None, *, infer: Callable,
+            reference: Callable | None, doc: str, replace: bool = False) -> OpDef:
+    """Declare op `name` once: attrs maps attribute -> default or Attr; arity an int or (lo, hi);
+    infer(node) -> TensorType; reference(attrs, *arrays) -> array (None only for leaves)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise OpError(f"declare: op name {name!r} must be an identifier")
+    if name in REGISTRY and not replace:
+        raise OpError(f"declare: op {name!r} is already declared")
+    if not doc:
+        raise OpError(f"declare: op {name!r} needs a doc line")
+    lo_hi = arity if isinstance(arity, tuple) else (arity, arity)
+    d = OpDef(name, Pattern(pattern), infer, reference, lo_hi, dict(attrs or {}), doc)
+    REGISTRY[name] = d
+    return d
+
+
 def register(name: str, pattern: Pattern, arity, attrs: dict | None = None, doc: str = ""):
-    """Decorator over a pair (infer, impl) returned by the decorated factory."""
+    """Decorator over a factory returning (infer, reference): declare() for the table below."""
     def deco(fn):
         infer, impl = fn()
-        REGISTRY[name] = OpDef(name, pattern, infer, impl, arity if isinstance(arity, tuple) else (arity, arity),
-                               attrs or {}, doc or (fn.__doc__ or "").strip())
+        declare(name, pattern, arity, attrs, infer=infer, reference=impl, doc=doc or (fn.__doc__ or "").strip())
         return fn
     return deco
 
@@ -84,7 +185,12 @@ def get_op(name: str) -> OpDef:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise OpError(f"unknown graph op {name!r}; registered ops are {', '.join(sorted(REGISTRY))}") from None
+        raise OpError(f"unknown operator {name!r}; declared ops are {', '.join(sorted(REGISTRY))}") from None
+
+
+def normalize_attrs(name: str, attrs: dict | None, node_name: str | None = None) -> dict:
+    """The schema's attributes of op `name` (defaults filled in, values checked)."""
+    return get_op(name).normalize(attrs, node_name)
 
 
 def fail(node: Node, msg: str):
@@ -154,7 +260,7 @@ _unary("reciprocal", lambda a, x: 1.0 / x)
 _unary("erf", lambda a, x: _erf(x.astype(np.float64)))
 _unary("gelu", lambda a, x: (0.5 * x * (1 + _erf(x.astype(np.float64) / math.sqrt(2))) if a["approximate"] == "none"
                              else 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x.astype(np.float64) ** 3)))),
-       {"approximate": "none"})
+       {"approximate": one_of("none", "none", "tanh")})
 _unary("leaky_relu", lambda a, x: np.where(x >= 0, x, x * a["alpha"]), {"alpha": 0.01})
 _unary("clip", lambda a, x: np.clip(x, -np.inf if a["min"] is None else a["min"], np.inf if a["max"] is None else a["max"]),
        {"min": None, "max": None}, floats_only=False)
@@ -192,7 +298,8 @@ _binary("minimum", np.minimum)
 
 
 # ---- conv / dense --------------------------------------------------------------------------------
-CONV_ATTRS = {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "groups": 1}
+CONV_ATTRS = {"strides": ints((1, 1), 2, 1), "pads": ints((0, 0, 0, 0), 4, 0), "dilations": ints((1, 1), 2, 1),
+              "groups": int_in(1, 1)}
 
 
 def conv_out_hw(n: Node, hw, khw, strides, pads, dilations):
@@ -253,7 +360,7 @@ def _conv2d():
     return infer, impl
 
 
-@register("conv2d_transpose", Pattern.OUT_ELEMWISE_FUSABLE, (2, 3), {**CONV_ATTRS, "output_padding": (0, 0)},
+@register("conv2d_transpose", Pattern.OUT_ELEMWISE_FUSABLE, (2, 3), {**CONV_ATTRS, "output_padding": ints((0, 0), 2, 0)},
           doc="2-D transposed convolution, NCHW x (C, O/groups, KH, KW) (+ bias)")
 def _conv2d_transpose():
     def infer(n):
@@ -330,7 +437,8 @@ def _batch_norm():
 
 
 # ---- pooling / reductions -----------------------------------------------------------------------
-POOL_ATTRS = {"kernel": REQUIRED, "strides": (1, 1), "pads": (0, 0, 0, 0), "ceil_mode": 0}
+POOL_ATTRS = {"kernel": ints(REQUIRED, 2, 1), "strides": ints((1, 1), 2, 1), "pads": ints((0, 0, 0, 0), 4, 0),
+              "ceil_mode": one_of(0, 0, 1)}
 
 
 def pool_out_hw(n, hw, a):
@@ -371,7 +479,7 @@ def _max_pool():
     return _pool_infer, impl
 
 
-@register("avg_pool2d", Pattern.OUT_ELEMWISE_FUSABLE, 1, {**POOL_ATTRS, "count_include_pad": 0},
+@register("avg_pool2d", Pattern.OUT_ELEMWISE_FUSABLE, 1, {**POOL_ATTRS, "count_include_pad": one_of(0, 0, 1)},
           doc="2-D average pooling")
 def _avg_pool():
     def impl(a, x):
@@ -428,7 +536,7 @@ def _reduction(name: str, f, doc: str):
             axes = None if a["axes"] is None else tuple(ax % x.ndim for ax in a["axes"])
             return np.asarray(f(x, axes, bool(a["keepdims"]))).astype(x.dtype)
         return infer, impl
-    register(name, Pattern.COMM_REDUCE, 1, {"axes": None, "keepdims": 1}, doc)(factory)
+    register(name, Pattern.COMM_REDUCE, 1, {"axes": None, "keepdims": one_of(1, 0, 1)}, doc)(factory)
 
 
 _reduction("reduce_mean", lambda x, ax, kd: x.mean(axis=ax, keepdims=kd, dtype=np.float64), "mean over axes (None: all)")
@@ -471,7 +579,7 @@ def lrn_window(size: int) -> tuple[int, int]:
     return (size - 1) // 2, size - 1 - (size - 1) // 2
 
 
-@register("lrn", Pattern.OPAQUE, 1, {"size": REQUIRED, "alpha": 1e-4, "beta": 0.75, "bias": 1.0},
+@register("lrn", Pattern.OPAQUE, 1, {"size": int_in(REQUIRED, 1), "alpha": 1e-4, "beta": 0.75, "bias": 1.0},
           doc="local response normalization across channels (axis 1), ONNX LRN")
 def _lrn():
     def infer(n):
@@ -553,7 +661,7 @@ def _slice():
     return infer, lambda a, x: np.ascontiguousarray(x[_slice_index(a["starts"], a["ends"], a["axes"], a["steps"], x.shape)])
 
 
-@register("pad", Pattern.INJECTIVE, 1, {"pads": REQUIRED, "mode": "constant", "value": 0.0},
+@register("pad", Pattern.INJECTIVE, 1, {"pads": REQUIRED, "mode": one_of("constant", "constant", "reflect", "edge"), "value": 0.0},
           doc="pads = (begin_0..begin_r-1, end_0..end_r-1) as ONNX; modes constant, reflect, edge")
 def _pad():
     def infer(n):
@@ -561,8 +669,6 @@ def _pad():
         p = n.attrs["pads"]
         if len(p) != 2 * x.rank or min(p) < 0:
             fail(n, f"pads {list(p)} must be 2 x rank {x.rank} non-negative values")
-        if n.attrs["mode"] not in ("constant", "reflect", "edge"):
-            fail(n, f"unknown pad mode {n.attrs['mode']!r}; modes are constant, reflect, edge")
         return _t([d + p[k] + p[k + x.rank] for k, d in enumerate(x.shape)], x.dtype)
 
     def impl(a, x):
@@ -663,7 +769,7 @@ def fixed_multiplier(real: float, what: str) -> tuple[int, int]:
     return mul, k
 
 
-@register("quantize", Pattern.ELEMWISE, 1, {"shift": 0, "scale": 0.0, "zero_point": 0},
+@register("quantize", Pattern.ELEMWISE, 1, {"shift": 0, "scale": 0.0, "zero_point": _zero_point()},
           doc="float -> int8: clip(round_half_even(x * 2^shift), -127, 127); with a scale "
               "(non-zero) clip(round_half_even(x / scale) + zero_point) in float32 as ONNX "
               "QuantizeLinear (to [-128, 127] when zero_point is not 0)")
@@ -675,12 +781,11 @@ def _quantize():
         return clip_int8(np.rint(x.astype(np.float64) * 2.0 ** a["shift"]) + z, z)
 
     def infer(n):
-        _check_zero_point(n, "zero_point")
         return _t(n.inputs[0].shape, "int8")
     return infer, impl
 
 
-@register("dequantize", Pattern.ELEMWISE, 1, {"shift": 0, "scale": 0.0, "zero_point": 0},
+@register("dequantize", Pattern.ELEMWISE, 1, {"shift": 0, "scale": 0.0, "zero_point": _zero_point()},
           doc="int8 -> float32: (q - zero_point) * 2^-shift, or (q - zero_point) * scale when a scale "
               "(non-zero) is given")
 def _dequantize():
@@ -691,7 +796,6 @@ def _dequantize():
         return (q.astype(np.float64) * 2.0 ** -a["shift"]).astype(np.float32)
 
     def infer(n):
-        _check_zero_point(n, "zero_point")
         return _t(n.inputs[0].shape, "float32")
     return infer, impl
 
@@ -704,8 +808,8 @@ def _requantize():
             lambda a, x: clip_int8(shift_right_round(x.astype(np.int64) * a["mul"], a["in_shift"] - a["out_shift"])))
 
 
-QCONV_ATTRS = {**CONV_ATTRS, "in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NCHW",
-               "mul": 1, "out_zp": 0}
+QCONV_ATTRS = {**CONV_ATTRS, "in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED,
+               "layout": one_of("NCHW", "NCHW", "NCHWnc"), "mul": 1, "out_zp": _zero_point()}
 
 
 def requant_shift(a) -> int:
@@ -736,17 +840,10 @@ def requant_acc(acc: np.ndarray, a, muls: np.ndarray | None = None) -> np.ndarra
 PER_CHANNEL_MUL_LIMIT = 1 << 31
 
 
-def _check_zero_point(n, key: str):
-    z = n.attrs.get(key, 0)
-    if not (isinstance(z, (int, np.integer)) and -128 <= z <= 127):
-        fail(n, f"{key}={z!r} must be an int8 zero point in [-128, 127]")
-
-
 def _check_qint(n):
     x, w, b = (i.dtype for i in n.inputs[:3])
     if (x, w, b) != ("int8", "int8", "int32"):
         fail(n, f"expects int8 input, int8 weight, int32 bias; got {x}, {w}, {b}")
-    _check_zero_point(n, "out_zp")
     if len(n.inputs) == 4:
         m = n.inputs[3]
         if m.dtype != "int64" or m.type.rank != 1:
@@ -781,7 +878,8 @@ def _qconv2d():
 
 
 @register("qdense", Pattern.OUT_ELEMWISE_FUSABLE, (3, 4),
-          {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": "NC", "mul": 1, "out_zp": 0},
+          {"in_shift": REQUIRED, "w_shift": REQUIRED, "out_shift": REQUIRED, "layout": one_of("NC", "NC", "NCnc"), "mul": 1,
+           "out_zp": _zero_point()},
           doc="int8 dense: acc = x @ w.T + b in int32, then SHR, CLIP (+ out_zp, to [-128, 127], when non-zero)")
 def _qdense():
     def infer(n):
@@ -867,6 +965,75 @@ def _unpack():
             fail(n, f"{x} is not a packing of shape {list(shape)}")
         return _t(shape, x.dtype)
     return infer, lambda a, x: unpack_ref(x, a["shape"])
+
+
+def _blocked_layout(v) -> int:
+    """'NCHW' -> 0, 'NCHW<n>c' -> n (n >= 1); anything else raises."""
+    if v == "NCHW":
+        return 0
+    if not (v.startswith("NCHW") and v.endswith("c") and v[4:-1].isdigit() and int(v[4:-1]) >= 1):
+        raise ValueError(v)
+    return int(v[4:-1])
+
+
+_LAYOUT = dict(allowed="'NCHW' or 'NCHW<n>c' (n >= 1)", test=lambda v: _blocked_layout(v) >= 0)
+
+
+@register("layout_transform", Pattern.INJECTIVE, 1,
+          {"src_layout": Attr(REQUIRED, **_LAYOUT), "dst_layout": Attr(REQUIRED, **_LAYOUT)},
+          doc="NCHW <-> NCHW<n>c: channels split into blocks of n, the lane last (the CPU's blocked layout)")
+def _layout_transform():
+    def infer(n):
+        x, a = n.inputs[0].type, n.attrs
+        src, dst = _blocked_layout(a["src_layout"]), _blocked_layout(a["dst_layout"])
+        if (src == 0) == (dst == 0):
+            fail(n, f"{a['src_layout']} -> {a['dst_layout']}: one side must be NCHW, the other NCHW<n>c")
+        if src == 0:
+            if x.rank != 4 or x.shape[1] % dst:
+                fail(n, f"input {x} is not NCHW with channels divisible by {dst}")
+            return _t((x.shape[0], x.shape[1] // dst, *x.shape[2:], dst), x.dtype)
+        if x.rank != 5 or x.shape[4] != src:
+            fail(n, f"input {x} is not {a['src_layout']}")
+        return _t((x.shape[0], x.shape[1] * src, *x.shape[2:4]), x.dtype)
+
+    def impl(a, x):
+        dst = _blocked_layout(a["dst_layout"])
+        if dst:
+            n, c, h, w = x.shape
+            return np.ascontiguousarray(x.reshape(n, c // dst, dst, h, w).transpose(0, 1, 3, 4, 2))
+        return _unblock_nchwc(x)
+    return infer, impl
+
+
+def _unblock_nchwc(x):
+    """(N, C', H, W, c) -> (N, C' c, H, W)."""
+    n, cb, h, w, c = x.shape
+    return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cb * c, h, w))
+
+
+@register("conv2d_NCHWc", Pattern.OUT_ELEMWISE_FUSABLE, 2, {k: CONV_ATTRS[k] for k in ("strides", "pads", "dilations")},
+          doc="blocked conv2d: (N, C/ic, H, W, ic) x (O/oc, C/ic, KH, KW, ic, oc) -> (N, O/oc, OH, OW, oc); "
+              "int8 accumulates into int32")
+def _conv2d_nchwc():
+    def infer(n):
+        x, w, a = n.inputs[0].type, n.inputs[1].type, n.attrs
+        if x.rank != 5 or w.rank != 6 or x.shape[1] != w.shape[1] or x.shape[4] != w.shape[4]:
+            fail(n, f"expects data (N, C', H, W, ic) and kernel (O', C', KH, KW, ic, oc) with matching C', ic; "
+                    f"got {x} and {w}")
+        if x.dtype != w.dtype:
+            fail(n, f"data {x.dtype} and kernel {w.dtype} differ")
+        ho, wo = conv_out_hw(n, x.shape[2:4], w.shape[2:4], a["strides"], a["pads"], a["dilations"])
+        return _t((x.shape[0], w.shape[0], ho, wo, w.shape[5]), "int32" if x.dtype in ("int8", "uint8") else x.dtype)
+
+    def impl(a, x, w):
+        ob, cb, kh, kw, ic, oc = w.shape
+        w4 = w.transpose(0, 5, 1, 4, 2, 3).reshape(ob * oc, cb * ic, kh, kw)
+        y = conv2d_ref(_unblock_nchwc(x), w4, a["strides"], a["pads"], a["dilations"], 1)
+        dt = np.int32 if x.dtype in (np.int8, np.uint8) else x.dtype
+        n_, _, ho, wo = y.shape
+        y = np.rint(y) if dt == np.int32 else y
+        return np.ascontiguousarray(y.reshape(n_, ob, oc, ho, wo).transpose(0, 1, 3, 4, 2)).astype(dt)
+    return infer, impl
 
 
 # ---- fused groups ------------------------------------------------------------------------------

@@ -14,8 +14,10 @@ import threading
 import numpy as np
 
 from .. import te
+from ..build import build
 from ..tir import dtype as dt
-from .registry import (OPS, OpError, get_def, implementations, normalize_attrs, select, target_kind)
+from .registry import (OPS, OpError, OpNotSupported, get_def, implementations, normalize_attrs, select,
+                       target_kind)
 
 log = logging.getLogger(__name__)
 
@@ -24,15 +26,17 @@ _lock = threading.Lock()
 
 
 def list_ops(target: str | None = None) -> list[str]:
-    """Op names; with a target, only those it implements."""
+    """Declared op names (the graph's structural input/const/fused left out); with a target, only
+    those it has kernels for."""
+    names = sorted(n for n in OPS if n not in ("input", "const", "fused"))
     if target is None:
-        return sorted(OPS)
+        return names
     out = []
-    for name in sorted(OPS):
+    for name in names:
         try:
             implementations(name, target)
             out.append(name)
-        except Exception:  # noqa: BLE001 - declined
+        except OpNotSupported:
             pass
     return out
 
@@ -47,7 +51,7 @@ def get(name: str, target="llvm", shapes=None, dtypes=None, attrs=None, impl: st
         if impl is not None:
             cands = [i for i in cands if i.name == impl] or cands[:0]
             if not cands:
-                raise OpError(f"{name}: no implementation {impl!r} on {target_kind(target)}")
+                raise OpError(f"{name}: no kernel {impl!r} on {target_kind(target)}")
         chosen = cands[0]
     else:
         shapes = [tuple(s) for s in shapes]
@@ -128,13 +132,9 @@ def compile_op(name: str, shapes, attrs: dict | None = None, dtype="float32", ta
     """Compile operator `name` for input `shapes` (a list of tuples) and `dtype` (one dtype or one
     per input) on `target`. consts {input index: array} binds inputs at compile time (weights; an
     implementation may re-layout them once). impl picks an implementation by name."""
-    from ..build import build
     d = get_def(name)
     shapes = [tuple(int(x) for x in s) for s in shapes]
-    lo, hi = d.arity
-    if not lo <= len(shapes) <= hi:
-        want = str(lo) if lo == hi else f"{lo}..{hi}"
-        raise OpError(f"{name}: takes {want} inputs, got {len(shapes)} shapes")
+    d.check_arity(len(shapes))
     dtypes = _dtypes(dtype, len(shapes))
     attrs = normalize_attrs(name, attrs)
     chosen = select(name, target, shapes, dtypes, attrs, impl)

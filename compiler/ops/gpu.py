@@ -23,6 +23,8 @@ import math
 from .. import te
 from ..te.tensor import ComputeOp
 from . import registry
+from .library import _q_check, _requant
+from .nn import dense
 
 THREADS = 256
 #: threadIdx.z's limit on CUDA (and most OpenCL GPUs: max work-item sizes (1024, 1024, 64))
@@ -451,14 +453,11 @@ def _wg_check(n: int):
 def _qdense_plain(x, w, b, muls=None, in_shift=0, w_shift=0, out_shift=0, layout="NC", weight_packed=False,
                   n_out=None, mul=1, out_zp=0):
     """int8 dense on the unpacked (N, K) weight, int32 accumulation, the library's requantization."""
-    from .library import _requant
-    from .nn import dense
     return _requant(dense(x, w, b, "int32"), in_shift, w_shift, out_shift, mul, muls, out_zp)
 
 
 def register() -> None:
-    """("op", "cuda") implementations: each op's plain-layout CPU compute with schedule_gpu."""
-    from .library import _q_check
+    """("op", "cuda") kernels: each op's plain-layout CPU compute with schedule_gpu."""
     if not registry.IMPLS.get(("qdense", "cuda")):
         registry.add_impl("qdense", "cuda", "qdense.gpu", _qdense_plain, schedule_gpu, check=_q_check)
     for (op, target), impls in list(registry.IMPLS.items()):

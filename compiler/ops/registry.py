@@ -1,43 +1,42 @@
-"""Operator registry: op name -> declaration, and (op, target kind) -> implementations.
+"""Kernel registry: (declared op, target kind) -> kernels, best first.
 
-An OpDef names an op (the graph IR's names and attributes: compiler.graph.ops), its default
-attributes and its numpy reference. An Implementation is one compute declaration (te) plus the
-schedule for it on one target kind ("llvm" now; "cuda", "vta" later), with an optional `check`
-that returns why it declines a given signature. Lookups that fail say what exists.
+Ops, their attributes (defaults, allowed values), inference and reference semantics are declared
+once, in compiler.graph.ops. A target kind ("llvm" for the CPU, "cuda" for the GPU back ends,
+"vta" for the accelerator) registers kernels for a declared op here: a compute declaration (te)
+plus its schedule, with an optional `check` that returns why the kernel declines a signature.
+Kernels get their attributes from the schema (normalize_attrs); they keep no defaults of their own.
+
+    @register_kernel("softsign2", "llvm", schedule=cpu.schedule_injective)
+    def softsign2(x, beta=REQUIRED): ...
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Callable
 
 from ..errors import CompilerError
+from ..graph.errors import OpError
+from ..graph.ops import REGISTRY as OPS
+from ..graph.ops import REQUIRED, OpDef, get_op, normalize_attrs
 
-
-class OpError(CompilerError, ValueError):
-    """Bad op name, attributes or shapes for an operator of the library."""
+__all__ = ["OpError", "OpNotSupported", "Kernel", "Implementation", "OPS", "IMPLS", "DECLINED", "REQUIRED",
+           "OpDef", "register_kernel", "add_impl", "decline", "target_kind", "get_def", "normalize_attrs",
+           "implementations", "select"]
 
 
 class OpNotSupported(CompilerError):
-    """No implementation of an op for a target (or for that signature); the message says why."""
+    """No kernel of an op for a target (or for that signature); the message says why."""
 
 
 @dataclasses.dataclass
-class OpDef:
-    name: str
-    attrs: dict                       # attribute -> default (REQUIRED if none)
-    arity: tuple[int, int]
-    doc: str = ""
-    onnx: str | None = None           # ONNX op type with the same semantics, if any
-
-
-@dataclasses.dataclass
-class Implementation:
+class Kernel:
     """compute(*tensors, **attrs) -> Tensor; schedule(outs) -> Schedule.
 
-    check(shapes, dtypes, attrs) -> None or the reason this implementation declines.
-    prepack: {input index: fn(array, attrs) -> (array, attrs)} for inputs that may be bound as
-    constants at compile time (weights): the array is transformed once (layout packing) and the
-    compute is told so through the returned attrs.
+    check(shapes, dtypes, attrs) -> None or the reason this kernel declines.
+    prepack: {input index: fn(array, shapes, dtypes, attrs) -> (array, extra attrs)} for inputs
+    that may be bound as constants at compile time (weights): the array is transformed once
+    (layout packing) and the compute is told so through the extra keyword arguments.
     """
     name: str
     op: str
@@ -49,39 +48,71 @@ class Implementation:
     prepack: dict = dataclasses.field(default_factory=dict)
 
 
-class _Required:
-    def __repr__(self):
-        return "REQUIRED"
+Implementation = Kernel   # the name the CPU and GPU builders and older callers use
 
-
-REQUIRED = _Required()
-OPS: dict[str, OpDef] = {}
-IMPLS: dict[tuple[str, str], list[Implementation]] = {}
+IMPLS: dict[tuple[str, str], list[Kernel]] = {}
 #: (op or "*", target kind) -> why the pair is not supported
 DECLINED: dict[tuple[str, str], str] = {}
-TARGET_KINDS = ("llvm", "cuda", "vta")
 
 
-def define(name: str, attrs: dict | None = None, arity=1, doc: str = "", onnx: str | None = None) -> OpDef:
-    if isinstance(arity, int):
-        arity = (arity, arity)
-    d = OpDef(name, dict(attrs or {}), tuple(arity), doc, onnx)
-    OPS[name] = d
-    return d
+def get_def(name: str) -> OpDef:
+    """The op's declaration (compiler.graph.ops)."""
+    return get_op(name)
+
+
+def _check_kind(target: str) -> None:
+    if not isinstance(target, str) or not target or not target.isidentifier():
+        raise OpError(f"target kind must be a name such as 'llvm' or 'cuda', got {target!r}")
+
+
+def _check_compute(op: OpDef, name: str, target: str, compute: Callable) -> None:
+    """The compute must take every attribute the schema declares, as keywords."""
+    if not callable(compute):
+        raise OpError(f"kernel {name!r} for {op.name!r} on {target!r}: compute {compute!r} is not callable")
+    try:
+        params = inspect.signature(compute).parameters
+    except (TypeError, ValueError):
+        return   # a builtin without a signature: checked when it runs
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [a for a in op.attrs if a not in params or params[a].kind is inspect.Parameter.POSITIONAL_ONLY]
+    if missing:
+        raise OpError(f"kernel {name!r} for {op.name!r} on {target!r}: compute does not take attribute(s) "
+                      f"{', '.join(missing)} declared by the op")
 
 
 def add_impl(op: str, target: str, name: str, compute, schedule, plevel: int = 10, check=None,
-             prepack=None) -> Implementation:
+             prepack=None) -> Kernel:
+    """Register a kernel of declared op `op` for target kind `target`; a kernel of the same name
+    replaces the old one. An undeclared op or a compute that misses a declared attribute is refused."""
     if op not in OPS:
-        raise OpError(f"add_impl: unknown op {op!r}")
-    impl = Implementation(name, op, target, compute, schedule, plevel, check, dict(prepack or {}))
+        raise OpError(f"kernel {name!r}: operator {op!r} is not declared; declare it in compiler.graph.ops first")
+    _check_kind(target)
+    _check_compute(OPS[op], name, target, compute)
+    if not callable(schedule):
+        raise OpError(f"kernel {name!r} for {op!r} on {target!r}: schedule {schedule!r} is not callable")
+    kernel = Kernel(name, op, target, compute, schedule, plevel, check, dict(prepack or {}))
     lst = IMPLS.setdefault((op, target), [])
-    lst[:] = [i for i in lst if i.name != name] + [impl]
-    lst.sort(key=lambda i: -i.plevel)
-    return impl
+    lst[:] = [k for k in lst if k.name != name] + [kernel]
+    lst.sort(key=lambda k: -k.plevel)
+    return kernel
+
+
+def register_kernel(op: str, target: str, *, schedule: Callable, name: str | None = None, plevel: int = 10,
+                    check: Callable | None = None, prepack: dict | None = None):
+    """Decorator: the decorated function is the compute of a kernel of `op` on `target`, named
+    `name` (default "<op>.<function name>")."""
+    def deco(compute):
+        add_impl(op, target, name or f"{op}.{compute.__name__.lstrip('_')}", compute, schedule, plevel, check,
+                 prepack)
+        return compute
+    return deco
 
 
 def decline(op: str, target: str, reason: str) -> None:
+    """Record why `op` ("*": any op without kernels) has no kernel on `target`."""
+    if op != "*" and op not in OPS:
+        raise OpError(f"decline: operator {op!r} is not declared")
     DECLINED[(op, target)] = reason
 
 
@@ -95,35 +126,10 @@ def target_kind(target) -> str:
     return target.split()[0]
 
 
-def get_def(name: str) -> OpDef:
-    if name not in OPS:
-        raise OpError(f"unknown operator {name!r}; the library has: {', '.join(sorted(OPS))}")
-    return OPS[name]
-
-
-def normalize_attrs(name: str, attrs: dict | None) -> dict:
-    d = get_def(name)
-    attrs = dict(attrs or {})
-    unknown = sorted(set(attrs) - set(d.attrs))
-    if unknown:
-        raise OpError(f"{name}: unknown attribute(s) {', '.join(unknown)}; {name} takes "
-                      f"{', '.join(d.attrs) or 'none'}")
-    out = {}
-    for k, default in d.attrs.items():
-        if k in attrs:
-            v = attrs[k]
-            out[k] = tuple(v) if isinstance(v, list) else v
-        elif default is REQUIRED:
-            raise OpError(f"{name}: missing required attribute {k!r}")
-        else:
-            out[k] = default
-    return out
-
-
-def implementations(name: str, target="llvm") -> list[Implementation]:
-    """Implementations of `name` for the target's kind, best first; raises OpNotSupported with
-    the recorded reason (or the list of what exists) when there are none."""
-    get_def(name)
+def implementations(name: str, target="llvm") -> list[Kernel]:
+    """Kernels of `name` for the target's kind, best first; raises OpNotSupported with the recorded
+    reason (or the list of what exists) when there are none."""
+    get_op(name)
     kind = target_kind(target)
     impls = IMPLS.get((name, kind))
     if impls:
@@ -131,13 +137,14 @@ def implementations(name: str, target="llvm") -> list[Implementation]:
     reason = DECLINED.get((name, kind)) or DECLINED.get(("*", kind))
     if reason is None:
         have = sorted({t for (o, t) in IMPLS if o == name})
-        reason = (f"no implementation registered for target kind {kind!r}"
+        reason = (f"no kernel registered for target kind {kind!r}"
                   f" (it has: {', '.join(have) or 'none'})")
     raise OpNotSupported(f"operator {name!r} on target {kind!r}: {reason}")
 
 
-def select(name: str, target, shapes, dtypes, attrs, impl_name: str | None = None) -> Implementation:
-    """The best implementation that accepts this signature; the error lists every decline."""
+def select(name: str, target, shapes, dtypes, attrs, impl_name: str | None = None) -> Kernel:
+    """The best kernel that accepts this signature (attrs as normalize_attrs gives them); the error
+    lists every decline."""
     reasons = []
     for impl in implementations(name, target):
         if impl_name is not None and impl.name != impl_name:
@@ -148,6 +155,6 @@ def select(name: str, target, shapes, dtypes, attrs, impl_name: str | None = Non
         reasons.append(f"{impl.name}: {why}")
     if impl_name is not None and not reasons:
         have = ", ".join(i.name for i in implementations(name, target))
-        raise OpNotSupported(f"operator {name!r}: no implementation named {impl_name!r} (have: {have})")
+        raise OpNotSupported(f"operator {name!r}: no kernel named {impl_name!r} (have: {have})")
     raise OpNotSupported(f"operator {name!r} with shapes {[list(s) for s in shapes]} {list(dtypes)} "
-                         f"{attrs}: every implementation declined: " + "; ".join(reasons))
+                         f"{attrs}: every kernel declined: " + "; ".join(reasons))

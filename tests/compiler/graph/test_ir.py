@@ -32,7 +32,7 @@ def test_ir_bad_nodes_name_node_and_op():
         Node("reshape", [x], name="rs")
     with pytest.raises(OpError, match=r"add 'a': shapes \[\[1, 4, 6, 6\], \[5\]\] do not broadcast"):
         Node("add", [x, Node.const(np.ones(5, np.float32))], name="a")
-    with pytest.raises(OpError, match="unknown graph op 'frobnicate'; registered ops are"):
+    with pytest.raises(OpError, match="unknown operator 'frobnicate'; declared ops are"):
         Node("frobnicate", [x])
     with pytest.raises(GraphError, match="unknown dtype 'float8'"):
         TensorType((1,), "float8")
