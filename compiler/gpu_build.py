@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from .graph.ir import Graph, Node
-from .graph_build import KernelDeclined, _Builder, _Kernels, _library_form, kernel_symbol
+from .graph_build import KernelDeclined, Builder, _Kernels, _library_form, kernel_symbol
 from host_runtime.executor import Step
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,9 @@ def _check_locally(k) -> None:
         raise
 
 
-class GpuBuilder(_Builder):
+class GpuBuilder(Builder):
     def __init__(self, graph, cfg, true_macs, progress=None, tune=None, gpu_target: str = "opencl"):
-        super().__init__(graph, cfg, true_macs, progress, None)
+        super().__init__(graph, cfg, true_macs, progress)
         self.gpu_target = gpu_target
         self.gpu = GpuKernels(gpu_target, tune=tune)
         self.tuning = self.gpu.tuning

@@ -26,14 +26,15 @@ from typing import Callable
 
 import numpy as np
 
-from accel.isa import INSN_BYTES, AccelConfig, encode_program, resolve_config
+from accel.isa import AccelConfig, resolve_config
 from host_runtime.executor import KernelSource, Step, TensorSpec
 from host_runtime.kernel_cache import compile_ir, verify_ir
 
 from .errors import CompilerError
 from .graph.ir import Graph, Node, format_graph
-from .graph.ops import INT8_MAX, Pattern, get_op, int8_min, is_fixed_point, requant_shift
+from .graph.ops import Pattern, get_op
 from .module import CompiledModule
+from .targets import BuildError, get_target, node_macs
 
 log = logging.getLogger(__name__)
 
@@ -42,34 +43,8 @@ TARGETS = ("accel", "cpu", "opencl", "cuda")
 GPU_TARGETS = ("opencl", "cuda")
 #: DRAM reserved while building (the module records only what it uses)
 BUILD_DRAM_BYTES = 1 << 30
-#: tilings measured per layer when tuning (the analytical ranking's best few)
-TUNE_TOP = 6
 #: ops the runtime executes itself (layout conversions at the accelerator boundary)
 NATIVE_OPS = ("pack", "unpack")
-#: ALU ops folded into the requantization clamp of the accelerator operation before them
-CLAMP_OPS = ("relu", "clip")
-
-
-class BuildError(CompilerError):
-    """A model cannot be built for the target (bad target, missing calibration, link failure)."""
-
-
-# ---- MAC accounting ----------------------------------------------------------------------------
-def node_macs(n: Node) -> int:
-    """Multiply-accumulates of a GEMM-like node (padded channels included for packed layouts)."""
-    if n.op in ("conv2d", "qconv2d"):
-        w = n.inputs[1].shape
-        if n.op == "qconv2d" and n.attrs["layout"] == "NCHWnc":
-            return math.prod(n.shape) * w[1] * w[2] * w[3] * w[5]
-        return math.prod(n.shape) * math.prod(w[1:])
-    if n.op in ("dense", "qdense"):
-        w = n.inputs[1].shape
-        if n.op == "qdense" and n.attrs["layout"] == "NCnc":
-            return math.prod(n.shape) * w[1] * w[3]
-        return math.prod(n.shape) * w[1]
-    if n.op == "matmul":
-        return math.prod(n.shape) * n.inputs[0].shape[-1]
-    return 0
 
 
 def _true_macs(graph: Graph) -> dict[str, int]:
@@ -211,23 +186,13 @@ def _library_form(body: Graph) -> Graph:
     return body
 
 
-def _clamp(n: Node, lo: int, hi: int) -> tuple[int, int]:
-    if n.op == "relu":
-        return max(lo, 0), hi
-    a = n.attrs
-    if a["min"] is not None:
-        lo = max(lo, math.ceil(a["min"]))
-    if a["max"] is not None:
-        hi = min(hi, math.floor(a["max"]))
-    return lo, hi
+class Builder:
+    """The services every target lowers into: tensors and their DRAM, scratch, constants, steps,
+    fallbacks and the --explain rows; per node it calls the node's target."""
 
-
-class _Builder:
-    def __init__(self, graph: Graph, cfg: AccelConfig | None, true_macs: dict[str, int], progress=None,
-                 tune=None):
+    def __init__(self, graph: Graph, cfg: AccelConfig | None, true_macs: dict[str, int], progress=None):
         self.g, self.cfg, self.true_macs, self.progress = graph, cfg, true_macs, progress
-        self.tune = tune  # None: analytical tilings; True or a tuning-log path: measured on tsim
-        self.tuning: dict[str, dict] = {}
+        self.tuning: dict[str, dict] = {}   # meta['tuning']: per layer or kernel what tuning chose
         if cfg is not None:
             from host_runtime import Device
             self.dev = Device(cfg, driver=None, dram_bytes=min(BUILD_DRAM_BYTES, 1 << cfg.dram_addr_width))
@@ -249,8 +214,8 @@ class _Builder:
         from .graph.passes.partition import bare_reason
         self.cpu_reason = {d.name: bare_reason(d.name, d.reason) for d in graph.meta.get("partition", [])
                            if d.target == "cpu" and d.reason}
-        self.lowering_failed: dict[str, str] = {}   # op name -> why its accelerator lowering failed
-        self.ident = None
+        self.declined: dict[str, dict] = {}   # op name -> its --explain row after a target gave it up
+        self.target_state: dict[str, dict] = {}
         self.scratch_bytes = 0
 
     # ---- tensors ------------------------------------------------------------------------------
@@ -303,7 +268,7 @@ class _Builder:
             if self.progress:
                 self.progress("lower", k, len(ops))
             if n.target == "accel" and self.cfg is not None:
-                self.lower_accel(n)
+                get_target("accel").lower(self, n)
             else:
                 self.lower_cpu(n)
         if self.progress:
@@ -375,220 +340,29 @@ class _Builder:
             self.cpu_body(op.name, _single_body(op), [env[id(i)] for i in op.inputs], t)
             env[id(op)] = t
 
-    # accelerator ----------------------------------------------------------------------------------
-    def lower_accel(self, n: Node) -> None:
-        body = n.attrs["body"] if n.op == "fused" else _single_body(n)
-        env = {id(p): o for p, o in zip(body.inputs, n.inputs)}
-        users = body.users()
-        ops = body.ops
-        last = body.outputs[0]
-        i = 0
-        while i < len(ops):
-            head = ops[i]
-            lo, hi = int8_min(head.attrs.get("out_zp", 0)), INT8_MAX
-            j = i + 1
-            while (j < len(ops) and ops[j].op in CLAMP_OPS and ops[j].inputs[0] is ops[j - 1]
-                   and len(users[id(ops[j - 1])]) == 1 and ops[j - 1] is not last):
-                lo, hi = _clamp(ops[j], lo, hi)
-                j += 1
-            if head.op in CLAMP_OPS:
-                lo, hi = _clamp(head, lo, hi)
-            tail = ops[j - 1]
-            if head.op in ("qconv2d", "qdense") and self.try_fused_residual(n, ops, i, j, env, users, lo, hi):
-                i = self._fused_end
-                continue
-            out_tid = self.tid[id(n)] if tail is last else self.scratch(tail.name, tail.type)
-            group = ops[i:j]
-            try:
-                self.emit_accel(head, [env[id(x)] for x in head.inputs], out_tid, lo, hi,
-                                "+".join(o.op for o in group), sum(self.macs_of(o) for o in group))
-            except CompilerError as e:
-                why = str(e)
-                self.fallbacks.append(f"{head.name} ({'+'.join(o.op for o in group)}) on the CPU instead of the "
-                                      f"accelerator: {why}")
-                log.warning("%s: accelerator lowering failed, running on the CPU: %s", head.name, why)
-                for o in group:
-                    self.lowering_failed[o.name] = why
-                    self.cpu_reason[o.name] = f"accelerator lowering failed: {why}"
-                params = [Node.input(f"p{k}", x.shape, x.dtype) for k, x in enumerate(head.inputs)]
-                ext = [env[id(x)] for x in head.inputs]
-                # the ops of this group as a body of their own: head's inputs, then its clamps
-                mp = {id(x): p for x, p in zip(head.inputs, params)}
-                nodes = list(params)
-                for o in group:
-                    b = o.with_inputs([mp[id(x)] for x in o.inputs], target="cpu")
-                    mp[id(o)] = b
-                    nodes.append(b)
-                gbody = Graph(nodes, params, [mp[id(tail)]], [tail.name], "fallback")
-                self.cpu_body(head.name, gbody, ext, out_tid)
-            env[id(tail)] = out_tid
-            i = j
-
-    def try_fused_residual(self, n: Node, ops: list, i: int, j: int, env: dict, users: dict, lo: int,
-                           hi: int) -> bool:
-        """conv/dense (+clamps) followed by a qadd (+clamps) of its result: one accelerator program
-        with the add in the epilogue (compiler.accel.conv2d.ResidualAdd). False when the pattern
-        is absent or the accelerator declines it (then the ops lower one by one)."""
-        from .accel.conv2d import Requant
-        body_last = (n.attrs["body"] if n.op == "fused" else _single_body(n)).outputs[0]
-        tail = ops[j - 1]
-        if j >= len(ops) or ops[j].op != "qadd" or tail is body_last or len(users[id(tail)]) != 1:
-            return False
-        add = ops[j]
-        if sum(x is tail for x in add.inputs) != 1:
-            return False
-        k = j + 1
-        lo2, hi2 = -INT8_MAX, INT8_MAX
-        while (k < len(ops) and ops[k].op in CLAMP_OPS and ops[k].inputs[0] is ops[k - 1]
-               and len(users[id(ops[k - 1])]) == 1 and ops[k - 1] is not body_last):
-            lo2, hi2 = _clamp(ops[k], lo2, hi2)
-            k += 1
-        other = add.inputs[1] if add.inputs[0] is tail else add.inputs[0]
-        at = add.attrs
-        if at.get("a_mul") or len(ops[i].inputs) == 4:  # fixed-point scales: the epilogue aligns by shifts only
-            return False
-        m = max(at["a_shift"], at["b_shift"])
-        k_conv, k_other = (m - at["a_shift"], m - at["b_shift"]) if add.inputs[0] is tail else \
-            (m - at["b_shift"], m - at["a_shift"])
-        rq2 = Requant(m - at["out_shift"], lo2, hi2, True)
-        group = ops[i:k]
-        end = ops[k - 1]
-        out_tid = self.tid[id(n)] if end is body_last else self.scratch(end.name, end.type)
-        head = ops[i]
-        try:
-            self.emit_accel(head, [env[id(x)] for x in head.inputs], out_tid, lo, hi,
-                            "+".join(o.op for o in group), sum(self.macs_of(o) for o in group),
-                            residual=(env[id(other)], k_conv, k_other, rq2))
-        except CompilerError as e:
-            log.info("%s: residual add not fused (%s); lowering the ops one by one", head.name, e)
-            return False
-        env[id(end)] = out_tid
-        self._fused_end = k
-        return True
-
     def buf(self, o) -> object:
+        """The DRAM buffer of a tensor (graph node or tensor id)."""
         return self.tbuf[self.tensor_of(o)]
 
-    def program(self, name: str, emit: Callable) -> tuple[int, int]:
-        from accel.isa.errors import AccelError
-        s = self.dev.stream()
-        try:
-            s.emit_preloaded(emit)   # the program's micro-op kernels load first, in one LOAD
-            insns = s.finish()
-            code = encode_program(insns, self.cfg)
-        except AccelError as e:
-            if isinstance(e, CompilerError):
-                raise
-            raise BuildError(f"{name}: {e}") from None
-        buf = self.mem.alloc(code.nbytes, align=max(INSN_BYTES, 64), name=f"insns {name}")
-        buf.write(code)
-        self.data_bufs.add(buf.addr)
-        return buf.addr, len(insns)
-
     def weight_buf(self, arr: np.ndarray, align: int, name: str):
+        """A constant array placed in the module's DRAM image."""
         buf = self.mem.alloc_array(arr, align=align, name=name)
         self.data_bufs.add(buf.addr)
         return buf
 
-    def emit_accel(self, head: Node, ins: list, out_tid: int, lo: int, hi: int, label: str, macs: int,
-                   residual: tuple | None = None) -> None:
-        from .accel.conv2d import (Requant, ResidualAdd, TilingError, channel_scale_operands, emit_conv2d,
-                                   residual_identity)
-        from .accel.eltwise import emit_add, identity_weights
-        from .accel.layout import pack_bias
-        cfg = self.cfg
-        out = self.tbuf[out_tid]
-        if head.op in ("qconv2d", "qdense"):
-            spec = self.gemm_spec(head)
-            tiling = self.tiling(spec, residual is not None)
-            fused = None
-            if residual is not None:
-                other, ka, kb, rq2 = residual
-                ident = residual_identity(cfg, ka, kb)  # declines kb - ka > 6 before anything is allocated
-                fused = ResidualAdd(self.buf(other), self.weight_buf(ident, cfg.wgt_elem_bytes,
-                                                                      f"{head.name}.identity"), ka, kb, rq2)
-            w = self.weight_buf(ins[1].value, cfg.wgt_elem_bytes, f"{head.name}.wgt")
-            at = head.attrs
-            bias, zp = ins[2].value, at.get("out_zp", 0)
-            if zp and len(ins) == 3 and not is_fixed_point(at) and requant_shift(at) >= 0:
-                # (acc + half + zp 2^s) >> s == ((acc + half) >> s) + zp: the zero point rides on the bias
-                bias = bias.astype(np.int64) + (zp << requant_shift(at))
-                if np.abs(bias).max() >= 1 << 31:
-                    raise TilingError(f"{head.name}: bias with the output zero point {zp} does not fit int32")
-                bias, zp = bias.astype(np.int32), 0
-            b = self.weight_buf(pack_bias(bias, cfg), cfg.acc_elem_bytes, f"{head.name}.bias")
-            scales = None
-            if len(ins) == 4:  # per-channel multipliers: SCALE operands per channel, then the clamp
-                ops = channel_scale_operands(ins[3].value, requant_shift(at), cfg.acc_width)
-                scales = self.weight_buf(pack_bias(ops, cfg), cfg.acc_elem_bytes, f"{head.name}.scales")
-                rq = Requant(0, lo, hi, zero_point=zp)
-            else:
-                rq = Requant(requant_shift(at), lo, hi, is_fixed_point(at), at.get("mul", 1), zp)
-            x = self.buf(ins[0])
-            addr, count = self.program(head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, b, rq, fused,
-                                                                        scales))
-        elif head.op in ("qadd",) + CLAMP_OPS:
-            if cfg.block_in != cfg.block_out:
-                raise TilingError(f"{head.name}: the accelerator adds packed tensors only when block_in == block_out "
-                                  f"({cfg.block_in} != {cfg.block_out})")
-            blk = head.shape[-2:]
-            if tuple(blk) != (cfg.batch, cfg.block_out):
-                raise TilingError(f"{head.name}: packed blocks {list(blk)} are not (batch, block_out)")
-            n_entries = math.prod(head.shape) // (cfg.batch * cfg.block_out)
-            if self.ident is None:
-                self.ident = self.weight_buf(identity_weights(cfg), cfg.wgt_elem_bytes, "identity")
-            ident = self.ident
-            if head.op == "qadd":
-                a, b = self.buf(ins[0]), self.buf(ins[1])
-                at = head.attrs
-                m = max(at["a_shift"], at["b_shift"])
-                ka, kb, rq = m - at["a_shift"], m - at["b_shift"], Requant(m - at["out_shift"], lo, hi, True)
-            else:  # a clamp alone: (a + a + 1) >> 1 == a, then the clamp
-                a = b = self.buf(ins[0])
-                ka, kb, rq = 0, 0, Requant(1, lo, hi, True)
-            addr, count = self.program(head.name, lambda s: emit_add(s, n_entries, a, b, out, ident, ka, kb, rq,
-                                                                     name=head.name))
-        else:
-            raise TilingError(f"{head.name}: no accelerator lowering for {head.op}")
-        inputs = [self.tensor_of(o) for o in ins if not (isinstance(o, Node) and o.is_const)]
-        if residual is not None:
-            inputs.append(self.tensor_of(residual[0]))
-        self.steps.append(Step(head.name, "accel", label, inputs, out_tid, [], None, {}, addr, count, macs))
+    # ---- services for targets -----------------------------------------------------------------
+    def state(self, target: str) -> dict:
+        """Per-build state of a target (kernel caches, shared constants)."""
+        return self.target_state.setdefault(target, {})
 
-    def tiling(self, spec, residual: bool):
-        """The layer's tiling: the analytical best, or with `tune` the fastest of the best few on tsim."""
-        from .accel.conv2d import plan_conv2d
-        if not self.tune:
-            return plan_conv2d(spec, self.cfg, 2, residual)
-        from .accel.tune import tune_conv2d
-        log_path = None if self.tune is True else self.tune
-        tiling, record = tune_conv2d(spec, self.cfg, 2, TUNE_TOP, "tsim", log_path, residual)
-        self.tuning[spec.name] = {"tiling": tiling.describe(), "cycles": record["cycles"],
-                                  "candidates": len(record.get("trials", []))}
-        return tiling
+    def decline(self, op: Node, kind: str, row_reason: str, note: str) -> None:
+        """Record that `op` runs on the CPU after all: its --explain row (kind, sentence) and its step note."""
+        self.declined[op.name] = {"target": "cpu", "kind": kind, "reason": row_reason}
+        self.cpu_reason[op.name] = note
 
-    def gemm_spec(self, n: Node):
-        from .accel.conv2d import Conv2dSpec, TilingError
-        cfg = self.cfg
-        x, w = n.inputs[0].shape, n.inputs[1].shape
-        if n.op == "qconv2d":
-            if n.attrs["layout"] != "NCHWnc":
-                raise TilingError(f"{n.name}: qconv2d in layout {n.attrs['layout']} is not packed for the accelerator")
-            nb, cb, h, wd, bn, bi = x
-            ob, _, kh, kw, bo, _ = w
-            pt, pl, pb, pr = n.attrs["pads"]
-            spec = Conv2dSpec(nb * bn, cb * bi, h, wd, ob * bo, kh, kw, (pt, pb, pl, pr), tuple(n.attrs["strides"]),
-                              n.name)
-        else:
-            if n.attrs["layout"] != "NCnc":
-                raise TilingError(f"{n.name}: qdense in layout {n.attrs['layout']} is not packed for the accelerator")
-            nb, kb, bn, bi = x
-            ob, _, bo, _ = w
-            spec = Conv2dSpec(nb * bn, kb * bi, 1, 1, ob * bo, 1, 1, name=n.name)
-        if (bn, bi, bo) != (cfg.batch, cfg.block_in, cfg.block_out):
-            raise TilingError(f"{n.name}: packed blocks ({bn}, {bi}, {bo}) differ from the config's "
-                              f"({cfg.batch}, {cfg.block_in}, {cfg.block_out})")
-        return spec
+    def fallback_body(self, name: str, body: Graph, outer: list, out_tid: int) -> None:
+        """Steps computing `body` on the CPU (a target's fallback when it cannot take a group)."""
+        self.cpu_body(name, body, outer, out_tid)
 
     # ---- the module ---------------------------------------------------------------------------
     def explained(self, graph_in: Graph) -> dict:
@@ -598,9 +372,7 @@ class _Builder:
         for d in self.g.meta.get("partition", []):
             row = {"name": d.name, "op": d.op, "origin": d.origin, "target": d.target, "reason": d.reason,
                    "kind": d.kind}
-            if d.name in self.lowering_failed:
-                row.update(target="cpu", kind="lowering", reason=f"{d.origin or d.op} '{d.name}': accelerator "
-                           f"lowering failed, runs on the CPU: {self.lowering_failed[d.name]}")
+            row.update(self.declined.get(d.name, {}))
             rows.append(row)
         if not rows:   # no partition ran: the CPU target
             for n in self.g.ops:
@@ -707,17 +479,13 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
     if progress:
         progress("optimize", 0, 1)
     q = optimize(g, opts)
-    if target == "accel" and tune not in (None, False, True):
-        from .accel.tune import read_tuning_log
-        try:
-            read_tuning_log(tune)   # a broken log stops the build (a layer's tiling error falls back)
-        except CompilerError as e:
-            raise BuildError(str(e)) from None
     if target in GPU_TARGETS:
         from .gpu_build import GpuBuilder
         b = GpuBuilder(q, None, true_macs, progress, tune, gpu_target=target)
     else:
-        b = _Builder(q, cfg if target == "accel" else None, true_macs, progress, tune if target == "accel" else None)
+        b = Builder(q, cfg if target == "accel" else None, true_macs, progress)
+        if target == "accel":
+            get_target("accel").prepare(b, tune)
     b.lower()
     mod = b.finish(name or g.name, target, g, t0, {"warnings": warnings, "graph_ops": len(q.ops),
                                                    "tuning": b.tuning})

@@ -1,64 +1,35 @@
-"""Partition: give every op a target, "accel" or "cpu", with the reason whenever the accelerator
-declines. The rules are data (ACCEL_RULES, the checks below) read against one AccelConfig:
-int8 GEMM layers go to the accelerator unless they are grouped/dilated, their channels fill the
-GEMM core too poorly, or they are so memory-bound that the core would idle (a batch-1 dense layer
-streams each weight byte for one MAC; VTA likewise leaves the classifier on the CPU); int8
-elementwise ops (ALU: relu, clip, qadd) go where their producer is, so
-they fuse into an accelerator layer's output; everything else (float ops, pooling, softmax,
-quantize/dequantize, layout transforms) runs on the CPU. `force` maps an op type (graph op name
-or ONNX op type) to a target and overrides soft declines (such as channel waste); it cannot put
-an op on the accelerator that has no accelerator implementation. Every decision carries a
-`kind` from KINDS (why it went where it went, in one word) beside its sentence, so that
-`accel compile --explain` and the run-time profile can group and show them.
+"""Partition: give every op a target, with the reason whenever a preferred target declines.
+
+The pass only orders and compares: the candidate targets (compiler.targets, in preference order,
+the last one the fallback that takes everything, "cpu") say per node whether they can run it and,
+if not, why (Target.supports: a sentence with a kind and whether it is hard); among those that
+can, the first in order wins unless another one's cost estimate (Target.estimate_cost) is lower.
+The accelerator's own rules (which int8 layers it takes, channel waste, the roofline bound) live
+in compiler.targets.accel. `force` maps an op type (graph op name or ONNX op type) to a target
+and overrides soft declines (such as channel waste); it cannot put an op on a target that declines
+it hard. Every decision carries a `kind` from KINDS (why it went where it went, in one word)
+beside its sentence, so that `accel compile --explain` and the run-time profile can group and
+show them.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from accel.isa.config import AccelConfig
 
+from ...targets import PlacementContext, Target, get_target
+from ...targets.accel import ACCEL_RULES, AccelRules, gemm_waste, roofline_efficiency
 from ..errors import GraphPassError
 from ..ir import Graph, Node, rewrite
 
 ACCEL, CPU = "accel", "cpu"
 TARGETS = (ACCEL, CPU)
 
-#: Why a node went where it went: kind -> what it means (the legend of `accel compile --explain`).
-KINDS = {
-    "offload": "int8 layer the accelerator runs",
-    "fused": "int8 elementwise op fused into the accelerator layer that feeds it",
-    "unsupported": "operator without an accelerator implementation",
-    "float": "float32 op; the accelerator computes int8 only",
-    "boundary": "precision or layout conversion at the accelerator boundary, done by the host",
-    "grouped": "grouped convolution does not map onto the GEMM core",
-    "depthwise": "depthwise convolution (one group per channel) does not map onto the GEMM core",
-    "dilated": "dilated convolution has no accelerator lowering",
-    "shape": "shape the accelerator lowering cannot take or would waste most of the GEMM core on",
-    "cost": "slower on the accelerator by the cost estimate (memory-bound)",
-    "placement": "elementwise op whose producer runs on the CPU stays beside it",
-    "forced": "forced by --force OP=TARGET",
-    "lowering": "the accelerator lowering failed at build time (the reason says why); runs on the CPU",
-    "target": "compiled with --target cpu",
-}
-
-
-@dataclass(frozen=True)
-class AccelRules:
-    """What the partitioner accepts for the accelerator (one place; tests and docs read it)."""
-    #: GEMM layers that would leave more than this fraction of the core's MACs idle go to the CPU.
-    max_gemm_waste: float = 0.5
-    #: GEMM layers whose DRAM traffic would keep the core busier than this (the roofline bound:
-    #: MACs per byte x bus bytes per cycle / peak MACs per cycle) stay on the accelerator.
-    min_roofline_efficiency: float = 0.25
-    #: int8 ops with an accelerator lowering: GEMM layers and ALU elementwise ops.
-    gemm_ops: tuple[str, ...] = ("qconv2d", "qdense")
-    alu_ops: tuple[str, ...] = ("relu", "clip", "qadd")
-    #: conversions at the accelerator boundary, done by the host.
-    host_ops: tuple[str, ...] = ("quantize", "dequantize", "requantize", "pack", "unpack")
-
-
-ACCEL_RULES = AccelRules()
+#: Why a node went where it went: kind -> what it means (the legend of `accel compile --explain`);
+#: each target adds its own kinds (Target.kinds).
+KINDS = {k: v for k, v in get_target(ACCEL).kinds.items() if k != "lowering"}
+KINDS.update(forced="forced by --force OP=TARGET", lowering=get_target(ACCEL).kinds["lowering"],
+             target="compiled with --target cpu")
 
 
 @dataclass
@@ -72,109 +43,73 @@ class Decision:
     kind: str = ""      # a key of KINDS
 
 
-def gemm_waste(channels: int, block: int) -> float:
-    """Fraction of a GEMM core dimension left idle when `channels` are padded to whole blocks."""
-    padded = -(-channels // block) * block
-    return 1.0 - channels / padded
-
-
-def roofline_efficiency(n: Node, cfg: AccelConfig) -> tuple[float, int, int]:
-    """(bound on the GEMM core's busy fraction from DRAM traffic, MACs, bytes) of an int8 GEMM
-    layer that reads its input and weights and writes its output once (the least it can move)."""
-    x, w = n.inputs[0].shape, n.inputs[1].shape
-    macs = math.prod(n.shape) * math.prod(w[1:])
-    nbytes = math.prod(x) + math.prod(w) + math.prod(n.shape) + 4 * n.shape[1]  # int8 data, int32 bias
-    return min(1.0, macs / nbytes * cfg.bus_bytes / cfg.macs_per_cycle), macs, nbytes
-
-
 def _label(n: Node) -> str:
     return f"{n.origin or n.op} '{n.name}'"
 
 
-def _check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> tuple[str, bool, str] | None:
-    """None if the accelerator takes this int8 GEMM layer, else (reason, hard, kind)."""
-    if n.op == "qconv2d":
-        if n.attrs["groups"] != 1:
-            dw = n.attrs["groups"] == _channels(n.inputs[0])
-            return (f"{_label(n)}: grouped convolution (groups={n.attrs['groups']}) does not map onto the GEMM core",
-                    True, "depthwise" if dw else "grouped")
-        if tuple(n.attrs["dilations"]) != (1, 1):
-            return f"{_label(n)}: dilated convolution is not supported by the accelerator lowering", True, "dilated"
-        cin, cout = n.inputs[0].shape[1], n.shape[1]
-    else:
-        cin, cout = n.inputs[0].shape[1], n.shape[1]
-    for what, c, block, key in (("input channels", cin, cfg.block_in, "block_in"),
-                                ("output channels", cout, cfg.block_out, "block_out")):
-        w = gemm_waste(c, block)
-        if w > rules.max_gemm_waste:
-            return (f"{_label(n)}: {c} {what} {'<' if c < block else 'padded to'} {key} {block} wastes "
-                    f"{w:.0%} of the GEMM core"), False, "shape"
-    eff, macs, nbytes = roofline_efficiency(n, cfg)
-    if eff < rules.min_roofline_efficiency:
-        return (f"{_label(n)}: memory-bound, {macs / nbytes:.1f} MACs per DRAM byte keep the GEMM core at most "
-                f"{eff:.0%} busy ({cfg.macs_per_cycle / cfg.bus_bytes:.0f} needed on the {cfg.bus_bytes}-byte bus)"), \
-            False, "cost"
-    return None
+def default_targets(names=TARGETS) -> list[Target]:
+    """The registered targets of `names`, in that (preference) order."""
+    return [get_target(t) for t in names]
 
 
-def _channels(t: Node) -> int:
-    """Channels of a conv input, plain (N C H W) or packed (N C' H W n c)."""
-    return t.shape[1] * t.shape[-1] if len(t.shape) == 6 else t.shape[1]
+def _choose(n: Node, targets: list[Target], ctx: PlacementContext) -> tuple[Target, dict[str, str]]:
+    """The target for `n` and, per target that declined it, why."""
+    declines: dict[str, str] = {}
+    best, best_cost = None, None
+    for t in targets:
+        why = t.supports(n, ctx)
+        if why is not None:
+            declines[t.name] = why
+            continue
+        cost = t.estimate_cost(n, ctx)
+        if best is None or (cost is not None and best_cost is not None and cost < best_cost):
+            best, best_cost = t, cost
+    if best is None:
+        raise GraphPassError(f"partition: no target takes {_label(n)}: " + "; ".join(declines.values()))
+    return best, declines
 
 
-def decide(graph: Graph, cfg: AccelConfig, force: dict[str, str] | None = None,
-           rules: AccelRules = ACCEL_RULES) -> list[Decision]:
-    """A Decision per op node, in order."""
+def decide(graph: Graph, cfg: AccelConfig | None, force: dict[str, str] | None = None,
+           rules: AccelRules = ACCEL_RULES, targets: list[Target] | None = None) -> list[Decision]:
+    """A Decision per op node, in order. targets: the candidates in preference order (default
+    accel, then cpu); cfg and rules are what the accelerator target reads."""
+    targets = list(targets) if targets else default_targets()
+    names = [t.name for t in targets]
     force = dict(force or {})
-    bad = {k: v for k, v in force.items() if v not in TARGETS}
+    bad = {k: v for k, v in force.items() if v not in names}
     if bad:
-        raise GraphPassError(f"partition: force targets must be {' or '.join(TARGETS)}, got {bad}")
+        raise GraphPassError(f"partition: force targets must be {' or '.join(names)}, got {bad}")
+    by_name = {t.name: t for t in targets}
+    ctx = PlacementContext(cfg, {}, rules)
     decisions: list[Decision] = []
-    where: dict[int, str] = {}
     for n in graph.ops:
         forced = force.get(n.op, force.get(n.origin or ""))
-        d = Decision(n.name, n.op, n.origin, CPU)
-        if n.op in rules.gemm_ops:
-            declined = _check_gemm(n, cfg, rules)
-            if declined is None:
-                d.target, d.kind = ACCEL, "offload"
+        chosen, declines = _choose(n, targets, ctx)
+        d = Decision(n.name, n.op, n.origin, chosen.name)
+        first = next((declines[t] for t in names[:names.index(chosen.name)] if t in declines), None)
+        if first is not None:   # a preferred target declined: its reason is the decision's
+            d.reason, d.hard, d.kind = str(first), getattr(first, "hard", True), getattr(first, "kind", "unsupported")
+        elif chosen is not targets[-1] or len(targets) == 1:
+            d.kind = chosen.placement_kind(n, ctx)
+        if forced is not None and forced != d.target:
+            f = by_name[forced]
+            if forced == names[-1]:
+                d.target, d.reason, d.kind = forced, f"{_label(n)}: forced to {f.title} by the user", "forced"
             else:
-                d.reason, d.hard, d.kind = declined
-        elif n.op in rules.alu_ops and n.dtype == "int8":
-            producers = [i for i in n.inputs if not i.is_const]
-            if n.op == "qadd" and len({i.shape for i in producers}) != 1:
-                d.reason, d.hard, d.kind = f"{_label(n)}: broadcasting add has no ALU lowering", True, "shape"
-            elif n.op == "qadd" and n.attrs.get("a_mul"):
-                d.reason, d.hard, d.kind = (f"{_label(n)}: add at scales that are not powers of two needs two "
-                                            f"multipliers; the ALU lowering aligns by shifts"), True, "unsupported"
-            elif any(where.get(id(i)) == ACCEL for i in producers):
-                d.target, d.kind = ACCEL, "fused"
-            else:
-                d.reason, d.kind = f"{_label(n)}: elementwise op not fed by an accelerator layer stays on the CPU", \
-                    "placement"
-        elif n.op in rules.host_ops:
-            d.reason, d.hard, d.kind = (f"{_label(n)}: precision/layout conversion at the accelerator boundary runs "
-                                        f"on the host"), True, "boundary"
-        elif n.dtype.startswith("float") or any(i.dtype.startswith("float") for i in n.inputs):
-            d.reason, d.hard, d.kind = f"{_label(n)}: float32 op; the accelerator computes int8 only", True, "float"
-        else:
-            d.reason, d.hard, d.kind = f"{_label(n)}: no accelerator implementation of {n.op}", True, "unsupported"
-        if forced == CPU and d.target == ACCEL:
-            d.target, d.reason, d.kind = CPU, f"{_label(n)}: forced to the CPU by the user", "forced"
-        elif forced == ACCEL and d.target == CPU:
-            if d.hard:
-                raise GraphPassError(f"partition: cannot force {_label(n)} onto the accelerator: {d.reason}")
-            d.target, d.reason, d.kind = ACCEL, f"{_label(n)}: forced onto the accelerator by the user ({d.reason})", \
-                "forced"
-        where[id(n)] = d.target
+                why = declines.get(forced)
+                if why is not None and getattr(why, "hard", True):
+                    raise GraphPassError(f"partition: cannot force {_label(n)} onto {f.title}: {why}")
+                d.target, d.reason, d.kind = forced, f"{_label(n)}: forced onto {f.title} by the user ({d.reason})", \
+                    "forced"
+        ctx.where[id(n)] = d.target
         decisions.append(d)
     return decisions
 
 
-def partition(graph: Graph, cfg: AccelConfig, force: dict[str, str] | None = None,
-              rules: AccelRules = ACCEL_RULES) -> Graph:
+def partition(graph: Graph, cfg: AccelConfig | None, force: dict[str, str] | None = None,
+              rules: AccelRules = ACCEL_RULES, targets: list[Target] | None = None) -> Graph:
     """Annotate every op's target; the decisions (with reasons) go to graph.meta['partition']."""
-    decisions = iter(decide(graph, cfg, force, rules))
+    decisions = iter(decide(graph, cfg, force, rules, targets))
     table = []
 
     def fn(n: Node, old: Node):
@@ -224,3 +159,7 @@ def explain_table(rows: list[dict], folded: list[dict] | None = None) -> str:
                  + (f", {len(folded)} folded away" if folded else ""))
     lines += [f"  {k:11} {KINDS[k]}" for k in kinds]
     return "\n".join(lines)
+
+
+__all__ = ["ACCEL", "CPU", "TARGETS", "KINDS", "ACCEL_RULES", "AccelRules", "Decision", "decide", "default_targets",
+           "gemm_waste", "roofline_efficiency", "partition", "partition_table", "explain_table", "bare_reason"]

@@ -1,0 +1,420 @@
+"""The accelerator target: which int8 nodes the accelerator takes (the partition rules), and
+their lowering to one instruction program per layer.
+
+Placement: int8 GEMM layers (qconv2d, qdense) go to the accelerator unless they are grouped or
+dilated, their channels fill the GEMM core too poorly, or they are so memory-bound that the core
+would idle (a batch-1 dense layer streams each weight byte for one MAC; VTA likewise leaves the
+classifier on the CPU); int8 elementwise ALU ops (relu, clip, qadd) go where their producer is,
+so they fuse into an accelerator layer's output; everything else stays on the CPU.
+
+Lowering: per fused group, a GEMM head with the clamps after it (and a residual qadd when the
+group has one) becomes one program of compiler.accel.conv2d; a lone ALU op or qadd one of
+compiler.accel.eltwise. A group the accelerator cannot take at build time (a tiling that does
+not fit, a shift beyond the ALU immediate) runs on the CPU, the reason kept in meta['fallbacks'].
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from accel.isa import INSN_BYTES, AccelConfig, encode_program
+from accel.isa.errors import AccelError
+from host_runtime.executor import Step
+
+from ..accel.conv2d import (Conv2dSpec, Requant, ResidualAdd, TilingError, channel_scale_operands, emit_conv2d,
+                            plan_conv2d, residual_identity)
+from ..accel.eltwise import emit_add, identity_weights
+from ..accel.layout import pack_bias
+from ..accel.tune import read_tuning_log, tune_conv2d
+from ..errors import CompilerError
+from ..graph.ir import Graph, Node
+from ..graph.ops import INT8_MAX, int8_min, is_fixed_point, requant_shift
+from .base import BuildError, Decline, PlacementContext, Target, register_target
+
+if TYPE_CHECKING:
+    from ..graph_build import Builder
+
+log = logging.getLogger(__name__)
+
+#: ALU ops folded into the requantization clamp of the accelerator operation before them
+CLAMP_OPS = ("relu", "clip")
+#: tilings measured per layer when tuning (the analytical ranking's best few)
+TUNE_TOP = 6
+
+
+# ---- placement rules -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AccelRules:
+    """What the partitioner accepts for the accelerator (one place; tests and docs read it)."""
+    #: GEMM layers that would leave more than this fraction of the core's MACs idle go to the CPU.
+    max_gemm_waste: float = 0.5
+    #: GEMM layers whose DRAM traffic would keep the core busier than this (the roofline bound:
+    #: MACs per byte x bus bytes per cycle / peak MACs per cycle) stay on the accelerator.
+    min_roofline_efficiency: float = 0.25
+    #: int8 ops with an accelerator lowering: GEMM layers and ALU elementwise ops.
+    gemm_ops: tuple[str, ...] = ("qconv2d", "qdense")
+    alu_ops: tuple[str, ...] = ("relu", "clip", "qadd")
+    #: conversions at the accelerator boundary, done by the host.
+    host_ops: tuple[str, ...] = ("quantize", "dequantize", "requantize", "pack", "unpack")
+
+
+ACCEL_RULES = AccelRules()
+
+
+def gemm_waste(channels: int, block: int) -> float:
+    """Fraction of a GEMM core dimension left idle when `channels` are padded to whole blocks."""
+    padded = -(-channels // block) * block
+    return 1.0 - channels / padded
+
+
+def roofline_efficiency(n: Node, cfg: AccelConfig) -> tuple[float, int, int]:
+    """(bound on the GEMM core's busy fraction from DRAM traffic, MACs, bytes) of an int8 GEMM
+    layer that reads its input and weights and writes its output once (the least it can move)."""
+    x, w = n.inputs[0].shape, n.inputs[1].shape
+    macs = math.prod(n.shape) * math.prod(w[1:])
+    nbytes = math.prod(x) + math.prod(w) + math.prod(n.shape) + 4 * n.shape[1]  # int8 data, int32 bias
+    return min(1.0, macs / nbytes * cfg.bus_bytes / cfg.macs_per_cycle), macs, nbytes
+
+
+def _label(n: Node) -> str:
+    return f"{n.origin or n.op} '{n.name}'"
+
+
+def _channels(t: Node) -> int:
+    """Channels of a conv input, plain (N C H W) or packed (N C' H W n c)."""
+    return t.shape[1] * t.shape[-1] if len(t.shape) == 6 else t.shape[1]
+
+
+def check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> Decline | None:
+    """None if the accelerator takes this int8 GEMM layer, else why not."""
+    if n.op == "qconv2d":
+        if n.attrs["groups"] != 1:
+            dw = n.attrs["groups"] == _channels(n.inputs[0])
+            return Decline(f"{_label(n)}: grouped convolution (groups={n.attrs['groups']}) does not map onto the GEMM "
+                           f"core", "depthwise" if dw else "grouped")
+        if tuple(n.attrs["dilations"]) != (1, 1):
+            return Decline(f"{_label(n)}: dilated convolution is not supported by the accelerator lowering", "dilated")
+    cin, cout = n.inputs[0].shape[1], n.shape[1]
+    for what, c, block, key in (("input channels", cin, cfg.block_in, "block_in"),
+                                ("output channels", cout, cfg.block_out, "block_out")):
+        w = gemm_waste(c, block)
+        if w > rules.max_gemm_waste:
+            return Decline(f"{_label(n)}: {c} {what} {'<' if c < block else 'padded to'} {key} {block} wastes "
+                           f"{w:.0%} of the GEMM core", "shape", hard=False)
+    eff, macs, nbytes = roofline_efficiency(n, cfg)
+    if eff < rules.min_roofline_efficiency:
+        return Decline(f"{_label(n)}: memory-bound, {macs / nbytes:.1f} MACs per DRAM byte keep the GEMM core at most "
+                       f"{eff:.0%} busy ({cfg.macs_per_cycle / cfg.bus_bytes:.0f} needed on the {cfg.bus_bytes}-byte "
+                       f"bus)", "cost", hard=False)
+    return None
+
+
+# ---- lowering helpers --------------------------------------------------------------------------
+def single_body(n: Node) -> Graph:
+    """A lone op as a body of its own (its inputs become parameters)."""
+    params = [Node.input(f"p{k}", i.shape, i.dtype) for k, i in enumerate(n.inputs)]
+    b = n.with_inputs(params)
+    return Graph(params + [b], params, [b], [n.name], f"single_{n.op}")
+
+
+def _clamp(n: Node, lo: int, hi: int) -> tuple[int, int]:
+    if n.op == "relu":
+        return max(lo, 0), hi
+    a = n.attrs
+    if a["min"] is not None:
+        lo = max(lo, math.ceil(a["min"]))
+    if a["max"] is not None:
+        hi = min(hi, math.floor(a["max"]))
+    return lo, hi
+
+
+class AccelTarget(Target):
+    """int8 layers on the accelerator of the build's AccelConfig, one instruction program each."""
+
+    name = "accel"
+    label = "accel"
+    title = "the accelerator"
+    kinds = {
+        "offload": "int8 layer the accelerator runs",
+        "fused": "int8 elementwise op fused into the accelerator layer that feeds it",
+        "unsupported": "operator without an accelerator implementation",
+        "float": "float32 op; the accelerator computes int8 only",
+        "boundary": "precision or layout conversion at the accelerator boundary, done by the host",
+        "grouped": "grouped convolution does not map onto the GEMM core",
+        "depthwise": "depthwise convolution (one group per channel) does not map onto the GEMM core",
+        "dilated": "dilated convolution has no accelerator lowering",
+        "shape": "shape the accelerator lowering cannot take or would waste most of the GEMM core on",
+        "cost": "slower on the accelerator by the cost estimate (memory-bound)",
+        "placement": "elementwise op whose producer runs on the CPU stays beside it",
+        "lowering": "the accelerator lowering failed at build time (the reason says why); runs on the CPU",
+    }
+
+    # ---- placement -------------------------------------------------------------------------------
+    def supports(self, n: Node, ctx: PlacementContext) -> str | None:
+        rules = ctx.rules or ACCEL_RULES
+        if n.op in rules.gemm_ops:
+            return check_gemm(n, ctx.config, rules)
+        if n.op in rules.alu_ops and n.dtype == "int8":
+            producers = [i for i in n.inputs if not i.is_const]
+            if n.op == "qadd" and len({i.shape for i in producers}) != 1:
+                return Decline(f"{_label(n)}: broadcasting add has no ALU lowering", "shape")
+            if n.op == "qadd" and n.attrs.get("a_mul"):
+                return Decline(f"{_label(n)}: add at scales that are not powers of two needs two multipliers; the "
+                               f"ALU lowering aligns by shifts", "unsupported")
+            if any(ctx.where.get(id(i)) == self.name for i in producers):
+                return None
+            return Decline(f"{_label(n)}: elementwise op not fed by an accelerator layer stays on the CPU", "placement",
+                           hard=False)
+        if n.op in rules.host_ops:
+            return Decline(f"{_label(n)}: precision/layout conversion at the accelerator boundary runs on the host",
+                           "boundary")
+        if n.dtype.startswith("float") or any(i.dtype.startswith("float") for i in n.inputs):
+            return Decline(f"{_label(n)}: float32 op; the accelerator computes int8 only", "float")
+        return Decline(f"{_label(n)}: no accelerator implementation of {n.op}", "unsupported")
+
+    def placement_kind(self, n: Node, ctx: PlacementContext) -> str:
+        return "offload" if n.op in (ctx.rules or ACCEL_RULES).gemm_ops else "fused"
+
+    def estimate_cost(self, n: Node, ctx: PlacementContext) -> float | None:
+        """Seconds at the roofline bound: MACs at the peak rate, slowed by the DRAM traffic."""
+        cfg = ctx.config
+        if n.op not in (ctx.rules or ACCEL_RULES).gemm_ops:
+            return 0.0   # elementwise ops ride in the producer's program
+        eff, macs, _ = roofline_efficiency(n, cfg)
+        return macs / (cfg.macs_per_cycle * max(eff, 1e-9)) / (cfg.clock_mhz * 1e6)
+
+    # ---- building --------------------------------------------------------------------------------
+    def graph_options(self, request: dict) -> dict:
+        samples = request["calibration"]
+        if not samples and not request["has_qdq"]:
+            samples = request["random_calibration"](8)
+            request["warnings"].append("calibrated on 8 seeded random normal inputs; pass calibration samples for "
+                                       "real data")
+        return {"quantize": True, "calibration_samples": samples or None, "accel": request["cfg"],
+                "force_target": dict(request["force_target"] or {}), "fuse": request["fuse"]}
+
+    def device_config(self, cfg):
+        return cfg
+
+    def prepare(self, b: Builder, tune) -> None:
+        if tune not in (None, False, True):
+            try:
+                read_tuning_log(tune)   # a broken log stops the build (a layer's tiling error falls back)
+            except CompilerError as e:
+                raise BuildError(str(e)) from None
+        st = b.state(self.name)
+        st["tune"] = tune   # None: analytical tilings; True or a tuning-log path: measured on tsim
+        st["ident"] = None
+
+    def lower(self, b: Builder, n: Node) -> None:
+        body = n.attrs["body"] if n.op == "fused" else single_body(n)
+        env = {id(p): o for p, o in zip(body.inputs, n.inputs)}
+        users = body.users()
+        ops = body.ops
+        last = body.outputs[0]
+        i = 0
+        while i < len(ops):
+            head = ops[i]
+            lo, hi = int8_min(head.attrs.get("out_zp", 0)), INT8_MAX
+            j = i + 1
+            while (j < len(ops) and ops[j].op in CLAMP_OPS and ops[j].inputs[0] is ops[j - 1]
+                   and len(users[id(ops[j - 1])]) == 1 and ops[j - 1] is not last):
+                lo, hi = _clamp(ops[j], lo, hi)
+                j += 1
+            if head.op in CLAMP_OPS:
+                lo, hi = _clamp(head, lo, hi)
+            tail = ops[j - 1]
+            if head.op in ("qconv2d", "qdense"):
+                end = self.try_fused_residual(b, n, ops, i, j, env, users, lo, hi)
+                if end is not None:
+                    i = end
+                    continue
+            out_tid = b.tid[id(n)] if tail is last else b.scratch(tail.name, tail.type)
+            group = ops[i:j]
+            try:
+                self.emit_accel(b, head, [env[id(x)] for x in head.inputs], out_tid, lo, hi,
+                                "+".join(o.op for o in group), sum(b.macs_of(o) for o in group))
+            except CompilerError as e:
+                self.fall_back(b, head, group, env, out_tid, str(e))
+            env[id(tail)] = out_tid
+            i = j
+
+    def fall_back(self, b: Builder, head: Node, group: list, env: dict, out_tid: int, why: str) -> None:
+        """The group on the CPU after its accelerator lowering failed (meta['fallbacks'] says why)."""
+        tail = group[-1]
+        b.fallbacks.append(f"{head.name} ({'+'.join(o.op for o in group)}) on the CPU instead of the accelerator: {why}")
+        log.warning("%s: accelerator lowering failed, running on the CPU: %s", head.name, why)
+        for o in group:
+            b.decline(o, "lowering", f"{o.origin or o.op} '{o.name}': accelerator lowering failed, runs on the CPU: "
+                      f"{why}", f"accelerator lowering failed: {why}")
+        params = [Node.input(f"p{k}", x.shape, x.dtype) for k, x in enumerate(head.inputs)]
+        ext = [env[id(x)] for x in head.inputs]
+        # the ops of this group as a body of their own: head's inputs, then its clamps
+        mp = {id(x): p for x, p in zip(head.inputs, params)}
+        nodes = list(params)
+        for o in group:
+            nb = o.with_inputs([mp[id(x)] for x in o.inputs], target="cpu")
+            mp[id(o)] = nb
+            nodes.append(nb)
+        gbody = Graph(nodes, params, [mp[id(tail)]], [tail.name], "fallback")
+        b.fallback_body(head.name, gbody, ext, out_tid)
+
+    def try_fused_residual(self, b: Builder, n: Node, ops: list, i: int, j: int, env: dict, users: dict, lo: int,
+                           hi: int) -> int | None:
+        """conv/dense (+clamps) followed by a qadd (+clamps) of its result: one accelerator program
+        with the add in the epilogue (compiler.accel.conv2d.ResidualAdd); the index after the group.
+        None when the pattern is absent or the accelerator declines it (then the ops lower one by one)."""
+        body_last = (n.attrs["body"] if n.op == "fused" else single_body(n)).outputs[0]
+        tail = ops[j - 1]
+        if j >= len(ops) or ops[j].op != "qadd" or tail is body_last or len(users[id(tail)]) != 1:
+            return None
+        add = ops[j]
+        if sum(x is tail for x in add.inputs) != 1:
+            return None
+        k = j + 1
+        lo2, hi2 = -INT8_MAX, INT8_MAX
+        while (k < len(ops) and ops[k].op in CLAMP_OPS and ops[k].inputs[0] is ops[k - 1]
+               and len(users[id(ops[k - 1])]) == 1 and ops[k - 1] is not body_last):
+            lo2, hi2 = _clamp(ops[k], lo2, hi2)
+            k += 1
+        other = add.inputs[1] if add.inputs[0] is tail else add.inputs[0]
+        at = add.attrs
+        if at.get("a_mul") or len(ops[i].inputs) == 4:  # fixed-point scales: the epilogue aligns by shifts only
+            return None
+        m = max(at["a_shift"], at["b_shift"])
+        k_conv, k_other = (m - at["a_shift"], m - at["b_shift"]) if add.inputs[0] is tail else \
+            (m - at["b_shift"], m - at["a_shift"])
+        rq2 = Requant(m - at["out_shift"], lo2, hi2, True)
+        group = ops[i:k]
+        end = ops[k - 1]
+        out_tid = b.tid[id(n)] if end is body_last else b.scratch(end.name, end.type)
+        head = ops[i]
+        try:
+            self.emit_accel(b, head, [env[id(x)] for x in head.inputs], out_tid, lo, hi,
+                            "+".join(o.op for o in group), sum(b.macs_of(o) for o in group),
+                            residual=(env[id(other)], k_conv, k_other, rq2))
+        except CompilerError as e:
+            log.info("%s: residual add not fused (%s); lowering the ops one by one", head.name, e)
+            return None
+        env[id(end)] = out_tid
+        return k
+
+    def program(self, b: Builder, name: str, emit: Callable) -> tuple[int, int]:
+        """(address, count) of the instructions `emit` writes, encoded into the module's DRAM."""
+        s = b.dev.stream()
+        try:
+            s.emit_preloaded(emit)   # the program's micro-op kernels load first, in one LOAD
+            insns = s.finish()
+            code = encode_program(insns, b.cfg)
+        except AccelError as e:
+            if isinstance(e, CompilerError):
+                raise
+            raise BuildError(f"{name}: {e}") from None
+        buf = b.mem.alloc(code.nbytes, align=max(INSN_BYTES, 64), name=f"insns {name}")
+        buf.write(code)
+        b.data_bufs.add(buf.addr)
+        return buf.addr, len(insns)
+
+    def emit_accel(self, b: Builder, head: Node, ins: list, out_tid: int, lo: int, hi: int, label: str, macs: int,
+                   residual: tuple | None = None) -> None:
+        cfg = b.cfg
+        out = b.tbuf[out_tid]
+        if head.op in ("qconv2d", "qdense"):
+            spec = self.gemm_spec(b, head)
+            tiling = self.tiling(b, spec, residual is not None)
+            fused = None
+            if residual is not None:
+                other, ka, kb, rq2 = residual
+                ident = residual_identity(cfg, ka, kb)  # declines kb - ka > 6 before anything is allocated
+                fused = ResidualAdd(b.buf(other), b.weight_buf(ident, cfg.wgt_elem_bytes, f"{head.name}.identity"),
+                                    ka, kb, rq2)
+            w = b.weight_buf(ins[1].value, cfg.wgt_elem_bytes, f"{head.name}.wgt")
+            at = head.attrs
+            bias, zp = ins[2].value, at.get("out_zp", 0)
+            if zp and len(ins) == 3 and not is_fixed_point(at) and requant_shift(at) >= 0:
+                # (acc + half + zp 2^s) >> s == ((acc + half) >> s) + zp: the zero point rides on the bias
+                bias = bias.astype(np.int64) + (zp << requant_shift(at))
+                if np.abs(bias).max() >= 1 << 31:
+                    raise TilingError(f"{head.name}: bias with the output zero point {zp} does not fit int32")
+                bias, zp = bias.astype(np.int32), 0
+            bb = b.weight_buf(pack_bias(bias, cfg), cfg.acc_elem_bytes, f"{head.name}.bias")
+            scales = None
+            if len(ins) == 4:  # per-channel multipliers: SCALE operands per channel, then the clamp
+                ops = channel_scale_operands(ins[3].value, requant_shift(at), cfg.acc_width)
+                scales = b.weight_buf(pack_bias(ops, cfg), cfg.acc_elem_bytes, f"{head.name}.scales")
+                rq = Requant(0, lo, hi, zero_point=zp)
+            else:
+                rq = Requant(requant_shift(at), lo, hi, is_fixed_point(at), at.get("mul", 1), zp)
+            x = b.buf(ins[0])
+            addr, count = self.program(b, head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, bb, rq, fused,
+                                                                           scales))
+        elif head.op in ("qadd",) + CLAMP_OPS:
+            if cfg.block_in != cfg.block_out:
+                raise TilingError(f"{head.name}: the accelerator adds packed tensors only when block_in == block_out "
+                                  f"({cfg.block_in} != {cfg.block_out})")
+            blk = head.shape[-2:]
+            if tuple(blk) != (cfg.batch, cfg.block_out):
+                raise TilingError(f"{head.name}: packed blocks {list(blk)} are not (batch, block_out)")
+            n_entries = math.prod(head.shape) // (cfg.batch * cfg.block_out)
+            st = b.state(self.name)
+            if st.get("ident") is None:
+                st["ident"] = b.weight_buf(identity_weights(cfg), cfg.wgt_elem_bytes, "identity")
+            ident = st["ident"]
+            if head.op == "qadd":
+                x, y = b.buf(ins[0]), b.buf(ins[1])
+                at = head.attrs
+                m = max(at["a_shift"], at["b_shift"])
+                ka, kb, rq = m - at["a_shift"], m - at["b_shift"], Requant(m - at["out_shift"], lo, hi, True)
+            else:  # a clamp alone: (a + a + 1) >> 1 == a, then the clamp
+                x = y = b.buf(ins[0])
+                ka, kb, rq = 0, 0, Requant(1, lo, hi, True)
+            addr, count = self.program(b, head.name, lambda s: emit_add(s, n_entries, x, y, out, ident, ka, kb, rq,
+                                                                        name=head.name))
+        else:
+            raise TilingError(f"{head.name}: no accelerator lowering for {head.op}")
+        inputs = [b.tensor_of(o) for o in ins if not (isinstance(o, Node) and o.is_const)]
+        if residual is not None:
+            inputs.append(b.tensor_of(residual[0]))
+        b.steps.append(Step(head.name, "accel", label, inputs, out_tid, [], None, {}, addr, count, macs))
+
+    def tiling(self, b: Builder, spec, residual: bool):
+        """The layer's tiling: the analytical best, or with `tune` the fastest of the best few on tsim."""
+        tune = b.state(self.name).get("tune")
+        if not tune:
+            return plan_conv2d(spec, b.cfg, 2, residual)
+        log_path = None if tune is True else tune
+        tiling, record = tune_conv2d(spec, b.cfg, 2, TUNE_TOP, "tsim", log_path, residual)
+        b.tuning[spec.name] = {"tiling": tiling.describe(), "cycles": record["cycles"],
+                               "candidates": len(record.get("trials", []))}
+        return tiling
+
+    def gemm_spec(self, b: Builder, n: Node) -> Conv2dSpec:
+        cfg = b.cfg
+        x, w = n.inputs[0].shape, n.inputs[1].shape
+        if n.op == "qconv2d":
+            if n.attrs["layout"] != "NCHWnc":
+                raise TilingError(f"{n.name}: qconv2d in layout {n.attrs['layout']} is not packed for the accelerator")
+            nb, cb, h, wd, bn, bi = x
+            ob, _, kh, kw, bo, _ = w
+            pt, pl, pb, pr = n.attrs["pads"]
+            spec = Conv2dSpec(nb * bn, cb * bi, h, wd, ob * bo, kh, kw, (pt, pb, pl, pr), tuple(n.attrs["strides"]),
+                              n.name)
+        else:
+            if n.attrs["layout"] != "NCnc":
+                raise TilingError(f"{n.name}: qdense in layout {n.attrs['layout']} is not packed for the accelerator")
+            nb, kb, bn, bi = x
+            ob, _, bo, _ = w
+            spec = Conv2dSpec(nb * bn, kb * bi, 1, 1, ob * bo, 1, 1, name=n.name)
+        if (bn, bi, bo) != (cfg.batch, cfg.block_in, cfg.block_out):
+            raise TilingError(f"{n.name}: packed blocks ({bn}, {bi}, {bo}) differ from the config's "
+                              f"({cfg.batch}, {cfg.block_in}, {cfg.block_out})")
+        return spec
+
+
+register_target(AccelTarget())
+
+__all__ = ["AccelTarget", "AccelRules", "ACCEL_RULES", "check_gemm", "gemm_waste", "roofline_efficiency"]

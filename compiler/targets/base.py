@@ -1,0 +1,158 @@
+"""The interface every compilation target implements, and the registry that names them.
+
+A target is one place code can run: "cpu" (LLVM kernels), "accel" (the accelerator's
+instruction stream), "opencl" and "cuda" (GPU kernels). The graph builder and the partition
+pass only talk to targets through `Target`; adding a target is one new module that subclasses
+it and calls `register_target`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import CompilerError
+from ..graph.ir import Node
+
+if TYPE_CHECKING:   # the builder imports the targets; only the type is needed here
+    from ..graph_build import Builder
+
+log = logging.getLogger(__name__)
+
+
+class BuildError(CompilerError):
+    """A model cannot be built for the target (bad target, missing calibration, link failure)."""
+
+
+class Decline(str):
+    """Why a target does not take a node (the sentence `accel compile --explain` shows).
+
+    kind: a word from the explain legend (why, in one word); hard: no user override may put the
+    node on the target anyway (a soft decline, such as channel waste, can be forced)."""
+
+    kind: str
+    hard: bool
+
+    def __new__(cls, reason: str, kind: str = "unsupported", hard: bool = True) -> Decline:
+        s = super().__new__(cls, reason)
+        s.kind, s.hard = kind, hard
+        return s
+
+
+@dataclass
+class PlacementContext:
+    """What a target may read when it decides about one node during partitioning.
+
+    where: id(graph node) -> the target already chosen for it (producers come first)."""
+    config: object = None
+    where: dict[int, str] = field(default_factory=dict)
+    rules: object = None
+
+
+def node_macs(n: Node) -> int:
+    """Multiply-accumulates of a GEMM-like node (padded channels included for packed layouts)."""
+    if n.op in ("conv2d", "qconv2d"):
+        w = n.inputs[1].shape
+        if n.op == "qconv2d" and n.attrs["layout"] == "NCHWnc":
+            return math.prod(n.shape) * w[1] * w[2] * w[3] * w[5]
+        return math.prod(n.shape) * math.prod(w[1:])
+    if n.op in ("dense", "qdense"):
+        w = n.inputs[1].shape
+        if n.op == "qdense" and n.attrs["layout"] == "NCnc":
+            return math.prod(n.shape) * w[1] * w[3]
+        return math.prod(n.shape) * w[1]
+    if n.op == "matmul":
+        return math.prod(n.shape) * n.inputs[0].shape[-1]
+    return 0
+
+
+class Target:
+    """One place graph nodes can run. Subclasses override what differs from these defaults.
+
+    name: what --target and node.target say. label: the target column of --explain rows for
+    nodes it runs ("cpu", "accel", "gpu"). kinds: legend entries (kind -> meaning) this target's
+    explain rows use."""
+
+    name: str = ""
+    label: str = ""
+    title: str = "the target"   # in sentences: "forced onto the accelerator"
+    kinds: dict[str, str] = {}
+
+    # ---- placement (the partition pass asks these) ---------------------------------------------
+    def supports(self, node: Node, ctx: PlacementContext) -> str | None:
+        """None if `node` can run here, else why not (a Decline carries kind and hardness)."""
+        return None
+
+    def placement_kind(self, node: Node, ctx: PlacementContext) -> str:
+        """The explain kind of a node this target takes."""
+        return "offload"
+
+    def estimate_cost(self, node: Node, ctx: PlacementContext) -> float | None:
+        """Estimated seconds for `node` here, or None when the target has no cost model (then the
+        partition keeps the preference order)."""
+        return None
+
+    # ---- building ------------------------------------------------------------------------------
+    def graph_options(self, request: dict) -> dict:
+        """Keywords of the compiler.graph.passes.GraphOptions a build for this target optimizes with.
+        request: cfg, calibration, has_qdq, force_target, fuse, random_calibration(n), warnings (a
+        list to append to). The default: float, int8 where the model is QDQ, no partition."""
+        return {"quantize": request["has_qdq"], "calibration_samples": request["calibration"] or None,
+                "fuse": request["fuse"]}
+
+    def device_config(self, cfg):
+        """The accelerator config the module's DRAM is laid out for (None: plain host memory)."""
+        return None
+
+    def prepare(self, builder: Builder, tune) -> None:
+        """Per-build set-up before any node lowers (tuning logs, kernel caches in builder.state)."""
+
+    def lower(self, builder: Builder, node: Node) -> None:
+        """Append the steps that compute `node` (an op or a fused group) to builder.steps."""
+        raise BuildError(f"target {self.name!r} cannot lower {node.op} '{node.name}'")
+
+    def placed_row(self, node: Node) -> dict:
+        """The --explain row of a node this target ran without a partition decision."""
+        return {"target": self.label or self.name, "kind": "target",
+                "reason": f"{node.origin or node.op} '{node.name}': compiled for --target {self.name}"}
+
+    def link(self, builder: Builder) -> None:
+        """After every node lowered: hand finished kernels to the builder (builder.kernel_sources)."""
+
+    # ---- output --------------------------------------------------------------------------------
+    def emit(self, module, out_dir: Path) -> list[Path]:
+        """Write this target's generated sources of `module` under out_dir (accel compile --emit)."""
+        return []
+
+
+_REGISTRY: dict[str, Target] = {}
+
+
+def register_target(target: Target, replace: bool = False) -> Target:
+    """Make `target` available by its name (to --target, node.target and the partition)."""
+    if not target.name or not target.name.isidentifier():
+        raise BuildError(f"register_target: name {target.name!r} is not an identifier")
+    if target.name in _REGISTRY and not replace and _REGISTRY[target.name] is not target:
+        raise BuildError(f"register_target: target {target.name!r} is registered already (pass replace=True)")
+    _REGISTRY[target.name] = target
+    return target
+
+
+def unregister_target(name: str) -> None:
+    """Remove a target (tests that register toy targets clean up with this)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_target(name: str) -> Target:
+    """The registered target `name`; BuildError lists the registered ones otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise BuildError(f"unknown target {name!r}; targets are {', '.join(_REGISTRY)}") from None
+
+
+def target_names() -> tuple[str, ...]:
+    """Registered target names, built-ins first."""
+    return tuple(_REGISTRY)
