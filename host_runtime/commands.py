@@ -21,8 +21,9 @@ import numpy as np
 
 from accel.isa import (INSN_BYTES, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Program, Stage, Store,
                        Symbol, buffer_depth, elem_bytes, encode_insn, encode_program, encode_uops)
-from accel.isa.config import ALU_IMM_BITS, LOOP_ITER_BITS, PAD_BITS, SIZE_BITS
-from accel.isa.errors import EncodingError
+from accel.isa.config import LOOP_ITER_BITS, PAD_BITS, SIZE_BITS
+from accel.isa import deps, operands
+from accel.isa.errors import EncodingError, OperandError
 
 from .errors import CommandError
 from .memory import Buffer
@@ -141,8 +142,15 @@ class KernelBuilder:
 
 
 # ---- the stream ---------------------------------------------------------------------------------
-_NEIGHBOURS = {(Stage.LOAD, Stage.COMPUTE), (Stage.COMPUTE, Stage.LOAD),
-               (Stage.COMPUTE, Stage.STORE), (Stage.STORE, Stage.COMPUTE)}
+_NEIGHBOURS = frozenset(deps.QUEUES)     # (from, to) stage pairs a token queue joins
+
+
+def _immediate(imm, what: str) -> None:
+    """CommandError unless imm fits the ALU's signed immediate (accel.isa.operands)."""
+    try:
+        operands.alu_immediate(imm, f"{what}:", "imm")
+    except OperandError as e:
+        raise CommandError(str(e)) from None
 
 
 def _stage(s) -> Stage:
@@ -420,9 +428,7 @@ class CommandStream:
         """EPILOGUE: the FLUSH immediate (flush_immediate) and the affine seed index
         (seed_base + i0*seed_factor_out + i1*seed_factor_in) of the flushing GEMMs that follow; with
         to_acc they write the requantized sums to the accumulator instead of the seeds."""
-        lo, hi = -(1 << (ALU_IMM_BITS - 1)), (1 << (ALU_IMM_BITS - 1)) - 1
-        if not lo <= imm <= hi:
-            raise CommandError(f"push_epilogue: imm={imm} outside the signed {ALU_IMM_BITS}-bit range [{lo}, {hi}]")
+        _immediate(imm, "push_epilogue")
         for name, v in (("seed_base", seed_base), ("seed_factor_out", seed_factor_out),
                         ("seed_factor_in", seed_factor_in)):
             if not 0 <= v < self.cfg.acc_depth:
@@ -443,10 +449,7 @@ class CommandStream:
         if not use_imm:
             checks.append(("src", kernel.max_src, c.acc_depth, "accumulator"))
         if imm is not None:
-            lo, hi = -(1 << (ALU_IMM_BITS - 1)), (1 << (ALU_IMM_BITS - 1)) - 1
-            if not lo <= imm <= hi:
-                raise CommandError(f"push_alu({op.name}): imm={imm} outside the signed {ALU_IMM_BITS}-bit range "
-                                   f"[{lo}, {hi}]")
+            _immediate(imm, f"push_alu({op.name})")
         self._check_reach(f"push_alu({op.name})", kernel, checks)
         bgn, end = self._resident_range(kernel)
         return self._append(Alu(alu_op=op, use_imm=use_imm, imm=0 if imm is None else int(imm),
@@ -470,7 +473,7 @@ class CommandStream:
         frm, to = self._queue(from_stage, to_stage, "dep_push")
         if self._finished:
             raise CommandError("the stream is finished (FINISH appended); synchronize() it or start a new stream")
-        flag = "push_next" if to > frm else "push_prev"
+        flag = deps.push_flag(frm, to)
         if self._tokens[(frm, to)] >= self.cfg.dep_queue_depth:
             raise CommandError(f"dep_push({frm.name.lower()}, {to.name.lower()}): would be token "
                                f"{self._tokens[(frm, to)] + 1} in a queue of depth {self.cfg.dep_queue_depth} "
@@ -492,7 +495,7 @@ class CommandStream:
         if self._tokens[(frm, to)] == 0:
             raise CommandError(f"dep_pop({frm.name.lower()}, {to.name.lower()}): no token is outstanding on that "
                                f"queue; dep_push({frm.name.lower()}, {to.name.lower()}) must come first")
-        flag = "pop_prev" if frm < to else "pop_next"
+        flag = deps.pop_flag(frm, to)
         if flag in self._pending[to]:
             self._commit_pending(to)
         self._pending[to].add(flag)
@@ -513,7 +516,7 @@ class CommandStream:
             last = self._last[s]
             if last is None:
                 continue
-            flag = "push_next" if s == Stage.LOAD else "push_prev"
+            flag = deps.push_flag(s, Stage.COMPUTE)
             pushes, n = getattr(self._insns[last], flag), self._tokens[(s, Stage.COMPUTE)]
             if n == 0 and pushes:
                 continue  # compute already waited for the stage's last instruction

@@ -27,6 +27,7 @@ import numpy as np
 from accel.isa import (AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Stage, Store,
                        buffer_depth, decode_program, decode_uops, elem_bytes)
 from accel.hw.params import ErrorCode, static_fault
+from accel.isa.deps import QUEUES, token_queue
 from accel.isa.errors import EncodingError
 from accel.isa.isa import INSN_BYTES, decode_insn
 
@@ -44,21 +45,6 @@ PLAN_CACHE_ELEMS = 1 << 21
 #: iterations of uop_depth micro-ops are legal) runs as consecutive blocks of whole passes, so
 #: the index arrays, whatever the loop counts, stay bounded (three int64 arrays: 24 MB)
 CHUNK_ELEMS = 1 << 20
-
-# Token queues by (producer stage, consumer stage); names as in VTA.
-QUEUES = {(Stage.LOAD, Stage.COMPUTE): "l2c", (Stage.COMPUTE, Stage.LOAD): "c2l",
-          (Stage.COMPUTE, Stage.STORE): "c2s", (Stage.STORE, Stage.COMPUTE): "s2c"}
-_PREV = {Stage.COMPUTE: Stage.LOAD, Stage.STORE: Stage.COMPUTE}
-_NEXT = {Stage.LOAD: Stage.COMPUTE, Stage.COMPUTE: Stage.STORE}
-
-
-def token_queue(stage: Stage, flag: str) -> str | None:
-    """Name of the token queue that `flag` (pop_prev, push_next, ...) of a `stage` instruction uses."""
-    other = (_PREV if flag.endswith("prev") else _NEXT).get(stage)
-    if other is None:
-        return None
-    return QUEUES[(other, stage)] if flag.startswith("pop") else QUEUES[(stage, other)]
-
 
 @functools.lru_cache(maxsize=None)
 def _routing(stage: Stage, opcode, pop_prev: bool, pop_next: bool, push_prev: bool, push_next: bool):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 from accel.isa import AccelConfig, Alu, Gemm, Insn, Load, MemType, Stage, Store, buffer_depth
+from accel.isa.deps import dead_flags
 
 
 CODE_BITS = 3         # ERROR code field
@@ -54,10 +55,11 @@ def static_fault(insn: Insn, cfg: AccelConfig) -> tuple[ErrorCode, str] | None:
     """The fault fetch raises for a decoded instruction before dispatching it, with the reason,
     or None (what the RTL's fetch checks; ILLEGAL_INSN is decoding's)."""
     stage = insn.stage
-    if stage == Stage.LOAD and (insn.pop_prev or insn.push_prev):
-        return ErrorCode.BAD_FIELD, "pop_prev/push_prev set on a load-stage LOAD (the load stage has no prev)"
-    if stage == Stage.STORE and (insn.pop_next or insn.push_next):
-        return ErrorCode.BAD_FIELD, "pop_next/push_next set on a STORE (the store stage has no next)"
+    dead = dead_flags(stage)     # flags naming a neighbour the stage does not have
+    if any(getattr(insn, f) for f in dead):
+        side = "prev" if stage == Stage.LOAD else "next"
+        what = "a load-stage LOAD" if stage == Stage.LOAD else "a STORE"
+        return ErrorCode.BAD_FIELD, f"{'/'.join(dead)} set on {what} (the {stage.name.lower()} stage has no {side})"
     if isinstance(insn, Load):
         if insn.mem_type == MemType.OUT:
             return ErrorCode.BAD_FIELD, "field mem_type=OUT; LOAD writes UOP, WGT, INP or ACC"

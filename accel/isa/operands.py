@@ -37,9 +37,10 @@ def _signed(v: int, bits: int) -> int:
     return v - (1 << bits) if v >> (bits - 1) else v
 
 
-def alu_immediate(value, op: str = "ALU") -> int:
-    """A plain immediate (ADD, MIN, MAX, MUL, CLIP, MOV): a signed 16-bit value."""
-    return _check(f"{op} immediate", value, IMM_MIN, IMM_MAX)
+def alu_immediate(value, op: str = "ALU", name: str = "immediate") -> int:
+    """A plain immediate (ADD, MIN, MAX, MUL, CLIP, MOV): a signed 16-bit value. op and name say
+    how the error names it ("<op> <name>=<value> ...")."""
+    return _check(f"{op} {name}", value, IMM_MIN, IMM_MAX)
 
 
 def shr_immediate(shift, acc_width: int) -> int:

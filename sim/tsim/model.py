@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from accel.isa import AccelConfig, Alu, Finish, Gemm, Insn, Load, MemType, Stage, Store, elem_bytes
 from accel.isa.config import BOUNDARY_BYTES
+from accel.isa.deps import POPS, PUSHES, QUEUE_NAMES
 from accel.hw.params import ibuf_depth
 from accel.isa.isa import INSN_BYTES
 
@@ -30,11 +31,8 @@ from .store import store_key, store_timing
 
 FETCH, LOAD_CLIENT, COMPUTE_CLIENT = 0, 1, 2
 STAGE_NAMES = ("load", "compute", "store")
-# (stage, flag) -> token queue name; flags naming a missing neighbour are ignored, as in the RTL
-_POP = {Stage.LOAD: {"pop_next": "c2l"}, Stage.COMPUTE: {"pop_prev": "l2c", "pop_next": "s2c"},
-        Stage.STORE: {"pop_prev": "c2s"}}
-_PUSH = {Stage.LOAD: {"push_next": "l2c"}, Stage.COMPUTE: {"push_prev": "c2l", "push_next": "c2s"},
-         Stage.STORE: {"push_prev": "s2c"}}
+# (stage, flag) -> token queue name (accel.isa.deps); flags naming a missing neighbour are ignored, as in the RTL
+_POP, _PUSH = POPS, PUSHES
 
 
 @dataclass
@@ -401,7 +399,7 @@ class Tsim:
         self.finish_retired = None
         self.loader_types = {int(Stage.LOAD): (MemType.INP, MemType.WGT),
                              int(Stage.COMPUTE): (MemType.UOP, MemType.ACC), int(Stage.STORE): ()}
-        tokq = {name: TimedFifo(name, cfg.dep_queue_depth) for name in ("l2c", "c2l", "c2s", "s2c")}
+        tokq = {name: TimedFifo(name, cfg.dep_queue_depth) for name in QUEUE_NAMES}
         cmdq = [TimedFifo(f"{s}_cmd", cfg.cmd_queue_depth) for s in STAGE_NAMES]
         routed = [[], [], []]
         dest = []
