@@ -212,6 +212,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeline", metavar="FILE", help="write a timeline of the stages (and a model's layers) as a PNG")
     g.add_argument("--counters", nargs="?", const="-", metavar="FILE",
                    help="print the cycle counters (a model: per layer and in total), or write them as JSON to FILE")
+    _dram_arg(g)
     _model_run_args(p)
     p.add_argument("--token-file", metavar="FILE",
                    help="--driver remote://HOST:PORT: file holding the server's token (else ACCEL_TOKEN)")
@@ -242,7 +243,7 @@ def _run(args) -> int:
     timing = bool(args.trace or args.timeline or args.counters)
     _check_timing_driver(args, timing)
     driver = get_driver(args.driver, prog.config, **({"trace": True} if args.trace or args.timeline else {}),
-                        **({"check_races": True} if args.check_races else {}))
+                        **({"check_races": True} if args.check_races else {}), **_dram_options(args))
     try:
         result = driver.run(dram, prog.insn_addr, len(prog.insns))
     finally:
@@ -350,6 +351,26 @@ class _Progress:
 
     def close(self) -> None:
         self.stack.close()
+
+
+def _dram_arg(p) -> None:
+    from sim.dram import DRAM_PRESETS
+    p.add_argument("--dram", metavar="NAME", help=f"DRAM timing preset of a timing driver (tsim, rtl, vboard): "
+                                                  f"{', '.join(DRAM_PRESETS)} (docs/dram.md; default: default)")
+
+
+def _dram_options(args) -> dict:
+    """{"dram": NAME} for the driver when --dram is given; a one-line error for an unknown preset or a
+    driver without DRAM timing."""
+    name = getattr(args, "dram", None)
+    if name is None:
+        return {}
+    from sim.dram import DRAM_PRESETS
+    if name.lower() not in DRAM_PRESETS:
+        raise CliError(f"--dram {name}: unknown DRAM preset; presets are {', '.join(DRAM_PRESETS)}")
+    if args.driver not in ("tsim", "rtl", "vboard"):
+        raise CliError(f"--dram sets the DRAM timing of tsim, rtl or vboard, not of driver {args.driver!r}")
+    return {"dram": name.lower()}
 
 
 def _check_timing_driver(args, timing: bool) -> None:
@@ -585,6 +606,7 @@ def _run_model(args) -> int:
                        f"(target {mod.target}); use --profile")
     feeds = _read_inputs(mod, args.inputs)
     options = {"check_races": True} if args.check_races else {}
+    options.update(_dram_options(args))
     if args.trace or args.timeline:
         options["trace"] = True
     bar = _Progress("run")
@@ -842,6 +864,7 @@ def _compile_op_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--relu", action="store_true", help="clip at 0 instead of -128")
     p.add_argument("--virtual-threads", type=int, default=2, choices=(1, 2))
     p.add_argument("--driver", default="fsim", help="executor that runs it for the check (default: %(default)s)")
+    _dram_arg(p)
     p.add_argument("--max-insns", type=int, default=60, help="instructions to print, 0 for all (default: %(default)s)")
     p.add_argument("--template", action="store_true",
                    help="use the hand-written template (compiler.accel.conv2d) instead of the TE lowering")
@@ -878,7 +901,8 @@ def _compile_op(args) -> int:
     x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
     w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
     b = rng.integers(-(1 << 14), 1 << 14, spec.o).astype(np.int32)
-    with Device(cfg, driver=args.driver, dram_bytes=min(1 << cfg.dram_addr_width, 256 << 20)) as dev:
+    with Device(cfg, driver=args.driver, dram_bytes=min(1 << cfg.dram_addr_width, 256 << 20),
+                **_dram_options(args)) as dev:
         y, result, stream = run_conv2d(dev, x, w, b, spec, rq, args.virtual_threads, tiling)
         insns = stream.last_insns
     text = disassemble(insns, numbered=True).splitlines()

@@ -14,6 +14,7 @@ Addresses outside the DRAM answer SLVERR (read data zero, writes dropped).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from .errors import SimError
@@ -47,11 +48,17 @@ class DramModel:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "DramModel":
+    def from_dict(cls, d: "dict | str | DramModel | None", clock_mhz: float = 100.0) -> "DramModel":
+        """A DramModel, its dict, or a preset's name (DRAM_PRESETS, taken at clock_mhz); None: the default."""
         if d is None:
             return cls()
         if isinstance(d, DramModel):
             return d
+        if isinstance(d, str):
+            return dram_preset(d, clock_mhz)
+        if not isinstance(d, dict):
+            raise SimError(f"DramModel: expected a dict of timings or a preset name ({', '.join(DRAM_PRESETS)}), "
+                           f"got {type(d).__name__}")
         unknown = sorted(set(d) - {"read_latency", "write_latency", "bytes_per_cycle"})
         if unknown:
             raise SimError(f"DramModel: unknown key(s) {', '.join(unknown)}; keys are read_latency, "
@@ -60,3 +67,47 @@ class DramModel:
 
 
 DEFAULT_DRAM = DramModel()
+
+
+@dataclass(frozen=True)
+class DramPreset:
+    """A board's DRAM as the accelerator sees it through its PL port, in physical units, so that the
+    cycle figures follow the accelerator's clock. Sources and reasoning: docs/dram.md."""
+
+    board: str
+    memory: str              # the part and interface, for the record
+    read_latency_ns: float   # AR accepted at the port -> first R beat
+    write_latency_ns: float  # last W beat -> B response
+    read_mb_s: float         # sustained bandwidth per direction (peak x controller efficiency), MB/s
+
+    def model(self, clock_mhz: float) -> DramModel:
+        """The preset in cycles of a clock_mhz accelerator clock: latencies rounded up, bandwidth down."""
+        if not (isinstance(clock_mhz, (int, float)) and 1.0 <= clock_mhz <= 1000.0):
+            raise SimError(f"DRAM preset {self.board}: clock_mhz={clock_mhz!r} must be in [1, 1000]")
+        return DramModel(read_latency=max(1, math.ceil(self.read_latency_ns * clock_mhz / 1000 - 1e-9)),
+                         write_latency=max(1, math.ceil(self.write_latency_ns * clock_mhz / 1000 - 1e-9)),
+                         bytes_per_cycle=max(1, int(self.read_mb_s / clock_mhz + 1e-9)))
+
+
+#: "default" is the RTL test bench's memory (DramModel()); the others are real boards (docs/dram.md).
+DRAM_PRESETS: dict[str, DramPreset | None] = {
+    "default": None,
+    # DDR3-1050, 16 bits (Digilent PYNQ-Z1 reference manual): 2,100 MB/s peak x 75% DDRC efficiency (UG585 22.3.2)
+    "pynq-z1": DramPreset("pynq-z1", "DDR3 x16 at 1050 MT/s behind a 64-bit AXI_HP port (Zynq-7020)",
+                          read_latency_ns=200.0, write_latency_ns=100.0, read_mb_s=1575.0),
+    # LPDDR4-2133, 32 bits (Ultra96-V2 hardware user guide): 8,532 MB/s peak x 75%
+    "ultra96": DramPreset("ultra96", "LPDDR4 x32 at 2133 MT/s behind a 128-bit S_AXI_HP port (ZU3EG)",
+                          read_latency_ns=250.0, write_latency_ns=120.0, read_mb_s=6399.0),
+    # DDR4-2400, 64 bits (ZCU104 user guide UG1267): 19,200 MB/s peak x 75%
+    "zcu104": DramPreset("zcu104", "DDR4 x64 at 2400 MT/s behind a 128-bit S_AXI_HP port (ZU7EV)",
+                         read_latency_ns=200.0, write_latency_ns=100.0, read_mb_s=14400.0),
+}
+
+
+def dram_preset(name: str, clock_mhz: float = 100.0) -> DramModel:
+    """The DramModel of preset `name` at the accelerator's clock; an unknown name lists the presets."""
+    key = name.lower() if isinstance(name, str) else name
+    if key not in DRAM_PRESETS:
+        raise SimError(f"unknown DRAM preset {name!r}; presets are {', '.join(DRAM_PRESETS)}")
+    p = DRAM_PRESETS[key]
+    return DEFAULT_DRAM if p is None else p.model(clock_mhz)

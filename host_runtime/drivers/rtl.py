@@ -2,7 +2,7 @@
 (sim/verilator) whose AXI4 memory model works on the DRAM array in place.
 
     get_driver("rtl", cfg, dram={"read_latency": 16}, trace=True, waves="run.fst")
-Options: dram (sim.dram.DramModel or its dict: the same timing tsim uses), trace (per-instruction
+Options: dram (sim.dram.DramModel, its dict or a DRAM preset name: the same timing tsim uses), trace (per-instruction
 slices from the stage controllers' state, and read bursts, in RunResult.raw.timeline), waves (a
 .vcd or .fst path for the whole driver's lifetime), max_cycles (cycle limit per run). The first use
 of a config builds the model (seconds for `tiny`, a minute or two for `default`), cached by config and source hash.
@@ -32,7 +32,7 @@ class RtlDriver(Driver):
             raise DriverError(f"driver 'rtl' needs Verilator and a C++ compiler: {missing}")
         self.trace = trace
         try:
-            self.model = VerilatorModel(cfg, DramModel.from_dict(dram), waves=waves, probes=trace,
+            self.model = VerilatorModel(cfg, DramModel.from_dict(dram, cfg.clock_mhz), waves=waves, probes=trace,
                                         max_cycles=max_cycles or DEFAULT_MAX_CYCLES)
         except BuildError as e:
             raise DriverError(f"driver 'rtl' cannot build the Verilator model: {e}") from None

@@ -2,8 +2,9 @@
 simulator (sim.fsim) for the data, so it leaves exactly fsim's DRAM bytes.
 
     get_driver("tsim", cfg, dram={"read_latency": 16}, trace=True)
-Options: dram (sim.dram.DramModel or its dict; default DramModel()), trace (keep per-instruction
-slices and read bursts in RunResult.raw.timeline), max_cycles (a run past it raises CycleLimitError),
+Options: dram (sim.dram.DramModel, its dict, or a DRAM preset name such as "pynq-z1" taken at the
+config's clock; default DramModel()), trace (keep per-instruction slices and read bursts in
+RunResult.raw.timeline), max_cycles (a run past it raises CycleLimitError),
 helper (default True: the timing model runs in a helper process while fsim runs here, see
 sim/tsim/helper.py; the results are the same either way).
 RunResult.stats is sim.trace.Counters.to_dict(); RunResult.cycles its total cycles;
@@ -30,7 +31,7 @@ class TsimDriver(Driver):
         from sim.dram import DramModel
         from sim.fsim import Fsim
         from sim.tsim import Tsim
-        self.dram_model = DramModel.from_dict(dram)
+        self.dram_model = DramModel.from_dict(dram, cfg.clock_mhz)
         self.fsim = Fsim(cfg)        # on-chip buffers persist across runs, as on the hardware
         self.tsim = Tsim(cfg, self.dram_model)
         self.trace = trace

@@ -92,7 +92,7 @@ class VboardBackend(BoardBackend):
     def __init__(self, cfg: AccelConfig, dram=None, phys_base: int = DEFAULT_PHYS_BASE, start_timeout_s: float = 120):
         from sim.dram import DramModel
         self.cfg = cfg
-        self.dram_model = DramModel.from_dict(dram)
+        self.dram_model = DramModel.from_dict(dram, cfg.clock_mhz)
         if phys_base < 0 or phys_base % 4096:
             raise BoardError(f"vboard: phys_base={phys_base:#x} must be a non-negative multiple of 4096")
         self.phys_base = phys_base

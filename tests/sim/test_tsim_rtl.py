@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Store, encode_program
-from sim.dram import DramModel
+from sim.dram import DramModel, dram_preset
 from sim.tsim import Tsim, stage_of
 from sim.verilator.build import tools_available
 
@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.rtl,
               pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")]
 
 DRAMS = {"default": DramModel(), "fast": DramModel(read_latency=1, write_latency=1),
-         "narrow": DramModel(read_latency=5, write_latency=3, bytes_per_cycle=3)}
+         "narrow": DramModel(read_latency=5, write_latency=3, bytes_per_cycle=3),
+         "pynq-z1": dram_preset("pynq-z1", TINY.clock_mhz)}     # a board preset (docs/dram.md)
 
 
 def _agree(insns, dram=DramModel(), cfg=TINY):
