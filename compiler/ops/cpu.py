@@ -18,8 +18,12 @@ import math
 import os
 from dataclasses import dataclass
 
+import llvmlite.binding as llvm
+
 from .. import te
+from ..build import _init_llvm
 from ..te.tensor import ComputeOp, PlaceholderOp
+from ..tir import dtype as dt
 
 #: minimum output elements for a parallel loop to pay for its launch
 PARALLEL_MIN = 1 << 14
@@ -35,12 +39,10 @@ def host_simd() -> tuple[int, int]:
         vb = int(env)
     else:
         try:
-            import llvmlite.binding as llvm
-            from ..build import _init_llvm
             _init_llvm()
             f = llvm.get_host_cpu_features()
             vb = 64 if f.get("avx512f") else 32 if (f.get("avx2") or f.get("avx")) else 16
-        except (ImportError, RuntimeError):   # pragma: no cover - llvmlite is a dependency
+        except RuntimeError:   # pragma: no cover - a host LLVM cannot describe
             vb = 16
     return vb, 32 if vb == 64 else 16
 
@@ -79,7 +81,6 @@ TILES = Tiles(*host_simd())
 
 
 def lanes(dtype: str) -> int:
-    from ..tir import dtype as dt
     return max(1, TILES.vector_bytes // max(1, dt.bits(dtype) // 8))
 
 

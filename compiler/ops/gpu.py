@@ -21,7 +21,10 @@ from __future__ import annotations
 import math
 
 from .. import te
+from ..errors import ScheduleError
 from ..te.tensor import ComputeOp
+from ..tir import expr as E
+from ..tir.functor import post_order_visit
 from . import registry
 from .library import _q_check, _requant
 from .nn import dense
@@ -183,8 +186,6 @@ def schedule_gemm(outs, tile: int = 8, reg: int = 2, kt: int = 8):
 
 
 def _inputs(op) -> list:
-    from ..tir import expr as E
-    from ..tir.functor import post_order_visit
     seen, out = set(), []
 
     def f(n):
@@ -311,7 +312,6 @@ def _check_one_kernel(s) -> None:
     """One kernel = one root stage bound to blocks/threads; a body needing several (stages the
     schedule left unbound, which would need a grid-wide barrier) is declined (the builder then
     splits the group into its ops)."""
-    from ..errors import ScheduleError
     roots = [st for st in _stages(s) if st.attach_type == "root"]
     if len(roots) != 1:
         raise ScheduleError(f"GPU schedule: {len(roots)} stages at root ({', '.join(st.name for st in roots)}); "

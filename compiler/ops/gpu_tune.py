@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from accel.isa.files import write_atomic
+from host_runtime.gpu import open_device
+
 from ..errors import CompilerError
 from .gpu import GPU_KNOBS, SCHEDULES
 
@@ -42,7 +45,6 @@ def candidates(kind: str, trials: int = TRIALS) -> list[dict]:
 
 def measure(kernel, repeats: int = 3, seed: int = 0) -> float:
     """Median seconds of one launch of an OpenCL kernel on random inputs (copies excluded)."""
-    from host_runtime.gpu import open_device
     if kernel.lang != "opencl":
         raise GpuTuneError(f"kernel {kernel.name}: only OpenCL kernels can be timed here (lang {kernel.lang})")
     dev = open_device("opencl")
@@ -117,7 +119,6 @@ class GpuTuner:
     def save(self) -> None:
         if self.path is None:
             return
-        from accel.isa.files import write_atomic
         try:
             write_atomic(self.path, json.dumps({"gpu": self.records}, indent=1).encode())
         except OSError as e:

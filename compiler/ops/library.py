@@ -86,7 +86,7 @@ def _conv_dw(data, weight, bias=None, strides=(1, 1), pads=(0, 0, 0, 0), dilatio
 
 
 def _conv_dw_check(shapes, dtypes, attrs):
-    C, (O, Cg, KH, KW) = shapes[0][1], shapes[1]
+    C, (O, Cg, _, _) = shapes[0][1], shapes[1]
     if not (attrs["groups"] == C == O and Cg == 1):
         return "not depthwise (groups == channels == outputs)"
     if tuple(attrs["dilations"]) != (1, 1):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import te
 from ..tir import dtype as dt
 from .registry import OpError
@@ -195,7 +197,6 @@ def dense(data, weight, bias=None, out_dtype=None):
 
 def pack_dense_weight_np(w, bn: int):
     """(N, K) -> (ceil(N/bn), K, bn), zero-padded to whole blocks."""
-    import numpy as np
     N, K = w.shape
     n2 = -(-N // bn)
     wp = np.zeros((n2 * bn, K), w.dtype)

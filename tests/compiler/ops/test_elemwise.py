@@ -5,8 +5,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from compiler import ops
-from compiler.graph.ops import clip_int8, shift_floor, shift_right_round, wrap_int32
-from tests.compiler.ops.oracle import close, erf, run_onnx
+from compiler.graph.ops import clip_int8, get_op, shift_floor, shift_right_round, wrap_int32
+from tests.compiler.ops.oracle import close, conv2d_ref, erf, run_onnx
 
 SETTINGS = settings(max_examples=5, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -173,7 +173,6 @@ def test_quantize_rounds_half_to_even_and_clips():
 def test_quantize_dequantize_with_a_zero_point_match_the_graph_ops(zp):
     """An asymmetric activation (a QDQ model's): + zero_point, saturated to [-128, 127], and back;
     the CPU kernels against compiler.graph.ops' definitions (ONNX QuantizeLinear/DequantizeLinear)."""
-    from compiler.graph.ops import get_op
     x = np.array([[0.5, 1.5, -2.5, -4.0, 7.0, 100.0, -100.0, 0.0, 3.25, -2.75]], np.float32)
     a = {"shift": 0, "scale": 0.25, "zero_point": zp}
     y = ops.compile_op("quantize", [x.shape], a)(x)
@@ -212,7 +211,6 @@ def test_qconv2d_int8_exact(groups, c, o, k, stride, const_weight, out_zp):
     f = ops.compile_op("qconv2d", [x.shape, w.shape, b.shape], a, ["int8", "int8", "int32"],
                        consts={1: w} if const_weight else None)
     y = f(x, b) if const_weight else f(x, w, b)
-    from tests.compiler.ops.oracle import conv2d_ref
     acc = wrap_int32(conv2d_ref(x, w, a["strides"], a["pads"], (1, 1), groups) + b.reshape(1, -1, 1, 1))
     np.testing.assert_array_equal(y, clip_int8(shift_floor(acc, 4 + 6 - 3) + out_zp, out_zp))
 
@@ -235,7 +233,6 @@ def test_qdense_and_int8_dense_exact(m, k, n):
 def test_fixed_point_and_per_channel_requantization_exact(op):
     """mul (one fixed-point multiplier) and a fourth input of per-channel multipliers: the CPU
     kernels equal the graph reference, round_half_up(acc * m * 2^-in_shift) clipped, bit for bit."""
-    from compiler.graph.ops import get_op
     rng = np.random.default_rng(21)
     if op == "qconv2d":
         x, w = rng.integers(-127, 128, (1, 12, 7, 9), dtype=np.int8), rng.integers(-127, 128, (20, 12, 3, 3), dtype=np.int8)

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from compiler import build, lower, te
+from compiler.tir import arith, expr as E
 from compiler.ops import cpu, elemwise as ew, nn, registry
 from compiler import ops
 from tests.compiler.ops.oracle import close, conv2d_ref, run_onnx
@@ -103,8 +104,6 @@ def test_flat_schedules_vectorize_contiguously():
 
 
 def test_simplify_merges_div_mod_with_reduced_operand():
-    from compiler.tir import arith
-    from compiler.tir import expr as E
     v, u = E.Var("v", "int32"), E.Var("u", "int32")
     e = (v * 16 + u) // 14 * 14 + (v * 2 + u) % 14      # what the simplifier leaves of a split fused index
     lin = arith.linear(e)

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from compiler import ops
+from compiler.ops.nn import pack_kernel_np
 from tests.compiler.ops.oracle import close, conv2d_ref, run_onnx
 
 SETTINGS = settings(max_examples=6, deadline=None, derandomize=True,
@@ -78,7 +79,6 @@ def test_conv2d_each_implementation_with_bias(impl):
 
 
 def test_conv2d_NCHWc_blocked_layout():
-    from compiler.ops.nn import pack_kernel_np
     rng = np.random.default_rng(3)
     x, w = rnd(rng, (1, 16, 8, 8)), rnd(rng, (32, 16, 3, 3))
     xp = x.reshape(1, 2, 8, 8, 8, 8).transpose(0, 1, 3, 4, 2, 5).reshape(1, 2, 8, 8, 8).copy() \

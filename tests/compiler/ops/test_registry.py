@@ -2,12 +2,11 @@
 import numpy as np
 import pytest
 
-from compiler import ops
+from compiler import ops, te
+from compiler.build import build
 
 
 def test_get_returns_compute_and_schedule_usable_with_build():
-    from compiler import te
-    from compiler.build import build
     compute, schedule = ops.get("relu", target="llvm")
     x = te.placeholder((4, 16), "float32", "x")
     y = compute(x)

@@ -67,6 +67,22 @@ def test_new_op_is_one_declaration_plus_one_kernel(scratch):
     assert "softsign2" in ops.list_ops("llvm")
 
 
+def test_declared_op_without_a_kernel_runs_from_its_reference(scratch):
+    """The declaration alone is enough to run: the CPU target falls back to the reference and
+    says so; the kernel then replaces it."""
+    declare_softsign2()
+    x = Node.input("x", (2, 6))
+    g = Graph.from_outputs([x], [Node("softsign2", [Node("relu", [x], name="r")], {"beta": 3.0}, name="s")], ["y"])
+    feed = np.linspace(-4, 4, 12, dtype=np.float32).reshape(2, 6)
+    mod = compiler.build_model(g, target="cpu")
+    assert any("softsign2" in f and "no kernel" in f for f in mod.meta["fallbacks"]), mod.meta["fallbacks"]
+    np.testing.assert_array_equal(mod.run({"x": feed})[0]["y"], run(g, [feed])[0])
+    register_softsign2_llvm()
+    mod = compiler.build_model(g, target="cpu")
+    assert mod.meta["fallbacks"] == []
+    np.testing.assert_allclose(mod.run({"x": feed})[0]["y"], run(g, [feed])[0], rtol=1e-6)
+
+
 def test_kernel_for_undeclared_op_is_refused(scratch):
     with pytest.raises(OpError, match=r"^kernel 'softsign3.k': operator 'softsign3' is not declared; declare it in "
                                       r"compiler.graph.ops first$"):
