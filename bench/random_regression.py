@@ -25,18 +25,18 @@ from accel.isa import resolve_config  # noqa: E402
 from accel.isa.errors import AccelError  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
 from sim.lockstep import RecordingFsim, lockstep  # noqa: E402
+from sim.reference import run_reference  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "random_regression.json"
 
 
 class RefExecutor:
-    """tests/reference_isa.py (plain, slow, program order) behind the run(dram, addr, n) interface."""
+    """sim/reference.py (plain, slow, program order) behind the run(dram, addr, n) interface."""
 
     def __init__(self, cfg):
         self.cfg = cfg
 
     def run(self, dram, insn_addr, insn_count):
-        from reference_isa import run_reference
         from sim.lockstep import decode_at
         run_reference(self.cfg, decode_at(dram, insn_addr, insn_count, self.cfg), dram)
 

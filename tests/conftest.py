@@ -1,5 +1,5 @@
 """Shared test set-up: make the kit's packages win over same-named test folders, and let tests
-import the helpers in this folder (randprog, reference_isa) by plain name.
+import the helpers in this folder (randprog, conv_cases) by plain name.
 
 pytest puts tests/ on sys.path; tests/host_runtime and tests/sim (folders without __init__.py)
 would then be found as namespace packages shadowing the real host_runtime and sim when the

@@ -225,7 +225,7 @@ def random_program(cfg: AccelConfig, seed: int, n_blocks: int | None = None,
 
 
 def expected_outputs(prog: Program, regions: dict[str, tuple[int, int]]) -> dict[str, np.ndarray]:
-    """The bytes each output region holds after the program, from tests/reference_isa.py."""
-    from reference_isa import run_reference
+    """The bytes each output region holds after the program, from sim/reference.py."""
+    from sim.reference import run_reference
     dram = run_reference(prog.config, prog.insns, prog.dram_image())
     return {name: dram[a:a + n].copy() for name, (a, n) in regions.items()}

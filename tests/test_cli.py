@@ -10,7 +10,7 @@ import pytest
 from accel.cli import COMMANDS, main
 from accel.isa import PRESETS, Program
 from randprog import random_program
-from reference_isa import run_reference
+from sim.reference import run_reference
 
 TINY = PRESETS["tiny"]
 

@@ -4,9 +4,6 @@ a seed the micro-op two ahead writes (the read port's write-through), a flushed 
 later in the same instruction, the conv pattern the compiler emits (a seed per output-channel
 block), and a requantization into the accumulator (EPILOGUE to_acc) that the next GEMM adds to.
 Every executor must leave the same DRAM bytes, and tsim the RTL's cycles."""
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,8 +11,7 @@ from accel.isa import PRESETS, MemType, flush_immediate
 from host_runtime import Device, get_driver
 from sim.verilator.build import tools_available
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reference_isa import run_reference  # noqa: E402
+from sim.reference import run_reference
 
 TINY = PRESETS["tiny"]
 

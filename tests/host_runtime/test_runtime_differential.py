@@ -1,11 +1,11 @@
 """Random programs built through the command stream: the functional simulator against the plain
-reference model (tests/reference_isa.py), bit for bit over the whole DRAM."""
+reference model (sim/reference.py), bit for bit over the whole DRAM."""
 import numpy as np
 import pytest
 
 from accel.isa import PRESETS, AccelConfig, Alu, Gemm, Load, MemType, Store
 from randprog import expected_outputs, random_program
-from reference_isa import run_reference
+from sim.reference import run_reference
 from sim.fsim import Fsim
 
 ODD = AccelConfig(batch=2, block_in=8, block_out=16)

@@ -335,7 +335,7 @@ def test_fsim_strided_tiles_overlapping_rows_match_reference(stride):
     """LOAD and STORE tiles are strided views of the DRAM; with x_stride < x_size the rows
     overlap: a load reads shared entries twice, a store's later row overwrites the earlier one
     (the reference model writes entry by entry in program order)."""
-    from reference_isa import ReferenceMachine
+    from sim.reference import ReferenceMachine
     cfg = TINY
     rng = np.random.default_rng(stride)
     dram = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
