@@ -21,6 +21,7 @@ What is not claimed: the IR's loads and stores are not proven in bounds (docs/tr
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import logging
@@ -65,104 +66,270 @@ PARALLEL_LAUNCH = "__kit_parallel_launch"
 #: prefix of every function a kernel module makes visible (the code generator's kit_k<n>_<name>)
 KERNEL_PREFIX = "kit_"
 #: symbols RUNTIME_C defines (an IR may not define them itself)
-RUNTIME_SYMBOLS = frozenset({PARALLEL_LAUNCH, "kit_set_num_threads"})
+RUNTIME_SYMBOLS = frozenset({PARALLEL_LAUNCH, "kit_set_num_threads", "kit_parallel_config", "kit_parallel_stats",
+                             "kit_parallel_shutdown"})
 
 #: the C runtime linked into every kernel library (the kit's own code, never from a file)
 RUNTIME_C = r"""
-/* Parallel-loop launcher for generated kernels. A launch cuts the loop into up to
-   CHUNKS_PER_THREAD chunks per thread, and the calling thread plus a persistent pthread pool take
-   chunks from an atomic counter until none is left: worker(chunk, nchunk, closure). A thread that
-   is preempted then delays one small chunk, not its whole static share. Nested launches run serially. */
+/* Parallel-loop runtime for generated kernels: the kit's own code, compiled on this machine.
+
+   A launch cuts the loop into chunks; the calling thread and every pool helper that joins in time
+   take chunks from an atomic counter until none is left: worker(chunk, nchunk, closure). Once the
+   counter is exhausted the caller closes the job and waits only for helpers already inside it
+   (each finishing its last chunk): a helper that is asleep or descheduled and has not joined costs
+   nothing. A launch that did not pay (see LATE_NS: the caller waited on a preempted helper, or
+   the helpers' chunks did not make it faster than the caller alone would have been) sends the
+   following launches to the caller alone for a back-off time that doubles with each such launch
+   and halves with each launch that paid; then a parallel launch probes again. Helpers spin briefly
+   between launches, then sleep on a condition variable (no spinning while the pool is backed off).
+   Nested launches, and launches from a second thread while the pool is busy, run serially. */
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <stdint.h>
 #include <time.h>
-#define CHUNKS_PER_THREAD 4
+
 typedef void (*kit_worker)(int, int, void *);
+
+#define MAX_THREADS 256
+#define CHUNKS_PER_THREAD 8
+#define OPEN_BIT ((uint64_t)1 << 31)
+#define COUNT_MASK (OPEN_BIT - 1)
+/* the caller spins this long for joined helpers to finish before it sleeps */
+#define WAIT_SPIN_NS 20000L
+/* A launch is late when (a) after its own chunks the caller waited on joined helpers more than
+   LATE_NS plus two of its chunks' time (WAKE_NS more when it had to wake or start helpers), or
+   (b) it took over LATE_NS and more than 90% of the time the caller alone would have taken at the
+   rate it ran its own chunks (the helpers came too late or ran too slowly to pay), or, only in
+   adaptive mode 2, (c) the caller was on a CPU less than PREEMPT_PCT% of the time it ran its
+   chunks (other programs hold the cores; checked on launches over PREEMPT_MIN_NS). */
+#define LATE_NS 30000L
+#define WAKE_NS 150000L
+#define PREEMPT_PCT 75
+#define PREEMPT_MIN_NS 50000L
+#define BACKOFF_MIN_NS 1000000L
+#define BACKOFF_MAX_NS 200000000L
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER, launch_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv_start = PTHREAD_COND_INITIALIZER, cv_done = PTHREAD_COND_INITIALIZER;
-static int n_threads = 1, n_started = 0, job_nchunk = 0, job_helpers = 0, pending = 0;
-static int next_chunk = 0;
-static long generation = 0;
+static pthread_t helpers[MAX_THREADS];
+static int n_threads = 1, n_started = 0, stop = 0, adaptive = 1;
+static long spin_ns = 200000L;
+/* join word: generation (bits 32-63), job open (bit 31), helpers inside the job (bits 0-30) */
+static uint64_t join_word = 0;
+static int n_sleeping = 0, caller_waiting = 0;
 static kit_worker job_fn;
 static void *job_closure;
+static int job_nchunk = 0, job_nthread = 0, next_chunk = 0;
+static long helper_chunks = 0;
+static long degraded_until = 0, backoff_ns = BACKOFF_MIN_NS;
+/* statistics: parallel, serial (n <= 1, nested or pool busy), backed-off launches; late launches;
+   chunks run by helpers; chunks in parallel launches */
+static long st_parallel, st_serial, st_backed_off, st_late, st_helper_chunks, st_chunks;
 static __thread int in_parallel = 0;
 
-void kit_set_num_threads(int n) { n_threads = n < 1 ? 1 : n; }
-
-static void run_chunks(kit_worker f, void *c, int nchunk) {
-  for (;;) {
-    int t = __atomic_fetch_add(&next_chunk, 1, __ATOMIC_RELAXED);
-    if (t >= nchunk) break;
-    f(t, nchunk, c);
-  }
-}
-
-/* Wait up to SPIN_NS for *v to leave `old` before sleeping: consecutive kernels launch every few
-   tens of microseconds, and a condition-variable wake-up costs about as much (as onnxruntime's
-   pool, which spins likewise). */
-#define SPIN_NS 200000L
 static long now_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec * 1000000000L + t.tv_nsec;
 }
+static long thread_cpu_ns(void) {
+  struct timespec t;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return -1;
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
 #if defined(__x86_64__) || defined(__i386__)
 #define CPU_RELAX() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ __volatile__("yield")
 #else
 #define CPU_RELAX() ((void)0)
 #endif
-#define SPIN_UNTIL(cond) do { long until_ = now_ns() + SPIN_NS; \
-    for (int i_ = 0; !(cond); i_++) { CPU_RELAX(); if ((i_ & 63) == 63 && now_ns() > until_) break; } } while (0)
+#define LOAD(p) __atomic_load_n(p, __ATOMIC_SEQ_CST)
+#define STORE(p, v) __atomic_store_n(p, v, __ATOMIC_SEQ_CST)
+#define ADD(p, v) __atomic_fetch_add(p, v, __ATOMIC_RELAXED)
 
+static int run_chunks(kit_worker f, void *c, int nchunk) {
+  int done = 0;
+  for (;;) {
+    int t = __atomic_fetch_add(&next_chunk, 1, __ATOMIC_RELAXED);
+    if (t >= nchunk) return done;
+    f(t, nchunk, c);
+    done++;
+  }
+}
+
+/* Helper: wait for a generation after `seen` (spin, then sleep); join it if it is still open. */
 static void *pool_main(void *arg) {
   int id = (int)(long)arg;
-  long seen = 0;
+  uint32_t seen = (uint32_t)(LOAD(&join_word) >> 32);
   in_parallel = 1;
   for (;;) {
-    SPIN_UNTIL(__atomic_load_n(&generation, __ATOMIC_ACQUIRE) != seen);
-    pthread_mutex_lock(&mu);
-    while (generation == seen) pthread_cond_wait(&cv_start, &mu);
-    seen = generation;
-    if (id <= job_helpers) {
-      kit_worker f = job_fn; void *c = job_closure; int nc = job_nchunk;
-      pthread_mutex_unlock(&mu);
-      run_chunks(f, c, nc);
-      pthread_mutex_lock(&mu);
-      if (__atomic_sub_fetch(&pending, 1, __ATOMIC_ACQ_REL) == 0) pthread_cond_signal(&cv_done);
+    long t = now_ns();   /* no spinning while the pool is backed off: cores are busy */
+    long until = t + (LOAD(&adaptive) && t < LOAD(&degraded_until) ? 0 : LOAD(&spin_ns));
+    for (int i = 0; (uint32_t)(LOAD(&join_word) >> 32) == seen && !LOAD(&stop); i++) {
+      CPU_RELAX();
+      if ((i & 63) == 63 && now_ns() > until) {
+        pthread_mutex_lock(&mu);
+        STORE(&n_sleeping, LOAD(&n_sleeping) + 1);
+        while ((uint32_t)(LOAD(&join_word) >> 32) == seen && !LOAD(&stop)) pthread_cond_wait(&cv_start, &mu);
+        STORE(&n_sleeping, LOAD(&n_sleeping) - 1);
+        pthread_mutex_unlock(&mu);
+        break;
+      }
     }
-    pthread_mutex_unlock(&mu);
+    if (LOAD(&stop)) return 0;
+    uint64_t w = LOAD(&join_word);
+    seen = (uint32_t)(w >> 32);
+    int joined = 0;
+    while ((uint32_t)(w >> 32) == seen && (w & OPEN_BIT)) {
+      if (__atomic_compare_exchange_n(&join_word, &w, w + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        joined = 1;
+        break;
+      }
+    }
+    if (!joined) continue;
+    if (id < job_nthread) {
+      int k = run_chunks(job_fn, job_closure, job_nchunk);
+      if (k) __atomic_fetch_add(&helper_chunks, k, __ATOMIC_RELAXED);
+    }
+    uint64_t after = __atomic_sub_fetch(&join_word, 1, __ATOMIC_SEQ_CST);
+    if ((after & COUNT_MASK) == 0 && !(after & OPEN_BIT) && LOAD(&caller_waiting)) {
+      pthread_mutex_lock(&mu);
+      pthread_cond_broadcast(&cv_done);
+      pthread_mutex_unlock(&mu);
+    }
   }
+}
+
+static void atfork_prepare(void) { pthread_mutex_lock(&launch_mu); pthread_mutex_lock(&mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&mu); pthread_mutex_unlock(&launch_mu); }
+static void atfork_child(void) {
+  /* the child has no helpers: start afresh (threads are created again on its first launch) */
+  n_started = 0; n_sleeping = 0; caller_waiting = 0; stop = 0;
+  join_word &= ~(OPEN_BIT | COUNT_MASK);
+  STORE(&degraded_until, 0L); backoff_ns = BACKOFF_MIN_NS;
+  pthread_mutex_init(&mu, 0); pthread_mutex_init(&launch_mu, 0);
+  pthread_cond_init(&cv_start, 0); pthread_cond_init(&cv_done, 0);
+}
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+void kit_set_num_threads(int n) { STORE(&n_threads, n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n); }
+
+/* adapt: 0 never backs off to the caller alone, 1 backs off after launches that did not pay, 2 also
+   when the caller was preempted; spin_us: how long idle helpers spin before they sleep */
+void kit_parallel_config(int adapt, int spin_us) {
+  STORE(&adaptive, adapt < 0 ? 0 : adapt > 2 ? 2 : adapt);
+  STORE(&spin_ns, spin_us < 0 ? 0L : (long)spin_us * 1000L);
+}
+
+/* out[0..8]: threads, helpers started, parallel, serial, backed-off and late launches, chunks run
+   by helpers, chunks of parallel launches, current back-off (ns) */
+void kit_parallel_stats(long long *out) {
+  long v[9] = {LOAD(&n_threads), LOAD(&n_started), ADD(&st_parallel, 0), ADD(&st_serial, 0),
+               ADD(&st_backed_off, 0), ADD(&st_late, 0), ADD(&st_helper_chunks, 0), ADD(&st_chunks, 0),
+               LOAD(&backoff_ns)};
+  for (int i = 0; i < 9; i++) out[i] = v[i];
+}
+
+/* Stop and join the helpers (they are started again by the next parallel launch). */
+void kit_parallel_shutdown(void) {
+  pthread_mutex_lock(&launch_mu);
+  pthread_mutex_lock(&mu);
+  STORE(&stop, 1);
+  STORE(&join_word, (LOAD(&join_word) & ~(OPEN_BIT | COUNT_MASK)) + ((uint64_t)1 << 32));
+  pthread_cond_broadcast(&cv_start);
+  pthread_mutex_unlock(&mu);
+  for (int i = 0; i < n_started; i++) pthread_join(helpers[i], 0);
+  n_started = 0;
+  STORE(&stop, 0);
+  pthread_mutex_unlock(&launch_mu);
+}
+
+static int serial(kit_worker f, void *closure) {
+  ADD(&st_serial, 1);
+  f(0, 1, closure);
   return 0;
 }
 
 int __kit_parallel_launch(void *fn, void *closure, int n) {
   kit_worker f = (kit_worker)fn;
-  int nthread = n < n_threads ? n : n_threads;
-  if (nthread <= 1 || in_parallel) {
+  int nthread = n < LOAD(&n_threads) ? n : LOAD(&n_threads);
+  if (nthread <= 1 || in_parallel) return serial(f, closure);
+  if (pthread_mutex_trylock(&launch_mu) != 0) return serial(f, closure);
+  long t0 = now_ns(), c0 = LOAD(&adaptive) > 1 ? thread_cpu_ns() : -1;
+  if (LOAD(&adaptive) && t0 < LOAD(&degraded_until)) {
+    pthread_mutex_unlock(&launch_mu);
+    ADD(&st_backed_off, 1);
     f(0, 1, closure);
     return 0;
   }
-  int nchunk = n < nthread * CHUNKS_PER_THREAD ? n : nthread * CHUNKS_PER_THREAD;
-  pthread_mutex_lock(&launch_mu);
-  pthread_mutex_lock(&mu);
-  while (n_started < nthread - 1) {
-    pthread_t th;
-    if (pthread_create(&th, 0, pool_main, (void *)(long)(n_started + 1)) != 0) break;
-    pthread_detach(th);
-    n_started++;
+  int woke = 0;   /* helpers had to be woken or started: they join later */
+  if (n_started < nthread - 1) {
+    woke = 1;
+    pthread_once(&atfork_once, register_atfork);
+    while (n_started < nthread - 1) {
+      if (pthread_create(&helpers[n_started], 0, pool_main, (void *)(long)(n_started + 1)) != 0) break;
+      n_started++;
+    }
+    if (n_started == 0) {
+      pthread_mutex_unlock(&launch_mu);
+      return serial(f, closure);
+    }
   }
   if (nthread - 1 > n_started) nthread = n_started + 1;
-  job_fn = f; job_closure = closure; job_nchunk = nchunk; job_helpers = nthread - 1;
-  pending = nthread - 1; next_chunk = 0;
-  __atomic_store_n(&generation, generation + 1, __ATOMIC_RELEASE);
-  pthread_cond_broadcast(&cv_start);
-  pthread_mutex_unlock(&mu);
+  int nchunk = n < nthread * CHUNKS_PER_THREAD ? n : nthread * CHUNKS_PER_THREAD;
+  job_fn = f; job_closure = closure; job_nchunk = nchunk; job_nthread = nthread;
+  __atomic_store_n(&next_chunk, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&helper_chunks, 0, __ATOMIC_RELAXED);
+  uint64_t gen = (LOAD(&join_word) >> 32) + 1;
+  STORE(&join_word, (gen << 32) | OPEN_BIT);   /* publishes the job (sequentially consistent) */
+  if (LOAD(&n_sleeping) > 0) {
+    woke = 1;
+    pthread_mutex_lock(&mu);
+    pthread_cond_broadcast(&cv_start);
+    pthread_mutex_unlock(&mu);
+  }
   in_parallel = 1;
-  run_chunks(f, closure, nchunk);
+  int own = run_chunks(f, closure, nchunk);
   in_parallel = 0;
-  SPIN_UNTIL(__atomic_load_n(&pending, __ATOMIC_ACQUIRE) == 0);
-  pthread_mutex_lock(&mu);
-  while (pending > 0) pthread_cond_wait(&cv_done, &mu);
-  pthread_mutex_unlock(&mu);
+  long t1 = now_ns();
+  /* the caller's CPU time for its chunks (wall time where short or not measured) */
+  long c1 = c0 >= 0 && t1 - t0 > PREEMPT_MIN_NS ? thread_cpu_ns() : -1;
+  long own_cpu = c1 >= 0 ? c1 - c0 : t1 - t0;
+  uint64_t w = __atomic_fetch_and(&join_word, ~OPEN_BIT, __ATOMIC_SEQ_CST);   /* no helper joins now */
+  if (w & COUNT_MASK) {
+    long until = t1 + WAIT_SPIN_NS;
+    for (int i = 0; LOAD(&join_word) & COUNT_MASK; i++) {
+      CPU_RELAX();
+      if ((i & 63) == 63 && now_ns() > until) {
+        STORE(&caller_waiting, 1);
+        pthread_mutex_lock(&mu);
+        while (LOAD(&join_word) & COUNT_MASK) pthread_cond_wait(&cv_done, &mu);
+        pthread_mutex_unlock(&mu);
+        STORE(&caller_waiting, 0);
+        break;
+      }
+    }
+  }
+  long t2 = now_ns();
+  long hc = __atomic_load_n(&helper_chunks, __ATOMIC_RELAXED);
+  ADD(&st_parallel, 1);
+  ADD(&st_chunks, nchunk);
+  ADD(&st_helper_chunks, hc);
+  /* late (see LATE_NS): a helper inside the job kept the caller waiting, the caller itself was
+     preempted, or spinning helpers never came; then the caller runs alone for backoff_ns */
+  long per_chunk = (t1 - t0) / (own > 0 ? own : 1), serial_est = per_chunk * nchunk;
+  int late = t2 - t1 > LATE_NS + (woke ? WAKE_NS : 0) + 2 * per_chunk
+             || (!woke && t2 - t0 > LATE_NS && (t2 - t0) * 10 > serial_est * 9)
+             || (LOAD(&adaptive) > 1 && c1 >= 0 && own_cpu * 100 < (t1 - t0) * PREEMPT_PCT);
+  if (late) {
+    ADD(&st_late, 1);
+    STORE(&degraded_until, t2 + backoff_ns);
+    backoff_ns = backoff_ns * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : backoff_ns * 2;
+  } else if (backoff_ns > BACKOFF_MIN_NS) {
+    backoff_ns /= 2;
+  }
   pthread_mutex_unlock(&launch_mu);
   return 0;
 }
@@ -678,6 +845,60 @@ class KernelCache:
         return n
 
 
+# ---- the parallel runtime's settings -----------------------------------------------------------
+#: microseconds an idle helper thread spins for the next parallel loop before it sleeps
+SPIN_ENV = "KIT_SPIN_US"
+DEFAULT_SPIN_US = 200
+#: 0: parallel loops always use every thread; 1 (default): a loop whose helpers did not pay (late or
+#: preempted: cores busy) sends the next ones to the calling thread alone for a while; 2: also when
+#: the calling thread itself was preempted (others hold the cores, or a CPU quota below the CPU count)
+ADAPTIVE_ENV = "KIT_PARALLEL_ADAPTIVE"
+_STATS = ("threads", "helpers_started", "parallel_launches", "serial_launches", "backed_off_launches",
+          "late_launches", "helper_chunks", "chunks", "backoff_ns")
+
+
+class RuntimeSettingError(HostRuntimeError, ValueError):
+    """An environment variable of the parallel runtime has a value outside its range (names it)."""
+
+
+def _env_int(name: str, default: int, lo: int, hi: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        v = None
+    if v is None or not lo <= v <= hi:
+        raise RuntimeSettingError(f"${name}={raw!r}: expected an integer from {lo} to {hi}")
+    return v
+
+
+def runtime_settings() -> dict:
+    """The parallel runtime's settings from the environment: spin_us ($KIT_SPIN_US, 0..100000,
+    default 200) and adaptive ($KIT_PARALLEL_ADAPTIVE, 0, 1 or 2, default 1)."""
+    return {"spin_us": _env_int(SPIN_ENV, DEFAULT_SPIN_US, 0, 100_000),
+            "adaptive": _env_int(ADAPTIVE_ENV, 1, 0, 2)}
+
+
+def configure_runtime(lib: ctypes.CDLL) -> None:
+    """Apply runtime_settings() to a library linked with RUNTIME_C, and stop its helper threads
+    at interpreter exit (joined, so none runs while the interpreter tears down)."""
+    s = runtime_settings()
+    lib.kit_parallel_config(ctypes.c_int(s["adaptive"]), ctypes.c_int(s["spin_us"]))
+    atexit.register(lib.kit_parallel_shutdown)
+
+
+def runtime_stats(lib: ctypes.CDLL) -> dict:
+    """Counters of a library's parallel runtime: threads, helpers_started, parallel_launches,
+    serial_launches (one thread, nested, or the pool busy with another caller), backed_off_launches
+    (run on the caller alone because helpers were late), late_launches, helper_chunks, chunks,
+    backoff_ns."""
+    out = (ctypes.c_longlong * len(_STATS))()
+    lib.kit_parallel_stats(out)
+    return dict(zip(_STATS, map(int, out)))
+
+
 # ---- loading -----------------------------------------------------------------------------------
 @dataclass
 class KernelLibrary:
@@ -691,6 +912,16 @@ class KernelLibrary:
         if symbol not in self.exports:
             raise KernelIRError(f"kernel {symbol!r} is not a function defined in the module's kernel IR")
         return getattr(self.lib, symbol)
+
+    def set_num_threads(self, n: int) -> None:
+        """Threads the library's parallel loops use (the caller plus n - 1 helpers)."""
+        if not 1 <= int(n) <= 256:
+            raise RuntimeSettingError(f"num_threads={n}: expected 1 to 256")
+        self.lib.kit_set_num_threads(ctypes.c_int(int(n)))
+
+    def stats(self) -> dict:
+        """runtime_stats() of this library."""
+        return runtime_stats(self.lib)
 
 
 _LIBS: dict[str, KernelLibrary] = {}
@@ -748,6 +979,7 @@ def load_kernels(texts: list[str], cache: KernelCache | None = None) -> KernelLi
             lib = _dlopen(data, path)
         except OSError as e:
             raise KernelBuildError(f"cannot load the kernel library: {e}") from None
+        configure_runtime(lib)
         kl = KernelLibrary(lib, exports, key)
         _LIBS[key] = kl
         return kl

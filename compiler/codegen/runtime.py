@@ -1,14 +1,17 @@
 """CPU runtime for generated code: the parallel launcher and the callable Module.
 
 Generated code calls `__kit_parallel_launch(worker, closure, n)` for a parallel loop of n
-iterations. The launcher (a ctypes callback) runs worker(task, ntask, closure) for task 0 in
-the calling thread and the others on a persistent thread pool; ctypes drops the GIL for the
-duration of every native call, so the chunks run on all cores at once. The launch costs tens
-of microseconds, so parallelise outer loops, not inner ones.
+iterations; worker(chunk, nchunk, closure) runs one chunk. The launcher is the kit's C runtime
+(host_runtime.kernel_cache.RUNTIME_C, compiled here and cached like a kernel library): the calling
+thread and a persistent pool take chunks from an atomic counter, the caller waits only for helpers
+that joined, and the pool backs off to the caller alone while cores are busy (docs/threads.md).
+Without a C compiler a Python launcher with the same rules stands in (slower: a ctypes callback
+per chunk). A launch costs microseconds, so parallelise outer loops, not inner ones.
 """
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import threading
 import time
@@ -19,6 +22,7 @@ import numpy as np
 
 from accel.isa.files import write_atomic
 from host_runtime.executor import default_num_threads
+from host_runtime.kernel_cache import PARALLEL_LAUNCH, KernelBuildError, KernelCacheError, load_kernels
 
 from ..errors import CodegenError
 from ..tir import dtype as dt
@@ -27,11 +31,15 @@ log = logging.getLogger(__name__)
 
 _WORKER_T = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
 _LAUNCH_T = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
+#: chunks per thread a Python-launched loop is cut into (idle or late helpers then cost little)
+_CHUNKS_PER_THREAD = 4
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _num_threads: int | None = None
 _workers: dict = {}
+_native = None          # the C runtime's KernelLibrary, once loaded
+_native_failed = False
 
 
 def num_threads() -> int:
@@ -49,9 +57,27 @@ def set_num_threads(n: int) -> None:
         raise ValueError(f"set_num_threads: need at least 1 thread, got {n}")
     with _lock:
         _num_threads = n
+        if _native is not None:
+            _native.set_num_threads(n)
         if _pool is not None:
             _pool.shutdown(wait=False)
             _pool = None
+
+
+def native_runtime():
+    """The C parallel runtime as a kernel_cache.KernelLibrary (stats() gives its counters), or None
+    where it cannot be built (no C compiler): JIT modules then use the Python launcher."""
+    global _native, _native_failed
+    with _lock:
+        if _native is None and not _native_failed:
+            try:
+                lib = load_kernels([])
+                lib.set_num_threads(num_threads())
+                _native = lib
+            except (KernelBuildError, KernelCacheError) as e:
+                _native_failed = True
+                log.warning("parallel loops use the Python launcher: the C runtime cannot be built (%s)", e)
+        return _native
 
 
 def _get_pool() -> ThreadPoolExecutor:
@@ -63,20 +89,61 @@ def _get_pool() -> ThreadPoolExecutor:
         return _pool
 
 
+class _Job:
+    """One Python-launched parallel loop: chunks handed out by a counter (next() on it is atomic
+    under the GIL); helpers join only while the job is open, and the caller waits for those alone."""
+
+    __slots__ = ("worker", "closure", "nchunk", "chunks", "open", "active", "cv")
+
+    def __init__(self, worker, closure, nchunk):
+        self.worker, self.closure, self.nchunk = worker, closure, nchunk
+        self.chunks = itertools.count()
+        self.open, self.active = True, 0
+        self.cv = threading.Condition(threading.Lock())
+
+    def run_chunks(self) -> None:
+        for t in self.chunks:
+            if t >= self.nchunk:
+                return
+            self.worker(t, self.nchunk, self.closure)
+
+    def helper(self) -> None:
+        with self.cv:
+            if not self.open:
+                return
+            self.active += 1
+        try:
+            self.run_chunks()
+        finally:
+            with self.cv:
+                self.active -= 1
+                if not self.active:
+                    self.cv.notify_all()
+
+    def finish(self) -> None:
+        with self.cv:
+            self.open = False
+            while self.active:
+                self.cv.wait()
+
+
 def _launch(fn_addr, closure, n):
     try:
         worker = _workers.get(fn_addr)
         if worker is None:
             worker = _workers[fn_addr] = _WORKER_T(fn_addr)
-        ntask = min(num_threads(), int(n))
-        if ntask <= 1:
+        nthread = min(num_threads(), int(n))
+        if nthread <= 1:
             worker(0, 1, closure)
             return 0
+        job = _Job(worker, closure, min(int(n), nthread * _CHUNKS_PER_THREAD))
         pool = _get_pool()
-        futs = [pool.submit(worker, t, ntask, closure) for t in range(1, ntask)]
-        worker(0, ntask, closure)
-        for f in futs:
-            f.result()
+        for _ in range(nthread - 1):
+            pool.submit(job.helper)
+        try:
+            job.run_chunks()
+        finally:
+            job.finish()
         return 0
     except Exception:  # pragma: no cover - must not unwind through native frames
         log.exception("parallel launch failed")
@@ -92,7 +159,9 @@ def register_runtime_symbols() -> None:
     global _registered
     if _registered:
         return
-    llvm.add_symbol("__kit_parallel_launch", ctypes.cast(_launch_cb, ctypes.c_void_p).value)
+    native = native_runtime()
+    target = getattr(native.lib, PARALLEL_LAUNCH) if native is not None else _launch_cb
+    llvm.add_symbol(PARALLEL_LAUNCH, ctypes.cast(target, ctypes.c_void_p).value)
     _registered = True
 
 
