@@ -3,7 +3,7 @@
 What an instruction does, written as directly as the ISA's definitions say it (accel.isa.isa's
 instruction and AluOp docstrings, accel.isa.operands' operand layouts): instructions one by one
 in program order, every LOAD/STORE entry by entry, every GEMM/ALU micro-op by micro-op inside
-its two loops, every ALU lane by lane in Python integers. It shares nothing with sim/fsim.py
+its two loops, every ALU lane by lane in Python integers. It shares nothing with sim/fsim/
 (whose vectorized fast paths are checked against it by tests/differential), so a fast path
 that is wrong shows up as a difference in the DRAM bytes.
 

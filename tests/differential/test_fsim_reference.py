@@ -20,7 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sim.fsim as fsim_mod
+from sim.fsim import alu as fsim_alu
+from sim.fsim import gemm as fsim_gemm
+from sim.fsim import loops as fsim_loops
 from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Load, MemType, Store, encode_uops,
                        flush_immediate)
 from sim.fsim import Fsim
@@ -282,7 +284,7 @@ def mismatch(cfg: AccelConfig, seed: int, chunk: int | None = None) -> str | Non
     ref = ReferenceMachine(cfg)
     ref.run(insns, ref_dram)
     sim = Fsim(cfg, check_races=chunk is None)   # (the closed-form ALU path runs without the race checker)
-    with mock.patch.object(fsim_mod, "CHUNK_ELEMS", chunk or fsim_mod.CHUNK_ELEMS):
+    with mock.patch.object(fsim_loops, "CHUNK_ELEMS", chunk or fsim_loops.CHUNK_ELEMS):
         sim.run_insns(dram, insns)
     for name, got, want in (("acc", sim.acc, ref.acc), ("out", sim.out, ref.out), ("dram", dram, ref_dram)):
         if not np.array_equal(got.astype(np.int64), want.astype(np.int64)):
@@ -320,17 +322,18 @@ def _bump_acc(fn):
     return wrong
 
 
-MUTANTS = {
-    "gemm clustered": ("Fsim._gemm_clustered", _bump_acc),
-    "gemm separable": ("Fsim._gemm_separable", _bump_acc),
-    "gemm grouped": ("Fsim._gemm_grouped", _bump_acc),
-    "gemm gathered": ("Fsim._gemm_gathered", _bump_acc),
-    "flush": ("Fsim._flush", _bump_acc),
-    "mov broadcast": ("Fsim._mov_broadcast", _bump_acc),
-    "alu repeated": ("Fsim._alu_repeated", _bump_acc),
-    "alu int32": ("alu_apply_int32", _off_by_one),
-    "alu int64": ("alu_apply", _off_by_one),
-    "flush requant": ("flush_requant", _off_by_one),
+MUTANTS = {   # name: (owner, attribute, how to break it)
+    "gemm clustered": (Fsim, "_gemm_clustered", _bump_acc),
+    "gemm separable": (Fsim, "_gemm_separable", _bump_acc),
+    "gemm grouped": (Fsim, "_gemm_grouped", _bump_acc),
+    "gemm gathered": (Fsim, "_gemm_gathered", _bump_acc),
+    "gemm flush": (fsim_gemm, "flush_requant", _off_by_one),
+    "flush seeds": (Fsim, "_flush", _bump_acc),
+    "mov broadcast": (Fsim, "_mov_broadcast", _bump_acc),
+    "alu repeated": (Fsim, "_alu_repeated", _bump_acc),
+    "alu int32": (fsim_alu, "alu_apply_int32", _off_by_one),
+    "alu int64": (fsim_alu, "alu_apply", _off_by_one),
+    "alu flush": (fsim_alu, "flush_requant", _off_by_one),
 }
 
 
@@ -338,11 +341,10 @@ MUTANTS = {
 def test_a_wrong_fast_path_is_caught(mutant):
     """Each fast path, broken on purpose, makes some of the first 40 programs differ (so the
     programs above reach it, and the comparison can fail)."""
-    target, breaker = MUTANTS[mutant]
-    owner, attr = (fsim_mod.Fsim, target.split(".")[1]) if "." in target else (fsim_mod, target)
+    owner, attr, breaker = MUTANTS[mutant]
     with mock.patch.object(owner, attr, breaker(getattr(owner, attr))):
         for seed in range(40):
             for name in ("tiny", "acc16", "batch2"):
                 if mismatch(CONFIGS[name], seed, 16 if mutant == "alu repeated" else None):
                     return
-    pytest.fail(f"breaking {target} changed none of the programs' results")
+    pytest.fail(f"breaking {attr} changed none of the programs' results")

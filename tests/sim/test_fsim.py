@@ -10,6 +10,8 @@ from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, Finish, Gemm, Load, Mem
 from accel.hw.params import ErrorCode
 from sim.errors import DeadlockError, ExecError, ProgramFault, SimError
 from sim.fsim import Fsim, FsimStats, alu_apply, alu_apply_int32, flush_requant, gemm_float_dtype
+from sim.fsim import blas as fsim_blas
+from sim.fsim import loops as fsim_loops
 
 TINY = PRESETS["tiny"]
 TINY_ACC16 = dataclasses.replace(TINY, acc_width=16, out_buff_bytes=2048)
@@ -136,8 +138,7 @@ def test_fsim_plan_cache_follows_the_micro_ops_and_stays_bounded(monkeypatch):
     """Index plans are cached by micro-op contents and loop fields: the same instruction after a
     micro-op changed must use the new indices (GEMM and ALU), and the cache holds at most
     PLAN_CACHE_ELEMS index elements."""
-    import sim.fsim as fsim_mod
-    monkeypatch.setattr(fsim_mod, "PLAN_CACHE_ELEMS", 64)
+    monkeypatch.setattr(fsim_loops, "PLAN_CACHE_ELEMS", 64)
     cfg = TINY
     sim = Fsim(cfg)
     rng = np.random.default_rng(3)
@@ -154,7 +155,7 @@ def test_fsim_plan_cache_follows_the_micro_ops_and_stays_bounded(monkeypatch):
         _gemm_per_uop(sim, gemm, ref)
         assert (sim.acc == _wrapped(ref, cfg.acc_width)).all(), step
         before = sim.acc[:, 0, 0].astype(np.int64).tolist()
-        sim._alu(0, alu, None, fsim_mod.FsimStats())
+        sim._alu(0, alu, None, FsimStats())
         assert sim.acc[40:46, 0, 0].tolist() == [_wrapped(before[40 + i] + before[step], 32) for i in range(6)]
         ref[40:46] = sim.acc[40:46]
         assert sum(p.dst.size for p in sim._plans.values()) <= 64
@@ -474,10 +475,9 @@ class _FakeBlas:
 def test_fsim_threads_only_big_matmuls_on_idle_cores(monkeypatch, idle, threads):
     """Only a matmul of THREADED_MATMUL_MACS or more runs on the idle cores, counted once per run at
     the first such matmul, and BLAS is back on one thread after it."""
-    import sim.fsim as fsim_mod
     from sim.fsim import THREADED_MATMUL_MACS, BlasThreads
     counted = []
-    monkeypatch.setattr(fsim_mod, "idle_cores", lambda: counted.append(1) or idle)
+    monkeypatch.setattr(fsim_blas, "idle_cores", lambda: counted.append(1) or idle)
     bt = BlasThreads()
     fake = _FakeBlas()
     bt.libs = [fake]
@@ -497,11 +497,10 @@ def test_fsim_threads_only_big_matmuls_on_idle_cores(monkeypatch, idle, threads)
 
 def test_fsim_recounts_idle_cores_only_after_the_window(monkeypatch):
     """Runs within IDLE_RECOUNT_S of the last count reuse it; a later run counts again."""
-    import sim.fsim as fsim_mod
     from sim.fsim import IDLE_RECOUNT_S, THREADED_MATMUL_MACS, BlasThreads
     counted, clock = [], [100.0]
-    monkeypatch.setattr(fsim_mod, "idle_cores", lambda: counted.append(1) or 1)
-    monkeypatch.setattr(fsim_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(fsim_blas, "idle_cores", lambda: counted.append(1) or 1)
+    monkeypatch.setattr(fsim_blas.time, "monotonic", lambda: clock[0])
     bt = BlasThreads()
     bt.libs = [_FakeBlas()]
     k = THREADED_MATMUL_MACS // (64 * 64)
@@ -584,7 +583,6 @@ def test_fsim_flush_with_use_imm_after_an_immediate_alu_of_the_same_shape():
 def test_fsim_long_loops_run_in_blocks_as_in_one_piece(data):
     """A GEMM/ALU longer than CHUNK_ELEMS runs as blocks of whole passes: the same acc/out as in
     one piece, flushing GEMMs and ALU hazards included (the block size forced small here)."""
-    import sim.fsim as fsim_mod
     from accel.isa import flush_immediate
     cfg = TINY
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1)))
@@ -603,7 +601,7 @@ def test_fsim_long_loops_run_in_blocks_as_in_one_piece(data):
                    uop_end=nu, iter_out=it_o, iter_in=it_i, dst_factor_out=data.draw(f),
                    dst_factor_in=data.draw(f), src_factor_out=data.draw(f), src_factor_in=data.draw(f))
     sims = []
-    for chunk in (fsim_mod.CHUNK_ELEMS, data.draw(st.integers(1, 2 * nu + 1))):
+    for chunk in (fsim_loops.CHUNK_ELEMS, data.draw(st.integers(1, 2 * nu + 1))):
         sim = Fsim(cfg)
         sim.acc[:] = rng.integers(-1000, 1000, sim.acc.shape) if not sims else sims[0][1]
         sim.inp[:] = rng.integers(-128, 128, sim.inp.shape) if not sims else sims[0][2]
@@ -612,12 +610,12 @@ def test_fsim_long_loops_run_in_blocks_as_in_one_piece(data):
         sim.epilogue = dataclasses.replace(sim.epilogue, seed_base=50, seed_factor_out=7, seed_factor_in=1,
                                            imm=flush_immediate(3, 100, round_half=True))
         before = (sim, sim.acc.copy(), sim.inp.copy(), sim.wgt.copy())
-        old = fsim_mod.CHUNK_ELEMS
-        fsim_mod.CHUNK_ELEMS = chunk
+        old = fsim_loops.CHUNK_ELEMS
+        fsim_loops.CHUNK_ELEMS = chunk
         try:
             (sim._gemm if gemm else sim._alu)(0, insn, None, FsimStats())
         finally:
-            fsim_mod.CHUNK_ELEMS = old
+            fsim_loops.CHUNK_ELEMS = old
         sims.append(before)
     a, b = sims[0][0], sims[1][0]
     assert (a.acc == b.acc).all() and (a.out == b.out).all(), insn
@@ -628,7 +626,6 @@ def test_fsim_memory_stays_bounded_whatever_the_loop_counts():
     whole-instruction index arrays; in blocks the peak stays near one block's arrays."""
     import tracemalloc
 
-    import sim.fsim as fsim_mod
     sim = Fsim(TINY)
     sim.uop[0] = (3, 0, 0)
     tracemalloc.start()
@@ -638,7 +635,7 @@ def test_fsim_memory_stays_bounded_whatever_the_loop_counts():
     finally:
         tracemalloc.stop()
     assert stats.gemm_uops == 4096 * 4096
-    assert peak < 8 * 8 * fsim_mod.CHUNK_ELEMS, peak     # one block's few int64 arrays, not 16 M of them
+    assert peak < 8 * 8 * fsim_loops.CHUNK_ELEMS, peak     # one block's few int64 arrays, not 16 M of them
     # an error found in a later block names the iteration in the whole loop
     sim.uop[0] = (0, 0, 0)
     with pytest.raises(ExecError, match=r"accumulator \(dst\) index 256 out of range \[0, 256\) at micro-op 0, "
@@ -652,7 +649,6 @@ def test_fsim_long_immediate_alu_in_closed_form_matches_element_by_element(op):
     """An immediate ALU past CHUNK_ELEMS iterations applies op count(d) times to each entry in
     closed form or to a fixed point: the same acc/out as the element-by-element path (which took a
     Python step per element: hours at 16383 x 16383), and a maximal loop takes moments."""
-    import sim.fsim as fsim_mod
     rng = np.random.default_rng(int(op))
     for trial in range(25):
         nu, it_o, it_i = (int(v) for v in rng.integers(1, 7, 3))
@@ -664,15 +660,15 @@ def test_fsim_long_immediate_alu_in_closed_form_matches_element_by_element(op):
         acc = rng.integers(-2 ** 31, 2 ** 31, Fsim(TINY).acc.shape)
         uops = [(int(d), 0, 0) for d in rng.integers(0, 30, nu)]
         sims = []
-        for chunk in (fsim_mod.CHUNK_ELEMS, 0):
+        for chunk in (fsim_loops.CHUNK_ELEMS, 0):
             sim = Fsim(TINY)
             sim.acc[:] = acc
             sim.uop[:nu] = uops
-            old, fsim_mod.CHUNK_ELEMS = fsim_mod.CHUNK_ELEMS, chunk
+            old, fsim_loops.CHUNK_ELEMS = fsim_loops.CHUNK_ELEMS, chunk
             try:
                 sim._alu(0, insn, None, stats := FsimStats())
             finally:
-                fsim_mod.CHUNK_ELEMS = old
+                fsim_loops.CHUNK_ELEMS = old
             assert stats.alu_uops == nu * it_o * it_i
             sims.append(sim)
         assert (sims[0].acc == sims[1].acc).all() and (sims[0].out == sims[1].out).all(), insn
