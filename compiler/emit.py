@@ -1,8 +1,9 @@
 """`accel compile --emit DIR`: a compiled model's generated sources as files, for inspection.
 
-Per GPU step its kernel (<symbol>.cl for OpenCL C, <symbol>.ptx for PTX); per CPU kernel module
-its LLVM IR (kernels<k>.ll) and this host's assembly of it (kernels<k>.s). Nothing here is
-needed to run the model: the module file carries the same text.
+Each registered target writes its own (Target.emit): the GPU targets a file per kernel
+(<symbol>.cl for OpenCL C, <symbol>.ptx for PTX), the CPU target per kernel module its LLVM IR
+(kernels<k>.ll) and this host's assembly of it (kernels<k>.s). Nothing here is needed to run the
+model: the module file carries the same text.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 from pathlib import Path
 
 from .errors import CompilerError
+from .targets import get_target, target_names
 
 log = logging.getLogger(__name__)
 
@@ -22,33 +24,7 @@ def emit_sources(mod, out_dir) -> list[Path]:
     except OSError as e:
         raise CompilerError(f"--emit {out_dir}: cannot create the folder ({e.strerror})") from None
     written: list[Path] = []
-
-    def write(name: str, text: str) -> None:
-        p = d / name
-        try:
-            p.write_text(text)
-        except OSError as e:
-            raise CompilerError(f"--emit {out_dir}: cannot write {name} ({e.strerror})") from None
-        written.append(p)
-    seen = set()
-    for s in mod.steps:
-        if s.kind != "gpu" or s.symbol in seen:
-            continue
-        seen.add(s.symbol)
-        ext = ".cl" if s.attrs.get("lang") == "opencl" else ".ptx"
-        write(f"{s.symbol}{ext}", s.attrs["source"])
-    for k, ks in enumerate(mod.kernels):
-        write(f"kernels{k}.ll", ks.ir)
-        try:
-            write(f"kernels{k}.s", _host_asm(ks.ir))
-        except RuntimeError as e:   # the IR is the module's; assembly is a convenience
-            log.warning("kernels%d.s not written: %s", k, e)
+    for name in target_names():
+        written += get_target(name).emit(mod, d)
+    log.info("--emit %s: %d file(s)", d, len(written))
     return written
-
-
-def _host_asm(ir_text: str) -> str:
-    import llvmlite.binding as llvm
-    from .build import parse_target
-    tm = parse_target("llvm").target_machine()
-    m = llvm.parse_assembly(ir_text)
-    return tm.emit_assembly(m)

@@ -5,8 +5,9 @@ a new target is a new module that subclasses Target and calls register_target.
 """
 from .base import (BuildError, Decline, PlacementContext, Target, get_target, node_macs, register_target,
                    target_names, unregister_target)
-from . import cpu  # noqa: F401 - registers "cpu"
 from . import accel  # noqa: F401 - registers "accel"
+from . import cpu  # noqa: F401 - registers "cpu"
+from . import gpu  # noqa: F401 - registers "opencl" and "cuda"
 
 __all__ = ["BuildError", "Decline", "PlacementContext", "Target", "get_target", "node_macs", "register_target",
            "target_names", "unregister_target"]

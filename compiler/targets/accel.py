@@ -33,7 +33,7 @@ from ..accel.tune import read_tuning_log, tune_conv2d
 from ..errors import CompilerError
 from ..graph.ir import Graph, Node
 from ..graph.ops import INT8_MAX, int8_min, is_fixed_point, requant_shift
-from .base import BuildError, Decline, PlacementContext, Target, register_target
+from .base import BuildError, Decline, PlacementContext, Target, register_target, single_body
 
 if TYPE_CHECKING:
     from ..graph_build import Builder
@@ -114,13 +114,6 @@ def check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> Decline | None:
 
 
 # ---- lowering helpers --------------------------------------------------------------------------
-def single_body(n: Node) -> Graph:
-    """A lone op as a body of its own (its inputs become parameters)."""
-    params = [Node.input(f"p{k}", i.shape, i.dtype) for k, i in enumerate(n.inputs)]
-    b = n.with_inputs(params)
-    return Graph(params + [b], params, [b], [n.name], f"single_{n.op}")
-
-
 def _clamp(n: Node, lo: int, hi: int) -> tuple[int, int]:
     if n.op == "relu":
         return max(lo, 0), hi
@@ -138,6 +131,8 @@ class AccelTarget(Target):
     name = "accel"
     label = "accel"
     title = "the accelerator"
+    needs_config = True
+    module_target = None
     kinds = {
         "offload": "int8 layer the accelerator runs",
         "fused": "int8 elementwise op fused into the accelerator layer that feeds it",
@@ -196,9 +191,6 @@ class AccelTarget(Target):
                                        "real data")
         return {"quantize": True, "calibration_samples": samples or None, "accel": request["cfg"],
                 "force_target": dict(request["force_target"] or {}), "fuse": request["fuse"]}
-
-    def device_config(self, cfg):
-        return cfg
 
     def prepare(self, b: Builder, tune) -> None:
         if tune not in (None, False, True):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import CompilerError
-from ..graph.ir import Node
+from ..graph.ir import Graph, Node
 
 if TYPE_CHECKING:   # the builder imports the targets; only the type is needed here
     from ..graph_build import Builder
@@ -68,6 +68,23 @@ def node_macs(n: Node) -> int:
     return 0
 
 
+def single_body(n: Node) -> Graph:
+    """A lone op as a body of its own (its inputs become parameters), as fused groups are."""
+    params = [Node.input(f"p{k}", i.shape, i.dtype) for k, i in enumerate(n.inputs)]
+    b = n.with_inputs(params)
+    return Graph(params + [b], params, [b], [n.name], f"single_{n.op}")
+
+
+def write_source(out_dir: Path, name: str, text: str) -> Path:
+    """Write one generated source file for --emit; CompilerError names the file on failure."""
+    p = Path(out_dir) / name
+    try:
+        p.write_text(text)
+    except OSError as e:
+        raise CompilerError(f"--emit {out_dir}: cannot write {name} ({e.strerror})") from None
+    return p
+
+
 class Target:
     """One place graph nodes can run. Subclasses override what differs from these defaults.
 
@@ -78,6 +95,11 @@ class Target:
     name: str = ""
     label: str = ""
     title: str = "the target"   # in sentences: "forced onto the accelerator"
+    #: the module's DRAM is laid out for an AccelConfig (the default preset when none is given)
+    needs_config: bool = False
+    #: the module target the host runtime knows (host_runtime.executor.MODULE_TARGETS) that a
+    #: module built for this target records; None: the target's own name
+    module_target: str | None = "cpu"
     kinds: dict[str, str] = {}
 
     # ---- placement (the partition pass asks these) ---------------------------------------------
@@ -102,16 +124,22 @@ class Target:
         return {"quantize": request["has_qdq"], "calibration_samples": request["calibration"] or None,
                 "fuse": request["fuse"]}
 
-    def device_config(self, cfg):
-        """The accelerator config the module's DRAM is laid out for (None: plain host memory)."""
-        return None
-
     def prepare(self, builder: Builder, tune) -> None:
         """Per-build set-up before any node lowers (tuning logs, kernel caches in builder.state)."""
 
     def lower(self, builder: Builder, node: Node) -> None:
-        """Append the steps that compute `node` (an op or a fused group) to builder.steps."""
-        raise BuildError(f"target {self.name!r} cannot lower {node.op} '{node.name}'")
+        """Append the steps that compute `node` (an op or a fused group) to builder.steps. The
+        default passes the group's body to lower_body, named after its GEMM-like op if any."""
+        body = node.attrs["body"] if node.op == "fused" else single_body(node)
+        anchor = next((o for o in body.ops if node_macs(o)), None)  # a fused conv is named after the conv
+        self.lower_body(builder, anchor.name if anchor is not None else node.name, body, list(node.inputs),
+                        builder.tid[id(node)])
+
+    def lower_body(self, builder: Builder, name: str, body: Graph, outer: list, out_tid: int) -> None:
+        """Steps computing `body` (a Graph of ops) from `outer` (its inputs: graph nodes or tensor
+        ids) into tensor out_tid. The fallback target's is what other targets fall back to."""
+        raise BuildError(f"target {self.name!r} cannot lower {body.name} ({'+'.join(o.op for o in body.ops)}) "
+                         f"'{name}'")
 
     def placed_row(self, node: Node) -> dict:
         """The --explain row of a node this target ran without a partition decision."""

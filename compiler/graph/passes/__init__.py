@@ -23,7 +23,7 @@ from .fuse_ops import fuse_ops
 from .import_qdq import import_qdq
 from .infer_types import infer_types
 from .pack_layout import pack_layout
-from .partition import ACCEL_RULES, AccelRules, partition, partition_table
+from .partition import ACCEL_RULES, TARGETS, AccelRules, default_targets, partition, partition_table
 from .plan_memory import MemoryPlan, plan_memory
 from .quantize import Calibration, calibrate, pow2_shift, quantize
 from .simplify import simplify
@@ -37,7 +37,10 @@ class GraphOptions:
     quantize: bool = False
     calibration_samples: list | None = None  # feeds (dicts by input name) for calibration
     accel: AccelConfig | str | None = None  # preset name, JSON path or config
-    force_target: dict[str, str] = field(default_factory=dict)  # op type -> "cpu" | "accel"
+    force_target: dict[str, str] = field(default_factory=dict)  # op type -> target name
+    #: partition candidates (registered target names, preferred first, the fallback "cpu" last);
+    #: empty: "accel" then "cpu" when `accel` is set, else no partition
+    targets: tuple[str, ...] = ()
     rules: AccelRules = ACCEL_RULES
     fuse: bool = True
     disabled: tuple[str, ...] = ()  # step names to skip
@@ -78,8 +81,8 @@ PIPELINE: list[Step] = [
     Step("eliminate_dead_code", lambda g, o: eliminate_dead_code(g), "drop what the rewrites orphaned, so calibration runs only live ops"),
     Step("quantize", _quantize_step, "int8 with power-of-two scales, before partitioning decides by dtype",
          lambda g, o: o.quantize),
-    Step("partition", lambda g, o: partition(g, o.config(), o.force_target, o.rules), "targets decide layouts and fusion boundaries",
-         lambda g, o: o.accel is not None),
+    Step("partition", lambda g, o: partition(g, o.config(), o.force_target, o.rules, default_targets(o.targets or TARGETS)),
+         "targets decide layouts and fusion boundaries", lambda g, o: o.accel is not None or bool(o.targets)),
     Step("pack_layout", lambda g, o: pack_layout(g, o.config()), "blocked layouts for accelerator ops; pack/unpack only at CPU boundaries",
          lambda g, o: o.accel is not None),
     Step("fuse_ops", lambda g, o: fuse_ops(g), "one kernel per group, within one target", lambda g, o: o.fuse),

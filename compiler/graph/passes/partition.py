@@ -13,11 +13,12 @@ show them.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from accel.isa.config import AccelConfig
 
-from ...targets import PlacementContext, Target, get_target
+from ...targets import PlacementContext, Target, get_target, target_names
 from ...targets.accel import ACCEL_RULES, AccelRules, gemm_waste, roofline_efficiency
 from ..errors import GraphPassError
 from ..ir import Graph, Node, rewrite
@@ -151,13 +152,18 @@ def explain_table(rows: list[dict], folded: list[dict] | None = None) -> str:
     for f in folded or []:
         lines.append(f"{f['name']:{w}} {(f.get('op') or '-')[:18]:18} {'-':18} {'-':6} {'folded':11} "
                      f"{f.get('reason', 'folded into another op or removed by the graph passes')}")
-    kinds = [k for k in KINDS if any(r.get("kind") == k for r in rows)]
+    legend = dict(KINDS)
+    for t in target_names():   # kinds of plug-in targets
+        legend.update({k: v for k, v in get_target(t).kinds.items() if k not in legend})
+    kinds = [k for k in legend if any(r.get("kind") == k for r in rows)]
     n_acc = sum(r["target"] == ACCEL for r in rows)
-    n_gpu = sum(r["target"] == "gpu" for r in rows)   # --target opencl|cuda (compiler.gpu_build)
+    n_gpu = sum(r["target"] == "gpu" for r in rows)   # --target opencl|cuda (compiler.targets.gpu)
+    others = Counter(r["target"] for r in rows if r["target"] not in (ACCEL, "gpu", CPU))
     lines.append(f"{len(rows)} nodes: {n_acc} on the accelerator, " + (f"{n_gpu} on the GPU, " if n_gpu else "")
-                 + f"{len(rows) - n_acc - n_gpu} on the CPU"
+                 + "".join(f"{c} on {t}, " for t, c in others.items())
+                 + f"{len(rows) - n_acc - n_gpu - sum(others.values())} on the CPU"
                  + (f", {len(folded)} folded away" if folded else ""))
-    lines += [f"  {k:11} {KINDS[k]}" for k in kinds]
+    lines += [f"  {k:11} {legend[k]}" for k in kinds]
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""build_model for the GPU targets ("opencl", "cuda"): each fused group becomes one GPU kernel.
+"""The GPU targets ("opencl", "cuda"): each fused group becomes one GPU kernel.
 
 The graph is optimized as for "cpu" (float; int8 for QDQ models). Per group the ops are composed
 from the operator library's GPU implementations (compiler.ops.gpu, target kind "cuda"), scheduled
@@ -12,27 +12,37 @@ text in the step (docs/gpu.md, docs/trust.md).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .graph.ir import Graph, Node
-from .graph_build import KernelDeclined, Builder, _Kernels, _library_form, kernel_symbol
 from host_runtime.executor import Step
+from host_runtime.gpu import GpuError, open_device
+
+from ..codegen.opencl import build_gpu
+from ..graph.ir import Graph, Node
+from ..ops.gpu import schedule_gpu, schedule_kind
+from ..ops.gpu_tune import GpuTuner
+from .base import get_target, register_target, write_source
+from .cpu import NATIVE_OPS, CpuTarget, KernelDeclined, Kernels, kernel_symbol, library_form
+
+if TYPE_CHECKING:
+    from ..graph_build import Builder
 
 log = logging.getLogger(__name__)
 
 
-class GpuKernels(_Kernels):
+class GpuKernels(Kernels):
     """Fused bodies composed from the library's GPU implementations -> GpuKernel (source text)."""
     kind = "cuda"
 
-    def __init__(self, target: str, check: bool = True, tune=None):
+    def __init__(self, target: str, check: bool = True, tune=None, tuning: dict | None = None):
         super().__init__()
         self.gpu_target = target
         self.check = check
         self.built: dict = {}
         self.tuner = None
-        self.tuning: dict[str, dict] = {}
+        self.tuning: dict[str, dict] = {} if tuning is None else tuning
         if tune and target == "opencl":
-            from .ops.gpu_tune import GpuTuner
             self.tuner = GpuTuner(None if tune is True else tune)
         elif tune:
             log.warning("--tune: GPU kernels for %s are timed on a device of that kind; none here, defaults kept",
@@ -40,14 +50,11 @@ class GpuKernels(_Kernels):
 
     def compile_gpu(self, body: Graph, consts: dict, symbol_hint: str):
         """(symbol, args, GpuKernel) for the body; KernelDeclined says why there is none."""
-        from . import ops  # noqa: F401 - fills the registry, GPU implementations included
         args, out, anchor, key = self.traced(body, consts)
         hit = self.built.get(key)
         if hit is None:
             sym = kernel_symbol("g", len(self.built), symbol_hint)
             try:
-                from .codegen.opencl import build_gpu
-                from .ops.gpu import schedule_gpu, schedule_kind
                 params = [t for t, _ in args] + [out]
                 if self.tuner is not None and anchor.schedule is schedule_gpu:
                     k, rec = self.tuner.best(self.tuner.key(repr(key)), schedule_kind([out]), lambda knobs: build_gpu(
@@ -70,7 +77,6 @@ def _check_locally(k) -> None:
     if k.lang != "opencl":
         return
     try:
-        from host_runtime.gpu import GpuError, open_device
         dev = open_device("opencl")
     except Exception:  # noqa: BLE001 - no OpenCL here: the device where the model runs compiles it
         return
@@ -80,54 +86,72 @@ def _check_locally(k) -> None:
         raise
 
 
-class GpuBuilder(Builder):
-    def __init__(self, graph, cfg, true_macs, progress=None, tune=None, gpu_target: str = "opencl"):
-        super().__init__(graph, cfg, true_macs, progress)
-        self.gpu_target = gpu_target
-        self.gpu = GpuKernels(gpu_target, tune=tune)
-        self.tuning = self.gpu.tuning
-        self.on_cpu: dict[str, str] = {}    # op name -> why it has no GPU kernel
+class GpuTarget(CpuTarget):
+    """GPU kernels as source text (OpenCL C or PTX); ops without one run on the CPU target."""
 
-    def cpu_body(self, name: str, body: Graph, outer: list, out_tid: int) -> None:
+    label = "gpu"
+    title = "the GPU"
+    module_target = None
+    kinds = {}
+
+    def __init__(self, name: str, lang_ext: str):
+        self.name = name
+        self.ext = lang_ext
+
+    def placement_kind(self, node: Node, ctx) -> str:
+        return "gpu"
+
+    def prepare(self, b: Builder, tune) -> None:
+        b.state(self.name)["gpu_kernels"] = GpuKernels(self.name, tune=tune, tuning=b.tuning)
+
+    def lower_body(self, b: Builder, name: str, body: Graph, outer: list, out_tid: int) -> None:
         ops = body.ops
         label = "+".join(o.op for o in ops)
-        if len(ops) == 1 and ops[0].op in ("pack", "unpack"):
-            super().cpu_body(name, body, outer, out_tid)
+        cpu = get_target("cpu")
+        if len(ops) == 1 and ops[0].op in NATIVE_OPS:
+            cpu.lower_body(b, name, body, outer, out_tid)
             return
         consts = {k: o.value for k, o in enumerate(outer) if isinstance(o, Node) and o.is_const}
         try:
-            sym, srcs, k = self.gpu.compile_gpu(_library_form(body), consts, name)
+            sym, srcs, k = b.state(self.name)["gpu_kernels"].compile_gpu(library_form(body), consts, name)
         except KernelDeclined as why:
             if len(ops) > 1:
                 log.info("%s: group %s split into its ops for the GPU: %s", name, label, why)
-                self.split_body(name, body, outer, out_tid)
+                self.split_body(b, name, body, outer, out_tid)
                 return
             reason = f"no GPU kernel: {why}"
-            self.on_cpu[ops[0].name] = reason
-            self.cpu_reason[ops[0].name] = reason
-            self.fallbacks.append(f"{name} ({label}) runs on the CPU: {reason}")
+            o = ops[0]
+            b.decline(o, "fallback", f"{o.origin or o.op} '{o.name}': runs on the CPU: {reason}", reason)
+            b.fallbacks.append(f"{name} ({label}) runs on the CPU: {reason}")
             log.info("%s (%s) runs on the CPU: %s", name, label, reason)
-            super().cpu_body(name, body, outer, out_tid)
+            b.fallback_body(name, body, outer, out_tid)
             return
-        args = []
-        for kind, ref in srcs:
-            args.append(("c", self.const_name(ref, name)) if kind == "c" else ("t", self.tensor_of(outer[ref])))
-        macs = sum(self.macs_of(o) for o in ops)
-        self.steps.append(Step(name, "gpu", label, [a[1] for a in args if a[0] == "t"], out_tid, args, k.name,
-                               k.to_attrs(), macs=macs))
+        args = [("c", b.const_name(ref, name)) if kind == "c" else ("t", b.tensor_of(outer[ref]))
+                for kind, ref in srcs]
+        macs = sum(b.macs_of(o) for o in ops)
+        b.steps.append(Step(name, "gpu", label, [a[1] for a in args if a[0] == "t"], out_tid, args, k.name,
+                            k.to_attrs(), macs=macs))
 
-    def explained(self, graph_in: Graph) -> dict:
-        rows = []
-        for n in self.g.ops:
-            for o in (n.attrs["body"].ops if n.op == "fused" else [n]):
-                why = self.on_cpu.get(o.name)
-                rows.append({"name": o.name, "op": o.op, "origin": o.origin, "target": "cpu" if why else "gpu",
-                             "reason": f"{o.origin or o.op} '{o.name}': " + (
-                                 f"runs on the CPU: {why}" if why else f"compiled for --target {self.gpu_target}"),
-                             "kind": "fallback" if why else "gpu"})
-        seen = {r["name"] for r in rows}
-        folded = [{"name": n.name, "op": n.origin or n.op} for n in graph_in.ops if n.name not in seen]
-        return {"partition": rows, "folded": folded}
+    def placed_row(self, node: Node) -> dict:
+        return {"target": "gpu", "kind": "gpu",
+                "reason": f"{node.origin or node.op} '{node.name}': compiled for --target {self.name}"}
+
+    def link(self, b: Builder) -> None:
+        """GPU kernels travel in their steps; nothing to link."""
+
+    def emit(self, module, out_dir: Path) -> list[Path]:
+        """Per GPU step of this language its kernel: <symbol>.cl (OpenCL C) or <symbol>.ptx."""
+        written, seen = [], set()
+        lang = "opencl" if self.ext == ".cl" else "ptx"
+        for s in module.steps:
+            if s.kind != "gpu" or s.symbol in seen or (s.attrs.get("lang") == "opencl") != (lang == "opencl"):
+                continue
+            seen.add(s.symbol)
+            written.append(write_source(out_dir, f"{s.symbol}{self.ext}", s.attrs["source"]))
+        return written
 
 
-__all__ = ["GpuBuilder", "GpuKernels"]
+register_target(GpuTarget("opencl", ".cl"))
+register_target(GpuTarget("cuda", ".ptx"))
+
+__all__ = ["GpuTarget", "GpuKernels"]
