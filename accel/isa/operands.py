@@ -110,7 +110,7 @@ def scale_form(mul, shift) -> tuple[int, int]:
     mul, shift = int(mul), int(shift)
     t = max(0, mul.bit_length() - SCALE_MUL_BITS)
     if mul <= 0 or mul & ((1 << t) - 1) or not 0 <= shift - t < 1 << SCALE_SHIFT_BITS:
-        raise OperandError(f"SCALE multiplier {mul} with shift {shift} has no 24-bit form (multiplier in "
+        raise OperandError(f"multiplier {mul} with shift {shift} has no 24-bit SCALE form (multiplier in "
                            f"[1, 2^24) after dropping low zero bits, shift in [0, 63])")
     return mul >> t, shift - t
 

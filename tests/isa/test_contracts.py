@@ -108,8 +108,8 @@ def test_lane_immediates_build_the_value():
     (lambda: operands.scale_operand(1 << 24, 3, 32), r"SCALE multiplier=16777216 outside its range"),
     (lambda: operands.scale_operand(5, 64, 32), r"SCALE shift=64 outside its range \[0, 63\]"),
     (lambda: operands.scale_operand(5, 3, 16), r"SCALE operand needs acc_width >= 30"),
-    (lambda: operands.channel_scale_operands([3, (1 << 24) + 1], 8, 32), r"channel 1: SCALE multiplier 16777217"),
-    (lambda: operands.channel_scale_operands([3, -2], 8, 32), r"channel 1: SCALE multiplier -2"),
+    (lambda: operands.channel_scale_operands([3, (1 << 24) + 1], 8, 32), r"channel 1: multiplier 16777217 with shift 8 has no 24-bit SCALE form"),
+    (lambda: operands.channel_scale_operands([3, -2], 8, 32), r"channel 1: multiplier -2"),
     (lambda: operands.flush_immediate(4, 200), r"FLUSH hi=200 outside its range"),
 ])
 def test_operand_errors_name_the_operand_and_its_range(call, match):
