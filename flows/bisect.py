@@ -27,6 +27,17 @@ from typing import Any, Callable
 import numpy as np
 
 from accel.isa.errors import AccelError
+from compiler.graph_build import build_model
+from compiler.graph import run as reference_run
+from host_runtime.executor import Executor
+from host_runtime import available_drivers
+from accel.cli import CliError, _calibration, _read_inputs, _same_file, _spec_file, force_specs, shape_specs
+from accel.isa import resolve_config
+from compiler.errors import CompilerError
+from compiler.frontend import from_onnx
+from compiler.frontend.onnx_import import load_model
+from accel.isa.files import write_atomic
+from host_runtime.executor import unpack_blocked
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +176,6 @@ class BisectReport:
                         "diverged": self.diverged, "pairs": self.pairs, "rows": self.rows})
 
     def write_json(self, path: str | Path) -> None:
-        from accel.isa.files import write_atomic
         write_atomic(Path(path), json.dumps(self.to_dict(), indent=1, default=_json_default,
                                             allow_nan=False).encode())
 
@@ -216,8 +226,8 @@ def _onnx_nodes(model) -> list[tuple[str, str, list[str], list[str]]]:
 
 def run_ort(model, feed: dict) -> dict[str, np.ndarray]:
     """Every node's first output under onnxruntime, by node name (the float reference)."""
-    import onnx
-    import onnxruntime as ort
+    import onnx  # noqa: PLC0415 - onnx loads only when a model is read
+    import onnxruntime as ort  # noqa: PLC0415 - optional dep onnxruntime
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {o.name for o in m.graph.output}
@@ -260,13 +270,11 @@ def build_accel(model, feed: dict, config=None, calibration: list | None = None,
                 shapes: dict | None = None, force_target: dict | None = None):
     """The accelerator build of `model`; calibrated on `calibration`, else on the input itself
     (so the scales fit the data bisected: a quantization divergence is then the quantizer's)."""
-    from compiler.graph_build import build_model
     return build_model(model, target="accel", config=config, calibration=calibration or [feed], fuse=fuse,
                        shapes=shapes, force_target=force_target)
 
 
 def run_int8ref(mod, feed: dict) -> Observed:
-    from compiler.graph import run as reference_run
     g = getattr(mod, "graph", None)
     if g is None:
         raise BisectError("executor 'int8ref' needs the module's quantized graph (a module loaded from a file has "
@@ -277,7 +285,6 @@ def run_int8ref(mod, feed: dict) -> Observed:
 
 
 def run_driver(mod, feed: dict, driver: str, **options) -> Observed:
-    from host_runtime.executor import Executor
     with Executor(mod, driver=driver, **options) as ex:
         ex.run(feed, keep=True)
         vals = dict(ex.values)
@@ -287,8 +294,6 @@ def run_driver(mod, feed: dict, driver: str, **options) -> Observed:
 
 
 def run_cpu(model, feed: dict, calibration=None, fuse: bool = True, shapes: dict | None = None) -> Observed:
-    from compiler.graph_build import build_model
-    from host_runtime.executor import Executor
     mod = build_model(model, target="cpu", calibration=calibration, fuse=fuse, shapes=shapes)
     with Executor(mod) as ex:
         ex.run(feed, keep=True)
@@ -330,7 +335,6 @@ def _unpack_like(x: np.ndarray, shape: tuple) -> np.ndarray | None:
     if x.shape == shape:
         return x
     if x.ndim == len(shape) + 2 and len(shape) >= 2:
-        from host_runtime.executor import unpack_blocked
         try:
             y = unpack_blocked(x, shape[:2])
         except Exception:  # noqa: BLE001 - not a blocked layout after all
@@ -472,7 +476,6 @@ def _chain_order(executors: list[str]) -> list[str]:
 
 
 def parse_executors(text: str | list[str] | None) -> list[str]:
-    from host_runtime import available_drivers
     names = [e.strip() for e in (text.split(",") if isinstance(text, str) else text or DEFAULT_EXECUTORS)
              if e.strip()]
     if len(names) < 2:
@@ -497,9 +500,8 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
     ONNX node's output is observable (a fault only the fused code has may then vanish: try both).
     shapes: static shapes of inputs with symbolic dimensions (default: the fed arrays' shapes);
     force_target: {ONNX op type: "accel" | "cpu"} as for accel compile --force."""
-    import onnx
+    import onnx  # noqa: PLC0415 - onnx loads only when a model is read
     if isinstance(model, (str, Path)):
-        from compiler.frontend.onnx_import import load_model
         label = str(model)
         model = load_model(model)
     elif isinstance(model, bytes):
@@ -642,16 +644,11 @@ class _Inputs:
 
 
 def main(args) -> int:
-    from accel.cli import CliError, _calibration, _read_inputs, _same_file, _spec_file, force_specs, shape_specs
     if args.json:
         for src in [args.model, args.calibration] + [_spec_file(x) for x in args.inputs]:
             if src and src != "random" and _same_file(args.json, src):
                 raise CliError(f"--json {args.json} is the same file as the input {src}; refusing to overwrite an "
                                f"input (choose another output path)")
-    from accel.isa import resolve_config
-    from compiler.errors import CompilerError
-    from compiler.frontend import from_onnx
-    from compiler.frontend.onnx_import import load_model
     ex = parse_executors(args.executors)
     tol = Tolerance.parse(args.tolerance)
     cfg = resolve_config(args.config)

@@ -18,12 +18,19 @@ from typing import Callable
 
 from accel.isa import AccelConfig
 from sim.lockstep import LockstepError, LockstepResult, RecordingFsim, decode_at, lockstep
+from host_runtime import available_drivers
+from host_runtime import get_driver
+from host_runtime.device import Device, Driver, RunResult
+from host_runtime.executor import Executor
+from sim.fsim import Fsim
+from accel.cli import CliError, _is_module_file, _read_inputs
+from compiler.module import CompiledModule
+from accel.isa import Program
 
 log = logging.getLogger(__name__)
 
 
 def parse_pair(text: str) -> tuple[str, str]:
-    from host_runtime import available_drivers
     names = [n.strip() for n in text.split(",") if n.strip()]
     if len(names) != 2:
         raise LockstepError(f"--lockstep {text!r}: name two executors, e.g. fsim,rtl")
@@ -37,7 +44,6 @@ def factory(name: str, cfg: AccelConfig, **options) -> Callable[[], object]:
     """A maker of fresh executors called `name`: fsim records effects; others are drivers."""
     if name == "fsim" and not options:
         return lambda: RecordingFsim(cfg)
-    from host_runtime import get_driver
     return lambda: get_driver(name, cfg, **options)
 
 
@@ -80,9 +86,6 @@ class _Stop(Exception):
 def lockstep_model(mod, inputs, a: str, b: str, make_a=None, make_b=None) -> ModelLockstep:
     """Every accelerator step of a compiled model in lockstep (from the same DRAM for both);
     stops at the first step that diverges."""
-    from host_runtime.device import Device, Driver, RunResult
-    from host_runtime.executor import Executor
-    from sim.fsim import Fsim
     cfg = mod.config
     if cfg is None or not mod.count("accel"):
         raise LockstepError(f"model '{mod.name}' has no accelerator steps to run in lockstep (target {mod.target})")
@@ -120,20 +123,17 @@ def lockstep_model(mod, inputs, a: str, b: str, make_a=None, make_b=None) -> Mod
 
 def run_cli(args) -> int:
     """accel run ... --lockstep A,B (program file or compiled model)."""
-    from accel.cli import CliError, _is_module_file, _read_inputs
     a, b = parse_pair(args.lockstep)
     if getattr(args, "trace", None) or getattr(args, "timeline", None) or getattr(args, "counters", None) \
             or getattr(args, "dump_dram", None) or getattr(args, "outputs", None):
         raise CliError("--lockstep compares two executors; it takes no --trace/--timeline/--counters/--dump-dram/"
                        "--output")
     if _is_module_file(args.input):
-        from compiler.module import CompiledModule
         mod = CompiledModule.load(args.input)
         report = lockstep_model(mod, _read_inputs(mod, args.inputs), a, b)
     else:
         if args.inputs:
             raise CliError(f"{args.input} is a program file; --input applies to compiled models (.accm)")
-        from accel.isa import Program
         report = lockstep_program(Program.load(args.input), a, b)
     print(report.text())
     return 1 if report.diverged else 0

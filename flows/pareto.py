@@ -9,6 +9,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from accel.isa.files import write_atomic
+import io
+
 log = logging.getLogger(__name__)
 
 
@@ -81,11 +84,10 @@ def _fmt(v) -> str:
 
 def plot(records: list[dict], path: str | Path, title: str = "") -> Path | None:
     """pareto.png: latency against LUT and against DSP; the front of each marked."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - matplotlib loads only to draw a plot
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib loads only to draw a plot
 
-    from accel.isa.files import write_atomic
     ok = [r for r in records if r.get("status") == "ok" and r.get("latency_ms") is not None]
     if not ok:
         log.info("no finished point to plot")
@@ -121,7 +123,6 @@ def plot(records: list[dict], path: str | Path, title: str = "") -> Path | None:
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    import io
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)

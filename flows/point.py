@@ -20,6 +20,14 @@ import traceback
 
 import numpy as np
 
+import compiler
+from accel.hw.fpga.estimate import estimate
+from accel.hw.boards import part as lookup_part
+from accel.isa import AccelConfig
+from accel.isa.errors import AccelError
+from accel.hw.fpga import rtl as fpga_rtl
+from accel.hw.fpga import synth as fpga_synth
+
 log = logging.getLogger(__name__)
 
 ENERGY_PJ: dict[str, float] = {
@@ -83,7 +91,6 @@ def _feeds(mod, seed: int = 0) -> dict:
 
 def run_model(cfg, name: str, blob: bytes, driver: str, force: dict, shapes: dict | None = None) -> dict:
     """Compile `blob` for cfg and run it once on `driver`: cycles, counters and MACs by target."""
-    import compiler
     mod = compiler.build(blob, target="accel", config=cfg, force_target=force or None, name=name,
                          shapes=shapes or None)
     opts = {"helper": False} if driver == "tsim" else {}
@@ -104,13 +111,10 @@ def resources(cfg, part, synth: str, work_dir: str | None, board_max_mhz: float 
     """lut, ff, dsp, bram, fmax_mhz and fits for the part: the estimate, yosys, or nothing."""
     if synth == "none":
         return {"lut": None, "ff": None, "dsp": None, "bram": None, "fmax_mhz": None, "fits": None}
-    from accel.hw.fpga.estimate import estimate
     est = estimate(cfg, part.family, part)
     util, fit, fmax, basis = est.utilization, est.fit, est.fmax_mhz, est.fmax_basis
     if synth == "yosys":
-        from accel.hw.fpga.rtl import rtl_for_config
-        from accel.hw.fpga.synth import synthesize
-        rep = synthesize(rtl_for_config(cfg), part.family, work_dir, part=part, config=cfg,
+        rep = fpga_synth.synthesize(fpga_rtl.rtl_for_config(cfg), part.family, work_dir, part=part, config=cfg,
                          pnr=part.family == "ecp5", bitstream=False)
         util, fit = rep.utilization, rep.fit
         if rep.timing and rep.timing.get("fmax_mhz"):
@@ -164,8 +168,6 @@ def evaluate_point(task: dict, *blobs: bytes) -> dict:
 def _evaluate(task: dict, blobs) -> dict:
     """task: point (key), params, config (dict), models (names, in blobs' order), driver, synth,
     part and board_max_mhz, energy (table), force, work_dir (for yosys runs)."""
-    from accel.hw.boards import part as lookup_part
-    from accel.isa import AccelConfig
     t0 = time.perf_counter()
     rec = {"point": task["point"], "params": task["params"], "status": "ok", "error": ""}
     stage = ""
@@ -207,6 +209,5 @@ def _evaluate(task: dict, blobs) -> dict:
 
 
 def _is_kit_error(e: BaseException) -> bool:
-    from accel.isa.errors import AccelError
     return isinstance(e, AccelError)
 

@@ -36,6 +36,7 @@ from accel.isa.config import resolve_config
 from accel.isa.errors import AccelError
 
 from .errors import SweepError
+from .point import ENERGY_PJ
 
 CONFIG_KEYS = tuple(f.name for f in fields(AccelConfig))
 BUFFER_KEYS = ("inp_buff_bytes", "wgt_buff_bytes", "acc_buff_bytes", "out_buff_bytes", "uop_buff_bytes")
@@ -145,7 +146,6 @@ def parse_space(data: dict, source: str = "space") -> Space:
     for c in cons:
         _check_expr(c, f"{source}: constraint {c!r}")
     energy = data.get("energy", {})
-    from .point import ENERGY_PJ
     if not isinstance(energy, dict):
         raise SweepError(f"{source}: [energy] must be a table of per-access energies in pJ")
     for k, v in energy.items():
@@ -343,7 +343,7 @@ def model_inputs(model_bytes: bytes, name: str = "model") -> dict[str, list]:
 
 
 def _load_onnx(model_bytes: bytes, name: str):
-    import onnx
+    import onnx  # noqa: PLC0415 - onnx loads only when a model is read
     try:
         return onnx.load_from_string(model_bytes)
     except Exception as e:  # onnx raises several unrelated types for bad files
@@ -353,8 +353,8 @@ def _load_onnx(model_bytes: bytes, name: str):
 def model_layers(model_bytes: bytes, name: str = "model", shapes: dict | None = None) -> list[Layer]:
     """The conv and dense layers of an ONNX model, with shapes from onnx shape inference (inputs
     given in `shapes` take those)."""
-    import onnx
-    from onnx import shape_inference
+    import onnx  # noqa: PLC0415 - onnx loads only when a model is read
+    from onnx import shape_inference  # noqa: PLC0415 - onnx loads only when a model is read
     m = _load_onnx(model_bytes, name)
     for vi in m.graph.input:
         if shapes and vi.name in shapes:

@@ -15,6 +15,8 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
+
 from accel.isa.files import write_atomic
 
 from .errors import SweepError
@@ -102,7 +104,6 @@ class ResultStore:
 
 
 def _json_default(v):
-    import numpy as np
     if isinstance(v, np.generic):
         return v.item()
     raise TypeError(f"cannot write {type(v).__name__} to JSON")

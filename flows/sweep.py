@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+import sys
+from importlib.metadata import version
 
 from accel.isa.files import write_atomic
 
@@ -30,6 +32,10 @@ from .point import energy_table, evaluate_point
 from .space import (Layer, Space, model_inputs, model_layers, parse_shape, resolve_point, resolve_values,
                     violated)
 from .store import ResultStore
+from accel.hw.boards import BOARDS, PARTS, BoardError
+from accel.hw.boards import board as lookup_board
+from accel.hw.boards import part as lookup_part
+from .space import load_space
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +48,6 @@ _SOURCE_PACKAGES = ("accel", "sim", "compiler", "host_runtime", "flows")
 def kit_version() -> str:
     """The kit's version plus a digest of its Python and JSON sources (results depend on both)."""
     try:
-        from importlib.metadata import version
         ver = version("accel-kit")
     except Exception:  # not installed: running from a checkout
         ver = "0+checkout"
@@ -94,9 +99,6 @@ def load_models(paths: list[str | Path], shapes: dict | None = None) -> list[Mod
 
 def resolve_target(board: str) -> tuple[str, float | None, str]:
     """(part name, fabric clock limit or None, label) for a board name, or a part name."""
-    from accel.hw.boards import BOARDS, PARTS, BoardError
-    from accel.hw.boards import board as lookup_board
-    from accel.hw.boards import part as lookup_part
     try:
         b = lookup_board(board)
         return b.part.name, b.max_fabric_mhz, b.name
@@ -203,7 +205,7 @@ class _Runner:
         if scheduler is None and workers == 0:
             return
         try:
-            from distributed import Client, LocalCluster
+            from distributed import Client, LocalCluster  # noqa: PLC0415 - Dask loads only for sweeps
         except ImportError:
             raise SweepError("the sweep needs dask and distributed: pip install dask distributed") from None
         try:
@@ -344,7 +346,7 @@ class _Submitter:
                 p, task = self.futures.pop(k)
                 yield p, evaluate_point(task, *[m.blob for m in self.plan.models])
             return
-        from distributed import as_completed
+        from distributed import as_completed  # noqa: PLC0415 - Dask loads only for sweeps
         ac = as_completed(list(self.futures))
         self._ac = ac
         for fut in ac:
@@ -411,7 +413,7 @@ def _run_points(plan, store, runner, combos, retry_failed, on_start, on_record) 
 # ---- optuna ---------------------------------------------------------------------------------------
 def _need_optuna():
     try:
-        import optuna  # noqa: F401
+        import optuna  # noqa: PLC0415, F401 - optional dep optuna
     except ImportError:
         raise SweepError("--strategy optuna:N needs optuna: pip install 'accel-kit[sweep]' "
                          "(or pip install optuna)") from None
@@ -425,9 +427,9 @@ def _constraints(rec: dict, most_macs: int) -> list[float]:
 
 
 def _run_optuna(plan, store, runner, n_trials, seed, retry_failed, on_start, on_record) -> SweepResult:
-    import optuna
-    from optuna.distributions import CategoricalDistribution
-    from optuna.trial import TrialState
+    import optuna  # noqa: PLC0415 - optional dep optuna
+    from optuna.distributions import CategoricalDistribution  # noqa: PLC0415 - optional dep optuna
+    from optuna.trial import TrialState  # noqa: PLC0415 - optional dep optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # optuna >= 5 takes constraints from the trial; older ones from a constraints_func
     native = hasattr(optuna.trial.Trial, "set_constraint")
@@ -565,8 +567,6 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     """The CLI's handler: run, show a progress bar on a terminal, print the Pareto table."""
-    import sys
-    from .space import load_space
     verbose = logging.getLogger().level < logging.WARNING
     # Dask reads its logging levels when distributed is first imported (here, and in each worker)
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "info" if verbose else "warning")
@@ -583,7 +583,7 @@ def main(args) -> int:
     def on_start(n):
         if tty and n:
             try:
-                from tqdm import tqdm
+                from tqdm import tqdm  # noqa: PLC0415 - optional: the caller handles ImportError
                 bar["bar"] = tqdm(total=n, unit="point", file=sys.stderr, dynamic_ncols=True)
             except ImportError:
                 pass
