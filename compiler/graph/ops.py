@@ -67,7 +67,7 @@ class Attr:
 def one_of(default, *choices) -> Attr:
     """An attribute that takes one of a few values."""
     return Attr(default, "one of " + ", ".join(repr(c) for c in choices),
-                lambda v: any(type(v) is type(c) and v == c or isinstance(v, Integral) and v == c for c in choices))
+                lambda v: any(isinstance(v, str) == isinstance(c, str) and bool(v == c) for c in choices))
 
 
 def ints(default, n: int, lo: int) -> Attr:

@@ -165,3 +165,11 @@ def test_blocked_ops_have_reference_semantics():
     assert n.shape == yb.shape
     f = ops.compile_op("conv2d_NCHWc", [xb.shape, wb.shape], a)
     np.testing.assert_allclose(f(xb, wb), yb, rtol=1e-4, atol=1e-4)
+
+
+def test_schema_takes_numpy_scalars_and_lists_as_importers_give_them():
+    a = schema.normalize_attrs("max_pool2d", {"kernel": [np.int64(3), 3], "ceil_mode": np.int64(1)})
+    assert a["kernel"] == (3, 3) and a["ceil_mode"] == 1 and a["pads"] == (0, 0, 0, 0)
+    assert schema.normalize_attrs("gelu", {"approximate": np.str_("tanh")}) == {"approximate": "tanh"}
+    with pytest.raises(OpError, match=r"^gelu: approximate=b'tanh' must be one of 'none', 'tanh'$"):
+        schema.normalize_attrs("gelu", {"approximate": b"tanh"})
