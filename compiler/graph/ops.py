@@ -133,7 +133,9 @@ class OpDef:
                 v = tuple(v) if isinstance(v, list) else v
                 why = spec.problem(v)
                 if why is not None:
-                    raise OpError(f"{where}: {k}={v!r} must be {why}")
+                    shown = " ".join(repr(v).split())        # one line, however the value prints
+                    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+                    raise OpError(f"{where}: {k}={shown} must be {why}")
                 out[k] = v
             elif spec.default is REQUIRED:
                 raise OpError(f"{where}: missing required attribute {k!r}")
