@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import compiler  # noqa: E402
 import compiler.accel.conv2d as conv  # noqa: E402
+import compiler.accel.plan as plan  # noqa: E402  (the estimate constants the grid varies)
 from accel.isa.config import resolve_config  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
 from e2e import mobilenetv2, resnet18  # noqa: E402
@@ -74,8 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--grid", action="store_true", help="search the estimate's constants")
     ap.add_argument("-o", "--output", default=str(Path(__file__).parent / "results" / "tiling_fit.json"))
     args = ap.parse_args(argv)
-    report = {"top": args.top, "constants": {"INSN_CYCLES": conv.INSN_CYCLES, "CHUNK_CYCLES": conv.CHUNK_CYCLES,
-                                             "OVERLAP_LOSS": conv.OVERLAP_LOSS}, "configs": {}}
+    report = {"top": args.top, "constants": {"INSN_CYCLES": plan.INSN_CYCLES, "CHUNK_CYCLES": plan.CHUNK_CYCLES,
+                                             "OVERLAP_LOSS": plan.OVERLAP_LOSS}, "configs": {}}
     state = {}
     for name in args.configs.split(","):
         cfg = resolve_config(name)
@@ -98,15 +99,15 @@ def main(argv=None) -> int:
         state[name] = (cfg, layers, cycles, best_total)
     if args.grid:
         grid = list(itertools.product((5, 10, 20, 30), (5, 10, 20), (0.0, 0.05, 0.1, 0.15, 0.2)))
-        saved = (conv.INSN_CYCLES, conv.CHUNK_CYCLES, conv.OVERLAP_LOSS)
+        saved = (plan.INSN_CYCLES, plan.CHUNK_CYCLES, plan.OVERLAP_LOSS)
         results = []
         try:
             for consts in grid:
-                conv.INSN_CYCLES, conv.CHUNK_CYCLES, conv.OVERLAP_LOSS = consts
+                plan.INSN_CYCLES, plan.CHUNK_CYCLES, plan.OVERLAP_LOSS = consts
                 ratio = [picks_total(cfg, layers, cycles) / best for cfg, layers, cycles, best in state.values()]
                 results.append((sum(ratio) / len(ratio), consts, ratio))
         finally:
-            conv.INSN_CYCLES, conv.CHUNK_CYCLES, conv.OVERLAP_LOSS = saved
+            plan.INSN_CYCLES, plan.CHUNK_CYCLES, plan.OVERLAP_LOSS = saved
         results.sort()
         report["grid"] = [{"constants": c, "picks_vs_best": r, "mean": m} for m, c, r in results]
         for m, c, r in results[:5]:

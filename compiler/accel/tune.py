@@ -15,8 +15,9 @@ from pathlib import Path
 from accel.isa import AccelConfig
 from accel.isa.files import write_atomic
 
-from .conv2d import (Conv2dSpec, ConvTiling, Requant, ResidualAdd, TilingError, _Geom, conv2d_candidates,
-                     emit_conv2d, residual_identity)
+from .emit import emit_conv2d
+from .plan import conv2d_candidates
+from .spec import Conv2dSpec, ConvTiling, Requant, ResidualAdd, TilingError, _Geom, residual_identity
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,9 @@ from accel.isa import AccelConfig
 from ...lower import lower
 from ...tir.passes import get_pass
 from ...tir.stmt import PrimFunc
-from ..conv2d import Conv2dSpec, ConvTiling, Requant, _ceil, plan_conv2d
+from ..layout import pack_activation, pack_bias, pack_weight, pad_to, unpack_activation
+from ..plan import plan_conv2d
+from ..spec import Conv2dSpec, ConvTiling, Requant, _ceil
 from .codegen import AccelCodegen
 from .env import AccelEnv, LowerError
 from .passes import pipeline
@@ -74,7 +76,6 @@ class AccelModule:
 def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec: Conv2dSpec,
                requant: Requant = Requant(), vt: int = 2, tiling: ConvTiling | None = None):
     """As compiler.accel.conv2d.run_conv2d, through the TE pipeline: (int8 NCHW, RunResult, stream)."""
-    from ..layout import pack_activation, pack_bias, pack_weight, unpack_activation
     cfg = device.cfg
     mod = build_conv2d(spec, cfg, requant, vt, bias is not None, tiling)
     nb, ob = _ceil(spec.n, cfg.batch), _ceil(spec.o, cfg.block_out)
@@ -101,6 +102,12 @@ def run_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, sp
 
 def run_dense(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, requant: Requant = Requant(),
               vt: int = 2):
-    """int8 (rows x k) @ int8 (m x k)^T through the TE pipeline, as the 1x1 conv of Conv2dSpec.dense."""
-    from .. import conv2d as template
-    return template.run_dense(device, x, w, bias, requant, vt, run_conv=run_conv2d)
+    """int8 (rows x k) @ int8 (m x k)^T through the TE pipeline, as the 1x1 conv of Conv2dSpec.dense
+    (one image whose pixel p holds row p*batch + n)."""
+    cfg = device.cfg
+    rows, k = x.shape
+    m = w.shape[0]
+    spec = Conv2dSpec.dense(rows, k, m, cfg)
+    nchw = pad_to(x, 0, cfg.batch).reshape(spec.w, cfg.batch, k).transpose(1, 2, 0)[:, :, None, :]
+    y, result, stream = run_conv2d(device, nchw, w.reshape(m, k, 1, 1), bias, spec, requant, vt)
+    return y[:, :, 0, :].transpose(2, 0, 1).reshape(-1, m)[:rows], result, stream

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ... import te
 from ...te.schedule import Schedule
 from ...te.tensor import Tensor
-from ..conv2d import Conv2dSpec, ConvTiling, Requant, TilingError, _ceil
+from ..spec import Conv2dSpec, ConvTiling, Requant, TilingError, _ceil
 from .env import ACC_SCOPE, INP_SCOPE, WGT_SCOPE, AccelEnv
 
 DMA_COPY = "dma_copy"

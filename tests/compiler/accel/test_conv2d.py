@@ -57,7 +57,7 @@ def test_conv2d_candidates_keep_the_tallest_balanced_row_tiles():
 def test_conv2d_candidates_searched_once_per_shape(monkeypatch):
     """The tiling search runs once per layer shape (names aside) and estimate constants; errors
     still name the layer asked about."""
-    import compiler.accel.conv2d as conv
+    import compiler.accel.plan as conv
     cfg = PRESETS["default"]
     a, b = Conv2dSpec(1, 64, 14, 14, 96, 1, 1, name="a"), Conv2dSpec(1, 64, 14, 14, 96, 1, 1, name="b")
     conv._ranked_tilings.cache_clear()

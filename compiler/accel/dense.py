@@ -1,0 +1,220 @@
+"""A dense layer's instruction stream: weight tiles stay on chip while row blocks stream past them.
+
+The layer is a 1x1 conv over 1x1 images (spec.is_dense): input (R/b, K/bi, b, bi), weights
+(M/bo, K/bi, bo, bi), output (R/b, M/bo, b, bo) int8. Its tiling is planned on dense_view (the
+row blocks as the pixels of one image), so w_t is the row blocks of a tile. Tiles go output-channel
+group outermost, row tiles inside: when one input chunk covers K (ic_t = K/bi), a group's weights
+are loaded once, with its first row tile, and stay for every row tile of the group (two groups
+alternate between the weight slots, so the next group's weights load while this one computes);
+when one row tile covers every row, the input is loaded once and every group reads it.
+A tile's input is r_a row blocks of ic_a entries in one LOAD (rows K/bi entries apart in DRAM;
+one contiguous run when the chunk covers K), its accumulator tile is (row, channel block)
+row-major, so the store writes r_a rows of o_a entries, and the GEMM walks (row, block) with the
+input chunk as its micro-ops: every pass is one output entry's sum, so the last chunk's GEMM
+flushes (requantizes to the output buffer) and seeds the slot's next tile with its bias.
+"""
+from __future__ import annotations
+
+import logging
+
+from accel.isa import AluOp, MemType
+
+from .epilogue import _operand_kernel, emit_requant, flush_params, set_requant_operand
+from .pipeline import TokenPipeline
+from .plan import _fits
+from .spec import PARAM_ENTRIES, Conv2dSpec, ConvTiling, Requant, ResidualAdd, TilingError, _ceil, _Geom, dense_view
+
+log = logging.getLogger(__name__)
+
+
+def _gemm_kernel(stream, r_a, o_a, ic_a, inp_base, wgt_base, acc_base):
+    """acc[r, o] += sum over ic of inp[r, ic] . wgt[o, ic]: loops (row, block), micro-ops the chunk."""
+    def build(k):
+        k.loop_begin(r_a, dst_factor=o_a, src_factor=ic_a, wgt_factor=0)
+        k.loop_begin(o_a, dst_factor=1, src_factor=0, wgt_factor=ic_a)
+        for ic in range(ic_a):
+            k.push(acc_base, inp_base + ic, wgt_base + ic)
+        k.loop_end()
+        k.loop_end()
+    return stream.kernel(("dense.gemm", r_a, o_a, ic_a, inp_base, wgt_base, acc_base), build)
+
+
+def _bias_kernel(stream, acc_base, bias_base, r_a, o_a):
+    """Every (row, block) entry of a tile reading its block's entry at bias_base (bias MOV, SCALE
+    operands, FLUSH seeds)."""
+    def build(k):
+        k.loop_begin(r_a, dst_factor=o_a, src_factor=0)
+        for o in range(o_a):
+            k.push(acc_base + o, bias_base + o)
+        k.loop_end()
+    return stream.kernel(("dense.bias", acc_base, bias_base, r_a, o_a), build)
+
+
+def _walk_kernel(stream, n, dst):
+    """One micro-op walking n consecutive accumulator entries from dst (reset, ALU passes)."""
+    def build(k):
+        k.loop_begin(n, dst_factor=1)
+        k.push(dst)
+        k.loop_end()
+    return stream.kernel(("dense.tile", n, dst), build)
+
+
+def _residual_kernel(stream, r_a, o_a, acc_base, res_base, ident):
+    """A fused residual's identity GEMM over (row, block), the residual tile laid out as the
+    accumulator tile: each pass one entry, so a flushing GEMM's seeds follow the blocks."""
+    def build(k):
+        k.loop_begin(r_a, dst_factor=o_a, src_factor=o_a)
+        k.loop_begin(o_a, dst_factor=1, src_factor=1)
+        k.push(acc_base, res_base, ident)
+        k.loop_end()
+        k.loop_end()
+    return stream.kernel(("dense.residual", r_a, o_a, acc_base, res_base, ident), build)
+
+
+def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias=None,
+               requant: Requant = Requant(), residual: ResidualAdd | None = None,
+               channel_scales=None) -> dict[str, int]:
+    """Append a dense layer (spec.is_dense) to a CommandStream; arguments as emit_conv2d's, the
+    tiling planned on dense_view. Returns counts (tiles, chunks)."""
+    cfg, t = stream.cfg, tiling
+    g = _Geom.of(spec, cfg)   # nb: row blocks, cb: input blocks, ob: output blocks
+    S, n_t = t.vt, t.w_t
+    if t.h_t != 1:
+        raise TilingError(f"{spec.name}: a dense tiling streams row blocks in w_t; h_t must be 1, got {t.h_t}")
+    if channel_scales is not None and (residual is not None or requant.shift or requant.fixed_point):
+        raise TilingError(f"{spec.name}: per-channel scales take the whole requantization (no fused residual, "
+                          f"no other shift or multiplier)")
+    if residual is not None and cfg.block_in != cfg.block_out:
+        raise TilingError(f"{spec.name}: a fused residual add needs block_in == block_out")
+    if not _fits(dense_view(spec, cfg), cfg, t, residual is not None):
+        raise TilingError(f"{spec.name}: tiling {t.describe()} does not fit the buffers"
+                          + ("; plan it with residual=True" if residual is not None else ""))
+    res_off = n_t * t.ic_t
+    inp_slot = res_off + (n_t * t.o_t if residual is not None else 0)
+    wgt_slot = t.o_t * t.ic_t
+    acc_slot = n_t * t.o_t + t.o_t + PARAM_ENTRIES
+    ident_idx = cfg.wgt_depth - 1
+    last_requant = requant if residual is None else residual.requant
+    flush = flush_params(last_requant) if bias is not None and channel_scales is None else None
+    bias_all = (S * acc_slot if bias is not None and channel_scales is None and S * acc_slot + g.ob <= cfg.acc_depth
+                else None)
+    conv_to_acc = flush_params(requant) if residual is not None else None
+    fused_res = flush is not None and residual is not None and not min(residual.ka, residual.kb)
+    n_ic = _ceil(g.cb, t.ic_t)
+    resident = n_ic == 1
+    # one row tile and one chunk: every tile reads the same input, loaded once into slot 0
+    inp_resident = resident and n_t >= g.nb
+    tiles = [(o0, r0) for o0 in range(0, g.ob, t.o_t) for r0 in range(0, g.nb, n_t)]
+
+    def shape(i):
+        o0, r0 = tiles[i]
+        return min(t.o_t, g.ob - o0), min(n_t, g.nb - r0)
+    pipe = TokenPipeline(stream, S, len(tiles) * n_ic, len(tiles))
+    if bias_all is not None:
+        stream.load_2d(MemType.ACC, bias_all, bias, 0, y_size=1, x_size=g.ob)
+    seeds: dict[int, tuple] = {}
+    j, group, last_o0 = 0, -1, None
+    for ti, (o0, r0) in enumerate(tiles):
+        o_a, r_a = shape(ti)
+        n_e = o_a * r_a
+        slot = ti % S
+        acc_base = slot * acc_slot
+        bias_base = acc_base + n_t * t.o_t
+        param_base = bias_base + t.o_t
+        new_group = o0 != last_o0
+        if new_group:
+            group, last_o0 = group + 1, o0
+
+        def seed_next() -> int:
+            """The first seed entry of this tile's FLUSH: the bias the slot's next tile starts from."""
+            seeds.pop(slot, None)
+            o_next = o0
+            if ti + S < len(tiles) and shape(ti + S) == (o_a, r_a):
+                o_next = tiles[ti + S][0]
+                if bias_all is None and o_next != o0:
+                    stream.load_2d(MemType.ACC, bias_base, bias, o_next, y_size=1, x_size=o_a)
+                seeds[slot] = (o_next, o_a, r_a)
+            return bias_base if bias_all is None else bias_all + o_next
+        for ci, ic0 in enumerate(range(0, g.cb, t.ic_t)):
+            ic_a = min(t.ic_t, g.cb - ic0)
+            islot = j % S
+            inp_base = 0 if inp_resident else islot * inp_slot
+            wgt_base = (group % S if resident else islot) * wgt_slot
+            res_base = islot * inp_slot + res_off
+            last_chunk = ci == n_ic - 1
+            # ---- load stage
+            pipe.before_load(j)
+            if not (inp_resident and j):
+                stream.load_2d(MemType.INP, inp_base, inp, r0 * g.cb + ic0, y_size=r_a, x_size=ic_a, x_stride=g.cb)
+            if new_group or not resident:
+                stream.load_2d(MemType.WGT, wgt_base, wgt, o0 * g.cb + ic0, y_size=o_a, x_size=ic_a, x_stride=g.cb)
+            if residual is not None:
+                if j == 0:
+                    stream.load_2d(MemType.WGT, ident_idx, residual.ident, 0, x_size=1)
+                if last_chunk:
+                    stream.load_2d(MemType.INP, res_base, residual.buf, r0 * g.ob + o0, y_size=r_a, x_size=o_a,
+                                   x_stride=g.ob)
+            new_group = False
+            pipe.after_load()
+            # ---- compute stage: the sums start (bias or reset) before the loads are waited on
+            if ci == 0:
+                pipe.before_tile(ti)
+                if ti < S:
+                    if flush is None or residual is not None:
+                        set_requant_operand(stream, param_base, requant)
+                    if residual is not None and flush is None:
+                        set_requant_operand(stream, param_base + 1, residual.requant)
+                if bias is None:
+                    stream.push_gemm(_walk_kernel(stream, n_e, acc_base), reset=True)
+                elif seeds.get(slot) != (o0, o_a, r_a):
+                    if bias_all is None:
+                        stream.load_2d(MemType.ACC, bias_base, bias, o0, y_size=1, x_size=o_a)
+                    src = bias_base if bias_all is None else bias_all + o0
+                    stream.push_alu(_bias_kernel(stream, acc_base, src, r_a, o_a), AluOp.MOV)
+            pipe.before_compute()
+            gemm = _gemm_kernel(stream, r_a, o_a, ic_a, inp_base, wgt_base, acc_base)
+            if last_chunk and flush is not None and residual is None:
+                stream.push_epilogue(flush, seed_next(), seed_factor_in=1)
+                stream.push_gemm(gemm, flush=True)
+            elif last_chunk and conv_to_acc is not None:
+                stream.push_epilogue(conv_to_acc, to_acc=True)
+                stream.push_gemm(gemm, flush=True)
+            else:
+                stream.push_gemm(gemm)
+            if not (residual is not None and last_chunk):
+                pipe.after_chunk(j)
+            j += 1
+        # ---- epilogue on the accumulator tile (the last GEMM did it when it flushed)
+        ew = _walk_kernel(stream, n_e, acc_base)
+        if residual is None and flush is None:
+            if channel_scales is not None:   # the bias entries are free again: one SCALE operand per block
+                stream.load_2d(MemType.ACC, bias_base, channel_scales, o0, y_size=1, x_size=o_a)
+                stream.push_alu(_bias_kernel(stream, acc_base, bias_base, r_a, o_a), AluOp.SCALE)
+            emit_requant(stream, ew, requant, lambda: _operand_kernel(stream, acc_base, n_e, param_base))
+        elif residual is not None:
+            r = residual
+            if conv_to_acc is None:
+                emit_requant(stream, ew, requant, lambda: _operand_kernel(stream, acc_base, n_e, param_base))
+            if r.ka > r.kb:
+                stream.push_alu(ew, AluOp.SHR, -(r.ka - r.kb))
+            add = _residual_kernel(stream, r_a, o_a, acc_base, res_base, ident_idx)
+            if fused_res:
+                stream.push_epilogue(flush, seed_next(), seed_factor_in=1)
+                stream.push_gemm(add, flush=True)
+            else:
+                stream.push_gemm(add)
+            if min(r.ka, r.kb):
+                stream.push_alu(ew, AluOp.SHR, -min(r.ka, r.kb))
+            pipe.after_chunk(j - 1)
+            if flush is None:
+                emit_requant(stream, ew, r.requant, lambda: _operand_kernel(stream, acc_base, n_e, param_base + 1))
+            elif not fused_res:   # the last requantization and the next seeds in one FLUSH pass
+                stream.push_alu(_bias_kernel(stream, acc_base, seed_next(), r_a, o_a), AluOp.FLUSH, flush,
+                                use_imm=False)
+        pipe.after_tile()
+        # ---- store stage
+        pipe.before_store()
+        stream.store_2d(acc_base, out, r0 * g.ob + o0, y_size=r_a, x_size=o_a, x_stride=g.ob)
+        pipe.after_store(ti)
+    log.debug("%s: dense %s, %d tiles", spec.name, t.describe(), len(tiles))
+    return {"tiles": len(tiles), "chunks": len(tiles) * n_ic}

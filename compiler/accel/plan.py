@@ -1,0 +1,237 @@
+"""Tiling a conv2d or dense layer into the accelerator's buffers: what a tiling needs, what it
+costs (an analytical estimate that ranks tilings; compiler.accel.tune measures the best few), and
+the cheapest that fits. A dense layer (a 1x1 conv over 1x1 images, rows as batch blocks) is
+planned on its transposed view (rows as the pixels of one image) so that a tile streams rows past
+resident weights (compiler.accel.dense)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import logging
+
+from accel.isa import AccelConfig
+from accel.isa.config import PAD_BITS
+from sim.dram import DramModel
+
+from .spec import PARAM_ENTRIES, Conv2dSpec, ConvTiling, TilingError, _ceil, _Geom, dense_view, is_dense
+
+log = logging.getLogger(__name__)
+
+
+def _needs(spec: Conv2dSpec, t: ConvTiling, residual: bool = False) -> dict[str, int]:
+    """Buffer entries one tiling needs (all slots; a fused residual adds its tile to each input
+    slot and the identity tile to the weights)."""
+    rows_in = (t.h_t - 1) * spec.strides[0] + spec.kh
+    cols_in = (t.w_t - 1) * spec.strides[1] + spec.kw
+    return {"inp": t.vt * (t.ic_t * rows_in * cols_in + (t.o_t * t.h_t * t.w_t if residual else 0)),
+            "wgt": t.vt * t.o_t * t.ic_t * spec.kh * spec.kw + (1 if residual else 0),
+            "acc": t.vt * (t.o_t * t.h_t * t.w_t + t.o_t + PARAM_ENTRIES),
+            "uop": 2 * (t.o_t * t.ic_t * spec.kh * spec.kw + t.o_t + 1 + 2 * PARAM_ENTRIES)}
+
+
+def _fits(spec, cfg, t, residual=False) -> bool:
+    n = _needs(spec, t, residual)
+    return (n["inp"] <= cfg.inp_depth and n["wgt"] <= cfg.wgt_depth and n["acc"] <= cfg.acc_depth
+            and n["uop"] <= cfg.uop_depth)
+
+
+#: compute-stage cycles an instruction costs beyond its micro-ops (issue, pipeline fill), a load
+#: chunk's beyond its instructions (the token hand-offs between the stages), and the fraction of the
+#: non-critical stages' time that two virtual threads fail to hide; fitted by bench/tiling_fit.py
+#: --grid (every accelerator layer of ResNet-18 and MobileNetV2 in bench/e2e.py, fused residuals
+#: included, 16 best-estimated tilings each measured on tsim, default and ultra96 configs): the
+#: picks' total is 0.24% / 0.28% above the best measured, 0.20% / 0.25% with the merged transfers
+#: (10, 10, 0.1, fitted before the row bands and resident biases: 0.52% / 0.40%)
+INSN_CYCLES, CHUNK_CYCLES, OVERLAP_LOSS = 5, 5, 0.05
+
+
+def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual: bool = False) -> dict[str, float]:
+    """Analytical cost of a tiling, to rank tilings (the timing model gives real cycles).
+
+    Per tile: the load stage's time (its input rows, each a DMA row waited on to the end; weights
+    per chunk, or once per output-channel group when they stay resident), the compute stage's (GEMM
+    micro-ops, the FLUSH pass and the bias MOVs it leaves, instruction overhead) and the store stage's
+    (output rows). With two virtual threads the stages overlap, so tiles go at the slowest stage's
+    pace, plus the pipeline's fill (the first chunk's loads, weights included, before any compute)
+    and drain (the last tile's epilogue and store); with one they add up."""
+    if is_dense(spec):
+        return _estimate_dense(dense_view(spec, cfg), cfg, t, residual)
+    g = _Geom.of(spec, cfg)
+    n_o, n_h, n_w = _ceil(g.ob, t.o_t), _ceil(spec.oh, t.h_t), _ceil(spec.ow, t.w_t)
+    n_ic = _ceil(g.cb, t.ic_t)
+    tiles = g.nb * n_o * n_h * n_w
+    khw = spec.kh * spec.kw
+    rows_in = min(spec.h, (t.h_t - 1) * spec.strides[0] + spec.kh)
+    cols_in = min(spec.w, (t.w_t - 1) * spec.strides[1] + spec.kw)
+    dram, bus = DramModel(), cfg.bus_bytes
+    read_row, write_row = dram.read_latency + 1, dram.write_latency + 1   # each DMA burst waits its latency
+    burst = cfg.max_burst_beats * bus
+    entries = t.o_t * t.h_t * t.w_t
+
+    def rows(n, row_bytes, latency, back_to_back=False):
+        """A transfer of n rows: its beats and a latency per burst (rows back to back in DRAM go
+        as one row: CommandStream._one_row)."""
+        if back_to_back:
+            n, row_bytes = 1, n * row_bytes
+        return n * (row_bytes / bus + latency * _ceil(int(row_bytes), burst))
+    whole_rows = not any(spec.pads) and cols_in == spec.w            # the tile's input rows are whole rows
+    inp_chunk = t.ic_t * rows(rows_in, cols_in * cfg.inp_elem_bytes, read_row, whole_rows)
+    wgt_chunk = t.o_t * rows(1, t.ic_t * khw * cfg.wgt_elem_bytes, read_row)
+    res_tile = t.o_t * rows(t.h_t, t.w_t * cfg.inp_elem_bytes, read_row, t.w_t == spec.ow) if residual else 0
+    if n_ic == 1:   # resident weights: a group's are loaded with its first tile (one row: all its channels)
+        wgt_group = rows(t.o_t, g.cb * khw * cfg.wgt_elem_bytes, read_row, True)
+        inp_tile = inp_chunk / tiles if input_resident(spec, cfg, t) else inp_chunk
+        load_tile = inp_tile + CHUNK_CYCLES + res_tile + wgt_group * g.nb * n_o / tiles
+        first_load = inp_chunk + wgt_group
+    else:
+        load_tile = n_ic * (inp_chunk + wgt_chunk + CHUNK_CYCLES) + res_tile
+        first_load = inp_chunk + wgt_chunk
+    gemm_tile = entries * (g.cb * khw + (1 if residual else 0)) + n_ic * (INSN_CYCLES + CHUNK_CYCLES)
+    # one pass (the FLUSH, or with a residual the conv's REQUANT) unless the last GEMM does it
+    # (linear_pixels), and a bias MOV on the tiles FLUSH did not seed: each slot's first, and those
+    # next to a shape change
+    full = g.nb * (g.ob // t.o_t) * (spec.oh // t.h_t) * (spec.ow // t.w_t)
+    passes = (0 if linear_pixels(spec, t.h_t, t.w_t) else 1) + min(tiles, t.vt + 2 * (tiles - full)) / tiles
+    epilogue = passes * entries + t.o_t * cfg.acc_elem_bytes / bus + read_row + 3 * INSN_CYCLES
+    store_tile = t.o_t * rows(t.h_t, t.w_t * cfg.out_elem_bytes, write_row, t.w_t == spec.ow)
+    compute_tile = gemm_tile + epilogue
+    if t.vt > 1:   # the stages overlap, but not perfectly: the others cost a fraction beyond the slowest
+        stages = (load_tile, compute_tile, store_tile)
+        pace = max(stages) + OVERLAP_LOSS * (sum(stages) - max(stages))
+        total = first_load + tiles * pace + epilogue + store_tile
+    else:
+        total = tiles * (load_tile + compute_tile + store_tile)
+    inp_bytes = tiles * g.cb * rows_in * cols_in * cfg.inp_elem_bytes
+    wgt_loads = g.nb * n_o if n_ic == 1 else tiles * n_ic
+    wgt_bytes = wgt_loads * t.o_t * t.ic_t * khw * cfg.wgt_elem_bytes
+    out_bytes = g.nb * g.ob * spec.oh * spec.ow * cfg.out_elem_bytes
+    uops = g.nb * g.ob * g.cb * khw * spec.oh * spec.ow
+    return {"gemm_uops": uops, "dram_bytes": inp_bytes + wgt_bytes + out_bytes, "cycles": total}
+
+
+def _estimate_dense(view: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual: bool = False
+                    ) -> dict[str, float]:
+    """estimate_cycles of a dense layer (given as its dense_view; t.w_t row blocks a tile) as
+    compiler.accel.dense emits it: a tile's input is r rows of its chunk (one run when the chunk is
+    all of K), a group's weights load once when one chunk covers K (else each chunk's, every tile),
+    the last GEMM flushes and seeds, and the store writes r rows of the group's output blocks."""
+    g = _Geom.of(view, cfg)
+    rows_b = view.w
+    n_o, n_r, n_ic = _ceil(g.ob, t.o_t), _ceil(rows_b, t.w_t), _ceil(g.cb, t.ic_t)
+    tiles = n_o * n_r
+    dram, bus = DramModel(), cfg.bus_bytes
+    read_row, write_row = dram.read_latency + 1, dram.write_latency + 1
+    burst = cfg.max_burst_beats * bus
+
+    def rows(n, row_bytes, latency, back_to_back=False):
+        if back_to_back:
+            n, row_bytes = 1, n * row_bytes
+        return n * (row_bytes / bus + latency * _ceil(int(row_bytes), burst))
+    whole_k = t.ic_t >= g.cb
+    inp_chunk = rows(t.w_t, t.ic_t * cfg.inp_elem_bytes, read_row, whole_k)
+    wgt_chunk = rows(t.o_t, t.ic_t * cfg.wgt_elem_bytes, read_row, whole_k)
+    whole_o = t.o_t >= g.ob
+    res_tile = rows(t.w_t, t.o_t * cfg.inp_elem_bytes, read_row, whole_o) if residual else 0
+    if n_ic == 1:   # resident weights (and the input too when one row tile covers every row)
+        inp_tile = inp_chunk / tiles if n_r == 1 else inp_chunk
+        load_tile = inp_tile + CHUNK_CYCLES + res_tile + wgt_chunk / n_r
+        first_load = inp_chunk + wgt_chunk
+    else:
+        load_tile = n_ic * (inp_chunk + wgt_chunk + CHUNK_CYCLES) + res_tile
+        first_load = inp_chunk + wgt_chunk
+    entries = t.o_t * t.w_t
+    gemm_tile = entries * (g.cb + (1 if residual else 0)) + n_ic * (INSN_CYCLES + CHUNK_CYCLES)
+    epilogue = min(tiles, t.vt) / tiles * entries + 3 * INSN_CYCLES
+    store_tile = rows(t.w_t, t.o_t * cfg.out_elem_bytes, write_row, whole_o)
+    compute_tile = gemm_tile + epilogue
+    if t.vt > 1:
+        stages = (load_tile, compute_tile, store_tile)
+        total = first_load + tiles * (max(stages) + OVERLAP_LOSS * (sum(stages) - max(stages))) + epilogue + store_tile
+    else:
+        total = tiles * (load_tile + compute_tile + store_tile)
+    inp_bytes = (1 if n_ic == 1 and n_r == 1 else n_o) * rows_b * g.cb * cfg.inp_elem_bytes
+    wgt_bytes = (n_o if n_ic == 1 else tiles * n_ic) * t.o_t * t.ic_t * cfg.wgt_elem_bytes
+    out_bytes = rows_b * g.ob * cfg.out_elem_bytes
+    return {"gemm_uops": rows_b * g.ob * g.cb, "dram_bytes": inp_bytes + wgt_bytes + out_bytes, "cycles": total}
+
+
+def conv2d_candidates(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool = False
+                      ) -> list[tuple[float, ConvTiling]]:
+    """Every tiling that fits the buffers (for each o_t, ic_t, w_t every balanced h_t up to the
+    tallest that fits: fewer rows can pace the stages better, e.g. a store-bound 1x1 layer), with its
+    estimate_cycles cost, cheapest first; TilingError naming the short buffer if none fits."""
+    if vt not in (1, 2):
+        raise TilingError(f"{spec.name}: virtual threads must be 1 or 2, got {vt}")
+    dense = is_dense(spec)
+    if dense:   # tiles stream row blocks: planned as the pixels of one image
+        spec = dense_view(spec, cfg)
+    if max(spec.pads) >= 1 << PAD_BITS:
+        raise TilingError(f"{spec.name}: padding {spec.pads} exceeds the LOAD padding field's maximum "
+                          f"{(1 << PAD_BITS) - 1}")
+    # the estimate's constants are part of the key: bench/tiling_fit.py --grid varies them
+    ranked = _ranked_tilings(dataclasses.replace(spec, name="conv2d"), cfg, vt, residual,
+                             (INSN_CYCLES, CHUNK_CYCLES, OVERLAP_LOSS), dense)
+    if not ranked:
+        need = _needs(spec, ConvTiling(1, 1, 1, 1, vt), residual)
+        have = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth, "uop": cfg.uop_depth}
+        short = [f"{k} buffer needs {need[k]} entries for the smallest tile, has {have[k]} (short by "
+                 f"{need[k] - have[k]})" for k in need if need[k] > have[k]]
+        raise TilingError(f"{spec.name}: cannot be tiled into the config with vt={vt}: " + "; ".join(short))
+    return list(ranked)
+
+
+@functools.lru_cache(maxsize=256)
+def _ranked_tilings(spec: Conv2dSpec, cfg: AccelConfig, vt: int, residual: bool, _constants: tuple,
+                    dense: bool = False) -> tuple[tuple[float, ConvTiling], ...]:
+    """conv2d_candidates' search, once per layer shape: networks repeat shapes (MobileNetV2's 34
+    accelerator layers have 19), and the search is most of the accelerator compile's time. dense:
+    spec is a dense layer's dense_view, costed by _estimate_dense."""
+    estimate = _estimate_dense if dense else estimate_cycles
+    g = _Geom.of(spec, cfg)
+
+    def cands(n: int) -> list[int]:
+        s = {n, 1}
+        s.update(_ceil(n, k) for k in range(1, min(n, 64) + 1))
+        return sorted(s)
+    found: dict[ConvTiling, float] = {}
+    heights = cands(spec.oh)
+    for o_t, ic_t, w_t in itertools.product(cands(g.ob), cands(g.cb), cands(spec.ow)):
+        # the largest h_t that fits, found by bisection (needs grow with h_t)
+        lo, hi = 0, spec.oh
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _fits(spec, cfg, ConvTiling(o_t, mid, w_t, ic_t, vt), residual):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0:
+            continue
+        # balanced row tiles, up to the tallest that fits (itself, though cands() may not list it)
+        for h_t in {h for h in heights if h <= lo} | {_ceil(spec.oh, _ceil(spec.oh, lo))}:
+            t = ConvTiling(o_t, h_t, w_t, ic_t, vt)
+            found[t] = estimate(spec, cfg, t, residual)["cycles"]
+    return tuple(sorted(((c, t) for t, c in found.items()), key=lambda ct: (ct[0], ct[1].describe())))
+
+
+def plan_conv2d(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool = False) -> ConvTiling:
+    """The cheapest tiling by estimate_cycles that fits every buffer (with room for a fused
+    residual add when asked); TilingError if none does. compiler.accel.tune measures instead."""
+    best = conv2d_candidates(spec, cfg, vt, residual)[0][1]
+    log.debug("%s: tiling %s", spec.name, best.describe())
+    return best
+
+
+def input_resident(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling) -> bool:
+    """Whether every tile of this tiling reads the same input (one batch block, one tile of rows and
+    columns, one input-channel chunk): then it is loaded once and the output-channel groups reuse it."""
+    return (_ceil(spec.n, cfg.batch) == 1 and t.h_t >= spec.oh and t.w_t >= spec.ow
+            and t.ic_t >= _ceil(spec.c, cfg.block_in))
+
+
+def linear_pixels(spec: Conv2dSpec, h_a: int, w_a: int) -> bool:
+    """Whether an h_a x w_a output tile's pixels, in row-major order, start their input windows at
+    one stride (the tile's input rows are (w_a - 1) * sw + kw entries wide): one loop level can then
+    walk them (_build_gemm_by_block). True for 1x1 stride-1 convs and dense layers, and one-row tiles."""
+    sh, sw = spec.strides
+    return h_a == 1 or sh * ((w_a - 1) * sw + spec.kw) == w_a * sw

@@ -1,0 +1,112 @@
+"""Dense layers (compiler.accel.dense): rows streamed past resident weights, bit-exact on fsim for any
+candidate tiling and every epilogue form, with the weights loaded once per output-channel group."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from accel.isa import PRESETS, AccelConfig, MemType
+from compiler.accel.conv2d import (Conv2dSpec, ConvTiling, Requant, TilingError, conv2d_candidates,
+                                   conv2d_reference, dense_reference, estimate_cycles, plan_conv2d, run_conv2d,
+                                   run_dense)
+from compiler.accel.eltwise import add_reference
+from compiler.accel.spec import dense_view, is_dense
+from host_runtime import Device
+
+ODD = AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024,
+                  inp_buff_bytes=8 * 1024, wgt_buff_bytes=32 * 1024)
+SQUARE_ODD = AccelConfig(batch=2, block_in=8, block_out=8, acc_buff_bytes=16 * 1024, out_buff_bytes=4 * 1024,
+                         inp_buff_bytes=2 * 1024, wgt_buff_bytes=4 * 1024)
+
+
+def _spec(rows, k, m):
+    return Conv2dSpec(rows, k, 1, 1, m, 1, 1, name="fc")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=st.sampled_from([PRESETS["tiny"], ODD, SQUARE_ODD, PRESETS["default"]]), rows=st.integers(1, 40),
+       k=st.integers(1, 70), m=st.integers(1, 50), vt=st.sampled_from([1, 2]), pick=st.integers(0, 19),
+       form=st.sampled_from(["flush", "nobias", "fixed", "zp", "residual", "residual_shift", "scales"]),
+       seed=st.integers(0, 99))
+def test_dense_any_candidate_tiling_every_epilogue_bit_exact(cfg, rows, k, m, vt, pick, form, seed):
+    """Any of the 20 best-estimated tilings (several row tiles, channel groups, input chunks, edge
+    tiles), each epilogue (flushing GEMM, no bias, fixed point, zero point, fused residual with and
+    without a shift after the add, per-channel scales) matches the int8 reference."""
+    residual = form.startswith("residual")
+    if residual and cfg.block_in != cfg.block_out:
+        cfg = SQUARE_ODD
+    spec = _spec(rows, k, m)
+    cands = conv2d_candidates(spec, cfg, vt, residual)
+    t = cands[pick % len(cands)][1]
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (rows, k, 1, 1), dtype=np.int8)
+    w = rng.integers(-128, 128, (m, k, 1, 1), dtype=np.int8)
+    b = None if form == "nobias" else rng.integers(-3000, 3000, m).astype(np.int32)
+    rq = {"fixed": Requant(12, -127, 127, True, 2731), "zp": Requant(8, -128, 127, zero_point=-5),
+          "scales": Requant(0, 0, 127)}.get(form, Requant(8, 0 if seed % 2 else -127, 127, round=seed % 3 == 0))
+    muls = None
+    if form == "scales":
+        muls = (rng.integers(1 << 10, 1 << 16, m), 24)
+    want = conv2d_reference(x, w, b, spec, rq, muls)
+    fused = None
+    if residual:
+        r = rng.integers(-127, 128, (rows, m, 1, 1), dtype=np.int8)
+        ka, kb = ((0, 1), (1, 0), (0, 0))[seed % 3] if form == "residual" else (1, 2)
+        fused = (r, ka, kb, Requant(2, -127, 127, True))
+        want = add_reference(want, r, ka, kb, fused[3])
+    y, _, _ = run_conv2d(Device(cfg, dram_bytes=8 << 20), x, w, b, spec, rq, vt, t, residual=fused,
+                         channel_muls=muls)
+    assert np.array_equal(y, want), (t.describe(), form)
+
+
+@pytest.mark.parametrize("vt", [1, 2])
+def test_dense_loads_each_weight_once_and_streams_rows(vt):
+    """Weights that fit stay on chip: every weight entry is loaded once (not once per row block as
+    when each row block was a tile of its own), the input once per channel group, and the last
+    chunk's GEMM flushes, so the compute stage runs only the GEMM's micro-ops and each slot's first
+    bias MOV."""
+    cfg = PRESETS["default"]
+    rows, k, m = 64, 128, 96
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, (rows, k), dtype=np.int8)
+    w = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    b = rng.integers(-999, 999, m).astype(np.int32)
+    rq = Requant(9, 0, 127, True)
+    y, res, stream = run_dense(Device(cfg), x, w, b, rq, vt)
+    assert np.array_equal(y, dense_reference(x, w, b, rq))
+    spec = _spec(rows, k, m)
+    t = plan_conv2d(spec, cfg, vt)
+    groups = -(-m // cfg.block_out) // t.o_t
+    reads = 1 if t.w_t >= rows else groups   # one row tile: the input is loaded once for every group
+    loads = [i for i in stream.last_insns if getattr(i, "mem_type", None) == MemType.WGT]
+    assert sum(i.y_size * i.x_size for i in loads) == (m // cfg.block_out) * (k // cfg.block_in)
+    inp = [i for i in stream.last_insns if getattr(i, "mem_type", None) == MemType.INP]
+    assert sum(i.y_size * i.x_size for i in inp) == reads * rows * (k // cfg.block_in)
+    gemm = rows * (k // cfg.block_in) * (m // cfg.block_out)
+    assert res.stats["gemm_uops"] == gemm and res.stats["alu_uops"] <= vt * t.w_t * t.o_t
+    assert any(getattr(i, "flush", False) for i in stream.last_insns)
+
+
+def test_dense_spec_is_planned_as_rows_of_one_image():
+    """A dense layer is planned on its transposed view (w_t row blocks per tile) and its estimate is
+    the view's; a 1x1 conv on a bigger image is not dense."""
+    cfg = PRESETS["default"]
+    spec = _spec(256, 512, 512)
+    assert is_dense(spec) and not is_dense(Conv2dSpec(1, 16, 2, 2, 16, 1, 1))
+    view = dense_view(spec, cfg)
+    assert (view.n, view.h, view.w) == (cfg.batch, 1, 256)
+    t = plan_conv2d(spec, cfg)
+    assert t.h_t == 1 and t.w_t > 1
+    assert estimate_cycles(spec, cfg, t) == estimate_cycles(view, cfg, t)
+    with pytest.raises(TilingError, match="^fc: a dense tiling streams row blocks in w_t; h_t must be 1"):
+        run_conv2d(Device(cfg), np.zeros((4, 16, 1, 1), np.int8), np.zeros((16, 16, 1, 1), np.int8), None,
+                   _spec(4, 16, 16), Requant(), 2, ConvTiling(1, 2, 1, 1, 2))
+
+
+def test_dense_estimate_tracks_the_weight_reuse():
+    """Streaming more rows past the same weights costs less per row: the estimate of the whole
+    layer grows slower than its rows (weights loaded once per group, not per row block)."""
+    cfg = PRESETS["default"]
+    small, big = _spec(16, 256, 256), _spec(256, 256, 256)
+    c_small = estimate_cycles(small, cfg, plan_conv2d(small, cfg))["cycles"]
+    c_big = estimate_cycles(big, cfg, plan_conv2d(big, cfg))["cycles"]
+    assert c_big < 16 * c_small * 0.5
