@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from accel.isa import INSN_BYTES, AccelConfig, encode_program
+from accel.isa.asm import disassemble_bytes
 from accel.isa.errors import AccelError
 from host_runtime.executor import Step
 
@@ -33,7 +35,7 @@ from ..accel.tune import read_tuning_log, tune_conv2d
 from ..errors import CompilerError
 from ..graph.ir import Graph, Node
 from ..graph.ops import INT8_MAX, int8_min, is_fixed_point, requant_shift
-from .base import BuildError, Decline, PlacementContext, Target, register_target, single_body
+from .base import BuildError, Decline, PlacementContext, Target, register_target, single_body, write_source
 
 if TYPE_CHECKING:
     from ..graph_build import Builder
@@ -53,8 +55,12 @@ class AccelRules:
     #: GEMM layers that would leave more than this fraction of the core's MACs idle go to the CPU.
     max_gemm_waste: float = 0.5
     #: GEMM layers whose DRAM traffic would keep the core busier than this (the roofline bound:
-    #: MACs per byte x bus bytes per cycle / peak MACs per cycle) stay on the accelerator.
-    min_roofline_efficiency: float = 0.25
+    #: MACs per byte x bus bytes per cycle / peak MACs per cycle) stay on the accelerator. 1/16 is
+    #: two MACs per byte on the default 8-byte bus: a batch-1 classifier (one MAC per weight byte)
+    #: stays on the CPU, while dense layers with a few rows (an MLP's batch, a transformer's
+    #: tokens) run on the dense emitter, which streams their rows past resident weights close to
+    #: the DRAM floor (compiler.accel.dense).
+    min_roofline_efficiency: float = 1 / 16
     #: int8 ops with an accelerator lowering: GEMM layers and ALU elementwise ops.
     gemm_ops: tuple[str, ...] = ("qconv2d", "qdense")
     alu_ops: tuple[str, ...] = ("relu", "clip", "qadd")
@@ -405,6 +411,30 @@ class AccelTarget(Target):
             raise TilingError(f"{n.name}: packed blocks ({bn}, {bi}, {bo}) differ from the config's "
                               f"({cfg.batch}, {cfg.block_in}, {cfg.block_out})")
         return spec
+
+    # ---- output ----------------------------------------------------------------------------------
+    def emit(self, module, out_dir: Path) -> list[Path]:
+        """Per accelerator step its program as assembly (accel<k>_<layer>.asm), decoded from the
+        module's DRAM image (the text `accel asm` reads back)."""
+        written = []
+        for k, s in enumerate(module.steps):
+            if s.kind != "accel":
+                continue
+            code = program_bytes(module.segments, s.insn_addr, s.insn_count * INSN_BYTES)
+            if code is None:
+                raise BuildError(f"--emit: step {s.name!r}: its program at {s.insn_addr:#x} is not in the module image")
+            hint = "".join(c if c.isascii() and c.isalnum() else "_" for c in s.name)[:40]
+            text = f"; {s.name}: {s.op}, {s.insn_count} instructions\n" + disassemble_bytes(code, module.config)
+            written.append(write_source(out_dir, f"accel{k}_{hint}.asm", text))
+        return written
+
+
+def program_bytes(segments: list, addr: int, nbytes: int) -> bytes | None:
+    """The nbytes at DRAM address addr from the module image's segments (None if no segment holds them)."""
+    for start, data in segments:
+        if start <= addr and addr + nbytes <= start + len(data):
+            return bytes(data[addr - start:addr - start + nbytes])
+    return None
 
 
 register_target(AccelTarget())

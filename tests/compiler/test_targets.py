@@ -134,3 +134,18 @@ def test_partition_compares_cost_estimates_between_takers(toy):
     assert {d.target for d in ds} == {"cheap_toy"}
     ctx = PlacementContext()
     assert NumpyTarget().supports(g.ops[0], ctx).kind == "unsupported"
+
+
+def test_accel_emit_writes_each_program_as_assembly_that_reads_back(tmp_path):
+    from accel.isa import INSN_BYTES, assemble_text, decode_program
+    from compiler.frontend import zoo
+    from compiler.targets.accel import program_bytes
+    mod = build_model(zoo.mlp(), target="accel", config="tiny")
+    acc = [s for s in mod.steps if s.kind == "accel"]
+    assert acc
+    files = emit_sources(mod, tmp_path)
+    asm = sorted(f for f in files if f.suffix == ".asm")
+    assert len(asm) == len(acc)
+    for f, s in zip(sorted(asm, key=lambda p: int(p.name[5:].split("_")[0])), acc):
+        code = program_bytes(mod.segments, s.insn_addr, s.insn_count * INSN_BYTES)
+        assert assemble_text(f.read_text(), mod.config) == decode_program(code, mod.config)
