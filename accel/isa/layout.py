@@ -14,6 +14,8 @@ padded output channels are cut off by unpack.
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from .config import AccelConfig
@@ -42,7 +44,7 @@ def wgt_block(cfg: AccelConfig) -> tuple[int, int]:
 
 def _block_pair(block, what: str) -> tuple[int, int]:
     try:
-        b0, b1 = (int(b) for b in block)
+        b0, b1 = (operator.index(b) for b in block)
     except (TypeError, ValueError):
         raise LayoutError(f"{what}: block {block!r} must be two positive integers") from None
     if b0 < 1 or b1 < 1:
@@ -75,7 +77,8 @@ def pack_blocked(x: np.ndarray, block, out_blocks: tuple[int, int] | None = None
 
 
 def unpack_blocked(x: np.ndarray, shape=None) -> np.ndarray:
-    """N' C' ... b0 b1 -> N C ... (contiguous), cropped to shape[:2] (None keeps the padding)."""
+    """N' C' ... b0 b1 -> N C ... (contiguous), cropped to shape[:2] (None keeps the padding; a crop
+    beyond the packed extent keeps all of it, as the runtime's step check assumes)."""
     x = np.asarray(x)
     if x.ndim < 4:
         raise LayoutError(f"unpack: needs at least 4 dims (N' C' ... b0 b1), got shape {x.shape}")
@@ -85,10 +88,13 @@ def unpack_blocked(x: np.ndarray, shape=None) -> np.ndarray:
     y = x.transpose(0, 2 + r, 1, 3 + r, *range(2, 2 + r)).reshape(n2 * b0, c2 * b1, *rest)
     if shape is None:
         return np.ascontiguousarray(y)
-    n, c = int(shape[0]), int(shape[1])
-    if not (0 <= n <= n2 * b0 and 0 <= c <= c2 * b1):
-        raise LayoutError(f"unpack: shape {tuple(shape)} exceeds the packed extent {(n2 * b0, c2 * b1)}")
-    return np.ascontiguousarray(y[:n, :c])
+    try:
+        n, c = operator.index(shape[0]), operator.index(shape[1])
+    except (TypeError, ValueError, IndexError):
+        raise LayoutError(f"unpack: shape {shape!r} must start with two integers (N, C)") from None
+    if n < 0 or c < 0:
+        raise LayoutError(f"unpack: shape {tuple(shape)} has a negative extent")
+    return np.ascontiguousarray(y[:n, :c])   # (a crop beyond the packed extent keeps all of it)
 
 
 def pack_activation(x: np.ndarray, cfg: AccelConfig, channels: str = "in") -> np.ndarray:

@@ -29,6 +29,7 @@ def test_pack_blocked_to_more_blocks_and_the_named_layouts():
     x = np.arange(2 * 5 * 3 * 3).reshape(2, 5, 3, 3)
     p = layout.pack_blocked(x, (1, 4), out_blocks=(3, 4))
     assert p.shape == (3, 4, 3, 3, 1, 4) and not p[2].any() and not p[:, 2:].any()
+    assert layout.unpack_blocked(p, (99, 99)).shape == (3, 16, 3, 3)   # a crop beyond the extent keeps it all
     assert np.array_equal(layout.pack_activation(x, ODD), layout.pack_blocked(x, (2, 8)))
     assert np.array_equal(layout.pack_activation(x, ODD, "out"), layout.pack_blocked(x, (2, 16)))
     assert np.array_equal(layout.pack_weight(x, ODD), layout.pack_blocked(x, (16, 8)))
@@ -42,7 +43,9 @@ def test_pack_blocked_to_more_blocks_and_the_named_layouts():
     (lambda: layout.pack_blocked(np.zeros((2, 2)), (0, 4)), r"pack: block \(0, 4\) must be two positive"),
     (lambda: layout.pack_blocked(np.zeros((2, 9)), (1, 4), out_blocks=(2, 2)), r"out_blocks \(2, 2\) cannot hold"),
     (lambda: layout.unpack_blocked(np.zeros((1, 1, 1)), None), r"unpack: needs at least 4 dims"),
-    (lambda: layout.unpack_blocked(np.zeros((1, 1, 2, 4)), (3, 4)), r"shape \(3, 4\) exceeds the packed extent"),
+    (lambda: layout.unpack_blocked(np.zeros((1, 1, 2, 4)), (-1, 4)), r"shape \(-1, 4\) has a negative extent"),
+    (lambda: layout.unpack_blocked(np.zeros((1, 1, 2, 4)), (2.0, 4)), r"must start with two integers"),
+    (lambda: layout.pack_blocked(np.zeros((2, 2)), (1.5, 4)), r"pack: block \(1.5, 4\) must be two positive"),
     (lambda: layout.pack_activation(np.zeros((1, 2, 3)), TINY), r"pack_activation: expects NCHW"),
     (lambda: layout.pack_activation(np.zeros((1, 2, 3, 3)), TINY, "mid"), r"channels='mid'"),
     (lambda: layout.pack_weight(np.zeros((1, 2, 3)), TINY), r"pack_weight: expects OIHW"),
