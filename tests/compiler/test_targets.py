@@ -4,12 +4,17 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from accel.isa import INSN_BYTES, assemble_text, decode_program
+from compiler.emit import emit_sources
+from compiler.frontend import from_onnx, zoo
 from compiler.frontend.zoo import ModelBuilder
+from compiler.graph.passes import infer_types, optimize
 from compiler.graph.passes.partition import decide, explain_table
+from compiler.graph.errors import GraphPassError
 from compiler.graph_build import BuildError, build_model
 from compiler.targets import (Decline, PlacementContext, Target, get_target, register_target, target_names,
                               unregister_target)
-from compiler.emit import emit_sources
+from compiler.targets.accel import program_bytes
 
 
 class NumpyTarget(Target):
@@ -104,13 +109,11 @@ def test_toy_target_builds_runs_and_is_explained(toy, tmp_path):
 
 
 def test_partition_asks_the_targets_and_force_respects_hard_declines(toy):
-    from compiler.frontend import from_onnx
-    from compiler.graph.passes import optimize
     g = optimize(from_onnx(_model()), targets=("numpy_toy", "cpu"), fuse=False)
     assert {n.name: n.target for n in g.ops}["act"] == "numpy_toy"
     ds = {d.name: d for d in decide(g, None, force={"Relu": "cpu"}, targets=[toy, get_target("cpu")])}
     assert ds["act"].target == "cpu" and ds["act"].kind == "forced" and "forced to the CPU" in ds["act"].reason
-    with pytest.raises(Exception, match="cannot force Sigmoid 'out' onto the NumPy toy"):
+    with pytest.raises(GraphPassError, match="cannot force Sigmoid 'out' onto the NumPy toy"):
         decide(g, None, force={"Sigmoid": "numpy_toy"}, targets=[toy, get_target("cpu")])
 
 
@@ -126,10 +129,7 @@ def test_partition_compares_cost_estimates_between_takers(toy):
     class Costly(NumpyTarget):
         def estimate_cost(self, node, ctx):
             return 1.0
-    from compiler.frontend import from_onnx
-    g = from_onnx(_model())
-    from compiler.graph.passes import infer_types
-    g = infer_types(g)
+    g = infer_types(from_onnx(_model()))
     ds = decide(g, None, targets=[Costly(), _Cheap(), get_target("cpu")])
     assert {d.target for d in ds} == {"cheap_toy"}
     ctx = PlacementContext()
@@ -137,9 +137,6 @@ def test_partition_compares_cost_estimates_between_takers(toy):
 
 
 def test_accel_emit_writes_each_program_as_assembly_that_reads_back(tmp_path):
-    from accel.isa import INSN_BYTES, assemble_text, decode_program
-    from compiler.frontend import zoo
-    from compiler.targets.accel import program_bytes
     mod = build_model(zoo.mlp(), target="accel", config="tiny")
     acc = [s for s in mod.steps if s.kind == "accel"]
     assert acc
@@ -149,3 +146,11 @@ def test_accel_emit_writes_each_program_as_assembly_that_reads_back(tmp_path):
     for f, s in zip(sorted(asm, key=lambda p: int(p.name[5:].split("_")[0])), acc):
         code = program_bytes(mod.segments, s.insn_addr, s.insn_count * INSN_BYTES)
         assert assemble_text(f.read_text(), mod.config) == decode_program(code, mod.config)
+
+
+def test_partition_without_a_fallback_names_the_node_no_target_takes(toy):
+    g = infer_types(from_onnx(_model()))
+    with pytest.raises(GraphPassError, match="no target takes MatMul 'mm1': MatMul 'mm1': numpy_toy runs only"):
+        decide(g, None, targets=[toy])
+    with pytest.raises(GraphPassError, match="force targets must be numpy_toy or cpu"):
+        decide(g, None, force={"Relu": "accel"}, targets=[toy, get_target("cpu")])
