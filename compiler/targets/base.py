@@ -7,7 +7,6 @@ it and calls `register_target`.
 """
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +17,6 @@ from ..graph.ir import Graph, Node
 
 if TYPE_CHECKING:   # the builder imports the targets; only the type is needed here
     from ..graph_build import Builder
-
-log = logging.getLogger(__name__)
 
 
 class BuildError(CompilerError):
