@@ -20,7 +20,8 @@ from .errors import OperandError
 IMM_MIN, IMM_MAX = -(1 << (ALU_IMM_BITS - 1)), (1 << (ALU_IMM_BITS - 1)) - 1
 #: accumulator widths the register operands need: REQUANT's round bit is bit 21, SCALE's shift ends at bit 29
 REQUANT_MIN_ACC_WIDTH, SCALE_MIN_ACC_WIDTH = 22, 30
-SCALE_MUL_BITS, SCALE_SHIFT_BITS = 24, 6
+SCALE_MUL_BITS, SCALE_SHIFT_BITS = 24, 6                     # SCALE lane: mul | shift << 24
+REQUANT_SHIFT_LSB, REQUANT_SHIFT_BITS, REQUANT_ROUND_BIT = 16, 5, 21   # REQUANT lane, above lo | hi << 8
 
 
 def _check(what: str, v, lo: int, hi: int) -> int:
@@ -81,9 +82,9 @@ def requant_operand(shift, lo, hi, round_half: bool, acc_width: int) -> int:
     """REQUANT's register lane value: clamp((x + r) >> shift, lo, hi), r = 2^(shift-1) when round_half."""
     if acc_width < REQUANT_MIN_ACC_WIDTH:
         raise OperandError(f"REQUANT operand needs acc_width >= {REQUANT_MIN_ACC_WIDTH}, not {acc_width}")
-    shift = _check("REQUANT shift", shift, 0, 31)
+    shift = _check("REQUANT shift", shift, 0, (1 << REQUANT_SHIFT_BITS) - 1)
     lo, hi = _check("REQUANT lo", lo, -128, 127), _check("REQUANT hi", hi, -128, 127)
-    return int(bool(round_half)) << 21 | shift << 16 | (hi & 0xFF) << 8 | (lo & 0xFF)
+    return int(bool(round_half)) << REQUANT_ROUND_BIT | shift << REQUANT_SHIFT_LSB | (hi & 0xFF) << 8 | (lo & 0xFF)
 
 
 def decode_requant(b: int, acc_width: int) -> tuple[int, int, int, int]:
@@ -91,8 +92,8 @@ def decode_requant(b: int, acc_width: int) -> tuple[int, int, int, int]:
     lo, hi = decode_clamp(b)
     if acc_width < REQUANT_MIN_ACC_WIDTH:
         return 0, 0, lo, hi
-    s = (b >> 16) & 31
-    return s, (1 << (s - 1)) if s > 0 and (b >> 21) & 1 else 0, lo, hi
+    s = (b >> REQUANT_SHIFT_LSB) & ((1 << REQUANT_SHIFT_BITS) - 1)
+    return s, (1 << (s - 1)) if s > 0 and (b >> REQUANT_ROUND_BIT) & 1 else 0, lo, hi
 
 
 def scale_operand(mul, shift, acc_width: int) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from accel.isa import Alu, AluOp
+from accel.isa.operands import (REQUANT_MIN_ACC_WIDTH, REQUANT_ROUND_BIT, REQUANT_SHIFT_BITS, REQUANT_SHIFT_LSB,
+                                SCALE_MUL_BITS, SCALE_SHIFT_BITS, decode_clamp, decode_flush, decode_requant)
 
 from ..errors import SimError
 from . import loops
@@ -232,10 +234,10 @@ def alu_apply(op: AluOp, a: np.ndarray, b: np.ndarray, acc_width: int) -> np.nda
     elif op in (AluOp.MOV, AluOp.FLUSH):   # FLUSH's accumulator side; its output side is flush_requant
         r = np.broadcast_to(b, a.shape)
     elif op in (AluOp.CLAMP, AluOp.REQUANT):
-        lo, hi = ((b & 0xFF) ^ 0x80) - 0x80, (((b >> 8) & 0xFF) ^ 0x80) - 0x80
-        if op == AluOp.REQUANT and acc_width >= 22:
-            s = (b >> 16) & 31
-            half = ((b >> 21) & 1) * (np.left_shift(1, s) >> 1)          # 2^(s-1), 0 for s = 0
+        lo, hi = ((b & 0xFF) ^ 0x80) - 0x80, (((b >> 8) & 0xFF) ^ 0x80) - 0x80     # (accel.isa.operands)
+        if op == AluOp.REQUANT and acc_width >= REQUANT_MIN_ACC_WIDTH:
+            s = (b >> REQUANT_SHIFT_LSB) & ((1 << REQUANT_SHIFT_BITS) - 1)
+            half = ((b >> REQUANT_ROUND_BIT) & 1) * (np.left_shift(1, s) >> 1)   # 2^(s-1), 0 for s = 0
             m = 1 << acc_width                                          # wrap in int64: no casts
             a = (((a + half + (m >> 1)) & (m - 1)) - (m >> 1)) >> s
         r = np.minimum(np.maximum(a, lo), hi)
@@ -275,10 +277,10 @@ def alu_apply_int32(op: AluOp, a: np.ndarray, b) -> np.ndarray | None:
         r = np.maximum(a, np.int32(nv))
         return np.minimum(r, np.int32(v), out=r)
     if op in (AluOp.CLAMP, AluOp.REQUANT):
-        lo, hi = ((v & 0xFF) ^ 0x80) - 0x80, (((v >> 8) & 0xFF) ^ 0x80) - 0x80
+        lo, hi = decode_clamp(v)
         if op == AluOp.REQUANT:
-            sh = (v >> 16) & 31
-            r = a + np.int32((1 << sh >> 1) if v >> 21 & 1 else 0)       # the rounding term, wrapping
+            sh, half, lo, hi = decode_requant(v, 32)
+            r = a + np.int32(half)                                      # the rounding term, wrapping
             r >>= np.int32(sh)
         else:
             r = a.copy()
@@ -291,10 +293,9 @@ def flush_requant(a: np.ndarray, imm: int, acc_width: int) -> np.ndarray:
     """AluOp.FLUSH's output side: clamp((a + r) >> s, lo, hi) with s = imm[4:0], r = 2^(s-1) when
     imm[5] (the sum wrapping to acc_width bits), hi = imm[14:7] signed, lo = 0 if imm[6], else -hi if
     imm[15], else -hi-1."""
-    s, hi = imm & 31, (((imm >> 7) & 0xFF) ^ 0x80) - 0x80
-    lo = 0 if imm >> 6 & 1 else -hi if imm >> 15 & 1 else -hi - 1
+    s, half, lo, hi = decode_flush(imm)
     m = 1 << acc_width
-    half = ((1 << s >> 1) if imm >> 5 & 1 else 0) & (m - 1)
+    half &= m - 1
     if a.dtype == np.int32 and acc_width == 32:   # int32 arithmetic wraps as the lane's sum does
         v = a + np.int32(half - (m if half >> 31 else 0))
         v >>= np.int32(s)
@@ -306,7 +307,7 @@ def flush_requant(a: np.ndarray, imm: int, acc_width: int) -> np.ndarray:
 
 def scale_fixed(a: np.ndarray, b_unsigned: np.ndarray, acc_width: int) -> np.ndarray:
     """AluOp.SCALE: sat((a * M + 2^(k-1)) >> k), M = b[23:0], k = b[29:24]. a * M < 2^55: int64 is exact."""
-    m, k = b_unsigned & ((1 << 24) - 1), (b_unsigned >> 24) & 63
+    m, k = b_unsigned & ((1 << SCALE_MUL_BITS) - 1), (b_unsigned >> SCALE_MUL_BITS) & ((1 << SCALE_SHIFT_BITS) - 1)
     half = np.where(k > 0, np.left_shift(1, np.maximum(k - 1, 0)), 0)
     v = (a * m + half) >> k
     return np.clip(v, -(1 << (acc_width - 1)), (1 << (acc_width - 1)) - 1)
