@@ -23,7 +23,7 @@ from host_runtime.executor import (Executor, ModuleFormatError, ModuleImage, for
                                    register_host_op)
 
 from .graph.ir import Node
-from .graph.ops import REGISTRY
+from .graph.ops import OpDef, on_declare
 
 EXTENSION = ".accm"
 
@@ -42,13 +42,13 @@ def _host_op_check(op: str):
     return check
 
 
-def _register_graph_ops() -> None:
-    for name, opdef in REGISTRY.items():
-        if opdef.impl is not None and name not in ("input", "const", "fused"):
-            register_host_op(name, opdef.impl, _host_op_check(name))
+def _register_graph_op(opdef: OpDef) -> None:
+    """Each declared op's reference is a host op, also for ops declared after this import."""
+    if opdef.impl is not None and opdef.name not in ("input", "const", "fused"):
+        register_host_op(opdef.name, opdef.impl, _host_op_check(opdef.name))
 
 
-_register_graph_ops()
+on_declare(_register_graph_op)
 
 
 class CompiledModule(ModuleImage):

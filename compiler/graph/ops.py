@@ -156,6 +156,16 @@ class OpDef:
 
 
 REGISTRY: dict[str, OpDef] = {}
+#: called with each OpDef declared from now on (compiler.module makes its reference a host op)
+_ON_DECLARE: list[Callable[[OpDef], None]] = []
+
+
+def on_declare(fn: Callable[[OpDef], None]) -> None:
+    """Call fn(opdef) for every op declared already and every op declared later, so a consumer of
+    the schema never depends on which was imported first."""
+    _ON_DECLARE.append(fn)
+    for d in list(REGISTRY.values()):
+        fn(d)
 
 
 def declare(name: str, pattern: Pattern, arity, attrs: dict | None = None, *, infer: Callable,
@@ -171,6 +181,8 @@ def declare(name: str, pattern: Pattern, arity, attrs: dict | None = None, *, in
     lo_hi = arity if isinstance(arity, tuple) else (arity, arity)
     d = OpDef(name, Pattern(pattern), infer, reference, lo_hi, dict(attrs or {}), doc)
     REGISTRY[name] = d
+    for fn in _ON_DECLARE:
+        fn(d)
     return d
 
 

@@ -450,8 +450,7 @@ def _wg_check(n: int):
     return None if n >= WG_MIN_ROW else f"rows of {n} elements: one thread per row (schedule_rows) is the better fit"
 
 
-def _qdense_plain(x, w, b, muls=None, in_shift=0, w_shift=0, out_shift=0, layout="NC", weight_packed=False,
-                  n_out=None, mul=1, out_zp=0):
+def _qdense_plain(x, w, b, muls=None, *, in_shift, w_shift, out_shift, layout, mul, out_zp):
     """int8 dense on the unpacked (N, K) weight, int32 accumulation, the library's requantization."""
     return _requant(dense(x, w, b, "int32"), in_shift, w_shift, out_shift, mul, muls, out_zp)
 
@@ -469,10 +468,10 @@ def register() -> None:
             continue
         i = plain[0]   # the plain compute (direct conv, not the CPU's specialized layouts)
         registry.add_impl(op, "cuda", f"{i.name}.gpu", i.compute, schedule_gpu, i.plevel, i.check)
-    registry.add_impl("softmax", "cuda", "softmax.workgroup", lambda x, axis=-1: softmax_wg(x, axis), schedule_gpu,
+    registry.add_impl("softmax", "cuda", "softmax.workgroup", lambda x, *, axis: softmax_wg(x, axis), schedule_gpu,
                       plevel=20, check=lambda shapes, dtypes, attrs: _wg_check(shapes[0][attrs["axis"]]))
     registry.add_impl("layer_norm", "cuda", "layer_norm.workgroup",
-                      lambda x, s, b=None, axis=-1, epsilon=1e-5: layer_norm_wg(x, s, b, axis, epsilon), schedule_gpu,
+                      lambda x, s, b=None, *, axis, epsilon: layer_norm_wg(x, s, b, axis, epsilon), schedule_gpu,
                       plevel=20, check=lambda shapes, dtypes, attrs: _wg_check(math.prod(shapes[0][attrs["axis"]:])))
 
 

@@ -3,7 +3,8 @@
 Each `add_impl` line pairs a compute (te, from nn / elemwise / transform) with a schedule (cpu);
 `check` says why a kernel declines a signature; `prepack` transforms an input bound as a constant
 at compile time (a weight's layout) once, in numpy. Attributes, their defaults and allowed values
-come from the op's declaration; a compute takes each of them as a keyword.
+come from the op's declaration; a compute takes each of them as a keyword, with no default of its
+own (the only defaults are the schema's). Keywords after them (kernel_packed, ...) come from prepack.
 """
 from __future__ import annotations
 
@@ -22,8 +23,7 @@ def _bias_nchw(out, bias):
 # ---------------------------------------------------------------- conv2d
 
 
-def _conv_direct(data, weight, bias=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1,
-                 out_dtype=None):
+def _conv_direct(data, weight, bias=None, *, strides, pads, dilations, groups, out_dtype=None):
     return _bias_nchw(nn.conv2d(data, weight, strides, pads, dilations, groups, out_dtype), bias)
 
 
@@ -32,8 +32,7 @@ def _conv_nchwc_blocks(shapes, dtypes):
     return cpu.conv_blocks(shapes[0][1], shapes[1][0], dtypes[0])
 
 
-def _conv_nchwc(data, weight, bias=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1,
-                out_dtype=None, kernel_packed=False):
+def _conv_nchwc(data, weight, bias=None, *, strides, pads, dilations, groups, out_dtype=None, kernel_packed=False):
     C = data.shape[1]
     if kernel_packed:
         ic_bn, oc_bn = weight.shape[4], weight.shape[5]
@@ -64,8 +63,7 @@ def _float_check(dtypes):
     return None
 
 
-def _conv_pw(data, weight, bias=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1,
-             out_dtype=None, kernel_packed=False):
+def _conv_pw(data, weight, bias=None, *, strides, pads, dilations, groups, out_dtype=None, kernel_packed=False):
     return _bias_nchw(nn.conv2d_pointwise(data, weight, strides, out_dtype), bias)
 
 
@@ -80,8 +78,7 @@ def _conv_pw_prepack(w, shapes, dtypes, attrs):
     return w.reshape(w.shape[0], w.shape[1]), {"kernel_packed": True}
 
 
-def _conv_dw(data, weight, bias=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1,
-             out_dtype=None):
+def _conv_dw(data, weight, bias=None, *, strides, pads, dilations, groups, out_dtype=None):
     return _bias_nchw(nn.depthwise_conv2d_flat(data, weight, strides, pads, out_dtype), bias)
 
 
@@ -104,13 +101,15 @@ add_impl("conv2d", "llvm", "conv2d_nchw.nchwc", _conv_nchwc, cpu.schedule_conv2d
          check=_conv_nchwc_check, prepack={1: _conv_prepack})
 add_impl("conv2d", "llvm", "conv2d_nchw.direct", _conv_direct, cpu.schedule_conv2d_nchw, plevel=10)
 
-add_impl("conv2d_NCHWc", "llvm", "conv2d_NCHWc.x86", nn.conv2d_NCHWc, cpu.schedule_conv2d_NCHWc)
+add_impl("conv2d_NCHWc", "llvm", "conv2d_NCHWc.x86",
+         lambda x, w, *, strides, pads, dilations: nn.conv2d_NCHWc(x, w, strides, pads, dilations),
+         cpu.schedule_conv2d_NCHWc)
 
 
 # ---------------------------------------------------------------- dense / matmul
 
 
-def _dense_pack(data, weight, bias=None, out_dtype=None, weight_packed=False, n_out=None):
+def _dense_pack(data, weight, bias=None, *, out_dtype=None, weight_packed=False, n_out=None):
     M, K = data.shape
     if weight_packed:
         wp = weight
@@ -131,7 +130,7 @@ def _dense_prepack(w, shapes, dtypes, attrs):
     return nn.pack_dense_weight_np(w, bn), {"weight_packed": True, "n_out": N}
 
 
-def _dense_direct(data, weight, bias=None, out_dtype=None):
+def _dense_direct(data, weight, bias=None, *, out_dtype=None):
     return nn.dense(data, weight, bias, out_dtype)
 
 
@@ -139,7 +138,7 @@ add_impl("dense", "llvm", "dense.pack", _dense_pack, cpu.schedule_dense_pack, pl
          prepack={1: _dense_prepack})
 add_impl("dense", "llvm", "dense.direct", _dense_direct, cpu.schedule_reduce, plevel=5)
 
-add_impl("matmul", "llvm", "matmul.tiled", lambda a, b, out_dtype=None: nn.matmul(a, b, out_dtype),
+add_impl("matmul", "llvm", "matmul.tiled", lambda a, b: nn.matmul(a, b),
          cpu.schedule_matmul)
 
 
@@ -157,15 +156,15 @@ add_impl("global_max_pool", "llvm", "global_max_pool.generic", lambda x: nn.glob
 
 
 # ---------------------------------------------------------------- normalization
-add_impl("softmax", "llvm", "softmax.generic", lambda x, axis=-1: nn.softmax(x, axis), cpu.schedule_reduce)
+add_impl("softmax", "llvm", "softmax.generic", lambda x, *, axis: nn.softmax(x, axis), cpu.schedule_reduce)
 add_impl("layer_norm", "llvm", "layer_norm.generic",
-         lambda x, s, b=None, axis=-1, epsilon=1e-5: nn.layer_norm(x, s, b, axis, epsilon), cpu.schedule_reduce)
+         lambda x, s, b=None, *, axis, epsilon: nn.layer_norm(x, s, b, axis, epsilon), cpu.schedule_reduce)
 add_impl("lrn", "llvm", "lrn.generic", lambda x, **a: nn.lrn(x, **a), cpu.schedule_reduce)
 for _kind in ("sum", "mean", "max"):
     add_impl(f"reduce_{_kind}", "llvm", f"reduce_{_kind}.generic",
-             lambda x, axes=None, keepdims=1, kind=_kind: nn.reduce(x, axes, keepdims, kind), cpu.schedule_reduce)
+             lambda x, *, axes, keepdims, kind=_kind: nn.reduce(x, axes, keepdims, kind), cpu.schedule_reduce)
 add_impl("batch_norm", "llvm", "batch_norm.injective",
-         lambda x, s, b, m, v, epsilon=1e-5: nn.batch_norm(x, s, b, m, v, epsilon), cpu.schedule_injective)
+         lambda x, s, b, m, v, *, epsilon: nn.batch_norm(x, s, b, m, v, epsilon), cpu.schedule_injective)
 
 
 # ---------------------------------------------------------------- elementwise
@@ -181,7 +180,7 @@ add_impl("qadd", "llvm", "qadd.injective", ew.qadd, cpu.schedule_injective)
 
 
 # ---------------------------------------------------------------- quantized conv / dense
-def _requant(acc, in_shift, w_shift, out_shift, mul, muls=None, out_zp=0):
+def _requant(acc, in_shift, w_shift, out_shift, mul, muls, out_zp):
     """qconv2d/qdense's requantization (compiler.graph.ops.requant_acc); muls: per-channel multipliers."""
     if muls is not None:
         return ew.requantize_per_channel(acc, muls, in_shift + w_shift - out_shift, zero_point=out_zp)
@@ -190,21 +189,22 @@ def _requant(acc, in_shift, w_shift, out_shift, mul, muls=None, out_zp=0):
     return ew.requantize(acc, in_shift + w_shift, out_shift, rounding=False, zero_point=out_zp)  # half in b
 
 
-def _qconv(x, w, b, muls=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, in_shift=0,
-           w_shift=0, out_shift=0, layout="NCHW", mul=1, out_zp=0):
+def _qconv(x, w, b, muls=None, *, strides, pads, dilations, groups, in_shift, w_shift, out_shift, layout, mul,
+           out_zp):
     acc = nn.conv2d(x, w, strides, pads, dilations, groups, "int32")
     acc = _bias_nchw(acc, b)
     return _requant(acc, in_shift, w_shift, out_shift, mul, muls, out_zp)
 
 
-def _qconv_nchwc(x, w, b, muls=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), groups=1, in_shift=0,
-                 w_shift=0, out_shift=0, layout="NCHW", kernel_packed=False, mul=1, out_zp=0):
-    acc = _conv_nchwc(x, w, b, strides, pads, dilations, groups, "int32", kernel_packed)
+def _qconv_nchwc(x, w, b, muls=None, *, strides, pads, dilations, groups, in_shift, w_shift, out_shift, layout,
+                 mul, out_zp, kernel_packed=False):
+    acc = _conv_nchwc(x, w, b, strides=strides, pads=pads, dilations=dilations, groups=groups, out_dtype="int32",
+                      kernel_packed=kernel_packed)
     return _requant(acc, in_shift, w_shift, out_shift, mul, muls, out_zp)
 
 
 def _q_check(shapes, dtypes, attrs):
-    if attrs.get("layout", "NCHW") not in ("NCHW", "NC"):
+    if attrs["layout"] not in ("NCHW", "NC"):
         return (f"layout {attrs['layout']} (blocked NCHWnc/NCnc) is the accelerator's; compiler.accel "
                 "lowers it")
     if tuple(dtypes) not in (("int8", "int8", "int32"), ("int8", "int8", "int32", "int64")):
@@ -221,9 +221,9 @@ add_impl("qconv2d", "llvm", "qconv2d.nchwc", _qconv_nchwc, cpu.schedule_conv2d_N
 add_impl("qconv2d", "llvm", "qconv2d.direct", _qconv, cpu.schedule_conv2d_nchw, check=_q_check)
 
 
-def _qdense(x, w, b, muls=None, in_shift=0, w_shift=0, out_shift=0, layout="NC", weight_packed=False, n_out=None,
-            mul=1, out_zp=0):
-    acc = _dense_pack(x, w, b, "int32", weight_packed, n_out)
+def _qdense(x, w, b, muls=None, *, in_shift, w_shift, out_shift, layout, mul, out_zp, weight_packed=False,
+            n_out=None):
+    acc = _dense_pack(x, w, b, out_dtype="int32", weight_packed=weight_packed, n_out=n_out)
     return _requant(acc, in_shift, w_shift, out_shift, mul, muls, out_zp)
 
 

@@ -60,7 +60,7 @@ def _fused(impl_name, x, wt, b, res, attrs):
     X = te.placeholder(x.shape, "float32", "x")
     W = te.placeholder(wt.shape, "float32", "w")
     B = te.placeholder(b.shape, "float32", "b")
-    y = ew.clip(impl.compute(X, W, B, **attrs), min=0.0, max=6.0)
+    y = ew.clip(impl.compute(X, W, B, **registry.normalize_attrs("conv2d", attrs)), min=0.0, max=6.0)
     args = [X, W, B]
     if res is not None:
         R = te.placeholder(res.shape, "float32", "r")
