@@ -8,7 +8,8 @@ from bit 0 upward in the order `formats_for` lists them; bits above the last fie
 Dependency flags: each instruction belongs to one stage (load, compute, store). Before it runs
 it pops a token from each neighbour queue named by pop_prev/pop_next; after it finishes it
 pushes a token to the queues named by push_prev/push_next. The neighbours are
-load <-> compute <-> store (load has no prev, store no next).
+load <-> compute <-> store (load has no prev, store no next); accel.isa.deps routes each flag to
+its queue. ALU operand layouts are in accel.isa.operands, blocked data layouts in accel.isa.layout.
 """
 from __future__ import annotations
 
