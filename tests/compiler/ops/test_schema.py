@@ -8,8 +8,9 @@ import compiler.module  # noqa: F401 - imported before the toy op is declared, a
 from compiler import ops, te
 from compiler.graph import Graph, Node, OpError, Pattern, run
 from compiler.graph import ops as schema
-from compiler.ops import cpu, registry
+from compiler.ops import cpu, gpu, registry
 from host_runtime import executor
+from tests.compiler.gpu.gpu_helpers import opencl_or_skip
 
 
 @pytest.fixture
@@ -37,12 +38,15 @@ def declare_softsign2():
                    doc="x / (beta + |x|)")
 
 
+def softsign2(x, *, beta):
+    """The toy op's compute (te), shared by its CPU and GPU kernels."""
+    b = te.const(beta, x.dtype)
+    return te.compute(x.shape, lambda *i: x[i] / (b + te.abs(x[i])), name="softsign2", tag="elemwise,softsign2")
+
+
 def register_softsign2_llvm():
-    """The toy op's one CPU kernel: a compute (te) and a schedule."""
-    @registry.register_kernel("softsign2", "llvm", schedule=cpu.schedule_injective)
-    def softsign2(x, beta):
-        b = te.const(beta, x.dtype)
-        return te.compute(x.shape, lambda *i: x[i] / (b + te.abs(x[i])), name="softsign2", tag="elemwise,softsign2")
+    """The toy op's one CPU kernel: the compute and a CPU schedule."""
+    registry.register_kernel("softsign2", "llvm", schedule=cpu.schedule_injective)(softsign2)
 
 
 def test_new_op_is_one_declaration_plus_one_kernel(scratch):
@@ -68,6 +72,19 @@ def test_new_op_is_one_declaration_plus_one_kernel(scratch):
     a = np.linspace(-3, 3, 20, dtype=np.float32).reshape(4, 5)
     np.testing.assert_allclose(f(a), a / (2 + np.abs(a)), rtol=1e-6)
     assert "softsign2" in ops.list_ops("llvm")
+
+
+def test_new_op_gets_a_gpu_kernel_by_one_more_registration(scratch):
+    """One kernel per target: the same compute with the GPU schedule runs the op on OpenCL (PoCL)."""
+    opencl_or_skip()
+    declare_softsign2()
+    registry.register_kernel("softsign2", "cuda", schedule=gpu.schedule_gpu)(softsign2)
+    x = Node.input("x", (4, 64))
+    g = Graph.from_outputs([x], [Node("softsign2", [Node("relu", [x], name="r")], {"beta": 2.0}, name="s")], ["y"])
+    mod = compiler.build_model(g, target="opencl")
+    assert mod.meta["fallbacks"] == [] and {p["target"] for p in mod.meta["partition"]} == {"gpu"}
+    feed = np.random.default_rng(4).standard_normal((4, 64)).astype(np.float32) * 4
+    np.testing.assert_allclose(mod.run({"x": feed})[0]["y"], run(g, [feed])[0], rtol=1e-5, atol=1e-6)
 
 
 def test_declared_op_without_a_kernel_runs_from_its_reference(scratch):
