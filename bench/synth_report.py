@@ -1,20 +1,27 @@
-"""Synthesis figures: yosys xc7 utilization of the tiny, pynq-z1 and default configs against the
-xc7z020; ECP5 Fmax and utilization of the largest configuration that fits an LFE5U-85F; the
-estimator's error on each; the tool run times.
+"""Synthesis figures: per preset LUT, FF, DSP, BRAM (yosys, xc7z020), the share of the part each
+takes, Fmax (nextpnr after routing on ECP5; otherwise the estimator's figure, labelled as such)
+and GOPS at that Fmax; ECP5 place and route of the largest configuration that fits an
+LFE5U-85F; the estimator's error on each; the tool run times.
 
     python bench/synth_report.py [--out bench/results] [--no-ecp5] [--ecp5-config NAME|FILE]
+                                 [--configs tiny,default] [--docs docs/fpga.md]
+    python bench/synth_report.py --from-json bench/results/synth_report.json --docs docs/fpga.md
 
 Every synthesis goes through the cache of accel.hw.fpga.calibrate (keyed by the Verilog, family,
 part and options): a rerun with unchanged RTL costs nothing, and "cached": true marks figures
 whose run times come from the original run. The largest ECP5 configuration is chosen with the
 estimator (most MACs, then the largest buffers; LUTs and FFs within 90% of the part) and confirmed by
 place and route; if the routed design does not fit, the next candidate is tried.
-Writes <out>/synth_report.json and prints a table.
+Writes <out>/synth_report.json, prints a table, and with --docs replaces the table between the
+markers `<!-- synth_report:begin -->` and `<!-- synth_report:end -->` of that Markdown file, so
+the reference figures in the docs are generated, never typed. --from-json regenerates the table
+from a saved report without synthesizing.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -47,8 +54,29 @@ def estimator_error(cfg: AccelConfig, family: str, rep: dict) -> dict:
     return out
 
 
+RESOURCES = ("lut", "ff", "dsp", "bram")
+DOCS_BEGIN, DOCS_END = "<!-- synth_report:begin -->", "<!-- synth_report:end -->"
+
+
+def fmax_of(cfg: AccelConfig, rep: dict) -> tuple[float | None, str]:
+    """(Fmax in MHz, where it comes from): a routed or tool timing figure when the report has one,
+    else the estimator's (for Xilinx parts an uncalibrated factor on the ECP5 fit)."""
+    t = rep.get("timing") or {}
+    if t.get("fmax_mhz"):
+        return float(t["fmax_mhz"]), t.get("source", "synthesis timing")
+    e = estimate(cfg, rep["family"], part(rep["part"]))
+    if e.fmax_mhz:
+        return float(e.fmax_mhz), f"estimate ({e.fmax_basis})"
+    return None, "none"
+
+
 def summary(name: str, cfg: AccelConfig, rep: dict) -> dict:
-    return {"config": name, "config_digest": cfg.digest(), "part": rep["part"],
+    fmax, fmax_source = fmax_of(cfg, rep)
+    return {"config": name, "config_digest": cfg.digest(), "part": rep["part"], "family": rep["family"],
+            "fmax_mhz": fmax, "fmax_source": fmax_source, "macs_per_cycle": cfg.macs_per_cycle,
+            "gops_at_fmax": round(2 * cfg.macs_per_cycle * fmax / 1000.0, 2) if fmax else None,
+            "utilization_pct": {k: rep["fit"]["resources"][k]["percent"] for k in RESOURCES
+                                if k in rep["fit"]["resources"]},
             "utilization": {k: rep["utilization"][k] for k in ("lut", "ff", "dsp", "bram", "lutram")},
             "fit": {"fits": rep["fit"]["fits"], "limiting": rep["fit"]["limiting"],
                     "percent": {k: r["percent"] for k, r in rep["fit"]["resources"].items()},
@@ -99,16 +127,30 @@ def main(argv=None) -> int:
     ap.add_argument("--no-ecp5", action="store_true", help="skip the ECP5 place and route")
     ap.add_argument("--ecp5-config", default=None, help="synthesize this config for ECP5 instead of searching")
     ap.add_argument("--timeout", type=float, default=None, help="limit per tool run, seconds")
+    ap.add_argument("--configs", default=",".join(XC7_CONFIGS),
+                    help="presets or config files for the xc7z020, comma-separated (default: %(default)s)")
+    ap.add_argument("--docs", default=None, metavar="MD",
+                    help="replace the table between the synth_report markers of this Markdown file")
+    ap.add_argument("--from-json", default=None, metavar="FILE",
+                    help="take the figures from a saved synth_report.json instead of synthesizing")
     args = ap.parse_args(argv)
+    if args.from_json:
+        result = json.loads(Path(args.from_json).read_text())
+        print_table(result)
+        if args.docs:
+            update_docs(Path(args.docs), docs_table(result))
+            print(f"updated {args.docs}")
+        return 0
     t_start = time.monotonic()
     result: dict = {"machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
                     "xc7": {}, "ecp5": None}
-    for name in XC7_CONFIGS:
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    for name in names:
         cfg = resolve_config(name)
         print(f"xc7: {name} ({cfg.digest()}) ...", flush=True)
         rep = cached_synthesize(cfg, "xc7", timeout=args.timeout)
         result["xc7"][name] = summary(name, cfg, rep)
-    same = [n for n in XC7_CONFIGS if n != "default" and resolve_config(n) == resolve_config("default")]
+    same = [n for n in names if n != "default" and resolve_config(n) == resolve_config("default")]
     if same:
         result["notes"] = [f"the {', '.join(same)} preset equals the default config; one synthesis serves both"]
     if not args.no_ecp5:
@@ -130,19 +172,60 @@ def main(argv=None) -> int:
     (out / "synth_report.json").write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
     print(f"wrote {out / 'synth_report.json'}")
+    if args.docs:
+        update_docs(Path(args.docs), docs_table(result))
+        print(f"updated {args.docs}")
     return 0
+
+
+def _rows(r: dict) -> list[dict]:
+    return list(r["xc7"].values()) + ([r["ecp5"]] if r.get("ecp5") else [])
+
+
+def docs_table(r: dict) -> str:
+    """The Markdown table of a report: one row per synthesized config."""
+    lines = ["| config | part | LUT | FF | DSP | BRAM | fits | Fmax MHz | GOPS at Fmax | estimator LUT error | tool time |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in _rows(r):
+        u, pct = s["utilization"], s.get("utilization_pct") or s["fit"]["percent"]
+        cells = [f"{u[k]:g} ({pct[k]:.0f}%)" if k in pct else f"{u[k]:g}" for k in RESOURCES]
+        fits = "yes" if s["fit"]["fits"] else f"**no** ({s['fit']['limiting']})"
+        fmax = s.get("fmax_mhz")
+        src = s.get("fmax_source", "")
+        fmax_txt = "-" if not fmax else f"{fmax:.1f}" + ("" if src.startswith("nextpnr") else " (estimate)")
+        gops = s.get("gops_at_fmax")
+        secs = " + ".join(f"{k} {v:.0f} s" for k, v in s["tool_seconds"].items())
+        lines.append(f"| {s['config']} | {s['part']} | " + " | ".join(cells) +
+                     f" | {fits} | {fmax_txt} | {'-' if gops is None else f'{gops:g}'} | "
+                     f"{s['estimator']['error_pct']['lut']:+.1f}% | {secs} |")
+    notes = r.get("notes") or []
+    return "\n".join(lines + ([""] + [f"Note: {n}." for n in notes] if notes else [])) + "\n"
+
+
+def update_docs(path: Path, table: str) -> None:
+    """Replace what lies between the synth_report markers of `path` with `table` (written whole or
+    not at all)."""
+    text = path.read_text()
+    i, j = text.find(DOCS_BEGIN), text.find(DOCS_END)
+    if i < 0 or j < i:
+        raise SystemExit(f"{path}: no '{DOCS_BEGIN}' ... '{DOCS_END}' markers to put the table between")
+    new = text[:i + len(DOCS_BEGIN)] + "\n" + table + text[j:]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(new)
+    os.replace(tmp, path)
 
 
 def print_table(r: dict) -> None:
     print(f"\n{'config':<14}{'part':<20}{'LUT':>8}{'FF':>8}{'DSP':>6}{'BRAM':>7}  fits  {'est. LUT err':>12}"
-          f"{'Fmax':>8}  tool s")
-    rows = list(r["xc7"].values()) + ([r["ecp5"]] if r.get("ecp5") else [])
-    for s in rows:
-        u, t = s["utilization"], s.get("timing") or {}
-        fmax = f"{t['fmax_mhz']:.1f}" if t.get("fmax_mhz") else "-"
+          f"{'Fmax':>8}{'GOPS':>8}  tool s")
+    for s in _rows(r):
+        u = s["utilization"]
+        fmax = f"{s['fmax_mhz']:.1f}" if s.get("fmax_mhz") else "-"
+        gops = f"{s['gops_at_fmax']:g}" if s.get("gops_at_fmax") else "-"
         secs = "+".join(f"{v:.0f}" for v in s["tool_seconds"].values()) + (" (cached)" if s["cached"] else "")
         print(f"{s['config']:<14}{s['part']:<20}{u['lut']:>8g}{u['ff']:>8g}{u['dsp']:>6g}{u['bram']:>7g}  "
-              f"{'yes ' if s['fit']['fits'] else 'NO  '}  {s['estimator']['error_pct']['lut']:>11}%{fmax:>8}  {secs}")
+              f"{'yes ' if s['fit']['fits'] else 'NO  '}  {s['estimator']['error_pct']['lut']:>11}%{fmax:>8}{gops:>8}  "
+              f"{secs}")
 
 
 if __name__ == "__main__":
