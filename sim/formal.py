@@ -27,7 +27,13 @@ from amaranth.hdl import Assert, Assume, Cat, Module, Mux, ResetSignal, Signal, 
 from amaranth.hdl._ast import AnyConst, AnySeq
 from amaranth.lib import wiring
 
-from accel.isa import AccelConfig, MemType, Opcode
+from accel.hw.axi import AxiMaster
+from accel.hw.dma import ReadDMA
+from accel.hw.fetch import Fetch
+from accel.hw.layouts import mem_type_of
+from accel.hw.queues import Queue
+from accel.hw.top import Accelerator
+from accel.isa import AccelConfig, MemType, Opcode, elem_bytes
 from accel.isa.config import INSN_BITS, OPCODE_BITS
 
 from .errors import SimError
@@ -163,7 +169,6 @@ def axi_master_harness(cfg: AccelConfig, extra=None) -> Module:
     """The AXI4 master (read arbiter + write path) with free clients that keep their own
     handshake rules: its bus port must keep the AXI rules whatever the clients and the slave do.
     extra(m, dut): further properties (the vacuity checks add assertions that must fail)."""
-    from accel.hw.axi import AxiMaster
     m = Module()
     _no_reset(m)
     m.submodules.dut = dut = AxiMaster(cfg, n_read=3)
@@ -176,8 +181,20 @@ def axi_master_harness(cfg: AccelConfig, extra=None) -> Module:
         m.d.comb += getattr(w, name).eq(AnySeq(len(getattr(w, name))))
     _handshake_rule(m, w.aw_valid, w.aw_ready, [w.aw_addr, w.aw_len], Assume)
     _handshake_rule(m, w.w_valid, w.w_ready, [w.w_data, w.w_strb, w.w_last], Assume)
-    axi_slave_environment(m, dut.bus)
+    # the slave would take one burst more than the master may issue, so that a master that
+    # overruns its limits is caught, not assumed away
+    axi_slave_environment(m, dut.bus, max_outstanding=cfg.read_outstanding + 1)
     axi_master_rules(m, dut.bus)
+    bus = dut.bus
+    rd_open = Signal(range(cfg.read_outstanding + 2))
+    wr_open = Signal(range(cfg.write_outstanding + 2))
+    m.d.sync += [rd_open.eq(rd_open + (bus.arvalid & bus.arready) - (bus.rvalid & bus.rready & bus.rlast)),
+                 wr_open.eq(wr_open + (bus.awvalid & bus.awready) - (bus.bvalid & bus.bready))]
+    m.d.comb += [Assert(rd_open <= cfg.read_outstanding), Assert(wr_open <= cfg.write_outstanding)]
+    for i, c in enumerate(dut.rd):   # an R beat reaches the client whose ID its burst carried, and no other
+        m.d.comb += Assert(~c.r_valid | (bus.rvalid & (bus.rid == i)))
+    m.d.comb += Assert(~(bus.rvalid & bus.rready) | dut.quiesce | dut.rd[0].r_valid | dut.rd[1].r_valid |
+                       dut.rd[2].r_valid)
     if extra is not None:
         extra(m, dut)
     return m
@@ -187,7 +204,6 @@ def accelerator_harness(cfg: AccelConfig) -> Module:
     """The whole accelerator between a free AXI4 slave (DRAM: any data, any delays) and a free
     AXI4-Lite host: the DRAM port keeps the AXI4 master rules and the register port the
     AXI4-Lite slave rules, whatever program the data makes up."""
-    from accel.hw.top import Accelerator
     m = Module()
     _no_reset(m)
     m.submodules.dut = dut = Accelerator(cfg)
@@ -198,34 +214,45 @@ def accelerator_harness(cfg: AccelConfig) -> Module:
     return m
 
 
-def read_dma_harness(cfg: AccelConfig, elem_sizes: tuple[int, ...] | None = None) -> Module:
-    """A ReadDMA (the load stage's by default: input and weight entries) under free commands
-    and a free AXI slave: its read-client port keeps VALID and the request stable until taken,
-    and it emits exactly `count` entries per command."""
-    from accel.hw.axi import AxiMaster
-    from accel.hw.dma import ReadDMA
-    from accel.isa import elem_bytes
+def read_dma_harness(cfg: AccelConfig, elem_sizes: tuple[int, ...] | None = None, extra=None) -> Module:
+    """A ReadDMA (the load stage's by default: input and weight entries) under free commands of
+    one to four rows and a free AXI slave, its bursts overlapping: its read-client port keeps
+    VALID and the request stable until taken, and it emits exactly `count` entries per row,
+    flagging each row's last and the command's last."""
     sizes = elem_sizes or (elem_bytes(cfg, MemType.INP), elem_bytes(cfg, MemType.WGT))
     m = Module()
     _no_reset(m)
-    m.submodules.dma = dma = ReadDMA(cfg, sizes, count_width=4)
+    m.submodules.dma = dma = ReadDMA(cfg, sizes, count_width=4, rows_width=2)
     m.submodules.axi = axi = AxiMaster(cfg, n_read=1)
     wiring.connect(m, dma.bus, axi.rd[0])
     axi_slave_environment(m, axi.bus)
     m.d.comb += [axi.wr.aw_valid.eq(0), axi.wr.w_valid.eq(0), axi.wr.b_ready.eq(0)]
-    m.d.comb += [dma.start.eq(AnySeq(1)), dma.count.eq(AnySeq(4)), dma.sel.eq(AnySeq(len(dma.sel)))]
-    addr = Signal(8)
-    m.d.comb += [addr.eq(AnySeq(8)), dma.addr.eq(addr * max(sizes))]
+    m.d.comb += [dma.start.eq(AnySeq(1)), dma.count.eq(AnySeq(4)), dma.sel.eq(AnySeq(len(dma.sel))),
+                 dma.rows_minus1.eq(AnySeq(2))]
+    addr, stride = Signal(8), Signal(4)
+    m.d.comb += [addr.eq(AnySeq(8)), dma.addr.eq(addr * max(sizes)), stride.eq(AnySeq(4)),
+                 dma.stride.eq(stride * max(sizes))]
     m.d.comb += Assume(dma.sel < len(sizes))
     c = dma.bus
     _handshake_rule(m, c.ar_valid, c.ar_ready, [c.ar_addr, c.ar_len], Assert)
-    # entries: a command accepted when idle owes `count` entries, the last flagged
-    owed = Signal(5)
+    # entries: a command accepted when idle owes count x rows entries, each row's last and the
+    # command's last flagged
+    owed, row_owed = Signal(7), Signal(5)
+    count = Signal(4)
     accept = dma.start & ~dma.busy & (dma.count != 0)
-    m.d.sync += owed.eq(owed + Mux(accept, dma.count, 0) - dma.out_valid)
+    with m.If(accept):
+        m.d.sync += count.eq(dma.count)
+    m.d.sync += owed.eq(owed + Mux(accept, dma.count * (dma.rows_minus1 + 1), 0) - dma.out_valid)
+    with m.If(accept):
+        m.d.sync += row_owed.eq(dma.count)
+    with m.Elif(dma.out_valid):
+        m.d.sync += row_owed.eq(Mux(row_owed == 1, count, row_owed - 1))
     m.d.comb += [Assert(~dma.out_valid | (owed != 0)), Assert(dma.out_last == (dma.out_valid & (owed == 1))),
+                 Assert(dma.out_row_last == (dma.out_valid & (row_owed == 1))),
                  Assert(dma.busy | (owed == 0))]
     axi_master_rules(m, axi.bus)
+    if extra is not None:
+        extra(m, axi)
     return m
 
 
@@ -233,7 +260,6 @@ def queue_harness(width: int = 4, depth: int = 3) -> Module:
     """A Queue against a reference model: every entry written comes out once, in order, and
     rdy/level say exactly how many entries it holds. One entry (chosen by the solver) is
     tracked from its write to its read, which covers every entry."""
-    from accel.hw.queues import Queue
     m = Module()
     _no_reset(m)
     m.submodules.q = q = Queue(width, depth)
@@ -262,9 +288,6 @@ def fetch_harness(cfg: AccelConfig) -> Module:
     """Fetch against a free AXI slave (instruction words of any value) and free command-queue
     back-pressure: the i-th instruction read from DRAM is the i-th dispatched, to exactly one
     queue that had space, none twice, none lost, and never more than insn_count."""
-    from accel.hw.axi import AxiMaster
-    from accel.hw.fetch import Fetch
-    from accel.hw.layouts import mem_type_of
     m = Module()
     _no_reset(m)
     m.submodules.fetch = f = Fetch(cfg)

@@ -28,6 +28,7 @@ import numpy as np
 
 from accel.isa import (AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Store, Uop,
                        encode_program, encode_uops)
+from accel.isa import decode_program
 from accel.isa.asm import format_insn
 from accel.isa.config import LOOP_ITER_BITS
 from accel.isa.errors import AccelError
@@ -475,7 +476,6 @@ def lockstep(cfg: AccelConfig, insns: list[Insn], dram: np.ndarray, insn_addr: i
 
 
 def decode_at(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: AccelConfig) -> list[Insn]:
-    from accel.isa import decode_program
     end = insn_addr + insn_count * INSN_BYTES
     if insn_addr < 0 or end > dram.size:
         raise LockstepError(f"instruction stream [{insn_addr:#x}, {end:#x}) lies outside the {dram.size}-byte DRAM")

@@ -24,11 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from accel.isa import AccelConfig, Gemm, Insn, decode_program
+from accel.isa import AccelConfig, Gemm, Insn, decode_program, disassemble
 from accel.isa.errors import EncodingError
+from accel.isa.files import write_atomic
 from accel.isa.isa import INSN_BYTES
 
 from .errors import ExecError, SimError
+from .tsim import stage_of
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +152,6 @@ class Timeline:
     @classmethod
     def from_spans(cls, insns: list[Insn], spans, bursts=None) -> "Timeline":
         """spans: (stage index, start, end) in retire order per stage (rtl), or (stage, insn, start, end)."""
-        from .tsim import stage_of
         per = {0: [], 1: [], 2: []}
         for i, insn in enumerate(insns):
             per[int(stage_of(insn))].append(i)
@@ -179,7 +180,6 @@ class TimingRun:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    from accel.isa.files import write_atomic
     try:
         write_atomic(path, data)
     except OSError as e:
@@ -188,7 +188,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def _save_png(fig, path: str | Path) -> None:
     """Lay out, write atomically (a temporary file renamed into place) and close a figure."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib loads only to draw a plot
     fig.tight_layout()
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp.png")
@@ -213,7 +213,6 @@ def perfetto(cfg: AccelConfig, counters: Counters, timeline: Timeline, insns: li
              driver: str | None = None) -> dict:
     """Chrome trace-event JSON: process 'accelerator', one thread (track) per stage and one for the
     read bus; timestamps in microseconds at the config's clock, cycles in each slice's args."""
-    from accel.isa import disassemble
     us = 1.0 / cfg.clock_mhz
     text = disassemble(insns).splitlines() if insns is not None else None
     ev = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": f"accelerator ({driver or 'timing'})"}}]
@@ -246,10 +245,10 @@ OPCODE_COLORS = {"LOAD": "tab:blue", "GEMM": "tab:red", "ALU": "tab:orange", "ST
 def write_timeline_png(path: str | Path, cfg: AccelConfig, counters: Counters, timeline: Timeline,
                        title: str | None = None) -> None:
     """A Gantt chart: one row per stage (slices coloured by opcode) and one for the read bus."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - matplotlib loads only to draw a plot
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib loads only to draw a plot
+    from matplotlib.patches import Patch  # noqa: PLC0415 - matplotlib loads only to draw a plot
     rows = list(STAGES) + ["dram read"]
     fig, ax = plt.subplots(figsize=(12, 3.2))
     for r, stage in enumerate(STAGES):
@@ -425,10 +424,10 @@ def write_model_counters(path: str | Path, layers: list[LayerRun], driver: str |
 def write_model_timeline_png(path: str | Path, cfg: AccelConfig, layers: list[LayerRun], title: str | None = None) -> None:
     """A Gantt chart of a model run: a row of named layer spans (accelerator and CPU), then the stages'
     instruction slices (coloured by opcode) and the read bus, on one time axis in microseconds."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - matplotlib loads only to draw a plot
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib loads only to draw a plot
+    from matplotlib.patches import Patch  # noqa: PLC0415 - matplotlib loads only to draw a plot
     us = 1.0 / cfg.clock_mhz
     rows = ["layers"] + list(STAGES) + ["dram read"]
     end = max([lr.start_us + lr.dur_us for lr in layers] + [1e-3])

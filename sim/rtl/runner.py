@@ -21,8 +21,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import find_libpython
 import numpy as np
 
+from accel.hw.verilog import LINT_WAIVERS, cache_root, generate
 from accel.isa import AccelConfig, resolve_config
 from accel.isa.files import file_lock
 from accel.progress import task
@@ -88,7 +90,7 @@ def simulators_available() -> dict[str, str | None]:
     """{simulator: None if usable, else why not}."""
     why = {}
     try:
-        import cocotb  # noqa: F401
+        import cocotb  # noqa: PLC0415, F401 - optional dep cocotb
         missing = None
     except ImportError as e:
         missing = f"python package missing ({e.name}); pip install 'cocotb>=1.8,<1.9'"
@@ -98,7 +100,6 @@ def simulators_available() -> dict[str, str | None]:
 
 
 def _cache() -> Path:
-    from accel.hw.verilog import cache_root
     return cache_root() / "rtl"
 
 
@@ -143,9 +144,8 @@ ICARUS_FLAGS = ("-g2005",)   # not -g2012: with it Icarus never runs Yosys' alwa
 
 def build(config, simulator: str = "verilator", waves: bool = False) -> Path:
     """Build (or reuse) the simulation model for `config`; returns its directory."""
-    import cocotb
-    import cocotb.config
-    from accel.hw.verilog import LINT_WAIVERS, generate
+    import cocotb  # noqa: PLC0415 - optional dep cocotb
+    import cocotb.config  # noqa: PLC0415 - optional dep cocotb
     if simulator not in SIMULATORS:
         raise RtlError(f"unknown simulator {simulator!r}; simulators are {', '.join(SIMULATORS)}")
     cfg = resolve_config(config)
@@ -196,9 +196,8 @@ def build(config, simulator: str = "verilator", waves: bool = False) -> Path:
 
 
 def _sim_env(job_dir: Path) -> dict[str, str]:
-    import cocotb
-    import cocotb.config
-    import find_libpython
+    import cocotb  # noqa: PLC0415 - optional dep cocotb
+    import cocotb.config  # noqa: PLC0415 - optional dep cocotb
     env = dict(os.environ)
     env.setdefault("LIBPYTHON_LOC", find_libpython.find_libpython())
     env["PATH"] = env.get("PATH", "") + os.pathsep + cocotb.config.libs_dir
@@ -219,8 +218,8 @@ def run_programs(config, programs: list[RtlProgram], simulator: str = "verilator
     stalls on every AXI channel. dram: the memory's timing (sim.dram.DramModel or its dict).
     check: raise RtlHang if a program hangs (else status "hang").
     """
-    import cocotb
-    import cocotb.config
+    import cocotb  # noqa: PLC0415 - optional dep cocotb
+    import cocotb.config  # noqa: PLC0415 - optional dep cocotb
     cfg: AccelConfig = resolve_config(config)
     if not programs:
         return []

@@ -28,11 +28,20 @@ import logging
 import os
 import pickle
 import select
+import signal
 import struct
 import subprocess
 import sys
 import threading
 from pathlib import Path
+
+from accel.isa import AccelConfig
+
+from .. import errors
+from ..dram import DramModel
+from ..errors import SimError
+from ..fsim import decode_fetched
+from .model import Tsim
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +60,6 @@ def enabled() -> bool:
     value = os.environ.get("ACCEL_TSIM_HELPER", "1")
     switch = _SWITCH.get(value.strip().lower())
     if switch is None:
-        from ..errors import SimError
         raise SimError(f"ACCEL_TSIM_HELPER={value!r}: expected one of 1, 0, true, false, yes, no, on, off")
     return switch and _failed is None and os.name == "posix" and (os.cpu_count() or 1) > 1
 
@@ -203,7 +211,6 @@ class Job:
         if kind == "ok":
             return payload
         cls_name, message = payload
-        from .. import errors
         cls = getattr(errors, cls_name, None)
         if not (isinstance(cls, type) and issubclass(cls, errors.SimError)):
             raise errors.SimError(f"timing model: {cls_name}: {message}")
@@ -250,11 +257,6 @@ def submit(cfg, dram, program: bytes, insn_addr: int, max_cycles: int, trace: bo
 
 def serve() -> None:
     """The helper's loop: requests from stdin, replies on stdout, until stdin closes."""
-    from accel.isa import AccelConfig
-    from ..fsim import decode_fetched
-    from ..dram import DramModel
-    from .model import Tsim
-    import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C in a terminal is for the parent, which
     inp, out = sys.stdin.buffer, sys.stdout.buffer   # ends this helper by closing its pipe
     sys.stdout = sys.stderr                          # a stray print must not land in the replies

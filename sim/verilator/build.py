@@ -39,6 +39,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from accel.hw.verilog import LINT_WAIVERS, cache_root, generate, source_key
 from accel.isa import AccelConfig, resolve_config
 from accel.isa.files import file_lock
 from accel.progress import task
@@ -166,7 +167,6 @@ def native_target() -> str:
 
 
 def library_key(cfg: AccelConfig, waves: str | None = None) -> str:
-    from accel.hw.verilog import source_key
     h = hashlib.sha256(source_key(cfg).encode())
     h.update(HARNESS.read_bytes())
     h.update(Path(__file__).read_bytes())
@@ -192,7 +192,6 @@ def build_cached(cfg: AccelConfig, key: str, kind: str, harness: Path, *, waves:
     """Build once, under a file lock, the shared library of the Verilated accelerator for `cfg`
     linked with `harness` (harness.cpp, or a file that includes it: the vboard shell); later calls
     find it in cache_root()/kind/key. Returns the library's path."""
-    from accel.hw.verilog import LINT_WAIVERS, cache_root, generate
     bdir = cache_root() / kind / key
     lib = bdir / LIB_NAME
     if lib.exists():
