@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from accel.isa import (AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Store, decode_uops,
-                       elem_bytes)
+from accel.isa import (INSN_BYTES, AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Store,
+                       decode_insn, decode_uops, elem_bytes)
 from accel.isa.operands import decode_clamp, decode_flush, decode_requant, decode_scale
 
 from .errors import SimError
@@ -152,6 +152,20 @@ class ReferenceMachine:
             else:
                 self._fail(f"unknown instruction {insn!r}")
         return dram
+
+    def run_at(self, dram: np.ndarray, insn_addr: int, insn_count: int) -> np.ndarray:
+        """Decode up to insn_count instructions at byte insn_addr of `dram` (through the first
+        FINISH: what follows it is never fetched) and run them, as fsim's run does."""
+        end = insn_addr + insn_count * INSN_BYTES
+        if insn_addr < 0 or insn_count < 0 or end > dram.size:
+            raise ReferenceError(f"instruction stream [{insn_addr:#x}, {end:#x}) lies outside the {dram.size}-byte DRAM")
+        insns = []
+        for k in range(insn_count):
+            at = insn_addr + k * INSN_BYTES
+            insns.append(decode_insn(int.from_bytes(dram[at:at + INSN_BYTES].tobytes(), "little"), self.cfg, k))
+            if isinstance(insns[-1], Finish):
+                break
+        return self.run(insns, dram)
 
     def load(self, insn: Load, dram: np.ndarray) -> None:
         """The (y_pad0 + y_size + y_pad1) x (x_pad0 + x_size + x_pad1) entries from sram_base on, row

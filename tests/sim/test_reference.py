@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from accel.isa import PRESETS, Alu, AluOp, Epilogue, Finish, Gemm, Load, MemType, Store, encode_uops, operands
+from accel.isa import (PRESETS, Alu, AluOp, Epilogue, Finish, Gemm, Load, MemType, Store, encode_program, encode_uops,
+                       operands)
 from sim.reference import ReferenceError, ReferenceMachine, alu_lane, flush_lane, run_reference, wrap
 
 TINY = PRESETS["tiny"]   # batch 1, 4 x 4, int8 operands, int32 accumulator
@@ -118,3 +119,18 @@ def test_errors_name_the_instruction_and_field(prog, match):
 def test_instruction_limit():
     with pytest.raises(ReferenceError, match="instruction limit 3 reached"):
         ReferenceMachine(TINY, max_insns=3).run([Gemm()] * 5 + [Finish()], np.zeros(64, np.uint8))
+
+
+def test_run_at_decodes_from_dram_through_finish():
+    """The program as bytes in DRAM, as fsim runs it: decoding stops at FINISH (garbage after it)."""
+    cfg = TINY
+    prog = [Alu(alu_op=AluOp.MOV, use_imm=True, imm=-3, uop_bgn=0, uop_end=1, iter_out=2, dst_factor_out=1),
+            Store(sram_base=0, dram_base=1024 // 4, y_size=1, x_size=2, x_stride=2), Finish()]
+    dram = np.zeros(4096, np.uint8)
+    code = encode_program(prog, cfg).reshape(-1)
+    dram[2048:2048 + code.size] = code
+    dram[2048 + code.size:2048 + code.size + 16] = 0xFF            # not an instruction
+    ReferenceMachine(cfg).run_at(dram, 2048, len(prog) + 1)
+    assert dram[1024:1032].view(np.int8).tolist() == [-3] * 8
+    with pytest.raises(ReferenceError, match="lies outside the 4096-byte DRAM"):
+        ReferenceMachine(cfg).run_at(dram, 4000, 8)
