@@ -866,8 +866,10 @@ def _compile_op_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--driver", default="fsim", help="executor that runs it for the check (default: %(default)s)")
     _dram_arg(p)
     p.add_argument("--max-insns", type=int, default=60, help="instructions to print, 0 for all (default: %(default)s)")
-    p.add_argument("--template", action="store_true",
-                   help="use the hand-written template (compiler.accel.conv2d) instead of the TE lowering")
+    p.add_argument("--te", action="store_true",
+                   help="lower through tensor expressions (compiler.accel.lower) and print the loop IR, instead of "
+                        "the emitter networks use (compiler.accel.emit / dense)")
+    p.add_argument("--template", action="store_true", help=argparse.SUPPRESS)   # the default now; old scripts
     p.set_defaults(func=_compile_op)
 
 
@@ -884,14 +886,15 @@ def _compile_op(args) -> int:
         if args.layer not in layers:
             raise CliError(f"--layer {args.layer!r} is not in {wl}; layers are {', '.join(layers)}")
         spec = Conv2dSpec.from_workload(layers[args.layer], args.layer, n=args.n)
-    elif args.op == "dense":
-        spec = Conv2dSpec.dense(args.rows, args.c, args.o, cfg)
+    elif args.op == "dense":   # as networks lay it out (rows as batch blocks); the TE path as one image of rows
+        spec = (Conv2dSpec.dense(args.rows, args.c, args.o, cfg) if args.te else
+                Conv2dSpec(args.rows, args.c, 1, 1, args.o, 1, 1, name="dense"))
     else:
         spec = Conv2dSpec(args.n, args.c, args.h, args.w, args.o, args.k, args.k, (args.pad,) * 4,
                           (args.stride,) * 2)
     rq = Requant(args.shift, 0 if args.relu else -128, 127)
     tiling = plan_conv2d(spec, cfg, args.virtual_threads)
-    if args.template:
+    if not args.te:   # the emitter networks use: its loop nest
         print(loop_nest_text(spec, tiling, cfg, rq))
     else:  # tensor expressions -> schedule -> loop IR -> accelerator passes: print the lowered TIR
         from compiler.accel.lower import lower_conv2d, run_conv2d

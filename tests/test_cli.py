@@ -163,17 +163,19 @@ def test_cli_demo_checks_against_numpy(capsys, monkeypatch):
 
 
 def test_cli_compile_op_prints_loop_nest_and_instructions(capsys, tmp_path):
-    code, out, _ = _run(capsys, "compile-op", "conv2d", "--config", "tiny", "--c", "8", "--o", "8", "--h", "6",
+    code, out, _ = _run(capsys, "compile-op", "conv2d", "--te", "--config", "tiny", "--c", "8", "--o", "8", "--h", "6",
                      "--w", "6", "--relu", "--max-insns", "0")
-    assert code == 0  # the default: the tensor-expression path, printing the lowered loop IR
+    assert code == 0  # --te: the tensor-expression path, printing the lowered loop IR
     assert "attr(gemm, 'accel.uop_kernel'" in out and "accel.load_2d('inp'" in out and "OK: bit-exact" in out
-    code, out, _ = _run(capsys, "compile-op", "conv2d", "--template", "--config", "tiny", "--c", "8", "--o", "8",
+    code, out, _ = _run(capsys, "compile-op", "conv2d", "--config", "tiny", "--c", "8", "--o", "8",
                      "--h", "6", "--w", "6", "--relu", "--max-insns", "0")
-    assert code == 0
+    assert code == 0   # the default: the emitter networks use, its loop nest
     assert "for ic0 in range(0, 2, 1)" in out and "gemm: for oh in range(h_a)" in out
     assert "load inp y_size=6 x_size=6 x_stride=6 y_pad0=1 y_pad1=1 x_pad0=1 x_pad1=1" in out
     assert "finish pop_next" in out and "OK: bit-exact" in out
     code, out, _ = _run(capsys, "compile-op", "dense", "--config", "tiny", "--rows", "5", "--c", "9", "--o", "6")
+    assert code == 0 and "OK: bit-exact" in out and "// dense: dense rows=5 K=9 -> M=6" in out
+    code, out, _ = _run(capsys, "compile-op", "dense", "--te", "--config", "tiny", "--rows", "5", "--c", "9", "--o", "6")
     assert code == 0 and "OK: bit-exact" in out
     wl = tmp_path / "wl.json"
     wl.write_text(json.dumps({"layers": {"L1": [6, 6, 8, 8, 3, 3, 1, 1, 1, 1]}}))

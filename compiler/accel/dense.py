@@ -4,8 +4,8 @@ The layer is a 1x1 conv over 1x1 images (spec.is_dense): input (R/b, K/bi, b, bi
 (M/bo, K/bi, bo, bi), output (R/b, M/bo, b, bo) int8. Its tiling is planned on dense_view (the
 row blocks as the pixels of one image), so w_t is the row blocks of a tile. Tiles go output-channel
 group outermost, row tiles inside: when one input chunk covers K (ic_t = K/bi), a group's weights
-are loaded once, with its first row tile, and stay for every row tile of the group (two groups
-alternate between the weight slots, so the next group's weights load while this one computes);
+are loaded once and stay for every row tile of the group: the first group's with its first tile,
+every next one's in pieces beside the row tiles of the group before it, into the other weight slot;
 when one row tile covers every row, the input is loaded once and every group reads it.
 A tile's input is r_a row blocks of ic_a entries in one LOAD (rows K/bi entries apart in DRAM;
 one contiguous run when the chunk covers K), its accumulator tile is (row, channel block)
@@ -114,6 +114,12 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
         stream.load_2d(MemType.ACC, bias_all, bias, 0, y_size=1, x_size=g.ob)
     seeds: dict[int, tuple] = {}
     j, group, last_o0 = 0, -1, None
+    n_r = _ceil(g.nb, n_t)   # row tiles of a group
+    # with two weight slots, the next group's weights load in pieces beside this group's row tiles
+    # 1.. (tile 0's load may not overwrite the slot: the previous group's last tile may still
+    # compute from it), so a group starts without a stall for its weights
+    prefetch = resident and S == 2 and n_r > 1
+    prefetched: set[int] = set()   # groups whose weights are on chip before their first tile
     for ti, (o0, r0) in enumerate(tiles):
         o_a, r_a = shape(ti)
         n_e = o_a * r_a
@@ -146,8 +152,17 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
             pipe.before_load(j)
             if not (inp_resident and j):
                 stream.load_2d(MemType.INP, inp_base, inp, r0 * g.cb + ic0, y_size=r_a, x_size=ic_a, x_stride=g.cb)
-            if new_group or not resident:
+            if not resident or (new_group and group not in prefetched):
                 stream.load_2d(MemType.WGT, wgt_base, wgt, o0 * g.cb + ic0, y_size=o_a, x_size=ic_a, x_stride=g.cb)
+            r_i = r0 // n_t
+            if prefetch and r_i >= 1 and o0 + t.o_t < g.ob:   # piece r_i - 1 of the next group's weights
+                o_next, o_n = o0 + t.o_t, min(t.o_t, g.ob - o0 - t.o_t)
+                a, z = o_n * (r_i - 1) // (n_r - 1), o_n * r_i // (n_r - 1)
+                if z > a:
+                    stream.load_2d(MemType.WGT, ((group + 1) % S) * wgt_slot + a * g.cb, wgt, (o_next + a) * g.cb,
+                                   y_size=z - a, x_size=g.cb)
+                if r_i == n_r - 1:
+                    prefetched.add(group + 1)
             if residual is not None:
                 if j == 0:
                     stream.load_2d(MemType.WGT, ident_idx, residual.ident, 0, x_size=1)
@@ -218,3 +233,33 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
         pipe.after_store(ti)
     log.debug("%s: dense %s, %d tiles", spec.name, t.describe(), len(tiles))
     return {"tiles": len(tiles), "chunks": len(tiles) * n_ic}
+
+
+def dense_loop_nest_text(spec: Conv2dSpec, tiling: ConvTiling, cfg, requant: Requant = Requant(),
+                         bias: bool = True) -> str:
+    """The loop nest emit_dense walks, as readable pseudo-IR (what loop_nest_text prints for a dense layer)."""
+    g, t = _Geom.of(spec, cfg), tiling
+    n_ic = _ceil(g.cb, t.ic_t)
+    flush = flush_params(requant) if bias else None
+    if flush is not None:
+        end = f"last chunk: epilogue(flush imm={flush}, seeds = the slot's next tile's bias); gemm(flush)"
+    else:
+        end = f"alu requant passes ({requant}) over acc[tile]"
+    return "\n".join([
+        f"// {spec.name}: dense rows={spec.n} K={spec.c} -> M={spec.o}",
+        f"// blocked: {g.nb} row x {g.cb} in x {g.ob} out blocks of {cfg.batch}x{cfg.block_in}x{cfg.block_out}; "
+        f"tiling o_t={t.o_t} rows_t={t.w_t} ic_t={t.ic_t} vt={t.vt}",
+        f"for o0 in range(0, {g.ob}, {t.o_t}):              // a group: its weights "
+        + ("load once, with its first row tile, and stay" if n_ic == 1 else "load with every chunk"),
+        f"  for r0 in range(0, {g.nb}, {t.w_t}):            // tile ti, slot ti % {t.vt}",
+        f"    for ic0 in range(0, {g.cb}, {t.ic_t}):        // iteration j, slot j % {t.vt}",
+        f"      load:    dma_load inp[r0 .. +r_a, ic0 .. +ic_a] (rows {g.cb} entries apart) -> inp_buffer[slot]",
+        "               " + ("if first tile of the group: " if n_ic == 1 else "")
+        + "dma_load wgt[o0 .. +o_a, ic0 .. +ic_a] -> wgt_buffer; push load->compute",
+        "      compute: pop load->compute; first chunk: " + ("bias mov unless the previous FLUSH seeded it"
+                                                          if bias else "gemm.reset(acc[tile])"),
+        "               gemm: for r in range(r_a): for o in range(o_a): uops ic: "
+        "acc[r, o] += inp[r, ic] . wgt[o, ic]",
+        f"               {end}",
+        f"    store:   pop compute->store; dma_store acc[tile] -> out[r0 .. +r_a, o0 .. +o_a] (rows {g.ob} entries apart)",
+    ]) + "\n"

@@ -14,7 +14,7 @@ import logging
 from accel.isa import AccelConfig, AluOp, MemType, Stage
 from accel.isa.config import SIZE_BITS
 
-from .dense import emit_dense
+from .dense import dense_loop_nest_text, emit_dense
 from .epilogue import _operand_kernel, emit_requant, flush_params, set_requant_operand
 from .pipeline import TokenPipeline
 from .plan import _fits, input_resident, linear_pixels
@@ -417,6 +417,8 @@ def loop_nest_text(spec: Conv2dSpec, tiling: ConvTiling, cfg: AccelConfig, requa
                    bias: bool = True) -> str:
     """The lowered loop nest emit_conv2d walks, as readable pseudo-IR: tile loops, the DMA and GEMM/ALU
     intrinsics each iteration issues, buffer slots and token operations."""
+    if is_dense(spec):
+        return dense_loop_nest_text(spec, tiling, cfg, requant, bias)
     g, t = _Geom.of(spec, cfg), tiling
     sh, sw = spec.strides
     rows, cols = (t.h_t - 1) * sh + spec.kh, (t.w_t - 1) * sw + spec.kw

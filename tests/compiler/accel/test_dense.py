@@ -87,8 +87,8 @@ def test_dense_loads_each_weight_once_and_streams_rows(vt):
 
 
 def test_dense_spec_is_planned_as_rows_of_one_image():
-    """A dense layer is planned on its transposed view (w_t row blocks per tile) and its estimate is
-    the view's; a 1x1 conv on a bigger image is not dense."""
+    """A dense layer is planned on its transposed view (w_t row blocks per tile), ranked by the dense
+    estimate; a 1x1 conv on a bigger image is not dense."""
     cfg = PRESETS["default"]
     spec = _spec(256, 512, 512)
     assert is_dense(spec) and not is_dense(Conv2dSpec(1, 16, 2, 2, 16, 1, 1))
@@ -96,7 +96,7 @@ def test_dense_spec_is_planned_as_rows_of_one_image():
     assert (view.n, view.h, view.w) == (cfg.batch, 1, 256)
     t = plan_conv2d(spec, cfg)
     assert t.h_t == 1 and t.w_t > 1
-    assert estimate_cycles(spec, cfg, t) == estimate_cycles(view, cfg, t)
+    assert conv2d_candidates(spec, cfg)[0] == (estimate_cycles(spec, cfg, t)["cycles"], t)
     with pytest.raises(TilingError, match="^fc: a dense tiling streams row blocks in w_t; h_t must be 1"):
         run_conv2d(Device(cfg), np.zeros((4, 16, 1, 1), np.int8), np.zeros((16, 16, 1, 1), np.int8), None,
                    _spec(4, 16, 16), Requant(), 2, ConvTiling(1, 2, 1, 1, 2))
@@ -110,3 +110,22 @@ def test_dense_estimate_tracks_the_weight_reuse():
     c_small = estimate_cycles(small, cfg, plan_conv2d(small, cfg))["cycles"]
     c_big = estimate_cycles(big, cfg, plan_conv2d(big, cfg))["cycles"]
     assert c_big < 16 * c_small * 0.5
+
+
+@pytest.mark.parametrize("vt", [1, 2])
+def test_dense_next_group_weights_load_beside_the_row_tiles(vt):
+    """With two slots the next group's weights load in pieces beside this group's row tiles 1..
+    (three groups of two blocks, four row tiles: pieces of one block), each weight entry once,
+    bit-exact; with one slot each group loads its own weights with its first tile."""
+    cfg = PRESETS["default"]
+    rows, k, m = 64, 128, 96
+    rng = np.random.default_rng(4)
+    x = rng.integers(-128, 128, (rows, k, 1, 1), dtype=np.int8)
+    w = rng.integers(-128, 128, (m, k, 1, 1), dtype=np.int8)
+    b = rng.integers(-999, 999, m).astype(np.int32)
+    spec, rq = _spec(rows, k, m), Requant(9, -127, 127)
+    y, _, stream = run_conv2d(Device(cfg), x, w, b, spec, rq, vt, ConvTiling(2, 1, 16, 8, vt))
+    assert np.array_equal(y, conv2d_reference(x, w, b, spec, rq))
+    loads = [i for i in stream.last_insns if getattr(i, "mem_type", None) == MemType.WGT]
+    assert sum(i.y_size * i.x_size for i in loads) == 6 * 8
+    assert len(loads) == (1 + 2 * 2 if vt == 2 else 3)
