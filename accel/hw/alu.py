@@ -14,7 +14,7 @@ lanes' result) and the accumulator the source entry (the compute stage's write m
 """
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -33,113 +33,120 @@ def alu_lane(m: Module, op, a, b, width: int, imm=None):
     value (what the output buffer gets; the accumulator gets the source entry). a, b, imm:
     signed(width), imm FLUSH's parameters.
 
-    Each op's arithmetic is built inside its own case, by a helper called once per use (no named
-    intermediate shared between cases), and only SCALE's sum is wider than 64 bits: synthesis
-    merges the identical copies, while Verilator, which evaluates a wire with more than one reader
-    (or wider than 64 bits) on every cycle, inlines the single-use expressions into their case, so a
-    simulated lane does most of an op's arithmetic only when that op runs (the rtl model ran 1.24x
-    faster). The narrower terms also took a lane from 2220 to 1854 LUT4s on ECP5 at the same
-    routed Fmax (the lane alone, two placement seeds)."""
+    The ops share one datapath, since no two of them run in the same cycle: one a x M multiplier
+    (SCALE's product, M = b[23:0]; MUL's low bits are that product plus a narrow correction), one
+    adder (ADD's a + b, or the rounding term of SCALE, REQUANT, FLUSH), one arithmetic right
+    shifter (those three and SHR by s >= 0), one saturation (SCALE) and one clamp between bounds
+    that each op picks (MIN: hi = b; MAX: lo = b; CLIP: [-b, b]; CLAMP, REQUANT: b's bytes; FLUSH:
+    the immediate's). Separate units per op made the ALU 59% of the default core's LUTs and 7 DSPs
+    per lane (a 32x32 MUL and a 32x25 SCALE multiplier); shared, a lane takes 4 DSPs. Only MOV and
+    SHR's left shift (s < 0) bypass it."""
     out = Signal(signed(width))
     sbits = (width - 1).bit_length() + 1
     top, bottom = (1 << (width - 1)) - 1, -(1 << (width - 1))
+    is_scale, is_rq, is_flush = op == AluOp.SCALE, op == AluOp.REQUANT, op == AluOp.FLUSH
+    is_min, is_max, is_clip = op == AluOp.MIN, op == AluOp.MAX, op == AluOp.CLIP
+    is_clamp = op == AluOp.CLAMP
+    imm = b if imm is None else imm
 
-    def s():                     # SHR: the signed shift count
-        return b[:sbits].as_signed()
+    def left():                  # SHR by s < 0: (a << -s) wrapped to width bits; -s <= 2^(sbits-1),
+        n = (-b[:sbits].as_signed())[:sbits]      # and a shift by that much (its top bit) leaves 0,
+        return Mux(n[sbits - 1], 0, (a << n[:sbits - 1])[:width])   # so the shifter takes the low bits
 
-    def amount():
-        return Mux(s() < 0, -s(), s())[:sbits]
+    # ---- the multiplier: a * M, M = b[23:0] unsigned (SCALE), whose low bits MUL also uses ----------
+    mbits = min(24, width)
+    p_bits = width + mbits                 # |a * M| < 2^(p_bits - 1)
+    prod = Signal(signed(p_bits))
+    m.d.comb += prod.eq(a * b.as_unsigned()[:mbits])
+    mul = Signal(signed(width))
+    if width > mbits:    # a * b mod 2^w = a * M + (a[:w-24] * b[24:w] mod 2^(w-24)) << 24
+        nb = width - mbits
+        b_hi = b.as_unsigned()[mbits:width]
+        corr = tree_sum([Mux(b_hi[i], a.as_unsigned()[:nb - i] << i, 0) for i in range(nb)])
+        m.d.comb += mul.eq(Cat(prod[:mbits], prod[mbits:width] + corr))
+    else:                # b mod 2^w = M
+        m.d.comb += mul.eq(prod[:width])
 
-    def left():                  # s < 0: (a << -s) wrapped to width bits; -s <= 2^(sbits-1), and a
-        n = amount()             # shift by that much (its top bit) leaves 0, so the barrel shifter
-        return Mux(n[sbits - 1], 0, (a << n[:sbits - 1])[:width])   # takes the low bits only
-
-    def neg_b():                 # CLIP: -b wrapped to width bits
-        return (-b)[:width].as_signed()
-
-    def clip_lo():
-        return Mux(a < neg_b(), neg_b(), a)
-
-    def c_lo():
-        return b[0:8].as_signed()
-
-    def c_hi():
-        return b[8:16].as_signed()
-
-    def clamp(v):                # min(max(v(), lo), hi), v() built once per use
-        def up():
-            return Mux(v() < c_lo(), c_lo(), v())
-        return Mux(up() > c_hi(), c_hi(), up())
-
-    def requant_shifted():       # REQUANT: (a + r) >> s, the sum wrapped to width bits
-        if width < 22:
-            return a
-        rq_s = b[16:21]
-        rq_half = Mux(b[21], (Const(1, 33) << rq_s)[1:width + 1], 0)   # 2^(s-1), 0 for s = 0
-        return (a + rq_half)[:width].as_signed() >> rq_s
-
-    sc_m = b.as_unsigned()[:min(24, width)]
+    # ---- the adder and the rounding right shift: (x + r) >> k --------------------------------------------
+    # SCALE: x = a * M (not wrapped), k = b[29:24], r = 2^(k-1); REQUANT (w >= 22): x = a, k = b[20:16],
+    # r = 2^(k-1) if b[21]; FLUSH: k = imm[4:0], r = 2^(k-1) if imm[5]; SHR by s >= 0: k = s; ADD: r = b.
+    # Sums other than SCALE's wrap to width bits. For SCALE with k >= p_bits the result is 0, which a
+    # rounding term of 2^(p_bits-1) gives too (the sum is then in (0, 2^p_bits)).
     sc_k = b.as_unsigned()[24:30] if width > 24 else Const(0, 1)
-
-    # SCALE before saturation: (a * M + 2^(k-1)) >> k. |a * M| < 2^(p_bits-1), so for k >= p_bits the
-    # result is 0, which a rounding term of 2^(p_bits-1) gives too (the sum is then in (0, 2^p_bits)):
-    # the term saturates there instead of being a 127-bit shift. The sum stays wider than 64 bits, as
-    # in the calibrated design (the product plus a 63-bit term): summed at the product's own width
-    # (58 bits, what Verilator would evaluate cheaply) the routed ECP5 lane lost a quarter of its
-    # Fmax (33 -> 26 MHz, two placement seeds each). Measured again (lane alone, seeds 1/2, against
-    # 34.4/33.6 MHz here): a 64-bit sum 24.0/24.3 MHz, 65 bits 32.8/33.1, rounding after the shift
-    # ((((a * M) << 1) >> k) + 1) >> 1 28.0-29.3. The cost in simulation: Verilator evaluates this
-    # wide sum on every cycle in all lanes: at 64 bits the rtl model ran 1.29-1.36x faster (at 65,
-    # 1.03-1.10x). A SCALE cheap for both needs its own pipeline stage (a cycle-count change).
-    p_bits = width + len(sc_m)
-
-    def scaled():
-        k_half = Mux(sc_k > p_bits, p_bits, sc_k)
-        sc_half = (Const(1, 1) << k_half)[1:p_bits + 1]   # 2^(k-1), 0 for k = 0
-        return (a * sc_m + Const(0, 63) + sc_half) >> sc_k
+    rq_k = b.as_unsigned()[16:21] if width >= 22 else Const(0, 1)
+    rq_rnd = b[21] if width >= 22 else Const(0, 1)
+    k = Signal(6)
+    m.d.comb += k.eq(Mux(is_scale, sc_k, Mux(is_rq, rq_k, Mux(is_flush, imm.as_unsigned()[0:5],
+                         Mux((op == AluOp.SHR) & ~b[sbits - 1], b.as_unsigned()[:sbits - 1], 0)))))
+    k_half = Signal(range(p_bits + 1))
+    m.d.comb += k_half.eq(Mux(is_scale & (sc_k > p_bits), p_bits, k))
+    rnd = is_scale | (is_rq & rq_rnd) | (is_flush & imm[5])
+    addend = Signal(signed(p_bits + 1))     # ADD's b, else 2^(k-1) when rounding (0 for k = 0)
+    m.d.comb += addend.eq(Mux(op == AluOp.ADD, b, Mux(rnd, (Const(1, p_bits + 1) << k_half)[1:], 0)))
+    total = Signal(signed(p_bits + 1))
+    m.d.comb += total.eq(Mux(is_scale, prod, a) + addend)
+    shifted = Signal(signed(p_bits + 1))
+    m.d.comb += shifted.eq(Mux(is_scale, total, total[:width].as_signed()) >> k)
+    # ---- saturation to width bits (only SCALE's shifted sum can exceed them), then the clamp ----------
+    over = shifted[width - 1:]
+    sat = Signal(signed(width))
+    m.d.comb += sat.eq(Mux((over == 0) | (over == (1 << len(over)) - 1), shifted[:width],
+                           Mux(shifted[-1], bottom, top)))
+    f_lo, f_hi = flush_bounds(imm)
+    lo, hi = Signal(signed(width)), Signal(signed(width))
+    m.d.comb += [lo.eq(Mux(is_max, b, Mux(is_clip, (-b)[:width].as_signed(),
+                                          Mux(is_flush, f_lo, b[0:8].as_signed())))),
+                 hi.eq(Mux(is_min | is_clip, b, Mux(is_flush, f_hi, b[8:16].as_signed())))]
+    bounded = is_clamp | is_rq | is_flush | is_clip
+    up = Signal(signed(width))
+    m.d.comb += up.eq(Mux((bounded | is_max) & (sat < lo), lo, sat))
+    rsh = Signal(signed(width))
+    m.d.comb += rsh.eq(Mux((bounded | is_min) & (up > hi), hi, up))
 
     with m.Switch(op):
-        with m.Case(AluOp.MIN):
-            m.d.comb += out.eq(Mux(a < b, a, b))
-        with m.Case(AluOp.MAX):
-            m.d.comb += out.eq(Mux(a > b, a, b))
-        with m.Case(AluOp.ADD):
-            m.d.comb += out.eq(a + b)
         with m.Case(AluOp.SHR):
-            m.d.comb += out.eq(Mux(s() < 0, left(), a >> amount()))
+            m.d.comb += out.eq(Mux(b[sbits - 1], left(), rsh))
         with m.Case(AluOp.MUL):
-            m.d.comb += out.eq(a * b)
-        with m.Case(AluOp.CLIP):
-            m.d.comb += out.eq(Mux(clip_lo() > b, b, clip_lo()))
+            m.d.comb += out.eq(mul)
         with m.Case(AluOp.MOV):
             m.d.comb += out.eq(b)
-        with m.Case(AluOp.CLAMP):
-            m.d.comb += out.eq(clamp(lambda: a))
-        with m.Case(AluOp.REQUANT):
-            m.d.comb += out.eq(clamp(requant_shifted))
-        with m.Case(AluOp.SCALE):
-            m.d.comb += out.eq(Mux(scaled() > top, top, Mux(scaled() < bottom, bottom, scaled()[:width])))
-        with m.Case(AluOp.FLUSH):
-            m.d.comb += out.eq(flush_lane(a, imm))
+        with m.Case(AluOp.MIN, AluOp.MAX, AluOp.ADD, AluOp.CLIP, AluOp.CLAMP, AluOp.REQUANT, AluOp.SCALE,
+                    AluOp.FLUSH):
+            m.d.comb += out.eq(rsh)
         with m.Default():   # undefined op codes leave dst unchanged
             m.d.comb += out.eq(a)
     return out
 
 
+def flush_bounds(imm):
+    """FLUSH's clamp bounds (lo, hi) from its immediate: hi = imm[14:7] signed; lo = 0 (imm[6]),
+    -hi (imm[15]: symmetric) or -hi - 1."""
+    def f_hi():
+        return imm[7:15].as_signed()
+    return Mux(imm[6], 0, Mux(imm[15], -f_hi(), ~f_hi())), f_hi()
+
+
+def tree_sum(values: list):
+    """Balanced adder tree (shallower than a chain of additions)."""
+    while len(values) > 1:
+        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+    return values[0]
+
+
 def flush_lane(a, imm):
     """FLUSH's output-buffer value of one lane: clamp((a + r) >> s) to [lo, hi], the parameters
-    from the immediate (see AluOp.FLUSH). a, imm: signed(width). Every term is built per use, as
-    alu_lane's: a term with two readers is evaluated on every cycle in simulation."""
+    from the immediate (see AluOp.FLUSH); GemmCore's flushing micro-ops. a, imm: signed(width). Every
+    term is built per use: a term with two readers is evaluated on every cycle in simulation."""
     width = len(a)
 
     def f_s():
         return imm[0:5]
 
-    def f_hi():
-        return imm[7:15].as_signed()
+    def f_lo():
+        return flush_bounds(imm)[0]
 
-    def f_lo():                  # 0, -hi (symmetric) or -hi - 1
-        return Mux(imm[6], 0, Mux(imm[15], -f_hi(), ~f_hi()))
+    def f_hi():
+        return flush_bounds(imm)[1]
 
     def shifted():
         return (a + Mux(imm[5], (Const(1, 33) << f_s())[1:width + 1], 0))[:width].as_signed() >> f_s()

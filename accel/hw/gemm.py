@@ -15,10 +15,12 @@ output buffer their narrowed sum. The bypass forwards what was written to the ac
 
 DSP packing (two products per multiplier, as Xilinx packs INT8 into its DSPs): output lanes 2j and
 2j+1 multiply the same input element, so S2 computes inp * ((w_{2j+1} << S) + w_{2j}) once, with
-S = inp_width + wgt_width (each product fits S signed bits). The low S bits, read as signed, are
-the even lane's product exactly; the bits above them, floored, are the odd lane's product minus 1
-where the even one is negative, a borrow that is added back once per dot product (a count of the
-borrow bits) instead of per product. Bit-exact; same cycles. Packing is used where the packed
+S = inp_width + wgt_width (each product fits S signed bits). The packed operand is wiring and a
+narrow subtract (packed_operand). Two packed products are summed before they are split: the low S
+bits of the sum, read as signed (100...0 as +2^(S-1), the one sum out of that range), are the even
+lane's two products; the bits above them, floored, are the odd lane's minus 1 where the even sum is
+negative, a borrow that is added back once per dot product (a count of the borrow bits) instead of
+per pair. Bit-exact; same cycles. Packing is used where the packed
 operand fits a DSP48E1's 25-bit port and the input its 18-bit one (8-bit inputs and weights).
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ from amaranth.lib.wiring import In, Out
 from accel.isa import AccelConfig
 from accel.isa.config import ALU_IMM_BITS
 
-from .alu import flush_lane
+from .alu import flush_lane, tree_sum
 from .layouts import lanes, read_signature
 
 
@@ -58,20 +60,41 @@ def split_packed(p: int, shift: int) -> tuple[int, int]:
     return (p >> shift) + borrow, low - (borrow << shift)
 
 
+def split_pair(q: int, shift: int) -> tuple[int, int]:
+    """Python model of the split of a sum of two packed products: its low sum lies in
+    (-2^(shift-1), 2^(shift-1)] (each product's magnitude is at most 2^(shift-2)), so the low `shift`
+    bits read as signed except that 100...0 is +2^(shift-1); hi takes the borrow where lo < 0."""
+    low = q & ((1 << shift) - 1)
+    borrow = int(low >> (shift - 1) == 1 and low != 1 << (shift - 1))
+    return (q >> shift) + borrow, low - (borrow << shift)
+
+
+def packed_operand(w_hi, w_lo, shift: int):
+    """Amaranth: (w_hi << shift) + w_lo as wires and a narrow subtract (no shift-wide adder): the low
+    `shift` bits are w_lo sign-extended, the bits above w_hi - (w_lo < 0)."""
+    top = (w_hi - w_lo[-1])[:len(w_hi) + 1]
+    return Cat(w_lo, w_lo[-1].replicate(shift - len(w_lo)), top).as_signed()
+
+
 def packed_dots(inp: list, w_lo: list, w_hi: list, shift: int) -> tuple:
-    """Amaranth: (sum inp*w_hi, sum inp*w_lo) with one multiply per element pair."""
-    prods = [a * ((wh << shift) + wl) for a, wl, wh in zip(inp, w_lo, w_hi)]
-    lo = [p[:shift].as_signed() for p in prods]
-    hi = [p[shift:].as_signed() for p in prods]
-    borrows = tree_sum([p[shift - 1].as_unsigned() for p in prods])
-    return tree_sum(hi) + borrows, tree_sum(lo)
-
-
-def tree_sum(values: list):
-    """Balanced adder tree (shallower than a chain of additions)."""
-    while len(values) > 1:
-        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
-    return values[0]
+    """Amaranth: (sum inp*w_hi, sum inp*w_lo) with one multiply per element pair. Products are
+    summed two by two before the split (split_pair; an add a DSP's post-adder can take), which
+    halves the inputs of the two adder trees and of the borrow count."""
+    prods = [a * packed_operand(wh, wl, shift) for a, wl, wh in zip(inp, w_lo, w_hi)]
+    lo, hi, borrows = [], [], []
+    for i in range(0, len(prods), 2):
+        if i + 1 < len(prods):
+            q = prods[i] + prods[i + 1]
+            low = q[:shift]
+            borrow = low[shift - 1] & (low[:shift - 1] != 0)     # 100...0 is +2^(shift-1)
+            lo.append(Cat(low, borrow).as_signed())
+        else:
+            q = prods[i]
+            borrow = q[shift - 1]
+            lo.append(q[:shift].as_signed())
+        hi.append(q[shift:].as_signed())
+        borrows.append(borrow.as_unsigned())
+    return tree_sum(hi) + tree_sum(borrows), tree_sum(lo)
 
 
 class GemmCore(wiring.Component):

@@ -248,6 +248,45 @@ def test_packed_dot_products_rtl_sum_the_borrows_once_per_dot():
     # every low product negative and the sums at their extremes
     assert run([-128] * 16, [-128] * 16, [127] * 16) == (16 << 14, -16 * 128 * 127)
     assert run([127] * 16, [-128] * 16, [-128] * 16) == (-16 * 127 * 128,) * 2
+    # every pair's low sum at +2^15, the one value outside a signed 16-bit field, and at its minimum
+    assert run([-128] * 16, [127] * 16, [-128] * 16) == (-16 * 128 * 127, 16 << 14)
+    assert run([-128, 127] * 8, [-128, 127] * 8, [127, -128] * 8) == (8 * (1 << 14) + 8 * 127 * 127, -16 * 128 * 127)
+
+
+def test_dsp_packing_pair_split_model_is_exact_over_the_whole_low_range():
+    """split_pair for every low sum two int8 products can reach (-2^15, 2^15] and high sums at
+    their extremes: the one pattern 100...0 reads as +2^15."""
+    from accel.hw.gemm import split_pair
+    lo = np.arange(-(1 << 15) + 1, (1 << 15) + 1, dtype=np.int64)
+    for hi in (-(1 << 15), -16256, -1, 0, 1, 16256, 1 << 15):
+        q = (hi << 16) + lo
+        got = [split_pair(int(v), 16) for v in q]
+        assert [g[0] for g in got] == [hi] * len(lo) and [g[1] for g in got] == lo.tolist(), hi
+
+
+def test_packed_dots_rtl_odd_length_mixes_pairs_and_a_single_product():
+    """Three elements: one summed pair and one product split on its own, at the extremes."""
+    dut = _PackedDots(3)
+    vals = (-128, -127, -1, 0, 1, 127)
+    rng = np.random.default_rng(3)
+    cases = [tuple(int(v) for v in rng.choice(vals, 9)) for _ in range(300)]
+    cases += [(-128,) * 9, (-128, -128, -128, 127, 127, 127, -128, -128, -128)]
+    bad = []
+
+    async def tb(ctx):
+        for c in cases:
+            a, wh, wl = c[0:3], c[3:6], c[6:9]
+            for sig, vals_ in ((dut.inp, a), (dut.w_hi, wh), (dut.w_lo, wl)):
+                for s_, v in zip(sig, vals_):
+                    ctx.set(s_, v)
+            got = (ctx.get(dut.hi), ctx.get(dut.lo))
+            if got != (int(np.dot(a, wh)), int(np.dot(a, wl))):
+                bad.append((c, got))
+
+    sim = Simulator(dut)
+    sim.add_testbench(tb)
+    sim.run()
+    assert not bad, bad[:5]
 
 
 def test_gemm_core_default_shape_packed_equals_plain_products_at_the_extremes():
@@ -432,6 +471,19 @@ def test_alu_lane_matches_the_isa_definition_at_each_accumulator_width(width):
     cases += [(AluOp.FLUSH, int(rng.choice(vals)), int(rng.choice(vals)), int(rng.integers(-(1 << 15), 1 << 15)))
               for _ in range(200)]
     _assert_lane_matches(width, cases)
+
+
+@pytest.mark.parametrize("width", [16, 32])
+def test_alu_lane_shared_multiplier_and_clamp_on_full_range_operands(width):
+    """The ops that share the lane's one multiplier (MUL's low bits: a x b[23:0] plus the narrow
+    a x b[31:24] correction; SCALE) and its one clamp (MIN, MAX, CLIP, CLAMP) on operands drawn
+    over the whole lane, each op right after another that uses the same unit differently."""
+    rng = np.random.default_rng(11 + width)
+    lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    pairs = [(int(a), int(b)) for a, b in rng.integers(lo, hi + 1, (150, 2))]
+    pairs += [(a, b) for a in (lo, hi, -1, 1) for b in (lo, hi, -1, 1, lo + 1, 1 << (width // 2))]
+    ops = (AluOp.MUL, AluOp.SCALE, AluOp.MIN, AluOp.CLIP, AluOp.MAX, AluOp.CLAMP, AluOp.ADD)
+    _assert_lane_matches(width, [(op, a, b) for a, b in pairs for op in ops])
 
 
 @pytest.mark.parametrize("width", [16, 32])
