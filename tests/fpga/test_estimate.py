@@ -65,12 +65,18 @@ def test_dsp_count_follows_mul2dsp(a, b, y, xc7, ecp5):
 
 def test_multipliers_of_the_tiny_core():
     """16 GEMM products packed two per 8 x 25 multiply (one DSP48E1, two 18x18 on ECP5); per ALU
-    lane MUL's and SCALE's (one multiplier after synth_ecp5's sharing)."""
+    lane one 32 x 25 product that MUL and SCALE share (four DSPs on either family)."""
     muls = multipliers(preset("tiny"))
-    assert [(m.module, m.count) for m in muls] == [("compute.gemm", 8), ("compute.alu", 4), ("compute.alu", 4),
-                                                   ("fetch.check", 1)]
-    assert sum(m.count * dsp_count(m, "xc7") for m in muls) == 8 + 4 * (3 + 4) + 2
+    assert [(m.module, m.count) for m in muls] == [("compute.gemm", 8), ("compute.alu", 4), ("fetch.check", 1)]
+    assert sum(m.count * dsp_count(m, "xc7") for m in muls) == 8 + 4 * 4 + 2
     assert sum(m.count * dsp_count(m, "ecp5") for m in multipliers(preset("tiny"), "ecp5")) == 16 + 4 * 4 + 1
+
+
+def test_default_core_fits_the_xc7z020_dsps_and_block_rams():
+    """The default (PYNQ-Z1) core by the exact parts of the estimate: 128 packed GEMM DSPs, 4 per
+    ALU lane, 2 for fetch's check; block RAM within the part."""
+    u = estimate(preset("default"), "xc7").utilization
+    assert u["dsp"] == 128 + 16 * 4 + 2 <= 220 and u["bram"] <= 140
 
 
 # ---- inventory against the RTL -------------------------------------------------------------------

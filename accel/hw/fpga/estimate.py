@@ -79,10 +79,10 @@ def memories(cfg: AccelConfig) -> list[tuple[str, MemShape]]:
 
 def multipliers(cfg: AccelConfig, family: str = "xc7") -> list[Mul]:
     """GEMM: one inp x wgt product per MAC, or per two MACs where GemmCore packs two products into
-    one inp x (packed weights) multiply (accel.hw.gemm.packing_shift); ALU per lane: MUL's acc x acc product (low acc_width
-    bits) and SCALE's full acc x multiplier product (the unsigned multiplier of up to 24 bits
-    enters signed, one bit wider). synth_ecp5's resource sharing merges the two ALU products (the
-    ops exclude each other) into one acc x (acc + 1) multiplier with the full product."""
+    one inp x (packed weights) multiply (accel.hw.gemm.packing_shift); ALU per lane: one acc x M
+    product, M = SCALE's unsigned multiplier of up to 24 bits (entering signed, one bit wider),
+    whose low bits MUL shares (accel.hw.alu.alu_lane: MUL's remaining term is a narrow shift-add
+    in LUTs)."""
     lanes = cfg.batch * cfg.block_out
     m = min(24, cfg.acc_width) + 1
     gemm = Mul("compute.gemm", cfg.inp_width, cfg.wgt_width, cfg.inp_width + cfg.wgt_width, cfg.macs_per_cycle)
@@ -97,10 +97,7 @@ def multipliers(cfg: AccelConfig, family: str = "xc7") -> list[Mul]:
     size = dict(formats_for(cfg)["LOAD"])["y_size"] + 2
     signed_only = family != "ecp5"
     check = Mul("fetch.check", size + signed_only, size + signed_only, 2 * size, 1)
-    if family == "ecp5":
-        return [gemm, Mul("compute.alu", cfg.acc_width, cfg.acc_width + 1, cfg.acc_width + m, lanes), check]
-    return [gemm, Mul("compute.alu", cfg.acc_width, cfg.acc_width, cfg.acc_width, lanes),
-            Mul("compute.alu", cfg.acc_width, m, cfg.acc_width + m, lanes), check]
+    return [gemm, Mul("compute.alu", cfg.acc_width, m, cfg.acc_width + m - 1, lanes), check]
 
 
 # yosys mul2dsp parameters per family: (A max, B max, A partial, B partial); signed-only DSPs keep
