@@ -6,7 +6,7 @@ row blocks as the pixels of one image), so w_t is the row blocks of a tile. Tile
 group outermost, row tiles inside: when one input chunk covers K (ic_t = K/bi), a group's weights
 are loaded once and stay for every row tile of the group: the first group's with its first tile,
 every next one's in pieces beside the row tiles of the group before it, into the other weight slot;
-when one row tile covers every row, the input is loaded once and every group reads it.
+the input stays on chip for every group when it fits (plan.dense_input_kept), loaded by the first group.
 A tile's input is r_a row blocks of ic_a entries in one LOAD (rows K/bi entries apart in DRAM;
 one contiguous run when the chunk covers K), its accumulator tile is (row, channel block)
 row-major, so the store writes r_a rows of o_a entries, and the GEMM walks (row, block) with the
@@ -17,26 +17,40 @@ from __future__ import annotations
 
 import logging
 
-from accel.isa import AluOp, MemType
+from accel.isa import AluOp, MemType, Stage
 
 from .epilogue import _operand_kernel, emit_requant, flush_params, set_requant_operand
 from .pipeline import TokenPipeline
-from .plan import _fits
+from .plan import _fits, dense_input_kept
 from .spec import PARAM_ENTRIES, Conv2dSpec, ConvTiling, Requant, ResidualAdd, TilingError, _ceil, _Geom, dense_view
 
 log = logging.getLogger(__name__)
 
 
-def _gemm_kernel(stream, r_a, o_a, ic_a, inp_base, wgt_base, acc_base):
-    """acc[r, o] += sum over ic of inp[r, ic] . wgt[o, ic]: loops (row, block), micro-ops the chunk."""
+def _gemm_kernel(stream, r_a, o_a, ic_a, inp_base, wgt_base, acc_base, band=None):
+    """acc[r, o] += sum over ic of inp[r, ic] . wgt[o, ic]: loops (row, block), micro-ops the chunk.
+    band=(a, z): only the tile's output blocks a..z-1."""
+    a, z = band or (0, o_a)
+
     def build(k):
         k.loop_begin(r_a, dst_factor=o_a, src_factor=ic_a, wgt_factor=0)
-        k.loop_begin(o_a, dst_factor=1, src_factor=0, wgt_factor=ic_a)
+        k.loop_begin(z - a, dst_factor=1, src_factor=0, wgt_factor=ic_a)
         for ic in range(ic_a):
-            k.push(acc_base, inp_base + ic, wgt_base + ic)
+            k.push(acc_base + a, inp_base + ic, wgt_base + a * ic_a + ic)
         k.loop_end()
         k.loop_end()
-    return stream.kernel(("dense.gemm", r_a, o_a, ic_a, inp_base, wgt_base, acc_base), build)
+    return stream.kernel(("dense.gemm", r_a, o_a, ic_a, inp_base, wgt_base, acc_base, a, z), build)
+
+
+def _blocks_bands(n: int, bands: int) -> list[tuple[int, int]]:
+    """bands (at most n) contiguous ranges covering 0..n-1, as even as can be."""
+    bands = max(1, min(bands, n))
+    return [(n * b // bands, n * (b + 1) // bands) for b in range(bands)]
+
+
+#: output-block bands the layer's first tile splits its weight load and GEMM into (a token each),
+#: so that compute starts on the first band's weights instead of waiting for the whole group's
+FILL_BANDS = 4
 
 
 def _bias_kernel(stream, acc_base, bias_base, r_a, o_a):
@@ -102,8 +116,11 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
     fused_res = flush is not None and residual is not None and not min(residual.ka, residual.kb)
     n_ic = _ceil(g.cb, t.ic_t)
     resident = n_ic == 1
-    # one row tile and one chunk: every tile reads the same input, loaded once into slot 0
-    inp_resident = resident and n_t >= g.nb
+    # the input stays on chip for every group when it fits beside the residual slots (always with one
+    # row tile): the first group loads each row tile's rows into their place, the later groups reuse them
+    inp_keep = dense_input_kept(g.nb, g.cb, cfg, t, residual is not None)
+    res_at = g.nb * g.cb if inp_keep else res_off   # first residual slot, then one per virtual thread
+    res_slot = n_t * t.o_t
     tiles = [(o0, r0) for o0 in range(0, g.ob, t.o_t) for r0 in range(0, g.nb, n_t)]
 
     def shape(i):
@@ -144,16 +161,23 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
         for ci, ic0 in enumerate(range(0, g.cb, t.ic_t)):
             ic_a = min(t.ic_t, g.cb - ic0)
             islot = j % S
-            inp_base = 0 if inp_resident else islot * inp_slot
+            inp_base = r0 * g.cb if inp_keep else islot * inp_slot
             wgt_base = (group % S if resident else islot) * wgt_slot
-            res_base = islot * inp_slot + res_off
+            res_base = res_at + islot * (res_slot if inp_keep else inp_slot)
             last_chunk = ci == n_ic - 1
             # ---- load stage
             pipe.before_load(j)
-            if not (inp_resident and j):
+            if not (inp_keep and group):
                 stream.load_2d(MemType.INP, inp_base, inp, r0 * g.cb + ic0, y_size=r_a, x_size=ic_a, x_stride=g.cb)
+            # the layer's first tile: its weights and GEMM in bands of output blocks (the pipeline's fill)
+            bands = (_blocks_bands(o_a, min(FILL_BANDS, cfg.dep_queue_depth - 2)) if ti == 0 and resident
+                     else [(0, o_a)])
             if not resident or (new_group and group not in prefetched):
-                stream.load_2d(MemType.WGT, wgt_base, wgt, o0 * g.cb + ic0, y_size=o_a, x_size=ic_a, x_stride=g.cb)
+                for b, (a, z) in enumerate(bands):
+                    stream.load_2d(MemType.WGT, wgt_base + a * ic_a, wgt, (o0 + a) * g.cb + ic0, y_size=z - a,
+                                   x_size=ic_a, x_stride=g.cb)
+                    if b < len(bands) - 1:
+                        stream.dep_push(Stage.LOAD, Stage.COMPUTE)
             r_i = r0 // n_t
             if prefetch and r_i >= 1 and o0 + t.o_t < g.ob:   # piece r_i - 1 of the next group's weights
                 o_next, o_n = o0 + t.o_t, min(t.o_t, g.ob - o0 - t.o_t)
@@ -187,15 +211,20 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
                     src = bias_base if bias_all is None else bias_all + o0
                     stream.push_alu(_bias_kernel(stream, acc_base, src, r_a, o_a), AluOp.MOV)
             pipe.before_compute()
-            gemm = _gemm_kernel(stream, r_a, o_a, ic_a, inp_base, wgt_base, acc_base)
-            if last_chunk and flush is not None and residual is None:
-                stream.push_epilogue(flush, seed_next(), seed_factor_in=1)
-                stream.push_gemm(gemm, flush=True)
-            elif last_chunk and conv_to_acc is not None:
-                stream.push_epilogue(conv_to_acc, to_acc=True)
-                stream.push_gemm(gemm, flush=True)
-            else:
-                stream.push_gemm(gemm)
+            seed = seed_next() if last_chunk and flush is not None and residual is None else None
+            for b, (a, z) in enumerate(bands):
+                if b:
+                    stream.dep_pop(Stage.LOAD, Stage.COMPUTE)
+                gemm = _gemm_kernel(stream, r_a, o_a, ic_a, inp_base, wgt_base, acc_base,
+                                    None if len(bands) == 1 else (a, z))
+                if seed is not None:
+                    stream.push_epilogue(flush, seed + a, seed_factor_in=1)
+                    stream.push_gemm(gemm, flush=True)
+                elif last_chunk and conv_to_acc is not None:
+                    stream.push_epilogue(conv_to_acc, to_acc=True)
+                    stream.push_gemm(gemm, flush=True)
+                else:
+                    stream.push_gemm(gemm)
             if not (residual is not None and last_chunk):
                 pipe.after_chunk(j)
             j += 1

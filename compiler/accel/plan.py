@@ -110,6 +110,16 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
     return {"gemm_uops": uops, "dram_bytes": inp_bytes + wgt_bytes + out_bytes, "cycles": total}
 
 
+def dense_input_kept(row_blocks: int, in_blocks: int, cfg: AccelConfig, t: ConvTiling, residual: bool = False
+                     ) -> bool:
+    """Whether compiler.accel.dense keeps a dense layer's whole input on chip for every output-channel
+    group: one chunk covers K, and every row block fits in the input buffer beside each slot's
+    residual tile (always so with one row tile)."""
+    if t.ic_t < in_blocks:
+        return False
+    return t.w_t >= row_blocks or row_blocks * in_blocks + t.vt * (t.w_t * t.o_t if residual else 0) <= cfg.inp_depth
+
+
 def _estimate_dense(view: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual: bool = False
                     ) -> dict[str, float]:
     """estimate_cycles of a dense layer (given as its dense_view; t.w_t row blocks a tile) as
@@ -133,24 +143,27 @@ def _estimate_dense(view: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
     wgt_chunk = rows(t.o_t, t.ic_t * cfg.wgt_elem_bytes, read_row, whole_k)
     whole_o = t.o_t >= g.ob
     res_tile = rows(t.w_t, t.o_t * cfg.inp_elem_bytes, read_row, whole_o) if residual else 0
-    if n_ic == 1:   # resident weights (and the input too when one row tile covers every row)
-        inp_tile = inp_chunk / tiles if n_r == 1 else inp_chunk
-        load_tile = inp_tile + CHUNK_CYCLES + res_tile + wgt_chunk / n_r
-        first_load = inp_chunk + wgt_chunk
+    kept = dense_input_kept(rows_b, g.cb, cfg, t, residual)
+    if n_ic == 1:   # resident weights (the next group's in pieces beside this one's tiles)
+        load_tile = inp_chunk + CHUNK_CYCLES + res_tile + wgt_chunk / n_r
+        # a kept input is read by the first group only: the later groups' tiles load no rows
+        load_later = load_tile - (inp_chunk if kept else 0)
     else:
-        load_tile = n_ic * (inp_chunk + wgt_chunk + CHUNK_CYCLES) + res_tile
-        first_load = inp_chunk + wgt_chunk
+        load_tile = load_later = n_ic * (inp_chunk + wgt_chunk + CHUNK_CYCLES) + res_tile
+    first_load = inp_chunk + wgt_chunk
     entries = t.o_t * t.w_t
     gemm_tile = entries * (g.cb + (1 if residual else 0)) + n_ic * (INSN_CYCLES + CHUNK_CYCLES)
     epilogue = min(tiles, t.vt) / tiles * entries + 3 * INSN_CYCLES
     store_tile = rows(t.w_t, t.o_t * cfg.out_elem_bytes, write_row, whole_o)
     compute_tile = gemm_tile + epilogue
-    if t.vt > 1:
-        stages = (load_tile, compute_tile, store_tile)
-        total = first_load + tiles * (max(stages) + OVERLAP_LOSS * (sum(stages) - max(stages))) + epilogue + store_tile
+    if t.vt > 1:   # the first group's tiles at their pace, the later groups' at theirs
+        def pace(load):
+            stages = (load, compute_tile, store_tile)
+            return max(stages) + OVERLAP_LOSS * (sum(stages) - max(stages))
+        total = first_load + n_r * pace(load_tile) + (tiles - n_r) * pace(load_later) + epilogue + store_tile
     else:
-        total = tiles * (load_tile + compute_tile + store_tile)
-    inp_bytes = (1 if n_ic == 1 and n_r == 1 else n_o) * rows_b * g.cb * cfg.inp_elem_bytes
+        total = n_r * load_tile + (tiles - n_r) * load_later + tiles * (compute_tile + store_tile)
+    inp_bytes = (1 if kept else n_o) * rows_b * g.cb * cfg.inp_elem_bytes
     wgt_bytes = (n_o if n_ic == 1 else tiles * n_ic) * t.o_t * t.ic_t * cfg.wgt_elem_bytes
     out_bytes = rows_b * g.ob * cfg.out_elem_bytes
     return {"gemm_uops": rows_b * g.ob * g.cb, "dram_bytes": inp_bytes + wgt_bytes + out_bytes, "cycles": total}
