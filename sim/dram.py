@@ -1,10 +1,13 @@
 """DramModel: the one definition of the DRAM's timing, shared by the Verilator harness (sim/verilator,
 through ctypes arguments) and the timing model (sim/tsim). Both must implement exactly this:
 
-Reads (the AXI read channel; the accelerator keeps at most one read burst in flight):
-  ARREADY is always high. For a burst whose AR handshake is in cycle a, beat k (k = 0, 1, ...)
-  is *available* from cycle a + read_latency + floor(k * bus_bytes / bytes_per_cycle); RVALID
-  shows it from max(available, cycle after beat k-1 was taken), and holds it until RREADY.
+Reads (the AXI read channel; the accelerator keeps up to AccelConfig.read_outstanding bursts
+in flight): ARREADY is always high; bursts are answered in AR order. A burst whose AR handshake
+is in cycle a starts its data in cycle s = a + read_latency, or, when throttled, not before the
+previous burst's data is produced: s = max(a + read_latency, s_prev + floor(beats_prev * bus_bytes
+/ bytes_per_cycle)). Its beat k (k = 0, 1, ...) is *available* from s + floor(k * bus_bytes /
+bytes_per_cycle); RVALID shows it from max(available, cycle after the previous beat, of this or
+the previous burst, was taken), and holds it until RREADY.
 Writes (the AXI write channel, independent of reads):
   AWREADY is always high. For a burst whose AW handshake is in cycle w, WREADY accepts beat k
   from cycle w + 1 + floor(k * bus_bytes / bytes_per_cycle). Its write response (BVALID) comes

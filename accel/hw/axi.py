@@ -2,13 +2,15 @@
 write channel of the store stage.
 
 Interfaces: `rd[i]` (ReadClientSignature, flipped) per read client, `wr` (WriteClientSignature,
-flipped), `bus` (AXI4Signature). Reads: one burst in flight on the bus at a time. When no
-burst is in flight the arbiter grants, combinationally, the first client requesting AR in
-round-robin order after the client granted last (order 0, 1, 2, ... = fetch, load, compute);
-an AR offered and not accepted (ARREADY low) keeps its client's grant (a registered hold), so
-ARID/ARADDR/ARLEN stay stable while ARVALID is high, as AXI requires (clients never withdraw a
-request); the grant holds from the AR handshake until the R beat with RLAST, and a new AR can be
-issued in the cycle after that beat. Writes pass straight through (the store is the only writer).
+flipped), `bus` (AXI4Signature). Reads: up to cfg.read_outstanding bursts in flight on the bus
+(all clients together; a burst counts from its AR handshake to its RLAST beat, and its slot is
+free from the cycle after). While a slot is free the arbiter grants, combinationally, the first
+client requesting AR in round-robin order after the client granted last (order 0, 1, 2, ... =
+fetch, load, compute); an AR offered and not accepted (ARREADY low) keeps its client's grant (a
+registered hold), so ARID/ARADDR/ARLEN stay stable while ARVALID is high, as AXI requires (clients
+never withdraw a request). R beats go to the clients in AR order (the DRAM answers in order; a beat
+whose RID is not its client's is a bus error). Writes pass straight through (the store is the only writer), with
+at most cfg.write_outstanding bursts awaiting their B: AWVALID waits for a free slot.
 All bursts are INCR with full-width beats (ARSIZE/AWSIZE = log2(bus bytes)); ARID is the read
 client's index, AWID 0. bus_error flags a response other than OKAY or with an unexpected ID.
 Quiescing (before the core is reset by start or SOFT_RESET): while `quiesce` is high no new AR or
@@ -19,7 +21,7 @@ transaction. The master itself is never reset mid-run for that reason.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Signal
+from amaranth.hdl import Array, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -112,9 +114,9 @@ class AxiMaster(wiring.Component):
         m = Module()
         cfg, n, bus = self.cfg, self.n_read, self.bus
         size = Const((cfg.bus_bytes - 1).bit_length(), 3)
+        max_rd = cfg.read_outstanding
 
-        locked = Signal()                 # a read burst is in flight
-        owner = Signal(range(n))          # its client
+        inflight = Signal(range(max_rd + 1))  # read bursts whose AR was taken and whose RLAST has not come
         last = Signal(range(n), init=n - 1)   # client granted last (round-robin pointer)
         grant = Signal(range(n))
         any_req = Signal()
@@ -136,35 +138,49 @@ class AxiMaster(wiring.Component):
 
         ar_offered = Signal()             # AR shown and not yet taken: it must stay
         m.d.sync += ar_offered.eq(bus.arvalid & ~bus.arready)
-        m.d.comb += [bus.arvalid.eq(any_req & ~locked & (~self.quiesce | ar_offered)), bus.arid.eq(grant), bus.arsize.eq(size), bus.arburst.eq(AXI_BURST_INCR),
+        # a free slot: inflight only falls while an AR waits, so an offered AR keeps its slot
+        m.d.comb += [bus.arvalid.eq(any_req & (inflight < max_rd) & (~self.quiesce | ar_offered)),
+                     bus.arid.eq(grant), bus.arsize.eq(size), bus.arburst.eq(AXI_BURST_INCR),
                      bus.arcache.eq(AXI_CACHE_NORMAL), bus.arlock.eq(0), bus.arprot.eq(0)]
         with m.Switch(grant):
             for c in range(n):
                 with m.Case(c):
                     m.d.comb += [bus.araddr.eq(self.rd[c].ar_addr), bus.arlen.eq(self.rd[c].ar_len),
                                  self.rd[c].ar_ready.eq(bus.arready & bus.arvalid)]
-        with m.If(bus.arvalid & bus.arready):
-            m.d.sync += [locked.eq(1), owner.eq(grant), last.eq(grant)]
+        ar_fire = bus.arvalid & bus.arready
+        with m.If(ar_fire):
+            m.d.sync += last.eq(grant)
         with m.If(self.quiesce & self.idle):     # the core's reset cycle: every run arbitrates alike
-            m.d.sync += [last.eq(n - 1), owner.eq(0)]
+            m.d.sync += last.eq(n - 1)
 
+        # Bursts come back in AR order: a FIFO of the granted clients names the owner of the R beats
+        # (registers only, so RREADY never depends combinationally on a bus input); a beat whose
+        # RID is not that owner's is a bus error.
+        order = Array(Signal(range(n), name=f"rd_order{i}") for i in range(max_rd))
+        o_wr, o_rd = Signal(range(max_rd)), Signal(range(max_rd))
+        owner = Signal(range(n))
+        m.d.comb += owner.eq(order[o_rd])
         for c in range(n):
-            m.d.comb += [self.rd[c].r_valid.eq(bus.rvalid & locked & (owner == c)),
+            m.d.comb += [self.rd[c].r_valid.eq(bus.rvalid & (inflight != 0) & (owner == c)),
                          self.rd[c].r_data.eq(bus.rdata), self.rd[c].r_last.eq(bus.rlast)]
         with m.Switch(owner):
             for c in range(n):
                 with m.Case(c):
-                    m.d.comb += bus.rready.eq(locked & (self.rd[c].r_ready | self.quiesce))
+                    m.d.comb += bus.rready.eq((inflight != 0) & (self.rd[c].r_ready | self.quiesce))
         r_fire = bus.rvalid & bus.rready
-        with m.If(r_fire & bus.rlast):
-            m.d.sync += locked.eq(0)
+        r_done = r_fire & bus.rlast
+        m.d.sync += inflight.eq(inflight + ar_fire - r_done)
+        with m.If(ar_fire):
+            m.d.sync += [order[o_wr].eq(grant), o_wr.eq(Mux(o_wr == max_rd - 1, 0, o_wr + 1))]
+        with m.If(r_done):
+            m.d.sync += o_rd.eq(Mux(o_rd == max_rd - 1, 0, o_rd + 1))
 
         wr = self.wr
         aw_offered = Signal()
         m.d.sync += aw_offered.eq(bus.awvalid & ~bus.awready)
-        open_writes = Signal(4)           # bursts whose AW was taken and whose B has not come
+        open_writes = Signal(range(cfg.write_outstanding + 1))   # AW taken, B not yet come
         m.d.sync += open_writes.eq(open_writes + (bus.awvalid & bus.awready) - (bus.bvalid & bus.bready))
-        m.d.comb += [bus.awvalid.eq(wr.aw_valid & (~self.quiesce | aw_offered)), bus.awid.eq(WRITE_ID), bus.awaddr.eq(wr.aw_addr), bus.awlen.eq(wr.aw_len),
+        m.d.comb += [bus.awvalid.eq(wr.aw_valid & (open_writes < cfg.write_outstanding) & (~self.quiesce | aw_offered)), bus.awid.eq(WRITE_ID), bus.awaddr.eq(wr.aw_addr), bus.awlen.eq(wr.aw_len),
                      bus.awsize.eq(size), bus.awburst.eq(AXI_BURST_INCR), bus.awcache.eq(AXI_CACHE_NORMAL),
                      bus.awlock.eq(0), bus.awprot.eq(0), wr.aw_ready.eq(bus.awready & bus.awvalid),
                      bus.wvalid.eq(wr.w_valid), bus.wdata.eq(wr.w_data), bus.wstrb.eq(wr.w_strb),
@@ -172,8 +188,8 @@ class AxiMaster(wiring.Component):
                      wr.b_valid.eq(bus.bvalid), bus.bready.eq(wr.b_ready | self.quiesce)]
 
         w_fire = bus.wvalid & bus.wready
-        m.d.comb += self.idle.eq(~locked & ~bus.arvalid & ~bus.awvalid & (open_writes == 0))
-        m.d.comb += [self.rd_beat.eq(r_fire), self.wr_beat.eq(w_fire), self.rd_idle.eq(~locked),
+        m.d.comb += self.idle.eq((inflight == 0) & ~bus.arvalid & ~bus.awvalid & (open_writes == 0))
+        m.d.comb += [self.rd_beat.eq(r_fire), self.wr_beat.eq(w_fire), self.rd_idle.eq(inflight == 0),
                      self.bus_error.eq((r_fire & ((bus.rresp != AXI_RESP_OKAY) | (bus.rid != owner))) |
                                        (bus.bvalid & bus.bready & ((bus.bresp != AXI_RESP_OKAY) |
                                                                    (bus.bid != WRITE_ID))))]

@@ -1,16 +1,18 @@
 """Load stage: 2-D strided DMA from DRAM into the input and weight buffers, zero padding on the fly.
 
-TileLoader (also used by compute for micro-op and accumulator loads) walks the padded tile
-row-major, writing one buffer entry per cycle from sram_base up. Timing, after `start` in
-cycle s: the first column is handled in s+1. A zero (padding) entry takes 1 cycle. A data
-segment (the x_size entries of a non-padding row) takes 1 cycle to start the ReadDMA, then
-the DMA's time (see dma.py): entries are written in the cycle they arrive and the next column
-(right padding or next row) is handled in the cycle after the last one. busy drops in the
-cycle after the last entry is written. LoadStage = StageControl + TileLoader(INP, WGT).
+TileLoader (also used by compute for micro-op and accumulator loads) fills the padded tile
+(row-major from sram_base up) from two sources that share the buffer's write port. Timing, after
+`start` in cycle s: data rows go to the ReadDMA as one command in cycle s (its first AR in s+1,
+the next bursts back to back, see dma.py), and each data entry is written in the cycle the DMA
+emits it. Padding zeros are written one per cycle from s+1 in row-major order, each in the first
+cycle whose write port the data leaves free; a data row without padding columns costs the
+padding walker one cycle (no write), and a tile without any padding has no walker at all.
+busy drops in the cycle after the last entry (data or padding) is written. LoadStage =
+StageControl + TileLoader(INP, WGT).
 """
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal, unsigned
+from amaranth.hdl import Module, Mux, Signal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import WritePort
 from amaranth.lib.wiring import In, Out
@@ -51,70 +53,86 @@ class TileLoader(wiring.Component):
         m = Module()
         cfg = self.cfg
         aw = cfg.dram_addr_width
-        m.submodules.dma = dma = ReadDMA(cfg, tuple(elem_bytes(cfg, mt) for mt in self.mem_types))
+        m.submodules.dma = dma = ReadDMA(cfg, tuple(elem_bytes(cfg, mt) for mt in self.mem_types),
+                                         rows_width=SIZE_BITS)
         wiring.connect(m, wiring.flipped(self.dma), dma.bus)
 
-        ld = decode(cfg, "LOAD", self.insn)
+        ld = decode(cfg, "LOAD", self.insn)       # stable while busy
         dim = SIZE_BITS + 1
         n_rows, n_cols = Signal(dim + 1), Signal(dim + 1)
         data_y_end, data_x_end = Signal(dim + 1), Signal(dim + 1)
         m.d.comb += [n_rows.eq(ld.y_pad0 + ld.y_size + ld.y_pad1), n_cols.eq(ld.x_pad0 + ld.x_size + ld.x_pad1),
                      data_y_end.eq(ld.y_pad0 + ld.y_size), data_x_end.eq(ld.x_pad0 + ld.x_size)]
 
-        sel = Signal(range(max(2, len(self.mem_types))))   # mem type being loaded (index)
+        sel_now = Signal(range(max(2, len(self.mem_types))))   # mem type of the instruction (index)
         served = Signal()
         dram_base_bytes, stride_bytes = Signal(aw), Signal(aw)
         with m.Switch(ld.mem_type):
             for i, mt in enumerate(self.mem_types):
                 with m.Case(mt):
                     le = log2(elem_bytes(cfg, mt))
-                    m.d.comb += [served.eq(1), dram_base_bytes.eq(ld.dram_base << le)]
-                    m.d.sync += [sel.eq(i), stride_bytes.eq(ld.x_stride << le)]
+                    m.d.comb += [served.eq(1), sel_now.eq(i), dram_base_bytes.eq(ld.dram_base << le),
+                                 stride_bytes.eq(ld.x_stride << le)]
+        sel = Signal.like(sel_now)            # mem type being loaded
+        go = Signal()
+        has_data = Signal()
+        any_pad = Signal()
+        m.d.comb += [go.eq(self.start & served & (n_rows != 0) & (n_cols != 0)),
+                     has_data.eq((ld.y_size != 0) & (ld.x_size != 0)),
+                     any_pad.eq((ld.y_pad0 != 0) | (ld.y_pad1 != 0) | (ld.x_pad0 != 0) | (ld.x_pad1 != 0))]
+        with m.If(go):
+            m.d.sync += sel.eq(sel_now)
 
-        y, x = Signal(dim + 1), Signal(dim + 1)
-        sram_addr = Signal(cfg.sram_idx_bits)
-        dram_row = Signal(aw)
-        write, wdata = Signal(), Signal(dma.max_bits)
+        # ---- data: one DMA command for every row; each entry written in the cycle it arrives -------
+        m.d.comb += [dma.start.eq(go & has_data), dma.addr.eq(dram_base_bytes), dma.count.eq(ld.x_size),
+                     dma.rows_minus1.eq(ld.y_size - 1), dma.stride.eq(stride_bytes), dma.sel.eq(sel_now)]
+        ib = cfg.sram_idx_bits
+        dptr, drow = Signal(ib), Signal(ib)   # next data entry's address; its row's first data column
+        first_data = Signal(ib)
+        m.d.comb += first_data.eq(ld.sram_base + ld.y_pad0 * n_cols + ld.x_pad0)
+        with m.If(go):
+            m.d.sync += [dptr.eq(first_data), drow.eq(first_data)]
+        with m.Elif(dma.out_valid & dma.out_row_last):
+            m.d.sync += [dptr.eq(drow + n_cols), drow.eq(drow + n_cols)]
+        with m.Elif(dma.out_valid):
+            m.d.sync += dptr.eq(dptr + 1)
 
-        def advance(nx):
-            with m.If(nx == n_cols):
-                m.d.sync += [y.eq(y + 1), x.eq(0)]
-                with m.If(y + 1 == n_rows):
-                    m.next = "IDLE"
+        # ---- padding: zeros, row-major, in the cycles the data leaves the write port free ----------
+        # (wy, wx): the next padding entry; wx == n_cols marks a data row without padding columns,
+        # passed in one cycle. Padding rows: columns 0..n_cols-1; data rows: 0..x_pad0-1, then
+        # data_x_end..n_cols-1.
+        w_active = Signal()
+        wy, wx = Signal(dim + 1), Signal(dim + 1)
+        prow = Signal(ib)                     # address of row wy's first entry
+
+        def is_data_row(y):
+            return (y >= ld.y_pad0) & (y < data_y_end)
+
+        def first_col(y):
+            return Mux(is_data_row(y) & (ld.x_pad0 == 0), data_x_end, 0)
+
+        pad_here = Signal()
+        m.d.comb += pad_here.eq(w_active & (wx != n_cols))
+        write_pad = Signal()
+        m.d.comb += write_pad.eq(pad_here & ~dma.out_valid)
+        nx = Signal(dim + 1)
+        m.d.comb += nx.eq(Mux(is_data_row(wy) & (wx + 1 == ld.x_pad0), data_x_end, wx + 1))
+        with m.If(go):
+            m.d.sync += [w_active.eq(any_pad | ~has_data), wy.eq(0), wx.eq(first_col(0)), prow.eq(ld.sram_base)]
+        with m.Elif(w_active & (~pad_here | write_pad)):
+            with m.If((wx == n_cols) | (nx == n_cols)):
+                m.d.sync += [wy.eq(wy + 1), wx.eq(first_col(wy + 1)), prow.eq(prow + n_cols)]
+                with m.If(wy + 1 == n_rows):
+                    m.d.sync += w_active.eq(0)
             with m.Else():
-                m.d.sync += x.eq(nx)
+                m.d.sync += wx.eq(nx)
 
-        data_row = (y >= ld.y_pad0) & (y < data_y_end)
-        with m.FSM():
-            with m.State("IDLE"):
-                with m.If(self.start & served & (n_rows != 0) & (n_cols != 0)):
-                    m.d.sync += [y.eq(0), x.eq(0), sram_addr.eq(ld.sram_base), dram_row.eq(dram_base_bytes)]
-                    m.next = "RUN"
-            with m.State("RUN"):
-                m.d.comb += self.busy.eq(1)
-                with m.If(data_row & (x == ld.x_pad0) & (ld.x_size != 0)):
-                    m.d.comb += [dma.start.eq(1), dma.addr.eq(dram_row), dma.count.eq(ld.x_size), dma.sel.eq(sel)]
-                    m.next = "DATA"
-                with m.Else():
-                    m.d.comb += [write.eq(1), wdata.eq(0)]
-                    m.d.sync += sram_addr.eq(sram_addr + 1)
-                    advance(x + 1)
-            with m.State("DATA"):
-                m.d.comb += self.busy.eq(1)
-                with m.If(dma.out_valid):
-                    m.d.comb += [write.eq(1), wdata.eq(dma.out_data)]
-                    m.d.sync += sram_addr.eq(sram_addr + 1)
-                with m.If(dma.out_valid & dma.out_last):
-                    m.d.sync += dram_row.eq(dram_row + stride_bytes)
-                    advance(data_x_end)
-                    with m.If(data_x_end != n_cols):
-                        m.next = "RUN"
-                    with m.Elif(y + 1 != n_rows):
-                        m.next = "RUN"
-
+        write, waddr, wdata = Signal(), Signal(ib), Signal(dma.max_bits)
+        m.d.comb += [write.eq(dma.out_valid | write_pad), waddr.eq(Mux(dma.out_valid, dptr, prow + wx)),
+                     wdata.eq(Mux(dma.out_valid, dma.out_data, 0)), self.busy.eq(dma.busy | w_active)]
         for i, mt in enumerate(self.mem_types):
             port = getattr(self, port_name(mt))
-            m.d.comb += [port.en.eq(write & (sel == i)), port.addr.eq(sram_addr[:idx_bits(cfg, mt)]),
+            m.d.comb += [port.en.eq(write & (sel == i)), port.addr.eq(waddr[:idx_bits(cfg, mt)]),
                          port.data.eq(wdata[:elem_bytes(cfg, mt) * 8])]
         return m
 

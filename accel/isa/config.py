@@ -42,6 +42,7 @@ MAX_ONCHIP_BYTES = 2 << 20      # the five buffers together: elaboration stays u
 # The AXI4 bus the DMAs (accel/hw/dma.py, store.py) and the timing model (sim/tsim) share.
 MAX_BURST_BEATS = 256       # AXI4 INCR limit
 BOUNDARY_BYTES = 4096        # an AXI burst must not cross a 4 KiB boundary
+MAX_OUTSTANDING = 8          # bursts in flight per direction (accel/hw/axi.py counters, Vivado NUM_*_OUTSTANDING)
 
 
 BUFFER_KEYS = ("uop_buff_bytes", "inp_buff_bytes", "wgt_buff_bytes", "acc_buff_bytes", "out_buff_bytes")
@@ -55,6 +56,7 @@ _RULES = {
     "bus_width": "allowed values are 32, 64, 128, 256, 512",
     **{k: "a power of two in [2, 4096]" for k in ("cmd_queue_depth", "dep_queue_depth")},
     "dram_addr_width": "allowed range is [16, 48]",
+    **{k: f"allowed range is [1, {MAX_OUTSTANDING}]" for k in ("read_outstanding", "write_outstanding")},
     "clock_mhz": "allowed range is [1, 1000]",
 }
 
@@ -81,6 +83,9 @@ class AccelConfig:
     bus_width: memory bus data width in bits (AXI data width).
     cmd_queue_depth: depth of the fetch -> load/compute/store command queues.
     dep_queue_depth: depth of each of the four dependency-token queues.
+    read_outstanding: read bursts the AXI master keeps in flight at once (all clients together),
+        so that loads are bound by DRAM bandwidth rather than latency.
+    write_outstanding: write bursts whose B response may be pending at once.
     dram_addr_width: DRAM address width in bits (byte addresses).
     clock_mhz: target clock, used for GOPS figures and board clocking.
     """
@@ -100,6 +105,8 @@ class AccelConfig:
     bus_width: int = 64
     cmd_queue_depth: int = 32
     dep_queue_depth: int = 32
+    read_outstanding: int = 4
+    write_outstanding: int = 4
     dram_addr_width: int = 32
     clock_mhz: float = 100.0
 
@@ -154,6 +161,9 @@ class AccelConfig:
             v = getattr(self, key)
             if not _is_pow2(v) or not 2 <= v <= 4096:
                 self._fail(key, "must be a power of two in [2, 4096]")
+        for key in ("read_outstanding", "write_outstanding"):
+            if not 1 <= getattr(self, key) <= MAX_OUTSTANDING:
+                self._fail(key, f"allowed range is [1, {MAX_OUTSTANDING}]")
         if not 16 <= self.dram_addr_width <= 48:
             self._fail("dram_addr_width", "allowed range is [16, 48]")
         if not 1.0 <= self.clock_mhz <= 1000.0:   # False for NaN

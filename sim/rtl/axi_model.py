@@ -8,7 +8,8 @@ race-free on both simulators. Its timing is sim.dram.DramModel's, the one DRAM d
 timing model (sim/tsim) and the Verilator harness (sim/verilator) implement too:
 
   ARREADY = AWREADY = 1. Reads are served in order; beat k of a burst whose AR handshake is in
-  cycle a is available from a + read_latency + floor(k * bus_bytes / bytes_per_cycle) and shown
+  cycle a is available from s + floor(k * bus_bytes / bytes_per_cycle), s = a + read_latency
+  (throttled: not before the previous burst's s + floor(beats * bus_bytes / bytes_per_cycle)), and shown
   from the cycle after beat k-1 was taken at the earliest, held until RREADY. WREADY accepts
   beat k of the oldest accepted AW (cycle w) from w + 1 + floor(k * bus_bytes / bytes_per_cycle).
   A burst's B response is valid write_latency cycles after its WLAST beat, at most one per cycle.
@@ -56,6 +57,7 @@ class AxiModel:
         self.bus_bytes = len(dut.m_axi_rdata) // 8
         self.dram = dram
         self.read_latency, self.write_latency = dram.read_latency, dram.write_latency
+        self.r_data_end = 0      # throttled reads: cycle the last accepted burst's data is produced
         self.rng = random.Random(stall_seed) if stall_seed is not None else None
         self.cycle = 0
         self.reads: deque = deque()     # [first_beat_cycle, addr, beats_left, id, beat index]
@@ -189,7 +191,11 @@ class AxiModel:
         self.cycle += 1
         # commit what happened at this edge
         if ar:
-            self.reads.append([self.cycle - 1 + self.read_latency, ar_req[0], ar_req[1], ar_req[2], 0])
+            start = self.cycle - 1 + self.read_latency
+            if self.dram.throttled(B):    # the DRAM streams the bursts' data one after another
+                start = max(start, self.r_data_end)
+                self.r_data_end = start + self.dram.beat_offset(ar_req[1], B)
+            self.reads.append([start, ar_req[0], ar_req[1], ar_req[2], 0])
         if r_fire:
             self.beats_read += 1
             r[1] += B

@@ -1,16 +1,20 @@
-"""The AXI read path: ReadDMA bursts (accel/hw/dma.py), the round-robin arbiter with one burst in
-flight (accel/hw/axi.py) and the DRAM's read timing (sim/dram.py), one event per burst.
+"""The AXI read path: ReadDMA bursts (accel/hw/dma.py), the round-robin arbiter with up to
+read_outstanding bursts in flight (accel/hw/axi.py) and the DRAM's read timing (sim/dram.py), one
+event per burst.
 
-A DMA command (addr, count entries of E bytes) becomes bursts (beat-aligned, at most
+A DMA command (addr, count entries of E bytes, per row) becomes bursts (beat-aligned, at most
 max_burst_beats, never across 4 KiB). A client requests AR from cycle q (the cycle after its
-command, or after the previous burst's RLAST); the arbiter grants in cycle g >= q when no burst is
-in flight, the first requester in round-robin order after the last one granted. Beat k is
-available from g + read_latency + offset(k); it moves when available, not before the cycle after
-beat k-1 moved, and stays on the bus for as many cycles as it carries wanted entries when E < B
-(the DMA emits one entry per cycle and holds the beat). The bus is free from the cycle after RLAST.
+command, or after its previous AR handshake); the arbiter grants in cycle g >= q while fewer than
+read_outstanding bursts are in flight (a burst counts up to its RLAST cycle), the first requester
+in round-robin order after the last one granted, one grant per cycle. The data of a burst starts
+at g + read_latency (throttled: not before the previous burst's data is produced); beat k is
+available from that start + offset(k); it moves when available, not before the cycle after the
+previous beat (of any burst) moved, and stays on the bus for as many cycles as it carries wanted
+entries when E < B (the DMA emits one entry per cycle and holds the beat).
 """
 from __future__ import annotations
 
+from collections import deque
 from functools import lru_cache
 
 from accel.isa.config import BOUNDARY_BYTES
@@ -66,43 +70,43 @@ def row_plan(addr: int, count: int, E: int, B: int, maxb: int) -> tuple[tuple[in
 class ReadBus:
     """Arbiter + DRAM read timing. Clients are 0 fetch, 1 load, 2 compute (accel/hw/top.py order)."""
 
-    __slots__ = ("loop", "L", "B", "bpc", "throttled", "pending", "free_from", "last", "n", "beats", "log", "arb_at",
-                 "granting")
+    __slots__ = ("loop", "L", "B", "bpc", "throttled", "pending", "last", "n", "beats", "log", "arb_at",
+                 "granting", "rlasts", "r_free", "data_end", "g_last")
 
-    def __init__(self, loop, dram: DramModel, bus_bytes: int, n_clients: int = 3, log: list | None = None):
+    def __init__(self, loop, dram: DramModel, bus_bytes: int, n_clients: int = 3, log: list | None = None,
+                 outstanding: int = 1):
         self.loop, self.L, self.B = loop, dram.read_latency, bus_bytes
         self.bpc = dram.bytes_per_cycle
         self.throttled = dram.throttled(bus_bytes)
         self.n = n_clients
         self.pending: list = [None] * n_clients   # per client: (q, on_grant) or None
-        self.free_from = 0
         self.last = n_clients - 1
         self.beats = 0
         self.log = log                            # (client, grant, rlast) per burst, when tracing
         self.arb_at = None                        # cycle of the one live arbitration event
         self.granting = False
+        self.rlasts = deque(maxlen=outstanding)   # RLAST cycles of the latest bursts (they come in order)
+        self.r_free = 0                           # the next R beat moves from this cycle on
+        self.data_end = 0                         # throttled: the DRAM has produced the last burst's data
+        self.g_last = -1                          # cycle of the last grant (one AR per cycle)
+
+    @property
+    def free_from(self) -> int:
+        """First cycle a burst slot is free: the cycle after the RLAST of the oldest of the latest
+        read_outstanding bursts (all of them are in flight until then)."""
+        r = self.rlasts
+        f = r[0] + 1 if len(r) == r.maxlen else 0
+        return f if f > self.g_last else self.g_last + 1
 
     def request(self, client: int, q: int, on_grant) -> None:
         """Client requests AR from cycle q; on_grant(g) returns the burst's RLAST cycle."""
         self.pending[client] = (q, on_grant)
         if not self.granting:
-            t = q if q > self.free_from else self.free_from
+            ff = self.free_from
+            t = q if q > ff else ff
             if self.arb_at is None or t < self.arb_at:
                 self.arb_at = t
                 self.loop.at(t, self._arbitrate, None, ARBITRATE)
-
-    def sole_horizon(self) -> int:
-        """Called by the client being granted: the last cycle up to which its next requests are
-        granted in the cycle they are made, which is what _arbitrate does while no rival is
-        pending and no event comes first that could add one (the one granting adds no events
-        before it returns); -1 when one is pending, or while tracing (_arbitrate logs each grant)."""
-        if self.log is not None:
-            return -1
-        for p in self.pending:
-            if p is not None:
-                return -1
-        heap = self.loop.heap
-        return min(heap[0][0] - 1, self.loop.limit) if heap else self.loop.limit
 
     def _arbitrate(self, T: int, _=None) -> None:
         if T != self.arb_at:
@@ -121,7 +125,8 @@ class ReadBus:
                     self.granting = True
                     f = p[1](T)
                     self.granting = False
-                    self.free_from = f + 1
+                    self.rlasts.append(f)
+                    self.g_last = T
                     if self.log is not None:
                         self.log.append((c, T, f))
                     break
@@ -143,52 +148,69 @@ class ReadBus:
             loop.at(nxt, self._arbitrate, None, ARBITRATE)
             return
 
+    def _start(self, g: int, beats: int) -> int:
+        """Cycle the data of a burst granted in g starts (sim/dram.py)."""
+        first = g + self.L
+        if self.throttled:
+            if first < self.data_end:
+                first = self.data_end
+            self.data_end = first + (beats * self.B) // self.bpc
+        return first
+
     def burst_times(self, g: int, beats: int, per_beat: tuple[int, ...] | None) -> int:
         """RLAST cycle of a burst granted in cycle g (counts its beats)."""
         self.beats += beats
-        first = g + self.L
+        first = self._start(g, beats)
         if not self.throttled:
-            if per_beat is None:
-                return first + beats - 1
-            return first + sum(per_beat) - 1
+            if first < self.r_free:
+                first = self.r_free
+            f = first + (beats if per_beat is None else sum(per_beat)) - 1
+            self.r_free = f + 1
+            return f
         B, bpc = self.B, self.bpc
-        f = first - 1
+        f = self.r_free - 1
         for k in range(beats):
             v = first + (k * B) // bpc
             if v <= f:
                 v = f + 1
             f = v + (per_beat[k] - 1 if per_beat is not None else 0)
+        self.r_free = f + 1
         return f
+
+    def beat_times(self, g: int, beats: int, per_beat) -> list[int]:
+        """Cycle each beat of a burst granted in g moves (E < B: the first of its held cycles);
+        counts its beats. The last beat's last cycle is its RLAST."""
+        self.beats += beats
+        B, bpc, thr = self.B, self.bpc, self.throttled
+        first = self._start(g, beats)
+        out = []
+        f = self.r_free - 1
+        for k in range(beats):
+            v = first + ((k * B) // bpc if thr else 0)
+            if v <= f:
+                v = f + 1
+            out.append(v)
+            f = v + (per_beat[k] - 1 if per_beat is not None else 0)
+        self.r_free = f + 1
+        return out
 
     def entry_times(self, g: int, beats: int, per_beat, E: int, k0: int) -> tuple[list[int], int, int]:
         """Cycles each entry of a burst is emitted (fetch needs them), the RLAST cycle, and the beat
         index within the current entry after the burst (E >= B: entries may span bursts)."""
-        self.beats += beats
-        B, bpc, thr = self.B, self.bpc, self.throttled
-        first = g + self.L
+        moves = self.beat_times(g, beats, per_beat)
         times = []
-        f = first - 1
         if per_beat is None:
-            per = E // B
+            per = E // self.B
             k = k0
-            for i in range(beats):
-                v = first + ((i * B) // bpc if thr else 0)
-                if v <= f:
-                    v = f + 1
-                f = v
+            for v in moves:
                 k += 1
                 if k == per:
-                    times.append(f)
+                    times.append(v)
                     k = 0
-            return times, f, k
-        for i in range(beats):
-            v = first + ((i * B) // bpc if thr else 0)
-            if v <= f:
-                v = f + 1
-            p = per_beat[i]
+            return times, moves[-1], k
+        for v, p in zip(moves, per_beat):
             times.extend(range(v, v + p))
-            f = v + p - 1
-        return times, f, 0
+        return times, times[-1], 0
 
 
 def dma_bursts(cfg, addr: int, count: int, E: int):

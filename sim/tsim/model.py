@@ -5,7 +5,7 @@ Components and the RTL they stand for (each module's docstring gives the timing 
     one instruction per cycle into the load/compute/store command queues;
   stages (stage.py): WAIT (pop instruction + tokens) -> EXEC (unit) -> PUSH (tokens), with the
     token queues l2c, c2l, c2s, s2c (queues.py timing, sim/tsim/queues.py);
-  units: TileLoader (load.py) row by row on the read bus, GEMM n+4 and ALU n+3 cycles from the
+  units: TileLoader (load.py, sim/tsim/load.py) on the read bus, GEMM n+4 and ALU n+3 cycles from the
     loop bounds (compute.py), the store unit from sim/tsim/store.py;
   the read bus and DRAM (axi.py, dma.py, sim/dram.py) in sim/tsim/bus.py.
 Cycle 0 is the start pulse (the first cycle the `cycles` counter counts); the run ends in the
@@ -17,15 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from accel.isa import AccelConfig, Alu, Finish, Gemm, Insn, Load, MemType, Stage, Store, elem_bytes
-from accel.isa.config import BOUNDARY_BYTES
 from accel.isa.deps import POPS, PUSHES, QUEUE_NAMES
 from accel.hw.params import ibuf_depth
 from accel.isa.isa import INSN_BYTES
 
 from ..dram import DramModel
 from ..errors import CycleLimitError, DeadlockError
-from .bus import ReadBus, dma_bursts, row_plan
+from .bus import ReadBus, dma_bursts
 from .events import EventLoop
+from .load import TileLoad
 from .queues import TimedFifo
 from .store import store_key, store_timing
 
@@ -69,97 +69,6 @@ def stage_of(insn: Insn) -> Stage:
     if isinstance(insn, Store):
         return Stage.STORE
     return Stage.COMPUTE
-
-
-class _Loader:
-    """TileLoader timing: padding entries 1 cycle each, a data row = 1 cycle to start the DMA, then
-    its bursts on the bus; busy ends the cycle after the last entry."""
-
-    __slots__ = ("m", "client", "insn", "E", "tau", "row", "bursts", "bi", "done", "addr0", "step")
-
-    def __init__(self, model, client):
-        self.m, self.client = model, client
-
-    def start(self, s: int, insn: Load, done) -> None:
-        n_rows = insn.y_pad0 + insn.y_size + insn.y_pad1
-        n_cols = insn.x_pad0 + insn.x_size + insn.x_pad1
-        if n_rows == 0 or n_cols == 0:
-            done(s + 1)
-            return
-        if insn.y_size == 0 or insn.x_size == 0:
-            done(s + 1 + n_rows * n_cols)
-            return
-        self.insn, self.done = insn, done
-        self.E = E = self.m.elem_bytes[insn.mem_type]
-        self.addr0, self.step = insn.dram_base * E, insn.x_stride * E
-        self.tau = s + 1 + insn.y_pad0 * n_cols
-        self.row = 0
-        self._row()
-
-    def _row(self) -> None:
-        self.tau += self.insn.x_pad0                     # the DMA starts in cycle tau
-        self.bursts, self.bi = self._row_bursts(self.row), 0
-        self.m.bus.request(self.client, self.tau + 1, self._granted)
-
-    def _row_bursts(self, row: int):
-        cfg = self.m.cfg
-        return row_plan((self.addr0 + row * self.step) % BOUNDARY_BYTES, self.insn.x_size, self.E, cfg.bus_bytes,
-                        cfg.max_burst_beats)
-
-    def _granted(self, g: int) -> int:
-        """Bursts from the one granted in cycle g on: while no other client can contend for the bus
-        (up to ReadBus.sole_horizon) the next is granted in the cycle it is requested, the cycle
-        after the last one's RLAST, as the arbiter would; returns the RLAST cycle of the last one run.
-        (The hot loop of the model on layers: the row state lives in locals while it runs, and an
-        unthrottled burst's RLAST is its grant + read latency + its span, ReadBus.burst_times inlined.)"""
-        bus, insn = self.m.bus, self.insn
-        burst_times, horizon, throttled, latency = bus.burst_times, bus.sole_horizon(), bus.throttled, bus.L - 1
-        bursts, bi, row, tau = self.bursts, self.bi, self.row, self.tau
-        addr0, step, count, E = self.addr0, self.step, insn.x_size, self.E
-        B, maxb = self.m.cfg.bus_bytes, self.m.cfg.max_burst_beats
-        beats = 0                                        # of the inlined bursts, added to bus.beats on return
-        # rows that start on the same beat offset (step a whole number of beats) have the same bursts
-        # while none crosses a 4 KiB boundary: all but the last row of a run of such one-burst rows
-        # are one step, and the loop below runs the last one as it runs any row
-        uniform = not throttled and step % B == 0
-        while True:
-            if uniform and bi == 0 and len(bursts) == 1:
-                nb, _, span = bursts[0]
-                D = latency + span + 2 + insn.x_pad1 + insn.x_pad0          # grant to the next row's grant
-                am = (addr0 + row * step) % BOUNDARY_BYTES
-                st = step % BOUNDARY_BYTES
-                n = min(insn.y_size - row, (horizon - g) // D + 1)          # every later grant <= horizon
-                if st:   # rows j = 0.. of the run stay below the boundary: am + j*st - am%B + nb*B <= 4 KiB
-                    n = min(n, (BOUNDARY_BYTES - nb * B + am % B - am) // st + 1)
-                if n > 1:
-                    beats += (n - 1) * nb
-                    row += n - 1
-                    g += (n - 1) * D
-            nb, per, span = bursts[bi]
-            if throttled:
-                f = burst_times(g, nb, per)
-            else:
-                f = g + latency + span
-                beats += nb
-            bi += 1
-            if bi < len(bursts):
-                g = f + 1
-            else:
-                tau = f + 1 + insn.x_pad1
-                row += 1
-                if row == insn.y_size:
-                    self.row = row
-                    bus.beats += beats
-                    self.done(tau + insn.y_pad1 * (insn.x_pad0 + insn.x_size + insn.x_pad1))
-                    return f
-                tau += insn.x_pad0                       # the next row's DMA starts in cycle tau
-                bursts, bi = row_plan((addr0 + row * step) % BOUNDARY_BYTES, count, E, B, maxb), 0   # _row_bursts
-                g = tau + 1
-            if g > horizon:
-                self.bursts, self.bi, self.row, self.tau = bursts, bi, row, tau
-                bus.beats += beats
-                bus.request(self.client, g, self._granted)
-                return f
 
 
 class _Stage:
@@ -337,7 +246,7 @@ class _Fetch:
         ib.cons_wait = None
         ib.W.extend(times)
         if self.bi < len(self.bursts):
-            self.m.bus.request(FETCH, f + 1, self._granted)
+            self.m.bus.request(FETCH, g + 1, self._granted)     # the next AR follows the last one
         else:
             self.dma_busy = False
             self.idle_from = f + 1
@@ -395,7 +304,7 @@ class Tsim:
         cfg = self.cfg
         self.stats = stats = TsimStats(spans=[] if trace else None, bursts=[] if trace else None)
         self.loop = loop = EventLoop()
-        self.bus = ReadBus(loop, self.dram, cfg.bus_bytes, log=stats.bursts)
+        self.bus = ReadBus(loop, self.dram, cfg.bus_bytes, log=stats.bursts, outstanding=cfg.read_outstanding)
         self.finish_retired = None
         self.loader_types = {int(Stage.LOAD): (MemType.INP, MemType.WGT),
                              int(Stage.COMPUTE): (MemType.UOP, MemType.ACC), int(Stage.STORE): ()}
@@ -411,8 +320,8 @@ class Tsim:
             routed[s].append((i, insn))
             dest.append(cmdq[s])
         self.stages = stages = [
-            _Stage(self, Stage.LOAD, routed[0], cmdq[0], tokq, _Loader(self, LOAD_CLIENT)),
-            _Stage(self, Stage.COMPUTE, routed[1], cmdq[1], tokq, _Loader(self, COMPUTE_CLIENT)),
+            _Stage(self, Stage.LOAD, routed[0], cmdq[0], tokq, TileLoad(self, LOAD_CLIENT)),
+            _Stage(self, Stage.COMPUTE, routed[1], cmdq[1], tokq, TileLoad(self, COMPUTE_CLIENT)),
             _Stage(self, Stage.STORE, routed[2], cmdq[2], tokq, None)]
         self.fetch = fetch = _Fetch(self, insn_addr, dest, len(insns))
         fetch.start()

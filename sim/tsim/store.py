@@ -2,7 +2,8 @@
 
 A STORE only talks to the write channel, which nothing else uses, so its duration does not depend
 on when it starts: the unit is modelled cycle by cycle here, register for register, once per
-distinct (y_size, x_size, DRAM row alignment) and memoized. Returns U (cycles from the unit's
+distinct (y_size, x_size, DRAM row alignment) and memoized. An AW waits while write_outstanding
+bursts await their B response (accel/hw/axi.py). Returns U (cycles from the unit's
 start to the first cycle it is not busy) and the W beats it wrote.
 
 Inside a burst on an unthrottled bus, with an output element of at least one beat, the unit
@@ -23,7 +24,7 @@ def store_key(cfg, dram: DramModel, y_size: int, x_size: int, dram_base: int, x_
     """What the store's timing depends on: shape, and DRAM addresses modulo 4 KiB (boundaries, lanes)."""
     E = cfg.out_elem_bytes
     return (cfg.bus_bytes, E, cfg.max_burst_beats, dram.write_latency, dram.bytes_per_cycle,
-            y_size, x_size, (dram_base * E) % BOUNDARY_BYTES, (x_stride * E) % BOUNDARY_BYTES)
+            y_size, x_size, (dram_base * E) % BOUNDARY_BYTES, (x_stride * E) % BOUNDARY_BYTES, cfg.write_outstanding)
 
 
 @lru_cache(maxsize=4096)
@@ -35,7 +36,7 @@ def store_timing(key: tuple) -> tuple[int, int]:
 def store_cycles(key: tuple, skip: bool = True) -> tuple[int, int]:
     """(U, W beats) of a STORE, mirroring StoreUnit's registers cycle by cycle; with `skip`, a burst's
     streaming stretch in one step (tests compare both ways)."""
-    B, E, maxb, WL, bpc, y_size, x_size, base_b, stride_b = key
+    B, E, maxb, WL, bpc, y_size, x_size, base_b, stride_b, max_open = key
     if y_size == 0 or x_size == 0:
         return 1, 0
     throttled = 0 < bpc < B
@@ -102,7 +103,7 @@ def store_cycles(key: tuple, skip: bool = True) -> tuple[int, int]:
         # ---- burst FSM ----
         aw_fire = False
         nstate = state
-        if state == "AW":
+        if state == "AW" and outstanding < max_open:   # the AXI master holds AW while max_open Bs are due
             if new_row:
                 row_end_b = b_row_b + x_size * E - 1
                 beats_eff = row_end_b // B - b_row_b // B + 1

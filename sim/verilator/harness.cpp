@@ -72,7 +72,7 @@ const uint32_t REG_CTRL = 0x00, REG_STATUS = 0x04, REG_INSN_ADDR_LO = 0x08, REG_
 struct ReadBurst {
     uint64_t addr;
     uint32_t beats, k, id;
-    uint64_t ar_cycle;
+    uint64_t start;          // cycle its beat 0 is available (sim/dram.py: max(AR + latency, previous burst's data end))
 };
 struct WriteBurst {
     uint64_t addr;
@@ -103,6 +103,7 @@ struct Harness {
     std::deque<WriteBurst> wq;
     std::deque<uint64_t> bq;  // cycles from which each pending B response may be given
     uint64_t r_ready_from = 0;   // earliest cycle of the next R beat (after the previous one moved)
+    uint64_t r_data_end = 0;     // throttled reads: cycle the DRAM has produced the last accepted burst's data
     bool r_err = false, w_err = false;
     bool axi_error = false;
     std::vector<Probe> probes;
@@ -164,7 +165,7 @@ struct Harness {
         bool rv = false;
         if (!rq.empty()) {
             ReadBurst& b = rq.front();
-            uint64_t avail = b.ar_cycle + read_latency + beat_offset(b.k);
+            uint64_t avail = b.start + beat_offset(b.k);
             if (cycle >= avail && cycle >= r_ready_from) {
                 rv = true;
                 uint64_t a = b.addr + (uint64_t)b.k * bus_bytes;
@@ -208,7 +209,11 @@ struct Harness {
             b.beats = (uint32_t)top->m_axi_arlen + 1;
             b.k = 0;
             b.id = top->m_axi_arid;
-            b.ar_cycle = cycle;
+            b.start = cycle + read_latency;
+            if (bytes_per_cycle != 0 && bytes_per_cycle < bus_bytes) {
+                if (b.start < r_data_end) b.start = r_data_end;
+                r_data_end = b.start + beat_offset(b.beats);
+            }
             rq.push_back(b);
             if (probing) probes.push_back({cycle, b.id, 2});
         }

@@ -131,7 +131,7 @@ class VerilatorModel:
         buf = (ctypes.c_uint64 * (3 * n))()
         n = self._lib.accel_probes(self._h, buf, n)
         ev = np.frombuffer(buf, dtype=np.uint64).reshape(-1, 3)[:n].astype(np.int64)
-        spans, open_, bursts, ar = [], {}, [], None
+        spans, open_, bursts, ars = [], {}, [], []
         for cyc, stage, kind in ev.tolist():
             cyc -= start_cycle
             if kind == 0:
@@ -139,10 +139,10 @@ class VerilatorModel:
             elif kind == 1 and stage in open_:
                 spans.append((stage, open_.pop(stage), cyc + 1))
             elif kind == 2:
-                ar = (stage, cyc)
-            elif kind == 3 and ar is not None:
-                bursts.append((ar[0], ar[1], cyc))
-                ar = None
+                ars.append((stage, cyc))
+            elif kind == 3 and ars:            # bursts end in the order they began (sim/dram.py)
+                c, a = ars.pop(0)
+                bursts.append((c, a, cyc))
         return spans, bursts
 
     def close(self) -> None:

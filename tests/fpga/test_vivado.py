@@ -192,6 +192,17 @@ def test_build_tcl_fails_on_negative_slack_after_implementation(tmp_path, rtl_of
     assert not (out / "overlay/accel.bit").exists() and "write_hw_platform" not in [c[0] for c in calls]
 
 
+def test_block_design_declares_the_masters_outstanding_bursts(tmp_path, rtl_of):
+    """The wrapper's m_axi parameters say what the RTL issues (accel/hw/axi.py), so the
+    SmartConnect tracks enough transactions: read/write outstanding and the longest burst."""
+    for cfg in (preset("tiny"), preset("tiny").replace(read_outstanding=7, write_outstanding=2)):
+        out = tmp_path / f"o{cfg.read_outstanding}"
+        write_project(board("pynq-z1"), cfg, rtl_of(preset("tiny")), out)
+        text = (out / "rtl/accel_wrapper.v").read_text()
+        assert (f"MAX_BURST_LENGTH {cfg.max_burst_beats}, NUM_READ_OUTSTANDING {cfg.read_outstanding}, "
+                f"NUM_WRITE_OUTSTANDING {cfg.write_outstanding}") in text
+
+
 # ---- checks and errors ------------------------------------------------------------------------
 def test_build_rejects_what_the_board_cannot_host(tmp_path, rtl_of):
     fast = preset("tiny").replace(clock_mhz=300.0)

@@ -77,6 +77,18 @@ def test_formal_environment_reaches_a_finished_read_burst():
     assert not r.passed
 
 
+def test_formal_read_dma_keeps_several_bursts_in_flight():
+    """Vacuity guard for outstanding reads: the DMA does reach a second AR while its first burst
+    is still open (an assertion that it never does must fail)."""
+    def one_at_a_time(m, axi):
+        open_ = Signal(3)
+        bus = axi.bus
+        m.d.sync += open_.eq(open_ + (bus.arvalid & bus.arready) - (bus.rvalid & bus.rready & bus.rlast))
+        m.d.comb += Assert(~((open_ != 0) & bus.arvalid & bus.arready))
+    r = formal.prove(formal.read_dma_harness(TINY, extra=one_at_a_time), "overlap", depth=6)
+    assert not r.passed
+
+
 def test_formal_reports_missing_tools(monkeypatch):
     monkeypatch.setattr(formal, "_tool", lambda name: None)
     with pytest.raises(formal.FormalError, match="pip install"):

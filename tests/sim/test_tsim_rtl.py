@@ -108,9 +108,27 @@ def test_tsim_rtl_token_queue_full():
 
 
 def test_tsim_rtl_three_clients_on_the_bus():
-    """Fetch, load and compute DMAs contend for the read bus (round robin, one burst in flight)."""
+    """Fetch, load and compute DMAs contend for the read bus (round robin, read_outstanding bursts
+    in flight)."""
     prog = [Load(mem_type=MemType.WGT, dram_base=0x40 + 8 * i, y_size=4, x_size=6, x_stride=9) for i in range(4)]
     prog += [Load(mem_type=MemType.ACC, dram_base=0x100 + 4 * i, y_size=3, x_size=5, x_stride=7) for i in range(4)]
     prog += [Load(mem_type=MemType.UOP, dram_base=0x300 + i, y_size=1, x_size=9) for i in range(4)]
     prog = [prog[i % 3 * 4 + i // 3] for i in range(12)]
     _agree(prog + [Alu(uop_end=1) for _ in range(12)] + [Finish()])
+
+
+TIGHT = TINY.replace(read_outstanding=2, write_outstanding=2)
+
+
+@pytest.mark.parametrize("dram", [DramModel(read_latency=20, write_latency=30),
+                                  DramModel(read_latency=12, write_latency=9, bytes_per_cycle=4)], ids=["slow", "narrow"])
+def test_tsim_rtl_outstanding_limits_bind(dram):
+    """Two bursts in flight per direction, slow DRAM: many-row loads from two clients and stores of
+    one-beat rows wait for free slots (AR for an RLAST, AW for a B), alike in both executors."""
+    prog = [Load(mem_type=MemType.INP, dram_base=0x100, y_size=6, x_size=2, x_stride=16, x_pad0=1, y_pad1=1),
+            Load(mem_type=MemType.ACC, dram_base=0x80, y_size=5, x_size=1, x_stride=3),
+            Load(mem_type=MemType.WGT, dram_base=0x200, y_size=3, x_size=3, x_stride=5, push_next=True),
+            Store(dram_base=0x900, y_size=7, x_size=1, x_stride=4),
+            Gemm(uop_end=1, pop_prev=True), Finish()]
+    slow = _agree(prog, dram, cfg=TIGHT)
+    assert slow > _agree(prog, dram)        # four slots each (the default) finish sooner

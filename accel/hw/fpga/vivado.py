@@ -116,7 +116,9 @@ def wrapper_verilog(board: Board, cfg: AccelConfig, rtl: RtlSource) -> str:
         params = (f"PROTOCOL {intf.protocol}, DATA_WIDTH {intf.data_width}, ADDR_WIDTH {intf.addr_width}, "
                   f"ID_WIDTH {intf.id_width}")
         if name == "m_axi":
-            params += ", MAX_BURST_LENGTH 256, NUM_READ_OUTSTANDING 1, NUM_WRITE_OUTSTANDING 1"
+            # what the AXI master issues (accel/hw/axi.py): the interconnect sizes its tracking by these
+            params += (f", MAX_BURST_LENGTH {cfg.max_burst_beats}, NUM_READ_OUTSTANDING {cfg.read_outstanding}, "
+                       f"NUM_WRITE_OUTSTANDING {cfg.write_outstanding}")
         for i, (direction, wname, width, _core) in enumerate(rows):
             sig = wname[len(name) + 1:].upper()
             attrs = [f'X_INTERFACE_INFO = "xilinx.com:interface:aximm:1.0 {name} {sig}"']
