@@ -117,9 +117,10 @@ class Target:
     def graph_options(self, request: dict) -> dict:
         """Keywords of the compiler.graph.passes.GraphOptions a build for this target optimizes with.
         request: cfg, calibration, has_qdq, force_target, fuse, random_calibration(n), warnings (a
-        list to append to). The default: float, int8 where the model is QDQ, no partition."""
+        list to append to). The default: float, int8 where the model is QDQ, no partition (a
+        target that adds targets=(its name, "cpu") gets one, and --force applies to it)."""
         return {"quantize": request["has_qdq"], "calibration_samples": request["calibration"] or None,
-                "fuse": request["fuse"]}
+                "fuse": request["fuse"], "force_target": dict(request["force_target"] or {})}
 
     def prepare(self, builder: Builder, tune) -> None:
         """Per-build set-up before any node lowers (tuning logs, kernel caches in builder.state)."""

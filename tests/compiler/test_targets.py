@@ -154,3 +154,10 @@ def test_partition_without_a_fallback_names_the_node_no_target_takes(toy):
         decide(g, None, targets=[toy])
     with pytest.raises(GraphPassError, match="force targets must be numpy_toy or cpu"):
         decide(g, None, force={"Relu": "accel"}, targets=[toy, get_target("cpu")])
+
+
+def test_force_reaches_a_plug_in_targets_partition(toy):
+    mod = build_model(_model(), target="numpy_toy", force_target={"Add": "cpu"})
+    rows = {r["name"]: r for r in mod.meta["partition"]}
+    assert rows["sum"]["target"] == "cpu" and rows["sum"]["kind"] == "forced"
+    assert rows["act"]["target"] == "numpy_toy" and sorted(toy.lowered) == ["act"]
