@@ -198,8 +198,8 @@ class Builder:
 
     # ---- the module ---------------------------------------------------------------------------
     def explained(self, graph_in: Graph) -> dict:
-        """meta['partition']: per op its target and why (partition's decision, a failed accelerator
-        lowering, a GPU op without a kernel, or the build's target); meta['folded']: imported ops the graph passes folded away."""
+        """meta['partition']: per op its target and why (partition's decision, a target that gave
+        the op up, or the build's own target); meta['folded']: imported ops the passes folded away."""
         rows = []
         for d in self.g.meta.get("partition", []):
             row = {"name": d.name, "op": d.op, "origin": d.origin, "target": d.target, "reason": d.reason,
@@ -307,8 +307,8 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
     dev_cfg = cfg if primary.needs_config else None
     b = Builder(q, dev_cfg, true_macs, progress, primary, tune)
     b.lower()
-    mod = b.finish(name or g.name, primary.module_target or primary.name, g, t0, {"warnings": warnings, "graph_ops": len(q.ops),
-                                                   "tuning": b.tuning})
+    mod = b.finish(name or g.name, primary.module_target or primary.name, g, t0,
+                   {"warnings": warnings, "graph_ops": len(q.ops), "tuning": b.tuning})
     if cfg is not None and dev_cfg is None:
         mod.config = cfg
     mod.graph = q  # the optimized graph (not saved; for inspection and reference runs)

@@ -244,7 +244,8 @@ class AccelTarget(Target):
     def fall_back(self, b: Builder, head: Node, group: list, env: dict, out_tid: int, why: str) -> None:
         """The group on the CPU after its accelerator lowering failed (meta['fallbacks'] says why)."""
         tail = group[-1]
-        b.fallbacks.append(f"{head.name} ({'+'.join(o.op for o in group)}) on the CPU instead of the accelerator: {why}")
+        label = "+".join(o.op for o in group)
+        b.fallbacks.append(f"{head.name} ({label}) on the CPU instead of the accelerator: {why}")
         log.warning("%s: accelerator lowering failed, running on the CPU: %s", head.name, why)
         for o in group:
             b.decline(o, "lowering", f"{o.origin or o.op} '{o.name}': accelerator lowering failed, runs on the CPU: "
