@@ -15,22 +15,14 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .files import write_atomic
+from .isa import formats_for
 from .schema import describe, json_type, parse_json, read_bounded
+# the fixed field widths, importable from here as before
+from .widths import (ALU_IMM_BITS, ALU_OPCODE_BITS, DEP_FLAG_BITS, INSN_BITS, LOOP_ITER_BITS,  # noqa: F401
+                     MEM_TYPE_BITS, OPCODE_BITS, PAD_BITS, SIZE_BITS)
 
 KiB = 1024
 
-INSN_BITS = 128
-"""Every instruction is one 128-bit word; a config whose fields do not fit is rejected."""
-
-# Fixed-width instruction fields (the rest derive from the config).
-OPCODE_BITS = 3
-DEP_FLAG_BITS = 4
-MEM_TYPE_BITS = 3
-SIZE_BITS = 16  # y_size, x_size, x_stride of LOAD/STORE
-PAD_BITS = 4  # each of the four paddings of LOAD
-LOOP_ITER_BITS = 14  # iter_out, iter_in of GEMM/ALU
-ALU_OPCODE_BITS = 4
-ALU_IMM_BITS = 16
 
 # Documented maxima (docs/limits.md): every size the kit allocates or elaborates is bounded
 # here, so no config or file can make it use unbounded memory. `accel verilog` needs about 1 KiB
@@ -276,7 +268,6 @@ class AccelConfig:
 
     def insn_bits_used(self) -> dict[str, int]:
         """Bits each instruction format needs under this config (all must be <= 128)."""
-        from .isa import formats_for  # the formats live with the ISA; widths come from here
         return {name: sum(w for _, w in fmt) for name, fmt in formats_for(self).items()}
 
     # ---- JSON and identity ------------------------------------------------------------------

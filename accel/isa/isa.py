@@ -16,15 +16,18 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields, replace
 from enum import IntEnum
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from .config import (ALU_IMM_BITS, ALU_OPCODE_BITS, INSN_BITS, LOOP_ITER_BITS, MEM_TYPE_BITS,
-                     OPCODE_BITS, PAD_BITS, SIZE_BITS, AccelConfig)
+from .widths import (ALU_IMM_BITS, ALU_OPCODE_BITS, INSN_BITS, LOOP_ITER_BITS, MEM_TYPE_BITS, OPCODE_BITS,
+                     PAD_BITS, SIZE_BITS)
 from .errors import EncodingError
 from .operands import flush_immediate  # noqa: F401  (defined with the other ALU operands)
 from .schema import describe
+
+if TYPE_CHECKING:   # (config imports this module: the formats decide whether a config fits)
+    from .config import AccelConfig
 
 INSN_BYTES = INSN_BITS // 8
 MAX_INSNS = 1 << 20

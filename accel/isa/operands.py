@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import ALU_IMM_BITS
 from .errors import OperandError
+from .widths import ALU_IMM_BITS
 
 IMM_MIN, IMM_MAX = -(1 << (ALU_IMM_BITS - 1)), (1 << (ALU_IMM_BITS - 1)) - 1
 #: accumulator widths the register operands need: REQUANT's round bit is bit 21, SCALE's shift ends at bit 29
