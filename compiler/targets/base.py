@@ -91,13 +91,17 @@ class Target:
 
     name: str = ""
     label: str = ""
-    title: str = "the target"   # in sentences: "forced onto the accelerator"
     #: the module's DRAM is laid out for an AccelConfig (the default preset when none is given)
     needs_config: bool = False
     #: the module target the host runtime knows (host_runtime.executor.MODULE_TARGETS) that a
     #: module built for this target records; None: the target's own name
     module_target: str | None = "cpu"
     kinds: dict[str, str] = {}
+
+    @property
+    def title(self) -> str:
+        """The target in sentences ("forced onto the accelerator"); subclasses set a class attribute."""
+        return self.name
 
     # ---- placement (the partition pass asks these) ---------------------------------------------
     def supports(self, node: Node, ctx: PlacementContext) -> str | None:

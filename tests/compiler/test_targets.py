@@ -132,6 +132,9 @@ def test_partition_compares_cost_estimates_between_takers(toy):
     g = infer_types(from_onnx(_model()))
     ds = decide(g, None, targets=[Costly(), _Cheap(), get_target("cpu")])
     assert {d.target for d in ds} == {"cheap_toy"}
+    act = next(d for d in ds if d.name == "act")   # the toy takes relu but loses on cost
+    assert act.kind == "cost" and "by the cost estimate (0 s < 1 s)" in act.reason and not act.hard
+    assert next(d for d in ds if d.name == "out").kind == "unsupported"   # the toy declined sigmoid first
     ctx = PlacementContext()
     assert NumpyTarget().supports(g.ops[0], ctx).kind == "unsupported"
 

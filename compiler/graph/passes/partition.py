@@ -53,21 +53,26 @@ def default_targets(names=TARGETS) -> list[Target]:
     return [get_target(t) for t in names]
 
 
-def _choose(n: Node, targets: list[Target], ctx: PlacementContext) -> tuple[Target, dict[str, str]]:
-    """The target for `n` and, per target that declined it, why."""
+def _choose(n: Node, targets: list[Target], ctx: PlacementContext) -> tuple[Target, dict[str, str], str]:
+    """The target for `n`, per target that declined it why, and (when a preferred target that
+    takes it lost on cost) the sentence that says so."""
     declines: dict[str, str] = {}
-    best, best_cost = None, None
+    best, best_cost, first, first_cost = None, None, None, None
     for t in targets:
         why = t.supports(n, ctx)
         if why is not None:
             declines[t.name] = why
             continue
         cost = t.estimate_cost(n, ctx)
+        if best is None:
+            first, first_cost = t, cost
         if best is None or (cost is not None and best_cost is not None and cost < best_cost):
             best, best_cost = t, cost
     if best is None:
         raise GraphPassError(f"partition: no target takes {_label(n)}: " + "; ".join(declines.values()))
-    return best, declines
+    cheaper = "" if best is first else (f"{_label(n)}: faster on {best.title} than on {first.title} by the cost "
+                                        f"estimate ({best_cost:.3g} s < {first_cost:.3g} s)")
+    return best, declines, cheaper
 
 
 def decide(graph: Graph, cfg: AccelConfig | None, force: dict[str, str] | None = None,
@@ -85,11 +90,13 @@ def decide(graph: Graph, cfg: AccelConfig | None, force: dict[str, str] | None =
     decisions: list[Decision] = []
     for n in graph.ops:
         forced = force.get(n.op, force.get(n.origin or ""))
-        chosen, declines = _choose(n, targets, ctx)
+        chosen, declines, cheaper = _choose(n, targets, ctx)
         d = Decision(n.name, n.op, n.origin, chosen.name)
         first = next((declines[t] for t in names[:names.index(chosen.name)] if t in declines), None)
         if first is not None:   # a preferred target declined: its reason is the decision's
             d.reason, d.hard, d.kind = str(first), getattr(first, "hard", True), getattr(first, "kind", "unsupported")
+        elif cheaper:
+            d.reason, d.kind = cheaper, "cost"
         elif chosen is not targets[-1] or len(targets) == 1:
             d.kind = chosen.placement_kind(n, ctx)
         if forced is not None and forced != d.target:
