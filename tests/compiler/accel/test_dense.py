@@ -129,3 +129,18 @@ def test_dense_next_group_weights_load_beside_the_row_tiles(vt):
     loads = [i for i in stream.last_insns if getattr(i, "mem_type", None) == MemType.WGT]
     assert sum(i.y_size * i.x_size for i in loads) == 6 * 8
     assert len(loads) == (2 + 2 * 2 if vt == 2 else 2 + 1 + 1)   # the first tile's in two bands
+
+
+def test_mlp_gemms_offload_batch1_classifier_stays_on_the_cpu():
+    """Dense layers with a few rows (the zoo MLP's batch of 4) pass the partitioner's roofline rule
+    and all their MACs go to the accelerator; a batch-1 classifier (one MAC per weight byte) does not."""
+    from compiler import build_model
+    from compiler.frontend import from_onnx
+    from compiler.frontend.zoo import conv_bn_relu_pool, mlp, sample_inputs
+    m = mlp()
+    mod = build_model(from_onnx(m), target="accel", config="default", calibration=sample_inputs(m, 2, seed=1))
+    assert mod.meta["macs"]["cpu"] == 0 and mod.meta["macs"]["accel"] > 0
+    c = conv_bn_relu_pool()
+    mod = build_model(from_onnx(c), target="accel", config="default", calibration=sample_inputs(c, 2, seed=1))
+    fc = [r for r in mod.meta["partition"] if r["name"] == "fc"]
+    assert fc and fc[0]["target"] == "cpu" and "memory-bound" in fc[0]["reason"]
