@@ -31,11 +31,12 @@ from accel.isa import (AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Lo
 from accel.isa import decode_program
 from accel.isa.asm import format_insn
 from accel.isa.config import LOOP_ITER_BITS
+from accel.isa.deps import token_queue
 from accel.isa.errors import AccelError
 from accel.isa.isa import INSN_BYTES
 
 from .errors import SimError
-from .fsim import Fsim, token_queue
+from .fsim import Fsim
 
 log = logging.getLogger(__name__)
 
