@@ -37,7 +37,7 @@ from compiler.errors import CompilerError
 from compiler.frontend import from_onnx
 from compiler.frontend.onnx_import import load_model
 from accel.isa.files import write_atomic
-from host_runtime.executor import unpack_blocked
+from accel.isa.layout import unpack_blocked
 
 log = logging.getLogger(__name__)
 

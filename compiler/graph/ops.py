@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from host_runtime.executor import pack_blocked, unpack_blocked
+from accel.isa.layout import pack_blocked, unpack_blocked
 
 from .errors import OpError
 from .ir import Node, TensorType
