@@ -11,11 +11,17 @@
 - dense with a packed weight (N/bn, K, bn): a (mi x bn) tile of accumulators, vectorized over bn.
 - matmul / batch_matmul: (mi x nj) register tiles, vectorized over j.
 - pooling, softmax, norms: one stage per reduction, parallel over the outer axes.
+
+The sizes above are the default point of a schedule space (compiler.autotune): a tuned
+configuration, active through `schedule_config`, overrides them per knob (`knob`); with none
+active every schedule is today's heuristic.
 """
 from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -27,6 +33,26 @@ from ..tir import dtype as dt
 
 #: minimum output elements for a parallel loop to pay for its launch
 PARALLEL_MIN = 1 << 14
+
+#: the schedule configuration in force (knob name -> value); empty: the heuristics
+_CONFIG: ContextVar[dict | None] = ContextVar("cpu_schedule_config", default=None)
+
+
+@contextmanager
+def schedule_config(config: dict | None):
+    """Make `config` the knobs the computes, prepacks and schedules read while tracing and
+    scheduling one kernel (a tuned point of the space); None or {} means the defaults."""
+    token = _CONFIG.set(dict(config) if config else None)
+    try:
+        yield
+    finally:
+        _CONFIG.reset(token)
+
+
+def knob(name: str, default):
+    """The active configuration's value of knob `name`, else `default` (the heuristic)."""
+    cfg = _CONFIG.get()
+    return default if cfg is None else cfg.get(name, default)
 
 
 def host_simd() -> tuple[int, int]:
@@ -198,9 +224,9 @@ def _schedule_rest(s, keep, **flat):
 
 def conv_blocks(C: int, O: int, dtype: str = "float32", oc_bn: int | None = None, ic_bn: int | None = None):
     """(ic_bn, oc_bn) for an NCHWc conv: oc_bn a multiple of the vector width when possible."""
-    ob = oc_bn or TILES.conv_oc_bn
+    ob = oc_bn or knob("oc_bn", TILES.conv_oc_bn)
     oc = largest_divisor(O, ob)
-    ic = largest_divisor(C, ic_bn or TILES.conv_ic_bn)
+    ic = largest_divisor(C, ic_bn or knob("ic_bn", TILES.conv_ic_bn))
     return ic, oc
 
 
@@ -209,7 +235,7 @@ def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
     _schedule_rest(s, (conv,))
     C = conv.op.output(0)
     N, OCO, OH, OW, ocb = C.shape
-    rn = largest_divisor(OW, reg_n or TILES.conv_reg_n)
+    rn = largest_divisor(OW, reg_n or knob("reg_n", TILES.conv_reg_n))
     CC = s.cache_write(C, "local")
     st = s[C]
     n, oc, oh, ow, ob = st.op.axis
@@ -223,7 +249,12 @@ def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
     n, oc, oh, ow, ob = cst.op.axis
     ico, ry, rx, ici = cst.op.reduce_axis
     owo2, owi2 = cst.split(ow, rn)
-    cst.reorder(n, oc, oh, owo2, ico, ry, rx, ici, owi2, ob)
+    if knob("order", "ic_outer") == "kernel_outer":   # the window outside the input-channel blocks
+        cst.reorder(n, oc, oh, owo2, ry, rx, ico, ici, owi2, ob)
+    else:
+        cst.reorder(n, oc, oh, owo2, ico, ry, rx, ici, owi2, ob)
+    if knob("unroll_kw", False):
+        cst.unroll(rx)
     cst.unroll(owi2)
     cst.vectorize(ob)
     return s
@@ -262,8 +293,8 @@ def schedule_conv2d_nchw(outs):
 def dense_block(M: int, N: int) -> tuple[int, int]:
     """(mi, bn): rows per register tile and the packed weight's output block."""
     if M <= 2:
-        return M, 64 if N >= 256 else 16
-    return largest_divisor(M, TILES.rows), 16
+        return M, knob("bn", 64 if N >= 256 else 16)
+    return largest_divisor(M, knob("mi", TILES.rows)), knob("bn", 16)
 
 
 def schedule_dense_pack(outs):
@@ -272,7 +303,8 @@ def schedule_dense_pack(outs):
     C = cp.op.output(0)
     M, NB, bn = C.shape
     K = cp.op.reduce_axis[0].dom.extent.value
-    mi = largest_divisor(M, TILES.rows)
+    mi = largest_divisor(M, knob("mi", TILES.rows))
+    ku = knob("k_unroll", 4)
     CC = s.cache_write(C, "local")
     st = s[C]
     i, jo, ji = st.op.axis
@@ -286,7 +318,7 @@ def schedule_dense_pack(outs):
     cst = s[CC]
     i, jo, ji = cst.op.axis
     (k,) = cst.op.reduce_axis
-    ko, ki = cst.split(k, 4) if K % 4 == 0 else (k, None)
+    ko, ki = cst.split(k, ku) if ku > 1 and K % ku == 0 else (k, None)
     if ki is not None:
         cst.reorder(i, jo, ko, ki, ji)
         cst.reorder(jo, ko, ki, i, ji)
@@ -305,8 +337,8 @@ def schedule_matmul(outs):
     C = mm.op.output(0)
     M, N = C.shape[-2:]
     vl = lanes(C.dtype)
-    nj = largest_divisor(N, 2 * vl)
-    mi = largest_divisor(M, TILES.rows)
+    nj = largest_divisor(N, knob("nj", 2 * vl))
+    mi = largest_divisor(M, knob("mi", TILES.rows))
     K = mm.op.reduce_axis[0].dom.extent.value
     CC = s.cache_write(C, "local")
     st = s[C]
@@ -369,7 +401,7 @@ def schedule_conv2d_pointwise(outs):
     N, O, P = F.shape
     C = flat.op.reduce_axis[0].dom.extent.value
     vl = lanes(F.dtype)
-    pw_oc, pw_vecs = TILES.pointwise
+    pw_oc, pw_vecs = knob("pw_oc", TILES.pointwise[0]), knob("pw_vecs", TILES.pointwise[1])
     ob = largest_divisor(O, pw_oc)
     pt = _pixel_tile(P, vl, pw_vecs)
     work = N * O * P * C
@@ -446,10 +478,11 @@ def schedule_depthwise_flat(outs):
         flat.compute_at(ost, outer)
         n, c, q = flat.op.axis
         ry, rx = flat.op.reduce_axis
-        qo, qi = flat.split(q, vl)
+        qo, qi = flat.split(q, vl * knob("dw_vecs", 1))
         flat.reorder(n, c, qo, ry, rx, qi)
-        flat.unroll(ry)
-        flat.unroll(rx)
+        if knob("dw_unroll", True):
+            flat.unroll(ry)
+            flat.unroll(rx)
         flat.vectorize(qi)
     if pad is not None:
         pad.set_scope("local")

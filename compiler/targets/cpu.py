@@ -21,10 +21,12 @@ from host_runtime.executor import KernelSource, Step
 from host_runtime.kernel_cache import compile_ir, verify_ir
 
 from .. import te
+from ..autotune import CpuTuner
 from ..build import build, parse_target
 from ..errors import CompilerError
 from ..graph.ir import Graph, Node, format_graph
 from ..graph.ops import Pattern, get_op
+from ..ops.cpu import schedule_config
 from ..ops.registry import normalize_attrs, select
 from .base import PlacementContext, Target, register_target, single_body, write_source
 
@@ -52,10 +54,11 @@ class Kernels:
 
     kind = "llvm"   # the operator library's target kind the bodies are composed from
 
-    def __init__(self):
+    def __init__(self, cpu_tuner: CpuTuner | None = None):
         self.cache: dict = {}
         self.sources: list[KernelSource] = []
         self._target = None
+        self.cpu_tuner = cpu_tuner   # chooses each kernel's schedule configuration (compiler.autotune)
 
     def target(self):
         if self._target is None:
@@ -123,7 +126,19 @@ class Kernels:
         return args, out, anchor, key
 
     def compile(self, body: Graph, consts: dict[int, np.ndarray], symbol_hint: str):
-        """(symbol, args) for the body, compiling once per distinct signature."""
+        """(symbol, args) for the body, compiling once per distinct signature, with the schedule
+        configuration the tuner chose (tuning log or measured); the heuristics if that one fails."""
+        cfg = self.cpu_tuner.config_for(body, consts, self) if self.cpu_tuner is not None else {}
+        if cfg:
+            try:
+                with schedule_config(cfg):
+                    return self._compile(body, consts, symbol_hint)
+            except KernelDeclined as why:
+                log.warning("%s: tuned schedule %s failed (%s); heuristic schedule used", symbol_hint, cfg, why)
+                self.cpu_tuner.forget(body, consts)
+        return self._compile(body, consts, symbol_hint)
+
+    def _compile(self, body: Graph, consts: dict[int, np.ndarray], symbol_hint: str):
         args, out, anchor, key = self.traced(body, consts)
         sym = self.cache.get(key)
         if sym is None:
@@ -185,8 +200,12 @@ class CpuTarget(Target):
         """This build's LLVM kernels (made on first use: other targets fall back to the CPU too)."""
         st = b.state("cpu")
         if "kernels" not in st:
-            st["kernels"] = Kernels()
+            st["kernels"] = Kernels(st.get("tuner"))
         return st["kernels"]
+
+    def prepare(self, b: Builder, tune) -> None:
+        """The build's CPU tuner: the tuning log of this ISA (or `tune`'s) looked up, or measured."""
+        b.state("cpu")["tuner"] = CpuTuner.for_build(tune)
 
     def lower_body(self, b: Builder, name: str, body: Graph, outer: list, out_tid: int) -> None:
         """Steps computing `body` with inputs `outer` (graph nodes, or tensor ids) into out_tid."""
@@ -226,6 +245,8 @@ class CpuTarget(Target):
         k = self.kernels(b)
         b.kernel_sources = k.link()
         b.kernel_count = len(k.cache)
+        if k.cpu_tuner is not None:
+            b.tuning.update(k.cpu_tuner.report())
         if b.kernel_sources:
             t = k.target()
             b.kernel_host = {"triple": t.triple, "cpu": t.cpu}

@@ -1,0 +1,169 @@
+"""The CPU tuning log: JSON lines, one measured (workload, configuration) per line, keyed by the
+machine's ISA (LLVM triple, CPU name and a digest of its feature string) so that a log carried to
+another machine is ignored rather than trusted. A rebuild reads the best record per workload: a
+lookup, no measuring. Each ISA also has a default log (default_log_path) a build consults when
+none is named, so the untuned path is the tuned one wherever a log for the machine exists.
+
+    {"version": 1, "isa": {"triple": ..., "cpu": ..., "features": "<sha256[:16]>"},
+     "workload": {"op": ..., "impl": ..., "shapes": [...], ...}, "config": {...}, "time_s": 1.2e-4}
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+from pathlib import Path
+
+from host_runtime.kernel_cache import default_cache_dir, host_target
+
+from ..errors import CompilerError
+from .space import FAMILIES, Workload
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+
+
+class TuningLogError(CompilerError):
+    """A CPU tuning log that cannot be read or written (the message names the line and field)."""
+
+
+def host_isa() -> dict:
+    """This machine's ISA as the log keys it."""
+    t = host_target()
+    return {"triple": t["triple"], "cpu": t["cpu"],
+            "features": hashlib.sha256(t["features"].encode()).hexdigest()[:16]}
+
+
+def isa_slug(isa: dict) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{isa['triple']}-{isa['cpu']}-{isa['features']}")
+
+
+def default_log_path(isa: dict | None = None) -> Path:
+    """$KIT_TUNE_DIR/<isa>.jsonl, else <kernel cache dir>/cpu_tune/<isa>.jsonl."""
+    env = os.environ.get("KIT_TUNE_DIR")
+    root = Path(env) if env else default_cache_dir() / "cpu_tune"
+    return root / f"{isa_slug(isa or host_isa())}.jsonl"
+
+
+def _bad(path, lineno: int, what: str):
+    return TuningLogError(f"tuning log {path}:{lineno}: {what}")
+
+
+def _check_record(rec, path, lineno: int) -> dict:
+    if not isinstance(rec, dict):
+        raise _bad(path, lineno, f"expected a JSON object, got {type(rec).__name__}")
+    if rec.get("version") != VERSION:
+        raise _bad(path, lineno, f"field 'version': expected {VERSION}, got {rec.get('version')!r}")
+    isa = rec.get("isa")
+    if not isinstance(isa, dict) or not all(isinstance(isa.get(k), str) for k in ("triple", "cpu", "features")):
+        raise _bad(path, lineno, "field 'isa': expected an object with string triple, cpu, features")
+    wl = rec.get("workload")
+    if not isinstance(wl, dict):
+        raise _bad(path, lineno, "field 'workload': expected an object")
+    for k, typ in (("op", str), ("impl", str), ("shapes", list), ("dtypes", list)):
+        if not isinstance(wl.get(k), typ):
+            raise _bad(path, lineno, f"field 'workload.{k}': expected a {typ.__name__}, got {wl.get(k)!r}")
+    if wl["impl"] not in FAMILIES:
+        raise _bad(path, lineno, f"field 'workload.impl': {wl['impl']!r} is not a tunable kernel "
+                                 f"(one of {', '.join(sorted(FAMILIES))})")
+    if not all(isinstance(s, list) and all(isinstance(d, int) and d >= 0 for d in s) for s in wl["shapes"]):
+        raise _bad(path, lineno, "field 'workload.shapes': expected lists of non-negative integers")
+    cfg = rec.get("config")
+    if not isinstance(cfg, dict) or not all(isinstance(v, (bool, int, str)) for v in cfg.values()):
+        raise _bad(path, lineno, "field 'config': expected an object of integer, boolean or string knobs")
+    for k, v in cfg.items():
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            raise _bad(path, lineno, f"field 'config.{k}': expected a positive integer, got {v}")
+    t = rec.get("time_s")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
+        raise _bad(path, lineno, f"field 'time_s': expected a positive number or null, got {t!r}")
+    return rec
+
+
+def read_log(path: str | Path) -> list[dict]:
+    """Every record of the log (all ISAs); [] when the file does not exist yet. TuningLogError
+    with the line number and field for a malformed line."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TuningLogError(f"tuning log {path}: cannot read it ({e})") from None
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise _bad(path, lineno, f"not JSON ({e.msg} at column {e.colno})") from None
+        out.append(_check_record(rec, path, lineno))
+    return out
+
+
+def make_record(isa: dict, wl: Workload, cfg: dict, time_s: float | None, error: str | None = None) -> dict:
+    rec = {"version": VERSION, "isa": isa, "workload": wl.as_json(), "config": dict(cfg),
+           "time_s": None if time_s is None or not math.isfinite(time_s) else float(time_s)}
+    if error:
+        rec["error"] = error[:300]
+    return rec
+
+
+def append_records(path: str | Path, records: list[dict]) -> None:
+    """Append records (one JSON line each); the folder is made when missing."""
+    if not records:
+        return
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            for r in records:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+    except OSError as e:
+        raise TuningLogError(f"tuning log {path}: cannot write it ({e.strerror})") from None
+
+
+class TuningBook:
+    """The records of one or more logs for one ISA: the best configuration per workload key and
+    the measurements the cost model trains on. Records of other ISAs are counted and ignored."""
+
+    def __init__(self, isa: dict | None = None):
+        self.isa = isa or host_isa()
+        self.records: list[dict] = []
+        self.best: dict[str, tuple[float, dict]] = {}
+
+    def load(self, path: str | Path) -> TuningBook:
+        other = 0
+        for rec in read_log(path):
+            if rec["isa"] != self.isa:
+                other += 1
+                continue
+            self.add(rec)
+        if other:
+            log.info("tuning log %s: %d record(s) for another ISA ignored (this machine: %s %s)", path, other,
+                     self.isa["triple"], self.isa["cpu"])
+        return self
+
+    def add(self, rec: dict) -> None:
+        self.records.append(rec)
+        t = rec.get("time_s")
+        if t is None:
+            return
+        key = Workload.from_json(rec["workload"]).key
+        if key not in self.best or t < self.best[key][0]:
+            self.best[key] = (t, dict(rec["config"]))
+
+    def lookup(self, wl: Workload) -> dict | None:
+        hit = self.best.get(wl.key)
+        return dict(hit[1]) if hit else None
+
+    def measured(self, wl: Workload) -> dict[str, float | None]:
+        """canonical config -> time (None: failed) of this workload's records."""
+        key = wl.key
+        return {json.dumps(r["config"], sort_keys=True): r["time_s"] for r in self.records
+                if Workload.from_json(r["workload"]).key == key}
