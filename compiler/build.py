@@ -16,9 +16,12 @@ from typing import Sequence
 
 import llvmlite.binding as llvm
 
-from .errors import TargetError
+from .codegen.llvm import CodegenLLVM
+from .codegen.runtime import CrossModule, Module, register_runtime_symbols
+from .errors import CodegenError, TargetError
 from .lower import lower
 from .te.schedule import Schedule
+from .tir import passes
 from .tir.stmt import PrimFunc
 
 log = logging.getLogger(__name__)
@@ -152,10 +155,6 @@ def build(sch, args: Sequence | None = None, target="llvm", name: str = "main",
     Returns a callable runtime.Module for the host, a runtime.CrossModule (object code) for
     another architecture.
     """
-    from .codegen.llvm import CodegenLLVM
-    from .codegen.runtime import CrossModule, Module, register_runtime_symbols
-    from .tir import passes
-
     tgt = parse_target(target)
     if isinstance(sch, Schedule):
         if args is None:
@@ -174,7 +173,6 @@ def build(sch, args: Sequence | None = None, target="llvm", name: str = "main",
         mod = llvm.parse_assembly(text)
         mod.verify()
     except RuntimeError as e:
-        from .errors import CodegenError
         raise CodegenError(f"function '{func.name}': LLVM rejected the generated IR: {e}") from None
     mod.triple = tgt.triple
     mod.data_layout = str(tm.target_data)

@@ -19,10 +19,10 @@ from .te.tensor import ComputeOp, IterVar, Tensor
 from .te.tensorize import match_bodies
 from .tir import dtype as dt
 from .tir import expr as E
+from .tir import passes
 from .tir.arith import Analyzer, Linear, linear
 from .tir.functor import Mutator, post_order_visit, substitute
-from .tir.stmt import (Allocate, AttrStmt, Buffer, BufferStore, For, ForKind, IfThenElse, PrimFunc,
-                       Stmt, seq)
+from .tir.stmt import Allocate, AttrStmt, Buffer, BufferStore, Evaluate, For, ForKind, IfThenElse, PrimFunc, Stmt, seq
 
 log = logging.getLogger(__name__)
 
@@ -506,7 +506,6 @@ class _Lowering:
 
 
 def _as_stmt(x) -> Stmt:
-    from .tir.stmt import Evaluate
     if x is None:
         return Evaluate(0)
     if isinstance(x, Stmt):
@@ -613,5 +612,4 @@ def lower(sch: Schedule, args: Sequence[Tensor], name: str = "main", raw: bool =
     func = _Lowering(sch, list(args), name).run()
     if raw:
         return func
-    from .tir import passes
     return passes.run_pipeline(func, pipeline)

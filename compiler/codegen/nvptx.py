@@ -14,6 +14,7 @@ from __future__ import annotations
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from ..build import _init_llvm, optimize
 from ..errors import CodegenError
 from ..tir import dtype as dt
 from ..tir import expr as E
@@ -177,7 +178,6 @@ _TM = None
 def target_machine():
     global _TM
     if _TM is None:
-        from ..build import _init_llvm
         _init_llvm()
         try:
             t = llvm.Target.from_triple(TRIPLE)
@@ -189,7 +189,6 @@ def target_machine():
 
 def build_ptx(func: PrimFunc) -> GpuKernel:
     """PTX for a GPU-lowered PrimFunc (compiler.codegen.opencl.lower_gpu)."""
-    from ..build import optimize
     grid, block = launch_shape(func)
     tm = target_machine()
     cg = CodegenNVPTX(str(tm.target_data), block)

@@ -15,6 +15,7 @@ parameters' (shape, dtype). A compiled model carries that text, never machine co
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from ..errors import CodegenError
@@ -23,6 +24,7 @@ from ..tir import expr as E
 from ..tir.functor import Mutator
 from ..tir.stmt import (Allocate, AttrStmt, BufferStore, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc,
                         SeqStmt, Stmt)
+from ..lower import lower
 
 #: the barrier call the GPU lowering inserts (both back ends print it)
 BARRIER = "gpu_barrier"
@@ -141,7 +143,6 @@ def shared_bytes(func: PrimFunc) -> int:
 
 def lower_gpu(sch, args, name: str) -> PrimFunc:
     """Schedule -> PrimFunc ready for a GPU code generator (pipeline run, barriers in place)."""
-    from ..lower import lower
     func = lower(sch, args, name=name)
     func = insert_barriers(func)
     nbytes = shared_bytes(func)
@@ -169,7 +170,6 @@ _RESERVED = {"if", "else", "for", "while", "do", "return", "break", "continue", 
 
 
 def _is_type_name(name: str) -> bool:
-    import re
     return re.match(r"(u?char|u?short|u?int|u?long|float|double|half|bool|size_t|ptrdiff_t|u?intptr_t)\d*$",
                     name) is not None
 
@@ -465,6 +465,6 @@ def build_gpu(sch, args, target: str = "opencl", name: str = "main") -> GpuKerne
     if target == "opencl":
         return build_opencl(func)
     if target == "cuda":
-        from .nvptx import build_ptx
+        from .nvptx import build_ptx  # noqa: PLC0415 - import cycle: nvptx imports opencl
         return build_ptx(func)
     raise CodegenError(f"GPU target {target!r}; GPU targets are opencl, cuda")

@@ -9,17 +9,23 @@ computable from constants and static shapes (Shape -> Gather -> Concat chains fo
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import TYPE_CHECKING
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from ..graph.errors import GraphError
 from ..graph.interpret import run
 from ..graph.ir import Graph, Node, topo_order
 from .errors import ConversionError, ModelLoadError, UnsupportedOpError
+
+if TYPE_CHECKING:   # annotations only: onnx loads when a model is read
+    import onnx
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +33,7 @@ MIN_OPSET = 13
 
 
 def _onnx():
-    import onnx  # imported lazily: the graph IR does not need onnx
+    import onnx  # noqa: PLC0415 - onnx loads only when a model is read (the graph IR does not need it)
     return onnx
 
 
@@ -40,7 +46,6 @@ def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | Non
     uses op types the frontend does not know, then the one error listing them all (an unknown
     domain also fails the checker); the scan for unsupported op types; the opset upgrade."""
     onnx = _onnx()
-    from google.protobuf.message import DecodeError
     src = "<bytes>"
     if isinstance(model, (str, os.PathLike)):
         src = str(model)
@@ -86,7 +91,7 @@ def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | Non
         check_supported(model)
     opset = default_opset(model)
     if opset < MIN_OPSET:
-        from onnx import version_converter
+        from onnx import version_converter  # noqa: PLC0415 - onnx loads only when a model is read
         try:
             model = _keep_resize10_semantics(model, version_converter.convert_version(
                 _without_removed_ops(model), MIN_OPSET))
@@ -223,7 +228,6 @@ def _load_external_data(model, base_dir, src: str):
         raise ModelLoadError(f"{src}: tensor '{name}' keeps its data in an external file, but the model was not "
                              f"given as a path: load it from its file, or pass base_dir=")
     root = Path(base_dir).resolve()
-    from pathlib import PurePosixPath, PureWindowsPath
     for t in _all_tensors(model.graph):
         if t.data_location != ext:
             continue
@@ -272,7 +276,6 @@ def _load_external_data(model, base_dir, src: str):
         if len(raw) != length:
             raise ModelLoadError(f"{what}: {loc!r} changed while being read")
         if "checksum" in info:
-            import hashlib
             if hashlib.sha1(raw).hexdigest() != info["checksum"].lower():
                 raise ModelLoadError(f"{what}: the bytes read from {loc!r} do not match its SHA-1 checksum")
         t.raw_data = raw
@@ -305,8 +308,8 @@ def fold_constant_nodes(model) -> "onnx.ModelProto":
     constants. A node that cannot be evaluated is left for check_supported to report. Returns the
     model, a copy when anything was folded."""
     onnx = _onnx()
-    from onnx import numpy_helper
-    from onnx.reference import ReferenceEvaluator
+    from onnx import numpy_helper  # noqa: PLC0415 - onnx loads only when a model is read
+    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415 - onnx loads only when a model is read
     g = model.graph
     opsets = {imp.domain or "": imp.version for imp in model.opset_import}
     inits = {t.name: t for t in g.initializer}
@@ -1127,7 +1130,7 @@ def _resize(c):
     (Resize is linear in its input), so every coordinate transformation and rounding mode is the
     spec's own."""
     onnx = _onnx()
-    from onnx.reference import ReferenceEvaluator
+    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415 - onnx loads only when a model is read
     x = c.input(0)
     rank = x.type.rank
     mode = c.attr("mode", "nearest")
@@ -1267,7 +1270,7 @@ def from_onnx(model, shapes: dict | None = None, name: str | None = None, runtim
         for oname, node in zip(real_outputs, outs):
             ctx.env[oname] = node
     outputs, names = [], []
-    from .qoperator import integer_output   # a quantized output is carried as its dequantized value
+    from .qoperator import integer_output  # noqa: PLC0415 - import cycle: qoperator imports this module
     for vi in g.output:
         if vi.name not in ctx.env:
             raise ConversionError(f"graph output '{vi.name}' is not produced by any node")

@@ -5,7 +5,11 @@ ort_quantize gives any model as onnxruntime's quantization tools export it (QDQ)
 """
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
+import onnx
+from onnx import TensorProto, checker, helper, numpy_helper, shape_inference
 
 
 class ModelBuilder:
@@ -22,12 +26,10 @@ class ModelBuilder:
         return f"{op.lower()}{k}"
 
     def input(self, name: str, shape, elem_type=None) -> str:
-        from onnx import TensorProto, helper
         self.inputs.append(helper.make_tensor_value_info(name, elem_type or TensorProto.FLOAT, list(shape)))
         return name
 
     def init(self, value, name: str | None = None) -> str:
-        from onnx import numpy_helper
         name = name or f"c{len(self.inits)}"
         self.inits.append(numpy_helper.from_array(np.asarray(value), name))
         return name
@@ -37,7 +39,6 @@ class ModelBuilder:
         return self.init((self.rng.standard_normal(shape) * scale * np.sqrt(2.0 / fan_in)).astype(np.float32))
 
     def op(self, op_type: str, inputs, n_out: int = 1, name: str | None = None, **attrs):
-        from onnx import helper
         name = name or self._name(op_type)
         outs = [f"{name}_out{k}" if n_out > 1 else f"{name}_out" for k in range(n_out)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, **attrs))
@@ -61,8 +62,6 @@ class ModelBuilder:
         return self.op("Add", [y, self.init((self.rng.standard_normal(n) * 0.1).astype(np.float32))])
 
     def build(self, outputs, output_shapes=None):
-        from onnx import TensorProto, checker, helper
-        from onnx import shape_inference
         outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
         g = helper.make_graph(self.nodes, self.name, self.inputs, [], self.inits)
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", self.opset)], producer_name="accel-kit zoo")
@@ -186,7 +185,6 @@ MODELS = {
 
 def sample_inputs(model, n: int = 1, seed: int = 1) -> list[dict[str, np.ndarray]]:
     """n seeded random feeds (standard normal) for a model's inputs."""
-    from onnx import helper
     rng = np.random.default_rng(seed)
     inits = {t.name for t in model.graph.initializer}
     feeds = []
@@ -209,10 +207,8 @@ def ort_quantize(model, feeds, per_channel: bool = False, activations: str = "in
     per output channel). activations: "int8" (the tool's default: asymmetric, with zero points),
     "uint8", or "symmetric" int8. quant_format: "qdq" (Quantize/DequantizeLinear pairs) or
     "qoperator" (QLinearConv, QGemm, ...)."""
-    import tempfile
 
-    import onnx
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quant_pre_process,
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quant_pre_process,  # noqa: PLC0415 - optional dep onnxruntime
                                           quantize_static)
     if activations not in ("int8", "uint8", "symmetric"):
         raise ValueError(f"ort_quantize: activations={activations!r}; choose int8, uint8 or symmetric")

@@ -59,7 +59,7 @@ class Node:
     def __init__(self, op: str, inputs: Iterable["Node"] = (), attrs: dict | None = None, *,
                  name: str = "", type: TensorType | None = None, target: str | None = None,
                  origin: str | None = None):
-        from .ops import get_op  # ops imports ir; resolve at call time
+        from .ops import get_op  # noqa: PLC0415 - import cycle: ops imports ir
         opdef = get_op(op)
         self.op = op
         self.name = name

@@ -17,6 +17,7 @@ from ..tir import expr as E
 from ..tir.functor import Mutator, substitute
 from ..tir.stmt import ForKind
 from .tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Tensor
+from .tensorize import TensorIntrin
 
 
 @dataclass
@@ -284,7 +285,6 @@ class Stage:
     def tensorize(self, iv: IterVar, intrin) -> None:
         """Replace the loop nest from `iv` inwards by a declared intrinsic (te.decl_tensor_intrin).
         The nest must compute exactly what the intrinsic declares; lowering checks it."""
-        from .tensorize import TensorIntrin
         iv = self._leaf(iv, "tensorize")
         if not isinstance(intrin, TensorIntrin):
             raise self._err("tensorize", f"axis '{iv.name}': expected a TensorIntrin "

@@ -16,6 +16,8 @@ from typing import Callable
 
 from ..errors import TensorizeError
 from ..tir import expr as E
+from ..tir.arith import simplify
+from ..tir.functor import structural_equal
 from ..tir.stmt import Buffer
 from .tensor import ComputeOp, Tensor
 
@@ -64,8 +66,6 @@ def match_bodies(stage_name: str, intrin: TensorIntrin, stage_body: E.PrimExpr,
                              f"  stage computes:     {stage_body}\n"
                              f"  intrinsic declares: {intrin.op.body}")
 
-    from ..tir.arith import simplify
-    from ..tir.functor import structural_equal
 
     def eq(s, i):
         if type(s) is not type(i):

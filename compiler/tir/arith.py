@@ -8,6 +8,7 @@ the loop-variable ranges the Analyzer knows. Float arithmetic is only constant-f
 """
 from __future__ import annotations
 
+import copy
 from typing import Optional
 
 from . import dtype as dt
@@ -302,7 +303,6 @@ class _Simplifier:
                 if nv is not v:
                     changes[f] = nv
         if changes:
-            import copy
             e = copy.copy(e)
             for k, v in changes.items():
                 setattr(e, k, v)

@@ -62,7 +62,7 @@ class PrimExpr(ExprOp):
     _fields: tuple[str, ...] = ()
 
     def __repr__(self):
-        from .printer import expr_str
+        from .printer import expr_str  # noqa: PLC0415 - import cycle: printer imports expr and stmt
         return expr_str(self)
 
     __str__ = __repr__

@@ -12,7 +12,7 @@ import itertools
 from typing import Sequence
 
 from . import dtype as dt
-from .expr import IntImm, PrimExpr, StringImm, Var, convert, const
+from .expr import BufferLoad, Call, IntImm, PrimExpr, StringImm, Var, const, convert
 
 _uid = itertools.count()
 
@@ -49,14 +49,12 @@ class Buffer:
     def access_ptr(self, offset=0) -> PrimExpr:
         """Address of element `offset` (flat, relative to this buffer/view) as a pointer value,
         for extern calls: `call_extern("void", "gemm", out.access_ptr(), a.access_ptr(), ...)`."""
-        from .expr import BufferLoad, Call
         idx = [const(0)] * len(self.shape)
         if offset:
             idx[-1] = convert(offset)
         return Call("handle", "address_of", [BufferLoad(self, idx)])
 
     def vload(self, indices) -> PrimExpr:
-        from .expr import BufferLoad
         return BufferLoad(self, [convert(i) for i in indices])
 
     def vstore(self, indices, value) -> "BufferStore":
@@ -94,7 +92,7 @@ class Stmt:
     _fields: tuple[str, ...] = ()
 
     def __repr__(self):
-        from .printer import stmt_str
+        from .printer import stmt_str  # noqa: PLC0415 - import cycle: printer imports stmt
         return stmt_str(self)
 
 
@@ -178,7 +176,7 @@ class PrimFunc:
         return PrimFunc(self.name, self.params, body, self.attrs)
 
     def script(self) -> str:
-        from .printer import func_str
+        from .printer import func_str  # noqa: PLC0415 - import cycle: printer imports stmt
         return func_str(self)
 
     def __repr__(self):

@@ -60,9 +60,9 @@ def simplify(graph: Graph) -> Graph:
                 if bias is not None and n.shape == p.shape:
                     rename_range(graph, n.name, p.name)
                     return p.with_inputs([*p.inputs, Node.const(bias, name=f"{p.name}/bias")])
-            inner, inner_old = p, oldp
+            inner = p
             if p.op == "reshape" and p.inputs[0].op == "dense" and single(oldp.inputs[0]):
-                inner, inner_old = p.inputs[0], oldp.inputs[0]
+                inner = p.inputs[0]
             if inner.op == "dense" and len(inner.inputs) == 2 and p.shape[-1] == inner.shape[-1]:
                 bias = _bias_vector(b, p.shape[-1], p.type.rank - 1, p.type.rank)
                 if bias is not None and n.shape == p.shape:
