@@ -44,11 +44,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from accel.isa import AccelConfig
+from accel.isa import INSN_BYTES, AccelConfig
 from accel.isa.layout import pack_blocked, unpack_blocked
 from accel.isa.files import write_atomic
 
 from .errors import HostRuntimeError
+from .device import Device
+from .gpu import GpuError, check_gpu_attrs, open_device
+from .kernel_cache import KernelBuildError, KernelCacheError, KernelIRError, load_kernels, verify_ir
 
 log = logging.getLogger(__name__)
 
@@ -541,7 +544,6 @@ class ModuleImage:
         parameter declares, so a header cannot point a kernel at a smaller buffer), native steps'
         shapes. Returns {kernel symbol: bytes per parameter}. Raises ModuleFormatError naming the
         step and field."""
-        from .kernel_cache import KernelIRError, verify_ir
         src = source or f"module '{self.name}'"
 
         def fail(msg):
@@ -611,7 +613,6 @@ class ModuleImage:
                 fail(f"{w}: argument {_short(a)} is neither a tensor nor a constant")
         out = self.tensors[s.output]
         if s.kind == "accel":
-            from accel.isa import INSN_BYTES
             if self.config is None:
                 fail(f"{w}: an accelerator step in a module with no config")
             end = s.insn_addr + s.insn_count * INSN_BYTES
@@ -650,7 +651,6 @@ class ModuleImage:
 
     def _check_gpu(self, w: str, s: Step, fail) -> None:
         """A GPU kernel step: well-formed launch attributes, arguments matching its parameters."""
-        from .gpu import check_gpu_attrs
         why = check_gpu_attrs(s.attrs)
         if why:
             fail(f"{w}: {why}")
@@ -731,7 +731,6 @@ def _json_default(o):
 def load_library(kernels: list[KernelSource]):
     """The module's kernels verified, compiled here (or taken from the per-user cache) and loaded:
     a kernel_cache.KernelLibrary whose function(symbol) reaches only functions the IR defines."""
-    from .kernel_cache import KernelBuildError, KernelCacheError, KernelIRError, load_kernels
     try:
         return load_kernels([k.ir for k in kernels])
     except KernelIRError as e:
@@ -767,7 +766,6 @@ class Executor:
         self.profile: list[dict] = []
         m.validate()   # nothing is allocated or run for a module that fails its checks
         if m.count("accel"):
-            from .device import Device
             if m.config is None:
                 raise ExecutorError(f"module '{m.name}' has accelerator steps but no config")
             if device is None:
@@ -868,7 +866,6 @@ class Executor:
     def _prepare_gpu(self, s: Step, out: np.ndarray) -> Callable[[], Any]:
         """A GPU kernel step: its source compiled by the device's driver (host_runtime.gpu); the
         device is opened on first use, so a module without GPU steps needs no GPU."""
-        from .gpu import GpuError, open_device
         try:
             dev = open_device(s.attrs["lang"])
             return dev.launcher(s.attrs, [np.ascontiguousarray(self._arg(a)) if a[0] == "c" else self._arg(a)

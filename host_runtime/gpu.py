@@ -3,9 +3,9 @@ there is no GPU) and CUDA (cuda-python's driver API, PTX loaded by the driver).
 
 A step carries its kernel as source text (OpenCL C or PTX) with its launch shape and parameter
 types (attrs: lang, source, kernel, grid, block, params); the device's own compiler turns it
-into machine code here, so a module file still brings no native code (docs/trust.md). Each call
-copies the step's arguments to device buffers, launches, and copies the output back into the
-arena: simple and exact, not fast (a later step would keep tensors resident).
+into machine code here, so a module file still brings no native code (docs/trust.md). Within an
+executor, tensors stay on the device between GPU steps (DeviceTensors): inputs and constants go up
+once, outputs and what a CPU step reads come down.
 """
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ class OpenCLDevice:
 
     def __init__(self):
         try:
-            import pyopencl as cl
+            import pyopencl as cl  # noqa: PLC0415 - optional dep pyopencl
         except ImportError:
             raise GpuError("OpenCL needs pyopencl (pip install pyopencl pocl-binary-distribution, the 'gpu' "
                            "extra)") from None
@@ -233,8 +233,8 @@ class OpenCLDevice:
         except self.cl.Error:
             raise GpuError(f"OpenCL program defines no kernel {name!r}") from None
 
-    def launcher(self, attrs: dict, arrays: list[np.ndarray], out: np.ndarray):
-        cl = self.cl
+    def check_launch(self, attrs: dict) -> None:
+        """GpuError when this device cannot run a block of attrs['block']."""
         most = self.device.max_work_group_size
         if math.prod(attrs["block"]) > most:
             raise GpuError(f"kernel {attrs['kernel']} needs {math.prod(attrs['block'])} threads per block, "
@@ -243,23 +243,36 @@ class OpenCLDevice:
         if any(b > s for b, s in zip(attrs["block"], sizes)):
             raise GpuError(f"kernel {attrs['kernel']} needs a block of {attrs['block']}, {self.name} allows "
                            f"at most {sizes[:3]} per dimension")
+
+    # the four primitives DeviceTensors and launcher() are built on
+    def alloc(self, nbytes: int):
+        return self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, size=max(1, nbytes))
+
+    def upload(self, buf, a: np.ndarray) -> None:
+        if a.nbytes:
+            self.cl.enqueue_copy(self.queue, buf, a)
+
+    def download(self, a: np.ndarray, buf) -> None:
+        if a.nbytes:
+            self.cl.enqueue_copy(self.queue, a, buf)
+            self.queue.finish()
+
+    def prepare_kernel(self, attrs: dict):
+        """A callable launching the step's kernel on a list of device buffers (the output last)."""
+        self.check_launch(attrs)
         k = self.kernel(attrs["source"], attrs["kernel"])
-        mf = cl.mem_flags
-        bufs = [cl.Buffer(self.ctx, mf.READ_WRITE, size=max(1, a.nbytes)) for a in arrays] + \
-            [cl.Buffer(self.ctx, mf.READ_WRITE, size=max(1, out.nbytes))]
-        k.set_args(*bufs)
-        block = attrs["block"]
+        block = tuple(attrs["block"])
         gsize = tuple(g * b for g, b in zip(attrs["grid"], block))
 
-        def call():
-            for b, a in zip(bufs, arrays):
-                if a.nbytes:
-                    cl.enqueue_copy(self.queue, b, a)
-            cl.enqueue_nd_range_kernel(self.queue, k, gsize, tuple(block))
-            if out.nbytes:
-                cl.enqueue_copy(self.queue, out, bufs[-1])
+        def launch(bufs):
+            k.set_args(*bufs)
+            self.cl.enqueue_nd_range_kernel(self.queue, k, gsize, block)
             self.queue.finish()
-        return call
+        return launch
+
+    def launcher(self, attrs: dict, arrays: list[np.ndarray], out: np.ndarray):
+        """A call copying `arrays` in, launching, and copying `out` back (tests, the tuner)."""
+        return _copying_launcher(self, attrs, arrays, out)
 
 
 class CudaDevice:
@@ -268,10 +281,10 @@ class CudaDevice:
 
     def __init__(self):
         try:
-            from cuda.bindings import driver as cu   # cuda-python >= 12.6
+            from cuda.bindings import driver as cu   # cuda-python >= 12.6  # noqa: PLC0415 - optional dep cuda-python
         except ImportError:
             try:
-                from cuda import cuda as cu          # older cuda-python
+                from cuda import cuda as cu          # older cuda-python  # noqa: PLC0415 - optional dep cuda-python
             except ImportError:
                 raise GpuError("no CUDA device: cuda-python is not installed (pip install cuda-python)") from None
         self.cu = cu
@@ -294,7 +307,22 @@ class CudaDevice:
         if int(err) != 0:
             raise GpuError(f"CUDA {what}: error {err}")
 
-    def launcher(self, attrs: dict, arrays: list[np.ndarray], out: np.ndarray):
+    def alloc(self, nbytes: int):
+        err, p = self.cu.cuMemAlloc(max(1, nbytes))
+        self._check(err, f"allocating {nbytes} bytes of device memory")
+        return p
+
+    def upload(self, buf, a: np.ndarray) -> None:
+        if a.nbytes:
+            self._check(self.cu.cuMemcpyHtoD(buf, a.ctypes.data, a.nbytes)[0], "copying to the device")
+
+    def download(self, a: np.ndarray, buf) -> None:
+        if a.nbytes:
+            self._check(self.cu.cuMemcpyDtoH(a.ctypes.data, buf, a.nbytes)[0], "copying from the device")
+
+    def prepare_kernel(self, attrs: dict):
+        """A callable launching the step's PTX kernel on a list of device pointers (the output last):
+        the module is loaded once per source text; each pointer is passed by the address of a u64."""
         cu = self.cu
         key = hashlib.sha256(attrs["source"].encode()).hexdigest()
         mod = self.modules.get(key)
@@ -304,24 +332,108 @@ class CudaDevice:
             self.modules[key] = mod
         err, fn = cu.cuModuleGetFunction(mod, attrs["kernel"].encode())
         self._check(err, f"finding kernel {attrs['kernel']}")
-        ptrs = []
-        for a in arrays + [out]:
-            err, p = cu.cuMemAlloc(max(1, a.nbytes))
-            self._check(err, "allocating device memory")
-            ptrs.append(p)
-        params = np.array([int(p) for p in ptrs], dtype=np.uint64)
-        argp = np.array([params[i:].ctypes.data for i in range(len(ptrs))], dtype=np.uint64)
         g, b = attrs["grid"], attrs["block"]
 
-        def call():
-            for p, a in zip(ptrs, arrays):
-                if a.nbytes:
-                    self._check(cu.cuMemcpyHtoD(p, a.ctypes.data, a.nbytes)[0], "copying to the device")
+        def launch(bufs):
+            params = np.array([int(p) for p in bufs], dtype=np.uint64)
+            argp = np.array([params[i:].ctypes.data for i in range(len(bufs))], dtype=np.uint64)
             self._check(cu.cuLaunchKernel(fn, *g, *b, 0, 0, argp.ctypes.data, 0)[0], f"launching {attrs['kernel']}")
             self._check(cu.cuCtxSynchronize()[0], f"running {attrs['kernel']}")
-            if out.nbytes:
-                self._check(cu.cuMemcpyDtoH(out.ctypes.data, ptrs[-1], out.nbytes)[0], "copying from the device")
-            return (params, argp)
+            return params, argp   # alive until the launch has finished
+        return launch
+
+    def launcher(self, attrs: dict, arrays: list[np.ndarray], out: np.ndarray):
+        """A call copying `arrays` in, launching, and copying `out` back (tests, the tuner)."""
+        return _copying_launcher(self, attrs, arrays, out)
+
+
+def _copying_launcher(dev, attrs: dict, arrays: list[np.ndarray], out: np.ndarray):
+    launch = dev.prepare_kernel(attrs)
+    bufs = [dev.alloc(a.nbytes) for a in arrays] + [dev.alloc(out.nbytes)]
+
+    def call():
+        for b, a in zip(bufs, arrays):
+            dev.upload(b, a)
+        launch(bufs)
+        dev.download(out, bufs[-1])
+    return call
+
+
+class DeviceTensors:
+    """Which copy of each tensor of one executor is current, the host arena's or the device's, so
+    tensors stay on the device between GPU steps: constants are uploaded once, a tensor a GPU step
+    reads is uploaded only when the host wrote it since, a GPU step's output is downloaded only
+    when a CPU step, a kept value or a model output needs it. Tensors never alias in a step's
+    lifetime (the memory plan), so each gets its own device buffer. `counts` says how many copies
+    and bytes went each way (tests, profiles)."""
+
+    def __init__(self, views: list[np.ndarray], consts: list[np.ndarray]):
+        self.views, self.consts = views, consts
+        self.bufs: dict[tuple, object] = {}      # (device kind, 't'|'c', ref) -> buffer
+        self.on_device: dict[int, object] = {}   # tensor -> the device whose copy is current
+        self.host_stale: set[int] = set()        # tensors whose host copy is older than the device's
+        self.counts = {"uploads": 0, "downloads": 0, "upload_bytes": 0, "download_bytes": 0}
+
+    def _buf(self, dev, kind: str, ref: int, nbytes: int):
+        key = (dev.kind, kind, ref)
+        b = self.bufs.get(key)
+        if b is None:
+            b = self.bufs[key] = dev.alloc(nbytes)
+        return b
+
+    def _upload(self, dev, buf, a: np.ndarray) -> None:
+        dev.upload(buf, np.ascontiguousarray(a))
+        self.counts["uploads"] += 1
+        self.counts["upload_bytes"] += a.nbytes
+
+    def to_host(self, tid: int) -> None:
+        """Make the host copy of tensor `tid` current (before a CPU step reads it)."""
+        if tid in self.host_stale:
+            dev = self.on_device[tid]
+            dev.download(self.views[tid], self.bufs[(dev.kind, "t", tid)])
+            self.host_stale.discard(tid)
+            self.counts["downloads"] += 1
+            self.counts["download_bytes"] += self.views[tid].nbytes
+
+    def host_wrote(self, tid: int) -> None:
+        """The host wrote tensor `tid` (an input, a CPU step's output): device copies are old."""
+        self.on_device.pop(tid, None)
+        self.host_stale.discard(tid)
+
+    def host_step(self, call, reads: list[int], writes: int):
+        """Wrap a CPU step's call: its inputs are fetched first, its output is the host's."""
+        def wrapped():
+            for t in reads:
+                self.to_host(t)
+            r = call()
+            self.host_wrote(writes)
+            return r
+        return wrapped
+
+    def gpu_step(self, dev, attrs: dict, args: list, out: int):
+        """A GPU step's call on device-resident buffers; args are the step's ('t', tensor) and
+        ('c', constant) references, `out` its output tensor."""
+        launch = dev.prepare_kernel(attrs)
+
+        def call():
+            bufs = []
+            for kind, ref in args:
+                if kind == "c":
+                    fresh = (dev.kind, "c", ref) not in self.bufs
+                    b = self._buf(dev, "c", ref, self.consts[ref].nbytes)
+                    if fresh:
+                        self._upload(dev, b, self.consts[ref])
+                else:
+                    b = self._buf(dev, "t", ref, self.views[ref].nbytes)
+                    if self.on_device.get(ref) is not dev:
+                        self.to_host(ref)          # current on another device: through the host
+                        self._upload(dev, b, self.views[ref])
+                        self.on_device[ref] = dev
+                bufs.append(b)
+            bufs.append(self._buf(dev, "t", out, self.views[out].nbytes))
+            launch(bufs)
+            self.on_device[out] = dev
+            self.host_stale.add(out)
         return call
 
 

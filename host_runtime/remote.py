@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from accel.isa import AccelConfig
+from sim.trace import SCHEMA, Counters, StageCounters, TimingRun
 
 from .device import Driver, RunResult
 from .errors import DriverError
@@ -300,7 +301,6 @@ class RemoteDriver(Driver):
 
 def _timing_run(stats: dict):
     """sim.trace.TimingRun (counters, no timeline) rebuilt from a timing driver's stats, else None."""
-    from sim.trace import SCHEMA, Counters, StageCounters, TimingRun
     if not isinstance(stats, dict) or stats.get("schema") != SCHEMA:
         return None
     try:

@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 from accel.isa import AccelConfig, resolve_config
+from accel.progress import task
+
+from .params import ERROR_TEXT, ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ def _code_text(path: Path) -> str:
 
 def source_key(cfg: AccelConfig) -> str:
     """Hash of everything the Verilog depends on: config, RTL and ISA code, Amaranth version."""
-    import amaranth
+    import amaranth  # noqa: PLC0415 - amaranth loads only when RTL is elaborated
     h = hashlib.sha256(cfg.to_json(indent=None).encode())
     h.update(amaranth.__version__.encode())
     for d in _SOURCE_DIRS:
@@ -69,8 +72,8 @@ def source_key(cfg: AccelConfig) -> str:
 def port_list(top) -> list[tuple[str, str, int, object]]:
     """(name, "input"/"output", width, signal) of the top level's interface ports, names joined with
     "_" (the Verilog module also has the `clk` and `rst` inputs of its sync domain)."""
-    from amaranth.hdl import Value
-    from amaranth.lib import wiring
+    from amaranth.hdl import Value  # noqa: PLC0415 - amaranth loads only when RTL is elaborated
+    from amaranth.lib import wiring  # noqa: PLC0415 - amaranth loads only when RTL is elaborated
     ports = []
     for path, member, value in top.signature.flatten(top):
         value = Value.cast(value)
@@ -80,10 +83,9 @@ def port_list(top) -> list[tuple[str, str, int, object]]:
 
 def describe(cfg: AccelConfig, top=None) -> dict:
     """The JSON description: ports, register map, config, derived values, interface notes."""
-    from .axi import AXI_CACHE_NORMAL, ID_WIDTH, WRITE_ID
-    from .params import ERROR_TEXT, ErrorCode
-    from .regs import REG_ADDR_WIDTH, register_map
-    from .top import READ_CLIENTS, Accelerator
+    from .axi import AXI_CACHE_NORMAL, ID_WIDTH, WRITE_ID  # noqa: PLC0415 - accel.hw.axi pulls in amaranth on import
+    from .regs import REG_ADDR_WIDTH, register_map  # noqa: PLC0415 - accel.hw.regs pulls in amaranth on import
+    from .top import READ_CLIENTS, Accelerator  # noqa: PLC0415 - accel.hw.top pulls in amaranth on import
     if top is None:
         top = Accelerator(cfg)
         top._MustUse__silence = True   # only its signature is read here, it is not elaborated
@@ -109,10 +111,9 @@ def describe(cfg: AccelConfig, top=None) -> dict:
 
 
 def _elaborate(cfg: AccelConfig) -> tuple[str, dict]:
-    from amaranth.back import verilog as amaranth_verilog
-    from amaranth.hdl._ir import PortDirection   # convert(ports={name: (value, direction)})
-    from accel.progress import task
-    from .top import Accelerator
+    from amaranth.back import verilog as amaranth_verilog  # noqa: PLC0415 - amaranth loads only when RTL is elaborated
+    from amaranth.hdl._ir import PortDirection  # noqa: PLC0415 - amaranth loads only when RTL is elaborated; convert(ports={name: (value, direction)})
+    from .top import Accelerator  # noqa: PLC0415 - accel.hw.top pulls in amaranth on import
     with task(f"Verilog elaboration of {TOP_NAME} ({cfg.digest()})", 3) as t:
         t.update(0, detail="building the design")
         top = Accelerator(cfg)

@@ -38,6 +38,8 @@ from accel.isa import AccelConfig
 from accel.isa.isa import INSN_BYTES, Load, MemType, Store, elem_bytes, encode_program
 
 from sim.errors import ProgramFault
+from sim.errors import SimError
+from sim.trace import Counters, TimingRun, program_at
 
 from ..device import Driver, RunResult, register_driver
 from ..errors import HostRuntimeError
@@ -119,7 +121,7 @@ class PynqBackend(BoardBackend):
 
     def __init__(self, cfg: AccelConfig, bitstream: str | None = None, ip: str | None = None):
         try:
-            import pynq
+            import pynq  # noqa: PLC0415 - optional dep pynq (on the board)
         except ImportError:
             raise BoardError("backend 'pynq' needs the pynq package (the board's PYNQ image); "
                              "use backend='linux' on other Linux images") from None
@@ -276,7 +278,7 @@ def open_backend(name: str | None, cfg: AccelConfig, **options) -> BoardBackend:
     """A back end by name; None picks pynq when it is installed, else linux."""
     if name is None:
         try:
-            import pynq  # noqa: F401
+            import pynq  # noqa: PLC0415, F401 - optional dep pynq (on the board)
             name = "pynq"
         except ImportError:
             name = "linux"
@@ -326,7 +328,7 @@ class BoardDriver(Driver):
     def __init__(self, cfg: AccelConfig, backend: str | BoardBackend | None = None, timeout_s: float | None = None,
                  watchdog: int = 1 << 20, **backend_options):
         super().__init__(cfg)
-        from accel.hw.regs import COUNTER_BASE, COUNTERS, register_map
+        from accel.hw.regs import COUNTER_BASE, COUNTERS, register_map  # noqa: PLC0415 - accel.hw.regs pulls in amaranth on import
         self.regs = {r.name: r.offset for r in register_map(cfg)}
         self.counter_regs = {name: COUNTER_BASE + 8 * i for i, name in enumerate(COUNTERS)}
         self.timeout_s = float(timeout_s if timeout_s is not None else self.default_timeout_s)
@@ -401,8 +403,6 @@ class BoardDriver(Driver):
         return self._buf
 
     def run(self, dram: np.ndarray, insn_addr: int, insn_count: int) -> RunResult:
-        from sim.errors import SimError
-        from sim.trace import Counters, TimingRun, program_at
         t0 = time.perf_counter()
         try:
             insns = program_at(self.cfg, dram, insn_addr, insn_count)
@@ -452,7 +452,7 @@ class BoardDriver(Driver):
                              f"(STATUS=0x{status:x}) after {cycles} cycles; the core was reset")
         code = extra.get("ERROR", 0) & 0xFF
         try:
-            from accel.hw.params import ERROR_TEXT, ErrorCode
+            from accel.hw.params import ERROR_TEXT, ErrorCode  # noqa: PLC0415 - a board's install may lack accel.hw: then the raw code
             ec = ErrorCode(code)
         except (ImportError, ValueError):
             raise BoardError(f"{self.name}: the accelerator reported an error: STATUS=0x{status:x}, "

@@ -8,6 +8,8 @@ import time
 
 import numpy as np
 
+from sim.fsim import Fsim
+
 from ..device import Driver, RunResult, register_driver
 
 
@@ -15,7 +17,6 @@ from ..device import Driver, RunResult, register_driver
 class FsimDriver(Driver):
     def __init__(self, cfg, max_insns: int | None = None, check_races: bool | None = None):
         super().__init__(cfg)
-        from sim.fsim import Fsim  # imported here: the registry stays importable without sim
         self.sim = Fsim(cfg, check_races=check_races)
         self.max_insns = max_insns
 

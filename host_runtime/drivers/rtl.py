@@ -16,17 +16,21 @@ import time
 
 import numpy as np
 
+from sim.dram import DramModel
+from sim.verilator.build import BuildError, tools_available
+from sim.verilator.model import DEFAULT_MAX_CYCLES, VerilatorModel
+from sim.errors import ProgramFault
+from sim.trace import Counters, Timeline, TimingRun
+
 from ..device import Driver, RunResult, register_driver
 from ..errors import DriverError
+from .faults import fetched_program, name_fault
 
 
 @register_driver("rtl")
 class RtlDriver(Driver):
     def __init__(self, cfg, dram=None, trace: bool = False, waves=None, max_cycles: int | None = None):
         super().__init__(cfg)
-        from sim.dram import DramModel
-        from sim.verilator.build import BuildError, tools_available
-        from sim.verilator.model import DEFAULT_MAX_CYCLES, VerilatorModel
         missing = tools_available()
         if missing:
             raise DriverError(f"driver 'rtl' needs Verilator and a C++ compiler: {missing}")
@@ -38,9 +42,6 @@ class RtlDriver(Driver):
             raise DriverError(f"driver 'rtl' cannot build the Verilator model: {e}") from None
 
     def run(self, dram: np.ndarray, insn_addr: int, insn_count: int) -> RunResult:
-        from sim.errors import ProgramFault
-        from sim.trace import Counters, Timeline, TimingRun
-        from .faults import fetched_program, name_fault
         t0 = time.perf_counter()
         insns, _ = fetched_program(self.cfg, dram, insn_addr, insn_count)
         try:

@@ -17,9 +17,15 @@ import time
 import numpy as np
 
 from accel.isa.isa import INSN_BYTES
+from sim.dram import DramModel
+from sim.fsim import Fsim
+from sim.tsim import Tsim
+from sim.trace import Counters, Timeline, TimingRun
+from sim.tsim import helper
 
 from ..device import Driver, RunResult, register_driver
 from ..errors import DriverError
+from .faults import fetched_program
 
 
 @register_driver("tsim")
@@ -28,9 +34,6 @@ class TsimDriver(Driver):
         super().__init__(cfg)
         if not isinstance(helper, bool):
             raise DriverError(f"driver 'tsim': option helper={helper!r} must be True or False")
-        from sim.dram import DramModel
-        from sim.fsim import Fsim
-        from sim.tsim import Tsim
         self.dram_model = DramModel.from_dict(dram, cfg.clock_mhz)
         self.fsim = Fsim(cfg)        # on-chip buffers persist across runs, as on the hardware
         self.tsim = Tsim(cfg, self.dram_model)
@@ -39,9 +42,6 @@ class TsimDriver(Driver):
         self.helper = helper
 
     def run(self, dram: np.ndarray, insn_addr: int, insn_count: int) -> RunResult:
-        from sim.trace import Counters, Timeline, TimingRun
-        from sim.tsim import helper
-        from .faults import fetched_program
         t0 = time.perf_counter()
         insns, illegal = fetched_program(self.cfg, dram, insn_addr, insn_count)
         job = None

@@ -27,10 +27,13 @@ import subprocess
 import sys
 from multiprocessing import shared_memory
 from pathlib import Path
+from multiprocessing import resource_tracker
 
 import numpy as np
 
 from accel.isa import AccelConfig, resolve_config
+from sim.verilator import build as vb
+from sim.dram import DramModel
 
 from ..device import register_driver
 from .board import BoardBackend, BoardDriver, BoardError, DmaBuffer
@@ -51,7 +54,6 @@ BUILD_RECIPE = "vboard-shell-2"   # bump when build_shell_library's commands cha
 def build_shell_library(config) -> Path:
     """sim/verilator/build.py's model with vboard_shell.cpp as the harness (build_cached, keyed by the
     rtl library's key, the shell source and BUILD_RECIPE); returns the library's path."""
-    from sim.verilator import build as vb
     missing = vb.tools_available()
     if missing:
         raise BoardError(f"driver 'vboard' needs Verilator and a C++ compiler: {missing}")
@@ -90,7 +92,6 @@ class VboardBackend(BoardBackend):
     name = "vboard"
 
     def __init__(self, cfg: AccelConfig, dram=None, phys_base: int = DEFAULT_PHYS_BASE, start_timeout_s: float = 120):
-        from sim.dram import DramModel
         self.cfg = cfg
         self.dram_model = DramModel.from_dict(dram, cfg.clock_mhz)
         if phys_base < 0 or phys_base % 4096:
@@ -191,7 +192,6 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
 
 
 def _shell(fd: int, lib_path: str, bus_bytes: int) -> int:
-    from multiprocessing import resource_tracker
     lib = ctypes.CDLL(lib_path)
     lib.accel_create.restype = ctypes.c_void_p
     lib.accel_create.argtypes = [ctypes.c_char_p]

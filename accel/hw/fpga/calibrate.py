@@ -17,7 +17,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,10 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from accel.hw.boards import default_part
+from accel.hw.verilog import cache_root as hw_cache_root
 from accel.isa import PRESETS, AccelConfig
 
 from . import estimate as est
 from .memmap import map_memory
+from .rtl import rtl_for_config
+from .synth import synthesize
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +77,7 @@ ALL = {**CALIBRATION, **HOLDOUT}
 
 # ---- synthesis with a cache ---------------------------------------------------------------------------
 def cache_root() -> Path:
-    try:
-        from accel.hw.verilog import cache_root as hw_cache_root
-        return hw_cache_root()
-    except ImportError:
-        return Path(os.environ.get("ACCEL_CACHE_DIR", HERE.parents[2] / ".cache"))
+    return hw_cache_root()
 
 
 def synth_key(verilog: str, family: str, part: str, pnr: bool) -> str:
@@ -92,8 +90,6 @@ def cached_synthesize(cfg: AccelConfig, family: str, *, part=None, pnr: bool = F
                       timeout: float | None = None) -> dict:
     """The report dict of synthesizing `cfg` for `family`, from the cache when the same Verilog,
     family, part and options were synthesized before. Adds "cached" and "out_dir"."""
-    from .rtl import rtl_for_config
-    from .synth import synthesize
     rtl = rtl or rtl_for_config(cfg)
     p = part or default_part(family)
     pname = p if isinstance(p, str) else p.name
@@ -129,7 +125,6 @@ def record_of(name: str, cfg: AccelConfig, rep: dict, rtl_sha: str) -> dict:
 
 
 def run(names: list[str], families: list[str], pnr: bool, path: Path = DATA_PATH) -> None:
-    from .rtl import rtl_for_config
     for name in names:
         cfg = ALL[name]
         rtl = rtl_for_config(cfg)
@@ -149,7 +144,6 @@ def rekey(path: Path = DATA_PATH) -> list[str]:
     today's RTL source key: a change under accel/ that leaves the Verilog alone (a refactor, a faster
     decoder) would otherwise cost a full re-synthesis when the synthesis cache is gone. Returns the
     "name family" of the records whose Verilog changed; those need `run`."""
-    from .rtl import rtl_for_config
     data = load_data(path)
     key, sha, stale = est.current_source_key(), {}, []
     for rec in data["runs"]:
@@ -267,7 +261,6 @@ def fit(data: dict | None = None, calibration: list[str] | None = None, model_be
 
 def _source_key_if_records_current(data: dict) -> str | None:
     """The RTL source key, if the stored tiny record was synthesized from today's Verilog."""
-    from .rtl import rtl_for_config
     tiny = next((r for r in data["runs"] if r["name"] == "tiny" and r["family"] == "xc7"), None)
     try:
         now = rtl_for_config(PRESETS["tiny"]).sha256

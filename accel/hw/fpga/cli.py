@@ -16,13 +16,22 @@ import json
 import sys
 from pathlib import Path
 
+from accel.hw.boards import BOARDS, board, default_part, part
+from accel.isa import resolve_config
+
+from . import synth
+from .errors import FpgaError
+from .estimate import estimate, model_is_current
+from .rtl import rtl_for_config, rtl_from_files
+from .synth import format_table, over_limits, write_report
+from .vivado import write_project
+
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="default", metavar="C", help="preset name or JSON file (default: %(default)s)")
 
 
 def _rtl(args, cfg):
-    from .rtl import rtl_for_config, rtl_from_files
     if getattr(args, "verilog", None):
         return rtl_from_files(args.verilog, args.description)
     return rtl_for_config(cfg)
@@ -30,14 +39,11 @@ def _rtl(args, cfg):
 
 def _does_not_fit(fit: dict, what: str, notes=()) -> str:
     """The one-line verdict for a design over its part: every resource over the limit, by how much."""
-    from .synth import over_limits
     over = over_limits(fit) or list(notes) or [f"{fit.get('limiting')} over the limit"]
     return f"does not fit {fit['part']} ({what}): {'; '.join(over)}"
 
 
 def _estimate_or_none(cfg, family, part):
-    from .errors import FpgaError
-    from .estimate import estimate
     try:
         e = estimate(cfg, family, part)
     except FpgaError:
@@ -47,7 +53,6 @@ def _estimate_or_none(cfg, family, part):
 
 
 def _warn_if_stale() -> None:
-    from .estimate import model_is_current
     if model_is_current() is False:
         print("warning: the RTL changed since the estimator was calibrated; LUT/FF estimates may be off "
               "(python -m accel.hw.fpga.calibrate run && ... fit)", file=sys.stderr)
@@ -55,7 +60,6 @@ def _warn_if_stale() -> None:
 
 # ---- build ----------------------------------------------------------------------------------------
 def build_add_arguments(p: argparse.ArgumentParser) -> None:
-    from accel.hw.boards import BOARDS
     p.add_argument("--board", required=True, metavar="B", help=f"one of {', '.join(BOARDS)}")
     _config_arg(p)
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="build directory to write")
@@ -68,9 +72,6 @@ def build_add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_run(args) -> int:
-    from accel.hw.boards import board
-    from accel.isa import resolve_config
-    from .vivado import write_project
     b = board(args.board)
     cfg = resolve_config(args.config)
     est = _estimate_or_none(cfg, b.part.family, b.part)   # before the (slow) Verilog: refuse early
@@ -115,14 +116,11 @@ def synth_add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def synth_run(args) -> int:
-    from accel.hw.boards import default_part, part
-    from accel.isa import resolve_config
-    from .synth import format_table, synthesize, write_report
     cfg = resolve_config(args.config)
     p = part(args.part) if args.part else default_part(args.family)
     out = Path(args.output or f"synth-{args.family}-{cfg.digest()}")
     rtl = _rtl(args, cfg)
-    rep = synthesize(rtl, args.family, out, part=p, config=cfg, pnr=not args.no_pnr, seed=args.seed,
+    rep = synth.synthesize(rtl, args.family, out, part=p, config=cfg, pnr=not args.no_pnr, seed=args.seed,
                      timeout=args.timeout)   # each tool shows as an accel.progress task
     est = _estimate_or_none(cfg, args.family, p)
     if est:
@@ -153,9 +151,6 @@ def estimate_add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def estimate_run(args) -> int:
-    from accel.hw.boards import board, default_part, part
-    from accel.isa import resolve_config
-    from .estimate import estimate
     cfg = resolve_config(args.config)
     p = part(args.part) if args.part else board(args.board).part if args.board else None
     family = args.family or (p.family if p else "xc7")

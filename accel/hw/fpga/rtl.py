@@ -14,6 +14,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+import tempfile
 
 from accel.isa import AccelConfig
 
@@ -134,7 +135,6 @@ def _normalize_result(result, out_dir: Path):
 
 def rtl_for_config(cfg: AccelConfig, work_dir: str | Path | None = None) -> RtlSource:
     """Generate the accelerator's Verilog for `cfg` with the kit's generator."""
-    import tempfile
     with tempfile.TemporaryDirectory(prefix="accel-rtl-") as tmp:
         out = Path(work_dir) if work_dir is not None else Path(tmp)
         out.mkdir(parents=True, exist_ok=True)

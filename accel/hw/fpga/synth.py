@@ -29,10 +29,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+import importlib.util
 
 from accel.hw.boards import Part, default_part, part as lookup_part
 from accel.isa import AccelConfig
 from accel.progress import task
+from accel.progress import showing
 
 from .errors import FpgaError, ToolError
 from .rtl import RtlSource
@@ -138,7 +140,6 @@ _LOG_PROGRESS = {"yosys": re.compile(r"^[\d.]+ Executing (\S+)"),
 def _following(t, path: Path, pattern):
     """While a tool runs, show the last line of its log that matches `pattern` as the task's detail
     (only when a progress reporter shows tasks: nothing is read otherwise)."""
-    from accel.progress import showing
     if pattern is None or not showing():
         yield
         return
@@ -167,7 +168,6 @@ def _following(t, path: Path, pattern):
 
 
 def tool_available(tool: str) -> bool:
-    import importlib.util
     return importlib.util.find_spec(_TOOLS[tool][0]) is not None
 
 
