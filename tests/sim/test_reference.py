@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from accel.isa import (PRESETS, Alu, AluOp, Epilogue, Finish, Gemm, Load, MemType, Store, encode_program, encode_uops,
+from accel.isa import (PRESETS, Alu, Opcode, AluOp, Epilogue, Finish, Gemm, Load, MemType, Store, encode_program, encode_uops,
                        operands)
+from accel.isa.isa import INSN_CLASSES
 from sim.reference import ReferenceError, ReferenceMachine, alu_lane, flush_lane, run_reference, wrap
 
 TINY = PRESETS["tiny"]   # batch 1, 4 x 4, int8 operands, int32 accumulator
@@ -134,3 +135,12 @@ def test_run_at_decodes_from_dram_through_finish():
     assert dram[1024:1032].view(np.int8).tolist() == [-3] * 8
     with pytest.raises(ReferenceError, match="lies outside the 4096-byte DRAM"):
         ReferenceMachine(cfg).run_at(dram, 4000, 8)
+
+
+def test_every_opcode_and_alu_op_is_specified():
+    """A new opcode or ALU op must get its meaning here before fsim can be checked against it."""
+    for op in AluOp:
+        assert isinstance(alu_lane(op, 5, 3, 32), int), op.name
+    prog = [cls() for op, cls in INSN_CLASSES.items() if op != Opcode.FINISH] + [Finish()]
+    assert {type(i) for i in prog} == set(INSN_CLASSES.values())
+    run_reference(TINY, prog, np.zeros(64, np.uint8))       # every kind runs (empty ranges)
