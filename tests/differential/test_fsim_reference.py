@@ -226,7 +226,8 @@ class _Gen:
         op = AluOp(self.r(0, len(AluOp) - 1))
         p = self.rng.random()
         uops, f = self.alu_walk() if p < 0.5 else self.long_imm() if p < 0.65 else self.anything(False)
-        use_imm = op != AluOp.FLUSH and (self.coin() or p >= 0.5 and p < 0.65)
+        # (FLUSH reads the register whatever use_imm says: both settings must agree)
+        use_imm = self.coin(0.3) if op == AluOp.FLUSH else self.coin() or 0.5 <= p < 0.65
         if op == AluOp.FLUSH:
             imm = self.flush_imm()
         elif op == AluOp.SHR:
@@ -348,3 +349,22 @@ def test_a_wrong_fast_path_is_caught(mutant):
                 if mismatch(CONFIGS[name], seed, 16 if mutant == "alu repeated" else None):
                     return
     pytest.fail(f"breaking {attr} changed none of the programs' results")
+
+
+def test_programs_cover_the_alu_and_gemm_forms():
+    """Over the seeds the mutants use: every ALU op with both operand kinds, and GEMMs with reset,
+    flush (into the seed and into the accumulator) over two loop levels."""
+    seen = set()
+    for seed in range(40):
+        insns, _ = program(CONFIGS["tiny"], seed)
+        epi = None
+        for i in insns:
+            if isinstance(i, Epilogue):
+                epi = i
+            elif isinstance(i, Alu) and i.uop_end > i.uop_bgn:
+                seen.add((i.alu_op.name, i.use_imm))
+            elif isinstance(i, Gemm) and i.uop_end > i.uop_bgn and i.iter_out > 1 and i.iter_in > 1:
+                seen.add(("gemm", i.reset, i.flush and ("to_acc" if epi.to_acc else "seed")))
+    want = {(op.name, imm) for op in AluOp for imm in (False, True)}
+    want |= {("gemm", False, False), ("gemm", True, False), ("gemm", False, "seed"), ("gemm", False, "to_acc")}
+    assert want <= seen, f"not covered: {sorted(map(str, want - seen))}"
