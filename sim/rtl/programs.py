@@ -11,6 +11,7 @@ import numpy as np
 
 from accel.isa import (AccelConfig, Alu, AluOp, Finish, Gemm, Load, MemType, Program, Store, Uop, elem_bytes,
                        encode_uops)
+from accel.isa.operands import clamp_immediate
 
 
 class Builder:
@@ -175,7 +176,7 @@ def padding(cfg: AccelConfig, seed: int = 0) -> Program:
 
 IMMEDIATES = {AluOp.MIN: [-5, 300], AluOp.MAX: [-5, 300], AluOp.ADD: [-32768, 12345], AluOp.SHR: [3, -4, 31, -32],
               AluOp.MUL: [-3, 32767], AluOp.CLIP: [100, -7], AluOp.MOV: [-32768, 77],
-              AluOp.CLAMP: [(100 << 8) | 0xF6, (-3 << 8) | 0x05, 0x7F80]}
+              AluOp.CLAMP: [clamp_immediate(-10, 100), clamp_immediate(5, -3), clamp_immediate(-128, 127)]}
 
 
 def alu_ops(cfg: AccelConfig, seed: int = 0) -> Program:
