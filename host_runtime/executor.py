@@ -50,7 +50,7 @@ from accel.isa.files import write_atomic
 
 from .errors import HostRuntimeError
 from .device import Device
-from .gpu import GpuError, check_gpu_attrs, open_device
+from .gpu import DeviceTensors, GpuError, check_gpu_attrs, open_device
 from .kernel_cache import KernelBuildError, KernelCacheError, KernelIRError, load_kernels, verify_ir
 
 log = logging.getLogger(__name__)
@@ -790,7 +790,13 @@ class Executor:
         if m.kernels:
             self.lib = load_library(m.kernels)
             self.lib.lib.kit_set_num_threads(ctypes.c_int(num_threads or default_num_threads()))
+        # GPU steps keep tensors on the device; CPU steps fetch what they read (host_runtime.gpu)
+        self.gpu = DeviceTensors(self.views, m.consts) if m.count("gpu") else None
         self._calls = [self._prepare(s) for s in m.steps]
+        if self.gpu is not None:
+            self._calls = [c if s.kind == "gpu" else self.gpu.host_step(c, [a[1] for a in s.args if a[0] == "t"],
+                                                                         s.output)
+                           for s, c in zip(m.steps, self._calls)]
 
     def _view(self, t: TensorSpec) -> np.ndarray:
         if t.addr < 0 or t.addr + t.nbytes > self.arena.size:
@@ -868,8 +874,7 @@ class Executor:
         device is opened on first use, so a module without GPU steps needs no GPU."""
         try:
             dev = open_device(s.attrs["lang"])
-            return dev.launcher(s.attrs, [np.ascontiguousarray(self._arg(a)) if a[0] == "c" else self._arg(a)
-                                          for a in s.args], out)
+            return self.gpu.gpu_step(dev, s.attrs, [tuple(a) for a in s.args], s.output)
         except GpuError as e:
             raise ExecutorError(f"step '{s.name}' ({s.op}): {e}") from None
 
@@ -895,6 +900,8 @@ class Executor:
             if v.shape != view.shape:
                 raise ExecutorError(f"input '{spec['name']}': expected shape {list(view.shape)}, got {list(v.shape)}")
             view[...] = v.astype(view.dtype, copy=False)
+            if self.gpu is not None:
+                self.gpu.host_wrote(spec["tensor"])
 
     def run(self, inputs, progress: Callable[[int, int, str], None] | None = None,
             keep: bool = False) -> dict[str, np.ndarray]:
@@ -916,6 +923,8 @@ class Executor:
             r = call()
             dt = time.perf_counter() - t0
             if keep:
+                if self.gpu is not None:
+                    self.gpu.to_host(s.output)
                 self.values[m.tensors[s.output].name] = self.views[s.output].copy()
             results.append(r if s.kind == "accel" else None)
             row = {"name": s.name, "op": s.op, "impl": s.kind,
@@ -935,6 +944,9 @@ class Executor:
         if progress is not None:
             progress(n, n, "done")
         self.profile, self.results = rows, results
+        if self.gpu is not None:
+            for o in m.outputs:
+                self.gpu.to_host(o["tensor"])
         return {o["name"]: self.views[o["tensor"]].copy() for o in m.outputs}
 
     def close(self) -> None:

@@ -275,19 +275,28 @@ class OpenCLDevice:
         return _copying_launcher(self, attrs, arrays, out)
 
 
+def _cuda_driver():
+    try:
+        from cuda.bindings import driver as cu   # cuda-python >= 12.6  # noqa: PLC0415 - optional dep cuda-python
+    except ImportError:
+        try:
+            from cuda import cuda as cu          # older cuda-python  # noqa: PLC0415 - optional dep cuda-python
+        except ImportError:
+            raise GpuError("no CUDA device: cuda-python is not installed (pip install cuda-python)") from None
+    return cu
+
+
 class CudaDevice:
     """CUDA device 0 through cuda-python's driver API; PTX is JIT-compiled by the driver."""
     kind = "cuda"
 
-    def __init__(self):
-        try:
-            from cuda.bindings import driver as cu   # cuda-python >= 12.6  # noqa: PLC0415 - optional dep cuda-python
-        except ImportError:
-            try:
-                from cuda import cuda as cu          # older cuda-python  # noqa: PLC0415 - optional dep cuda-python
-            except ImportError:
-                raise GpuError("no CUDA device: cuda-python is not installed (pip install cuda-python)") from None
-        self.cu = cu
+    def __init__(self, driver=None):
+        """`driver`: the cuda-python driver module to use (default: import it; tests pass a fake)."""
+        self.cu = _cuda_driver() if driver is None else driver
+        self._open()
+
+    def _open(self) -> None:
+        cu = self.cu
         err, = cu.cuInit(0)
         if int(err) != 0:
             raise GpuError(f"no CUDA device: cuInit failed ({err})")
