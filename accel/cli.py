@@ -680,6 +680,10 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune", nargs="?", const=True, default=None, metavar="LOG",
                    help="measure the best few tilings of each accelerator layer on the timing model and keep "
                         "the fastest; with LOG, read and extend that JSON tuning log")
+    p.add_argument("--tuning-log", metavar="F",
+                   help="--target cpu: take each kernel's schedule from the JSON-lines log `accel tune` wrote "
+                        "(a lookup, nothing is measured; records of another ISA are ignored). Default: this "
+                        "machine's own log, where one exists")
     p.add_argument("--explain", action="store_true",
                    help="print one row per node: the target chosen and, for a node kept off the accelerator, why "
                         "(unsupported operator, grouped/depthwise, shape, slower by the cost estimate, --force, ...)")
@@ -756,7 +760,7 @@ def _compile(args) -> int:
     bar = _Progress("compile" if not args.tune else "compile (tuning each accelerator layer on tsim)")
     try:
         mod = build_model(graph, target=args.target, config=args.config if args.target == "accel" else None,
-                          calibration=cal, force_target=force, tune=args.tune, progress=bar)
+                          calibration=cal, force_target=force, tune=_cpu_tuning(args), progress=bar)
     finally:
         bar.close()
     mod.save(args.output)
@@ -771,6 +775,52 @@ def _compile(args) -> int:
         from compiler.graph.passes.partition import explain_table
         print(explain_table(mod.meta.get("partition", []), mod.meta.get("folded")))
     print(f"wrote {args.output} ({Path(args.output).stat().st_size} bytes) in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def _cpu_tuning(args):
+    """compile's tune argument: --tune [LOG] as given, or --tuning-log F (cpu: look up only)."""
+    if getattr(args, "tuning_log", None) is None:
+        return args.tune
+    if args.target != "cpu":
+        raise CliError(f"--tuning-log is for --target cpu (got {args.target}; the accelerator's log is --tune LOG)")
+    if args.tune:
+        raise CliError("--tuning-log F looks up, --tune [LOG] measures: give one")
+    from compiler.autotune import TuneOptions
+    return TuneOptions(log=args.tuning_log, trials=0)
+
+
+@command("tune", "search CPU kernel schedules of a model by measuring on this machine; write a tuning log")
+def _tune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="ONNX model file")
+    p.add_argument("--target", default="cpu", choices=("cpu",), help="the target whose kernels are tuned (cpu)")
+    p.add_argument("--trials", type=_int, default=None, metavar="N",
+                   help="measurements per kernel signature, the heuristic schedule first (default: 12)")
+    p.add_argument("--log", metavar="F", help="JSON-lines tuning log to read and extend (default: this "
+                                               "machine's log, which plain builds consult)")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=DxDx..",
+                   help="static shape of an input with symbolic dimensions; repeatable")
+    p.set_defaults(func=_tune)
+
+
+def _tune(args) -> int:
+    from compiler.autotune import DEFAULT_TRIALS, TuneOptions, default_log_path
+    from compiler.frontend import from_onnx
+    from compiler.graph_build import build_model
+    trials = DEFAULT_TRIALS if args.trials is None else args.trials
+    if trials < 1:
+        raise CliError(f"--trials {trials}: must be at least 1")
+    graph = from_onnx(args.model, shapes=shape_specs(args.shape) or None)
+    bar = _Progress("tune (measuring CPU kernels)")
+    try:
+        mod = build_model(graph, target=args.target, tune=TuneOptions(log=args.log, trials=trials), progress=bar)
+    finally:
+        bar.close()
+    rows = mod.meta.get("tuning", {})
+    for key, r in rows.items():
+        t = f"{r['time_s'] * 1e6:.1f} us" if r.get("time_s") else "-"
+        print(f"{key}: {r['source']} {json.dumps(r['config'], sort_keys=True)} {t}")
+    print(f"{len(rows)} kernel signature(s); log {args.log or default_log_path()}")
     return 0
 
 
