@@ -18,16 +18,29 @@ kit raises on purpose (AccelError) print one line `error: ...` and exit with sta
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import os
+import signal
+import stat
 import sys
+import time
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from numpy.lib import format as npf
 
+from accel import progress
+from accel.isa import INSN_BYTES, AccelConfig, Program, Symbol, assemble_file, disassemble, resolve_config
 from accel.isa.errors import AccelError
+from accel.isa.files import write_atomic
+from accel.isa.program import MAX_DRAM_BYTES
+from accel.isa.schema import read_bounded
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {}
 
@@ -57,7 +70,6 @@ def _int(text: str) -> int:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    from accel.isa.files import write_atomic
     try:
         write_atomic(path, data)
     except OSError as e:
@@ -79,13 +91,11 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _config_show(args) -> int:
-    from accel.isa import resolve_config
     print(json.dumps(resolve_config(args.config).summary(), indent=2))
     return 0
 
 
 def _config_validate(args) -> int:
-    from accel.isa import AccelConfig
     cfg = AccelConfig.load(args.file)
     print(f"{args.file}: valid (digest {cfg.digest()}, {cfg.macs_per_cycle} MACs/cycle, {cfg.peak_gops:g} GOPS peak)")
     return 0
@@ -109,9 +119,7 @@ def _asm_args(p: argparse.ArgumentParser) -> None:
 
 def _read_data(spec: str, dram_bytes: int) -> tuple[int, bytes]:
     """--data ADDR=FILE -> (addr, bytes); the file is read no further than the DRAM could hold."""
-    import io
 
-    from accel.isa.schema import read_bounded
     addr_s, sep, file = spec.partition("=")
     if not sep or not file:
         raise CliError(f"--data {spec!r}: expected ADDR=FILE")
@@ -131,7 +139,6 @@ def _read_data(spec: str, dram_bytes: int) -> tuple[int, bytes]:
 
 
 def _parse_symbol(spec: str):
-    from accel.isa import Symbol
     name, sep, rest = spec.partition("=")
     parts = rest.split(":")
     if not sep or not name or len(parts) != 3:
@@ -146,8 +153,6 @@ def _parse_symbol(spec: str):
 
 
 def _asm(args) -> int:
-    from accel.isa import INSN_BYTES, Program, assemble_file, resolve_config
-    from accel.isa.program import MAX_DRAM_BYTES
     if not 0 < args.dram_bytes <= MAX_DRAM_BYTES:
         raise CliError(f"--dram-bytes {args.dram_bytes}: allowed range is [1, {MAX_DRAM_BYTES}]")
     cfg = resolve_config(args.config)
@@ -184,7 +189,6 @@ def _disasm_args(p: argparse.ArgumentParser) -> None:
 
 
 def _disasm(args) -> int:
-    from accel.isa import Program, disassemble
     prog = Program.load(args.input)
     print(f"# {args.input}: config {prog.config.digest()}, {len(prog.insns)} instructions at {prog.insn_addr:#x}, "
           f"{len(prog.segments)} data segment(s)")
@@ -233,7 +237,6 @@ def _run(args) -> int:
         return _run_model(args)
     if args.inputs or args.outputs or args.profile or args.profile_json:
         raise CliError(f"{args.input} is a program file; --input/--output/--profile apply to compiled models (.accm)")
-    from accel.isa import Program
     from host_runtime import get_driver
     prog = Program.load(args.input)
     for name in args.dump:  # fail before running
@@ -283,7 +286,6 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
 def _demo(args) -> int:
     if not (args.matmul or any(getattr(args, k) is not None for k in ("m", "k", "n"))):
         return _demo_cnn(args)
-    from accel.isa import resolve_config
     from host_runtime import Device
     from host_runtime.matmul import matmul, matmul_reference, plan_matmul
     cfg = resolve_config(args.config)
@@ -329,12 +331,10 @@ class _Progress:
     accel.progress tasks (a bar per stage on a terminal; nothing with -q or without a terminal)."""
 
     def __init__(self, what: str):
-        import contextlib
         self.what, self.stage, self.task = what, None, None
         self.stack = contextlib.ExitStack()
 
     def __call__(self, *args) -> None:
-        from accel import progress
         if not progress.showing():
             return
         if len(args) == 3 and isinstance(args[0], str):  # build: (stage, k, n)
@@ -438,7 +438,6 @@ def _one_line(e: BaseException) -> str:
 def _npy_header(f, label: str) -> int:
     """Read an .npy header at f's position; the bytes of data it promises. CliError (naming label)
     for a malformed header, object arrays (they need pickle, never loaded) and non-numeric dtypes."""
-    from numpy.lib import format as npf
     try:
         version = npf.read_magic(f)
         read = {(1, 0): npf.read_array_header_1_0, (2, 0): npf.read_array_header_2_0}.get(version)
@@ -461,9 +460,6 @@ def _npy_header(f, label: str) -> int:
 def _load_array_file(path: str, what: str = "--input"):
     """An .npy file -> its array; an .npz -> {name: array}. Pickles and object arrays are refused
     (allow_pickle=False); a truncated, corrupt or non-numeric file -> one CliError naming it."""
-    import stat
-    import zipfile
-    import zlib
     label = f"{what} {path}"
     try:
         with open(path, "rb") as f:
@@ -559,7 +555,6 @@ def _read_inputs(mod, specs: list[str]) -> dict:
 
 
 def _write_npy_atomic(path: Path, arrays) -> None:
-    import io
     buf = io.BytesIO()
     if isinstance(arrays, dict):
         np.savez(buf, **arrays)
@@ -748,12 +743,10 @@ def _calibration(path: str | None, graph_inputs: list, shapes: dict | None = Non
 
 
 def _compile(args) -> int:
-    import time
     from compiler.frontend import from_onnx
     from compiler.graph_build import build_model
     shapes, force = shape_specs(args.shape), force_specs(args.force)
     t0 = time.perf_counter()
-    from accel import progress
     with progress.task(f"compile import {Path(args.model).name}"):
         graph = from_onnx(args.model, shapes=shapes or None)
     cal = _calibration(args.calibration, list(graph.inputs))
@@ -827,7 +820,7 @@ def _tune(args) -> int:
 def demo_model(seed: int = 0):
     """The demo's residual CNN (onnx.helper): conv-bn-relu stem, a basic residual block, a strided
     conv, global average pooling and a dense classifier; 1x16x16x16 input."""
-    from compiler.frontend.zoo import ModelBuilder
+    from compiler.frontend.zoo import ModelBuilder  # noqa: PLC0415 - compiler.frontend.zoo pulls in onnx on import
     b = ModelBuilder("residual_cnn", seed)
     x = b.input("image", (1, 16, 16, 16))
     y = b.op("Relu", [b.bn(b.conv(x, 16, 32, name="stem"), 32, name="stem_bn")], name="stem_relu")
@@ -842,8 +835,6 @@ def demo_model(seed: int = 0):
 
 
 def _demo_cnn(args) -> int:
-    import time
-    from accel.isa import resolve_config
     from compiler.frontend import zoo
     from compiler.graph import run as reference_run
     from compiler.graph_build import build_model
@@ -878,7 +869,7 @@ def _demo_cnn(args) -> int:
         bar.close()
     print(format_profile(ex.profile, cfg))
     got = next(iter(outs.values()))
-    import onnxruntime as ort
+    import onnxruntime as ort  # noqa: PLC0415 - optional dep onnxruntime
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     ref = sess.run(None, feed)[0]
     _, env = reference_run(mod.graph, feed, keep=True)
@@ -909,7 +900,7 @@ def _compile_op_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default=None, help="workload JSON (default: compiler/accel/resnet18_conv.json)")
     for name, default in (("n", 1), ("c", 16), ("h", 8), ("w", 8), ("o", 16), ("k", 3), ("pad", 1), ("stride", 1),
                           ("rows", 16)):
-        p.add_argument(f"--{name}", type=int, default=default, help=f"(default: %(default)s)")
+        p.add_argument(f"--{name}", type=int, default=default, help="(default: %(default)s)")
     p.add_argument("--shift", type=int, default=8, help="requantization shift (default: %(default)s)")
     p.add_argument("--relu", action="store_true", help="clip at 0 instead of -128")
     p.add_argument("--virtual-threads", type=int, default=2, choices=(1, 2))
@@ -924,7 +915,6 @@ def _compile_op_args(p: argparse.ArgumentParser) -> None:
 
 
 def _compile_op(args) -> int:
-    from accel.isa import disassemble, resolve_config
     from compiler.accel.conv2d import (Conv2dSpec, Requant, conv2d_reference, loop_nest_text, plan_conv2d,
                                        run_conv2d)
     from compiler.accel.workloads import RESNET18_CONV, load_layers
@@ -1057,8 +1047,6 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args) -> int:
-    import signal
-    from accel.isa import resolve_config
     from host_runtime.remote import read_token_file
     from host_runtime.server import DeviceServer
     token = read_token_file(args.token_file) if args.token_file else (os.environ.get("ACCEL_TOKEN") or "").strip()
@@ -1093,15 +1081,20 @@ def _serve(args) -> int:
 
 
 # ---- entry ----------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The full parser; given argv, only the subcommand it names gets its arguments (some
+    add_arguments import their package), so `accel --help` and each command load only their own."""
     parser = argparse.ArgumentParser(prog="accel", description="Open hardware/software co-design kit for deep "
                                      "learning: a VTA-style accelerator, its simulators and host runtime.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bars (they show only when stderr is a terminal anyway)")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", required=True)
+    wanted = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     for name, (help_, add_arguments) in COMMANDS.items():
-        add_arguments(sub.add_parser(name, help=help_, description=help_[:1].upper() + help_[1:] + "."))
+        p = sub.add_parser(name, help=help_, description=help_[:1].upper() + help_[1:] + ".")
+        if wanted is None or name == wanted:
+            add_arguments(p)
     return parser
 
 
@@ -1142,10 +1135,9 @@ def _refuse_overwriting_inputs(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else [str(a) for a in argv]).parse_args(argv)
     logging.basicConfig(level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
                         format="%(levelname)s %(name)s: %(message)s")
-    from accel import progress
     try:
         _refuse_overwriting_inputs(args)
         with progress.reporting(None if args.quiet else progress.terminal_reporter()):

@@ -81,7 +81,7 @@ class _TqdmBar:
     _ticker: threading.Thread | None = None
 
     def __init__(self, name: str, total: int | None, stream):
-        from tqdm import tqdm
+        from tqdm import tqdm  # noqa: PLC0415 - only the terminal reporter draws bars; this module stays stdlib-only
         fmt = "{desc}: {percentage:3.0f}%|{bar:24}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]{postfix}" \
             if total else "{desc}: {elapsed}{postfix}"
         self.bar = tqdm(total=total, desc=name, file=stream, leave=False, dynamic_ncols=True, bar_format=fmt,

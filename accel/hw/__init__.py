@@ -13,6 +13,6 @@ Importing this package does not import Amaranth; `Accelerator` loads on first us
 
 def __getattr__(name):
     if name == "Accelerator":
-        from .top import Accelerator
+        from .top import Accelerator  # noqa: PLC0415 - amaranth loads only when the RTL is used
         return Accelerator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
