@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+import matplotlib
+import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -104,9 +106,7 @@ def main(argv=None) -> int:
 
 
 def _plot(rows, cfg, path: Path) -> None:
-    import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 5))
     ai = np.logspace(0, 3.5, 100)
     ax.plot(ai, np.minimum(cfg.macs_per_cycle, ai * cfg.bus_bytes), "k-", label="roofline")

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -52,8 +53,7 @@ def best_time(fn, min_total=0.15, repeat=5) -> float:
 
 
 def ort_session(op_type, x, w, attrs, threads):
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
+    import onnxruntime as ort  # noqa: PLC0415 - optional dep onnxruntime
     node = helper.make_node(op_type, ["x", "w"], ["y"], **attrs)
     g = helper.make_graph([node], "layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],

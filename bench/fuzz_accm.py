@@ -33,21 +33,24 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+from onnx import TensorProto
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from host_runtime.executor import FORMAT_VERSION, MAGIC  # noqa: E402
+import compiler
+from compiler.frontend import zoo
+import compiler.module  # noqa: F401 - registers the numpy host ops
+from accel.isa.errors import AccelError
+from host_runtime.executor import Executor, ModuleFormatError, ModuleImage
 
 TARGETS = ("cpu", "accel", "numpy")
 
 
 def build(work: Path) -> None:
     """The modules, their inputs and outputs, into `work`."""
-    from onnx import TensorProto
 
-    import compiler
-    from compiler.frontend import zoo
     m = zoo.residual_block()
     feeds = zoo.sample_inputs(m, 3, seed=3)
     b = zoo.ModelBuilder("embed", seed=4)   # a gather at run-time indices: a numpy step
@@ -139,9 +142,6 @@ def mutate(data: bytes, mode: str, rng: random.Random) -> tuple[bytes, str]:
 
 def run_case(work: Path, k: int, seed: int, modes: list[str]) -> dict:
     """One case: (target, mode, mutation) from (seed, k); its outcome and whether it is a finding."""
-    import compiler.module  # noqa: F401  (registers the numpy host ops)
-    from accel.isa.errors import AccelError
-    from host_runtime.executor import Executor, ModuleFormatError, ModuleImage
     rng = random.Random(seed * 1_000_003 + k)
     target, mode = rng.choice(TARGETS), rng.choice(modes)
     data, what = mutate((work / f"{target}.accm").read_bytes(), mode, rng)
@@ -179,7 +179,6 @@ def worker(work: Path, start: int, end: int, seed: int, modes: list[str]) -> Non
 
 
 def campaign(args) -> dict:
-    modes = ["raw", "header"] if args.mode == "both" else [args.mode]
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="fuzz-accm-") as d:
         work = Path(d)

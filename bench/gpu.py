@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -23,6 +24,8 @@ sys.path.insert(0, str(ROOT))
 import compiler  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
 from compiler.frontend import zoo  # noqa: E402
+from host_runtime.gpu import open_device
+from host_runtime.gpu import CudaDevice
 
 
 def _median_s(fn, repeat: int) -> float:
@@ -42,7 +45,6 @@ def _rel(a: dict, ref: dict) -> float:
 def _cuda_available() -> str | None:
     """None when a CUDA device can run PTX here, else why not."""
     try:
-        from host_runtime.gpu import CudaDevice
         CudaDevice()
         return None
     except Exception as e:  # noqa: BLE001 - any failure means: no CUDA here
@@ -50,7 +52,7 @@ def _cuda_available() -> str | None:
 
 
 def bench_model(name: str, model, repeat: int, tune: bool, cuda_why: str | None) -> dict:
-    import onnxruntime as ort
+    import onnxruntime as ort  # noqa: PLC0415 - optional dep onnxruntime
     feeds = zoo.sample_inputs(model, 1)[0]
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     outs = [o.name for o in sess.get_outputs()]
@@ -80,8 +82,6 @@ def main(argv=None) -> int:
     ap.add_argument("--tune", action="store_true", help="tune the OpenCL kernels (slow on PoCL)")
     ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "gpu.json"))
     args = ap.parse_args(argv)
-    import onnx
-    from host_runtime.gpu import open_device
     dev = open_device("opencl")
     cuda_why = _cuda_available()
     print(f"OpenCL device: {dev.name}; CUDA: {'yes' if cuda_why is None else 'no (' + cuda_why + ')'}")

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from randprog import random_program
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))
@@ -26,6 +28,8 @@ from accel.isa.errors import AccelError  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
 from sim.lockstep import RecordingFsim, lockstep  # noqa: E402
 from sim.reference import run_reference  # noqa: E402
+from flows.lockstep import factory
+from sim.lockstep import decode_at
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "random_regression.json"
 
@@ -37,20 +41,17 @@ class RefExecutor:
         self.cfg = cfg
 
     def run(self, dram, insn_addr, insn_count):
-        from sim.lockstep import decode_at
         run_reference(self.cfg, decode_at(dram, insn_addr, insn_count, self.cfg), dram)
 
 
 def maker(name: str, cfg):
     if name == "ref":
         return lambda: RefExecutor(cfg)
-    from flows.lockstep import factory
     return factory(name, cfg)
 
 
 def regression(seeds, configs, executors, blocks=None, first_seed: int = 0, progress=None) -> dict:
     """Lockstep of every (config, seed, executor) against the recording fsim; the JSON summary."""
-    from randprog import random_program
     mismatches, errors, runs = [], [], 0
     t0 = time.perf_counter()
     for cname in configs:

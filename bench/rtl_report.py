@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from randprog import random_program
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
@@ -36,7 +38,6 @@ def verilog_figures(name: str) -> dict:
 
 
 def speed_figures(simulator: str, n_random: int) -> dict:
-    from randprog import random_program
     cfg = preset("tiny")
     t0 = time.perf_counter()
     build(cfg, simulator)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from randprog import random_program
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -36,6 +37,7 @@ from host_runtime import Device, Driver, RunResult, get_driver  # noqa: E402
 from sim.trace import program_at  # noqa: E402
 from sim.tsim import Tsim, helper as tsim_helper  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
+from sim.rtl import RtlProgram, run_programs
 
 BARS = {"rtl_over_cocotb": 50.0, "tsim_over_rtl": 20.0, "tsim_model_over_rtl": 20.0}
 
@@ -85,7 +87,6 @@ def programs(cfg, quick: bool, layers: bool):
     if quick:
         convs = dict(list(convs.items())[:1])
     out = {name: conv_program(cfg, spec) for name, spec in convs.items()}
-    from randprog import random_program
     for seed in range(1 if quick else 3):
         prog, _ = random_program(cfg, seed)
         out[f"random seed {seed}"] = (prog.dram_image(), prog.insn_addr, len(prog.insns))
@@ -155,7 +156,6 @@ def main(argv=None) -> int:
     rtl.close()
 
     if not args.no_cocotb:
-        from sim.rtl import RtlProgram, run_programs
         t0 = time.perf_counter()
         runs = run_programs(cfg, [RtlProgram(r["program"], progs[r["program"]][0].copy(), progs[r["program"]][1],
                                              progs[r["program"]][2], max_cycles=50_000_000) for r in rows],

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from distributed import Client, LocalCluster
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -31,6 +33,7 @@ from flows.point import evaluate_point  # noqa: E402
 from flows.space import parse_space  # noqa: E402
 from flows.sweep import Plan, plan_points, kit_version, load_models, resolve_target, run_sweep  # noqa: E402
 from flows.point import energy_table  # noqa: E402
+from compiler.frontend import zoo
 
 SPACE = {"base": "tiny", "params": {"block_in": [4, 8], "block_out": [4, 8, 16, 32],
                                     "acc_buff_bytes": ["auto", 4096], "inp_buff_bytes": "auto",
@@ -40,7 +43,6 @@ SPACE = {"base": "tiny", "params": {"block_in": [4, 8], "block_out": [4, 8, 16, 
 def _model_path(spec: str, tmp: Path) -> Path:
     if spec.endswith(".onnx"):
         return Path(spec)
-    from compiler.frontend import zoo
     if spec not in zoo.MODELS:
         raise SystemExit(f"--model {spec!r}: an .onnx file or a zoo model ({', '.join(zoo.MODELS)})")
     p = tmp / f"{spec}.onnx"
@@ -86,7 +88,6 @@ def main(argv=None) -> int:
 
     # warm: the same points on a cluster whose workers have each run the warm-up point already
     # (what a long sweep sees after its first points), like the warmed sequential process
-    from distributed import Client, LocalCluster
     warm_task = plan.task(points[0], tmp)
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None,
                       silence_logs=40) as cluster, Client(cluster) as client:

@@ -30,11 +30,11 @@ from accel.isa.config import resolve_config  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
 from e2e import mobilenetv2, resnet18  # noqa: E402
 from compiler.accel.tune import measure_conv2d  # noqa: E402
+from compiler.targets.accel import AccelTarget as cls
 
 
 def network_layers(cfg_name: str) -> Counter:
     """(Conv2dSpec without its name, residual) -> how many layers of the two networks have it."""
-    from compiler.targets.accel import AccelTarget as cls
     seen: Counter = Counter()
     orig = cls.tiling
 

@@ -20,6 +20,7 @@ import numpy as np
 from accel.isa import AccelConfig, AluOp, MemType, Program, Stage, Symbol, flush_immediate
 from host_runtime import Device
 from host_runtime.commands import CommandStream
+from sim.reference import run_reference
 
 L, C, S = Stage.LOAD, Stage.COMPUTE, Stage.STORE
 
@@ -226,6 +227,5 @@ def random_program(cfg: AccelConfig, seed: int, n_blocks: int | None = None,
 
 def expected_outputs(prog: Program, regions: dict[str, tuple[int, int]]) -> dict[str, np.ndarray]:
     """The bytes each output region holds after the program, from sim/reference.py."""
-    from sim.reference import run_reference
     dram = run_reference(prog.config, prog.insns, prog.dram_image())
     return {name: dram[a:a + n].copy() for name, (a, n) in regions.items()}

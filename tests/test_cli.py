@@ -11,6 +11,10 @@ from accel.cli import COMMANDS, main
 from accel.isa import PRESETS, Program
 from randprog import random_program
 from sim.reference import run_reference
+from host_runtime import Device
+import host_runtime.matmul as mm
+from compiler.frontend import zoo
+from compiler.module import CompiledModule
 
 TINY = PRESETS["tiny"]
 
@@ -82,7 +86,6 @@ def test_cli_run_random_program_matches_reference(capsys, tmp_path):
 def test_cli_run_check_races(capsys, tmp_path, monkeypatch):
     """--check-races: a program whose GEMM reads an input LOAD it never waited for fails naming both;
     the same program with the token runs."""
-    from host_runtime import Device
     paths = {}
     for ordered in (False, True):
         s = Device(TINY, dram_bytes=1 << 16).stream()
@@ -153,7 +156,6 @@ def test_cli_disasm_rejects_non_program(capsys, tmp_path):
 def test_cli_demo_checks_against_numpy(capsys, monkeypatch):
     rc, out, _ = _run(capsys, "demo", "--config", "tiny", "--m", "5", "--k", "9", "--n", "7")
     assert rc == 0 and "OK: matches numpy" in out and "instructions:" in out and "GEMM" in out
-    import host_runtime.matmul as mm
     real = mm.matmul_reference
     monkeypatch.setattr(mm, "matmul_reference", lambda *a, **k: real(*a, **k) ^ 1)
     rc, out, err = _run(capsys, "demo", "--config", "tiny", "--m", "3", "--k", "4", "--n", "5")
@@ -189,7 +191,6 @@ def test_cli_compile_op_prints_loop_nest_and_instructions(capsys, tmp_path):
 
 # ---- compiled models: compile, run, demo ------------------------------------------------------------
 def test_cli_compile_then_run_model_by_name_and_npz(capsys, tmp_path):
-    from compiler.frontend import zoo
     m = zoo.residual_block()
     (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
     feeds = zoo.sample_inputs(m, 5, seed=4)
@@ -202,7 +203,6 @@ def test_cli_compile_then_run_model_by_name_and_npz(capsys, tmp_path):
                       "--output", str(tmp_path / "y.npy"), "--driver", "fsim", "--profile",
                       "--profile-json", str(tmp_path / "p.json"))
     assert rc == 0 and "qconv2d" in out and "accel" in out and "total:" in out
-    from compiler.module import CompiledModule
     want = next(iter(CompiledModule.load(tmp_path / "m.accm").run(feeds[4])[0].values()))
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), want)
     prof = json.loads((tmp_path / "p.json").read_text())

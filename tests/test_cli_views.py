@@ -5,12 +5,21 @@ import io
 import json
 import sys
 from pathlib import Path
+import time
 
 import numpy as np
 import pytest
 
 from accel.cli import main
 from compiler.frontend import zoo
+from compiler.module import CompiledModule
+from sim.verilator.build import tools_available
+from accel import progress
+from accel.hw.fpga import synth
+from accel.isa import preset
+from accel.hw.boards import board
+from accel.hw.fpga.estimate import estimate
+from accel.hw.boards import part
 
 STALE = "warning: the RTL changed since the estimator was calibrated"   # a note, not the verdict
 
@@ -46,7 +55,6 @@ def residual(tmp_path_factory):
 
 # ---- item 5: compiled models on the timing drivers -------------------------------------------------
 def _check_model_views(capsys, d: Path, driver: str):
-    from compiler.module import CompiledModule
     mod = CompiledModule.load(d / "m.accm")
     accel_steps = [s.name for s in mod.steps if s.kind == "accel"]
     all_steps = [s.name for s in mod.steps]
@@ -109,7 +117,6 @@ def test_cli_run_model_on_tsim_shows_every_layer_with_counters(capsys, residual)
 
 @pytest.mark.rtl
 def test_cli_run_model_on_rtl_shows_every_layer_with_counters(capsys, residual):
-    from sim.verilator.build import tools_available
     if tools_available() is not None:
         pytest.skip(f"rtl driver: {tools_available()}")
     _check_model_views(capsys, residual, "rtl")
@@ -169,7 +176,6 @@ def test_cli_compile_explain_gives_each_node_its_target_and_reason(capsys, tmp_p
         assert name in rows, (name, out)
         r = rows[name]
         assert target in r and kind in r and words in " ".join(r), (name, r)
-    from compiler.module import CompiledModule
     mod = CompiledModule.load(tmp_path / "m.accm")
     # every op of the optimized graph has a row; ONNX nodes folded away are listed as such
     assert {r["name"] for r in mod.meta["partition"]} <= set(rows)
@@ -248,7 +254,6 @@ def test_cli_progress_bars_on_a_terminal_only_and_never_with_quiet(capsys, resid
 
 
 def test_progress_tasks_report_to_the_installed_reporter_only():
-    from accel import progress
     seen = []
 
     class Rec:
@@ -280,9 +285,6 @@ def test_progress_tasks_report_to_the_installed_reporter_only():
 
 def test_synth_progress_follows_the_tool_log(tmp_path):
     """While yosys or nextpnr runs, its task shows the pass or phase its log has reached."""
-    import time
-    from accel import progress
-    from accel.hw.fpga import synth
     details = []
 
     class Rec:
@@ -316,10 +318,9 @@ def test_synth_progress_follows_the_tool_log(tmp_path):
 def _standin_files(tmp_path, cfg_name):
     sys.path.insert(0, str(Path(__file__).resolve().parent / "fpga"))
     try:
-        from standin import standin_verilog
+        from standin import standin_verilog  # noqa: PLC0415 - tests/fpga joins sys.path just above
     finally:
         sys.path.pop(0)
-    from accel.isa import preset
     text, desc = standin_verilog(preset(cfg_name))
     (tmp_path / "core.v").write_text(text)
     (tmp_path / "core.json").write_text(json.dumps(desc))
@@ -327,9 +328,6 @@ def _standin_files(tmp_path, cfg_name):
 
 
 def test_cli_build_refuses_a_design_that_does_not_fit_unless_forced(capsys, tmp_path):
-    from accel.hw.boards import board
-    from accel.hw.fpga.estimate import estimate
-    from accel.isa import preset
     p = board("pynq-z1").part
     fit = estimate(preset("default"), p.family, p).fit
     over = {k: r for k, r in fit["resources"].items() if r["used"] > r["available"]}
@@ -350,9 +348,6 @@ def test_cli_build_refuses_a_design_that_does_not_fit_unless_forced(capsys, tmp_
 
 
 def test_cli_synth_exits_1_naming_each_resource_over_the_part(capsys, tmp_path, monkeypatch):
-    from accel.hw.boards import part
-    from accel.hw.fpga import synth
-    from accel.isa import preset
     p = part("xc7z020")
 
     def fake_synthesize(rtl, family, out, *, part=None, config=None, **kw):

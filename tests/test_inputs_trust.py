@@ -7,6 +7,7 @@ import os
 import pickle
 import stat
 import zipfile
+import shutil
 
 import numpy as np
 import onnx
@@ -18,6 +19,8 @@ import compiler
 from accel.cli import main
 from accel.isa.files import write_atomic
 from compiler.frontend.zoo import ModelBuilder
+import accel.cli
+import accel.isa.files as files
 
 
 def _run(capsys, *argv):
@@ -235,7 +238,6 @@ def test_bad_npz_inputs_give_one_error_line(capsys, cpu_model, tmp_path):
 
 
 def test_npz_size_cap_missing_files_and_directories(capsys, cpu_model, tmp_path, monkeypatch):
-    import accel.cli
     np.savez_compressed(tmp_path / "x.npz", x=GOOD)
     monkeypatch.setattr(accel.cli, "MAX_ARRAY_FILE_BYTES", 100)   # checked on the zip's declared sizes
     _error(capsys, "more than the 100 bytes an array file may hold", "run", cpu_model / "m.accm",
@@ -290,7 +292,6 @@ def test_write_atomic_keeps_a_replaced_files_mode_or_takes_an_explicit_one(tmp_p
 def test_write_atomic_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
     """A failure after the data is written (here: the rename) leaves the old file whole and no
     temporary file behind; so does data that cannot be written at all."""
-    import accel.isa.files as files
     p = tmp_path / "f.txt"
     p.write_text("old")
 
@@ -320,7 +321,6 @@ def test_cli_outputs_honour_the_umask(capsys, cpu_model, tmp_path, umask):
 
 
 def test_cli_refuses_an_output_that_is_an_input(capsys, cpu_model, tmp_path, monkeypatch):
-    import shutil
     shutil.copy(cpu_model / "m.onnx", tmp_path / "m.onnx")
     before = (tmp_path / "m.onnx").read_bytes()
     monkeypatch.chdir(tmp_path)

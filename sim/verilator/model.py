@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from accel.isa import AccelConfig, resolve_config
+from accel.hw.params import ERROR_TEXT, ErrorCode
 
 from ..dram import DramModel
 from ..errors import CycleLimitError, ProgramFault, SimError
@@ -70,7 +71,7 @@ class VerilatorModel:
 
     def __init__(self, cfg: AccelConfig | str, dram: DramModel | None = None, waves: str | Path | None = None,
                  probes: bool = False, max_cycles: int = DEFAULT_MAX_CYCLES):
-        from accel.hw.regs import COUNTER_BASE, COUNTERS
+        from accel.hw.regs import COUNTER_BASE, COUNTERS  # noqa: PLC0415 - accel.hw.regs pulls in amaranth on import
         self.cfg = resolve_config(cfg)
         self.dram_model = dram or DramModel()
         self.max_cycles = max_cycles
@@ -118,7 +119,6 @@ class VerilatorModel:
         if info[2] or info[0] & _STATUS_BUS_ERROR:
             raise RtlRunError(f"rtl: an access outside the {dram.size}-byte DRAM got an AXI error response")
         if info[0] & STATUS_ERROR:
-            from accel.hw.params import ERROR_TEXT, ErrorCode
             err = int(out[len(self.counter_names)])
             code, index = ErrorCode(err & 0xFF), err >> 32
             raise ProgramFault(code, index, f"rtl: instruction {index}: {code.name} ({ERROR_TEXT[code]}), "

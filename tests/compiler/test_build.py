@@ -1,12 +1,12 @@
 """Target registry and build() argument handling."""
 import pytest
+import llvmlite.binding as llvm
 
 from compiler import TARGETS, build, parse_target, te
 from compiler.errors import TargetError
 
 
 def test_host_target_uses_host_cpu():
-    import llvmlite.binding as llvm
     t = parse_target("llvm")
     assert t.is_host and t.cpu == llvm.get_host_cpu_name() and t.opt_level == 3
 

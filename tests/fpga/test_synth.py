@@ -15,6 +15,10 @@ from accel.hw.fpga import FpgaError, ToolError
 from accel.hw.fpga.synth import (HARNESS, ecp5_harness, fit_check, format_table, synthesize,
                                  utilization_from_cells)
 from accel.isa import preset
+from accel.hw.fpga.synth import _nextpnr_log_utilization
+from accel.hw.fpga import rtl_for_config
+from accel.hw.fpga.estimate import estimate
+from accel.cli import main
 
 
 # ---- accounting -------------------------------------------------------------------------------
@@ -100,7 +104,6 @@ def test_synth_ecp5_standin_places_routes_and_packs(tmp_path, rtl_of):
 
 
 def test_synth_nextpnr_over_capacity_log_is_classified():
-    from accel.hw.fpga.synth import _nextpnr_log_utilization
     log = ("Info: Device utilisation:\nInfo:          TRELLIS_IO:     4/  197     2%\n"
            "Info:                DCCA:     1/   56     1%\nInfo:              DP16KD:   114/   56   203%\n"
            "Info:          MULT18X18D:     1/   28     3%\nInfo:        TRELLIS_COMB:  1776/24288     7%\n"
@@ -127,8 +130,6 @@ def test_synth_real_tiny_core_xc7_matches_the_estimate(tmp_path):
     """The accelerator's own tiny config through yosys: per-module breakdown, and the estimator's
     BRAM and DSP counts exact, LUTs within 15%."""
     pytest.importorskip("accel.hw.verilog")
-    from accel.hw.fpga import rtl_for_config
-    from accel.hw.fpga.estimate import estimate
     cfg = preset("tiny")
     rep = synthesize(rtl_for_config(cfg), "xc7", tmp_path, config=cfg)
     u, e = rep.utilization, estimate(cfg, "xc7").utilization
@@ -139,7 +140,6 @@ def test_synth_real_tiny_core_xc7_matches_the_estimate(tmp_path):
 
 @needs_yosys
 def test_synth_cli_writes_report_and_prints_json(tmp_path, rtl_of, capsys):
-    from accel.cli import main
     v = tmp_path / "core.v"
     v.write_text(rtl_of("tiny").verilog)
     out = tmp_path / "rep"
@@ -152,7 +152,6 @@ def test_synth_cli_writes_report_and_prints_json(tmp_path, rtl_of, capsys):
 
 
 def test_estimate_cli_prints_the_fit(capsys):
-    from accel.cli import main
     assert main(["estimate", "--config", "tiny", "--board", "pynq-z1"]) == 0
     text = capsys.readouterr().out
     assert "xc7z020clg400-1" in text and "bram" in text and "fits" in text

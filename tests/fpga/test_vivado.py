@@ -13,6 +13,7 @@ from conftest import STUB, needs_tclsh, needs_verilator
 from accel.hw.boards import BOARDS, PARTS, BoardError, board, default_part, part
 from accel.hw.fpga import PortError, lint_wrapper, make_rtl, read_top_ports, write_project
 from accel.isa import AccelConfig, preset
+from accel.cli import main
 
 BOARD_CONFIGS = [("pynq-z1", "pynq-z1"), ("ultra96", "ultra96"), ("zcu104", "default")]
 
@@ -100,7 +101,7 @@ def test_build_writes_every_vivado_input(built):
     assert meta["memory"]["hp_data_width"] == b.hp_width_for(cfg.bus_width)
     assert meta["interrupt"]["ps_pin"].endswith(b.ps.irq_pin)
     assert meta["files"] == {"bitstream": "accel.bit", "hwh": "accel.hwh", "xsa": "accel.xsa"}
-    assert f"-part $part" in (out / "build.tcl").read_text() and b.part.name in (out / "build.tcl").read_text()
+    assert "-part $part" in (out / "build.tcl").read_text() and b.part.name in (out / "build.tcl").read_text()
 
 
 @needs_verilator
@@ -252,7 +253,6 @@ def test_build_shell_adapts_to_active_low_reset_no_irq_and_extra_outputs(tmp_pat
 def test_build_with_the_kit_generator_lints_and_runs_under_the_stub(tmp_path, board_name):
     """The real accelerator (accel.hw.verilog) through `accel build`: shell lint and Tcl under the stub."""
     pytest.importorskip("accel.hw.verilog")
-    from accel.cli import main
     out = tmp_path / "out"
     assert main(["build", "--board", board_name, "--config", "tiny", "-o", str(out)]) == 0
     meta = json.loads((out / "overlay/accel.json").read_text())

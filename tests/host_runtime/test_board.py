@@ -5,6 +5,7 @@ and the rtl driver on random programs and a compiled model (tiny config)."""
 import sys
 from contextlib import closing
 from pathlib import Path
+import types
 
 import numpy as np
 import pytest
@@ -13,6 +14,16 @@ from accel.isa import PRESETS, Load, MemType, Store, decode_program
 from host_runtime import get_driver
 from host_runtime.drivers.board import BoardBackend, BoardDriver, BoardError, DmaBuffer, LinuxBackend, relocate
 from sim.verilator.build import tools_available
+from accel.isa.isa import elem_bytes
+from accel.hw.params import ErrorCode
+from host_runtime.drivers.board import BoardFault
+from sim.errors import ProgramFault
+from accel.isa import Finish, encode_program
+import compiler
+from compiler.frontend import zoo
+from host_runtime.executor import Executor
+from compiler.accel.conv2d import Requant, run_dense
+from host_runtime import Device
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from randprog import random_program  # noqa: E402
@@ -26,7 +37,6 @@ def test_relocate_moves_every_dram_address_by_the_base():
     prog, _ = random_program(TINY, 3)
     base = 0x40000
     moved = decode_program(relocate(TINY, prog.insns, base).reshape(-1), TINY)
-    from accel.isa.isa import elem_bytes
     n = 0
     for a, b in zip(prog.insns, moved):
         if isinstance(a, (Load, Store)):
@@ -128,9 +138,6 @@ def test_board_driver_refuses_another_bitstreams_config():
 
 
 def test_board_driver_reports_faults_and_bus_errors_and_resets():
-    from accel.hw.params import ErrorCode
-    from host_runtime.drivers.board import BoardFault
-    from sim.errors import ProgramFault
     prog, _ = random_program(TINY, 0)
     board = FakeBoard(TINY, mode="fault")
     with closing(BoardDriver(TINY, backend=board)) as drv:
@@ -158,7 +165,6 @@ def test_board_driver_times_out_and_resets():
 def test_board_driver_refuses_transfers_outside_the_dram():
     """The accelerator reaches all physical memory: a STORE (or LOAD) past the Device's DRAM never
     reaches the board, and the board is not started."""
-    from accel.isa import Finish, encode_program
     board = FakeBoard(TINY)
     for insn in (Store(dram_base=8192 // 4, y_size=1, x_size=1, x_stride=1),
                  Load(mem_type=MemType.WGT, dram_base=0, y_size=3, x_size=1, x_stride=300)):
@@ -184,7 +190,7 @@ def test_unknown_backend_and_missing_pynq():
     with pytest.raises(BoardError, match="unknown board backend 'xyz'"):
         BoardDriver(TINY, backend="xyz")
     try:
-        import pynq  # noqa: F401
+        import pynq  # noqa: PLC0415, F401 - optional dep pynq (on the board)
     except ImportError:
         with pytest.raises(BoardError, match="needs the pynq package"):
             BoardDriver(TINY, backend="pynq")
@@ -270,9 +276,6 @@ def test_vboard_random_programs_equal_fsim_and_rtl_counters(boards, seed):
 def test_vboard_runs_a_compiled_model_like_fsim_and_rtl():
     """A compiled residual block (tiny config) through the executor: vboard's outputs equal fsim's,
     and per accelerator step its cycles equal the rtl driver's."""
-    import compiler
-    from compiler.frontend import zoo
-    from host_runtime.executor import Executor
     m = zoo.residual_block()
     feeds = zoo.sample_inputs(m, 3, seed=4)
     mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:2])
@@ -293,8 +296,6 @@ def test_vboard_runs_a_compiled_model_like_fsim_and_rtl():
 def test_vboard_fault_matches_fsim_and_the_core_recovers(boards):
     """A STORE with padding faults (BAD_FIELD): vboard raises the code and instruction index fsim
     raises, soft-resets the core, and the next program runs as on fsim."""
-    from accel.isa import Finish, encode_program
-    from sim.errors import ProgramFault
     bad = [Load(mem_type=MemType.INP, dram_base=0, y_size=1, x_size=1, x_stride=1),
            Store(dram_base=64, y_size=1, x_size=1, x_stride=1, y_pad0=1), Finish()]
     codes = {}
@@ -305,8 +306,6 @@ def test_vboard_fault_matches_fsim_and_the_core_recovers(boards):
             boards[name].run(dram, 4096, len(bad))
         codes[name] = (e.value.code, e.value.index)
     assert codes["vboard"] == codes["fsim"]
-    from compiler.accel.conv2d import Requant, run_dense
-    from host_runtime import Device
     rng = np.random.default_rng(1)
     x, w = rng.integers(-128, 128, (6, 40), dtype=np.int8), rng.integers(-128, 128, (24, 40), dtype=np.int8)
     y, res, _ = run_dense(Device(TINY, driver=boards["vboard"], dram_bytes=1 << 20), x, w, None, Requant(6))
@@ -321,9 +320,6 @@ def test_vboard_hang_ends_in_watchdog_fault_or_timeout_and_recovers():
     """A LOAD popping a token nobody pushes hangs the core: with the watchdog the run ends in a
     WATCHDOG fault, without it in the driver's timeout; both soft-reset the core and the next
     program runs. Also: another DRAM timing and phys_base 0, cycles equal to rtl's."""
-    from accel.hw.params import ErrorCode
-    from accel.isa import Finish, encode_program
-    from host_runtime.drivers.board import BoardFault
     hang = [Load(mem_type=MemType.INP, dram_base=0, y_size=1, x_size=1, x_stride=1, pop_next=True), Finish()]
     dram_model = {"read_latency": 12, "write_latency": 5, "bytes_per_cycle": 3}
     prog, _ = random_program(TINY, 11)
@@ -350,7 +346,6 @@ def test_pynq_backend_with_a_stand_in_pynq_module(tmp_path, monkeypatch):
     """The PYNQ back end's plumbing against a stand-in `pynq` (Overlay, MMIO, allocate): it picks the
     accel IP, maps its registers, allocates, flushes before and invalidates after each run, and
     the driver's run leaves fsim's DRAM bytes (fsim behind the fake registers)."""
-    import types
     fake = FakeBoard(TINY, base=0x30000)
     calls = []
 

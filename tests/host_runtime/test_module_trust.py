@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from onnx import TensorProto
 
 import compiler
 from accel.isa.errors import AccelError
@@ -22,6 +23,8 @@ from compiler.module import CompiledModule
 from host_runtime import kernel_cache as kc
 from host_runtime.executor import FORMAT_VERSION, MAGIC, Executor, ExecutorError, ModuleFormatError, ModuleImage
 from host_runtime.kernel_cache import KernelCache, KernelCacheError, KernelIRError, verify_ir
+from accel.isa import resolve_config
+from accel.cli import main
 
 
 @pytest.fixture(autouse=True)
@@ -282,7 +285,6 @@ def test_overlapping_output_and_input_of_a_kernel_is_refused(cpu_mod):
 
 
 def test_config_in_use_is_compared(accel_mod):
-    from accel.isa import resolve_config
     data = accel_mod[0].to_bytes()
     with pytest.raises(ModuleFormatError, match="compiled for config .* recompile it"):
         ModuleImage.from_bytes(data, "m.accm", resolve_config("default"))
@@ -384,7 +386,6 @@ def test_cache_limit_from_the_environment(monkeypatch):
 
 
 def test_cli_cache_info_and_clear(cpu_mod, capsys, monkeypatch):
-    from accel.cli import main
     monkeypatch.setattr(kc, "_LIBS", {})
     cpu_mod[0].run(cpu_mod[1])
     assert main(["cache", "info"]) == 0
@@ -540,7 +541,6 @@ def test_summary_of_a_module_with_malformed_meta(cpu_mod):
 # ---- numpy steps: a file's attributes are vetted by the op's own checks -----------------------------
 @pytest.fixture(scope="module")
 def numpy_mod():
-    from onnx import TensorProto
     b = zoo.ModelBuilder("embed", seed=4)
     ids = b.input("ids", (2, 8), TensorProto.INT64)
     x = b.op("Gather", [b.init(b.rng.standard_normal((50, 32)).astype(np.float32)), ids], name="embedding", axis=0)

@@ -4,6 +4,7 @@ import pytest
 
 from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Program, Stage, Store
 from host_runtime import CommandError, Device
+from compiler.accel.conv2d import Conv2dSpec, Requant, emit_conv2d, plan_conv2d
 
 TINY = PRESETS["tiny"]
 L, C, S = Stage.LOAD, Stage.COMPUTE, Stage.STORE
@@ -186,7 +187,6 @@ def test_commands_preload_loads_kernels_once_up_front(dev):
 def test_commands_emit_preloaded_conv_loads_its_kernels_first(vt):
     """A conv emitted with its kernels preloaded (as compiled layers are): one micro-op LOAD, the
     first compute instruction; the bytes are those of the conv emitted without it."""
-    from compiler.accel.conv2d import Conv2dSpec, Requant, emit_conv2d, plan_conv2d
     spec = Conv2dSpec(1, 12, 6, 8, 8, 1, 1)
     outs = []
     for preload in (False, True):

@@ -7,6 +7,7 @@ from accel.isa import PRESETS, AccelConfig, Alu, Gemm, Load, MemType, Store
 from randprog import expected_outputs, random_program
 from sim.reference import run_reference
 from sim.fsim import Fsim
+import sim.fsim as fsim_mod
 
 ODD = AccelConfig(batch=2, block_in=8, block_out=16)
 CONFIGS = {"tiny": PRESETS["tiny"], "default": PRESETS["default"], "odd": ODD}
@@ -108,7 +109,6 @@ def test_randprog_covers_the_isa():
 
 def test_differential_check_catches_a_wrong_simulator(monkeypatch):
     """The comparison can fail: an fsim whose ALU immediates are off by one is caught."""
-    import sim.fsim as fsim_mod
     orig = fsim_mod.Fsim._alu_operand
 
     def off_by_one(self, insn, src):

@@ -11,6 +11,7 @@ import threading
 import time
 from contextlib import closing
 from pathlib import Path
+import logging
 
 import numpy as np
 import pytest
@@ -20,6 +21,11 @@ from host_runtime import Device, get_driver
 from host_runtime.remote import (FRAME, MAGIC, ProtocolError, RemoteError, auth_proof, parse_url, recv_frame,
                                  send_frame)
 from host_runtime.server import DeviceServer, ServerError
+from compiler.accel.conv2d import Requant, run_dense
+import compiler
+from compiler.frontend import zoo
+from host_runtime.executor import Executor
+from accel.isa import Finish, encode_program
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from randprog import random_program  # noqa: E402
@@ -195,7 +201,6 @@ def test_two_concurrent_clients_queue(server):
     """Two clients at once, each running compiled dense layers on its own remote Device: runs queue
     on the one device and each client gets exactly its local fsim result back. (Compiled layers
     load everything they read; random programs may read on-chip entries left by another run.)"""
-    from compiler.accel.conv2d import Requant, run_dense
     errors, done = [], []
 
     def layer(seed):
@@ -285,9 +290,6 @@ def test_cli_serve_and_run_remote(tmp_path):
 def test_compiled_model_through_the_executor(server, monkeypatch):
     """Executor(mod, driver="remote://...") (what `accel run M.accm --driver remote://` does): the
     outputs equal a local run, CPU steps run here, accelerator steps report the server's driver."""
-    import compiler
-    from compiler.frontend import zoo
-    from host_runtime.executor import Executor
     m = zoo.residual_block()
     feeds = zoo.sample_inputs(m, 3, seed=4)
     mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:2])
@@ -306,8 +308,6 @@ def test_later_runs_send_only_changed_pages(server, caplog):
     """A connection's second run sends the pages that changed since the server's copy, and gets back
     the pages the run changed; after inputs change between runs the DRAM still equals local fsim's.
     A forged page blob is refused."""
-    import logging
-    from compiler.accel.conv2d import Requant, run_dense
     caplog.set_level(logging.INFO, logger="host_runtime.server")
     rng = np.random.default_rng(5)
     with Device(TINY, driver=server.url, dram_bytes=1 << 20, token=TOKEN) as dev, \
@@ -322,7 +322,6 @@ def test_later_runs_send_only_changed_pages(server, caplog):
     runs = [r.getMessage() for r in caplog.records if " run " in r.getMessage()]
     assert "(full, 1048576 bytes in)" in runs[0] and all("(pages, " in m for m in runs[1:])
     assert all(int(m.split("(pages, ")[1].split(" ")[0]) < 200_000 for m in runs[1:])
-    from accel.isa import Finish, encode_program
     s = _raw(server)
     image = np.zeros(8192, np.uint8)
     image[:16] = encode_program([Finish()], TINY).reshape(-1)

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from accel.isa import AccelConfig
 from sim.rtl.programs import (Builder, alu_ops, every_kind, gemm_only, long_rows, padding,  # noqa: F401
                               pipelined_matmul, uop_loops)
+from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, emit_conv2d, plan_conv2d
+from compiler.accel.layout import pack_activation, pack_bias, pack_weight, unpack_activation
+from host_runtime import Device
 
 
 def conv_layer(cfg: AccelConfig, seed: int = 0):
     """A small convolution layer (8 -> 8 channels, 6x6, 3x3 kernel, padding 1, bias, requantized
     to int8) as the kit's compiler emits it (compiler.accel.conv2d, two virtual threads).
     Returns (program, read_output(dram) -> NCHW int8, numpy reference NCHW int8)."""
-    from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, emit_conv2d, plan_conv2d
-    from compiler.accel.layout import pack_activation, pack_bias, pack_weight, unpack_activation
-    from host_runtime import Device
     rng = np.random.default_rng(seed)
     spec = Conv2dSpec(n=1, c=8, h=6, w=6, o=8, kh=3, kw=3, pads=(1, 1, 1, 1), name="conv")
     requant = Requant(shift=7, lo=-128, hi=127)

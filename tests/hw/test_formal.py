@@ -9,6 +9,7 @@ from amaranth.lib import wiring
 
 from accel.isa import preset
 from sim import formal
+from accel.hw.axi import AXI4Signature
 
 pytestmark = pytest.mark.skipif(formal.tools_missing() is not None, reason=str(formal.tools_missing()))
 
@@ -47,7 +48,6 @@ class _UnstableMaster(wiring.Component):
     """A broken AXI master: ARADDR counts up every cycle, even while ARVALID waits for ARREADY."""
 
     def __init__(self):
-        from accel.hw.axi import AXI4Signature
         super().__init__({"bus": wiring.Out(AXI4Signature(addr_width=16, data_width=64))})
 
     def elaborate(self, platform):

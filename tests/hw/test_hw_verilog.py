@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import re
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,7 @@ from accel.isa import AccelConfig, preset
 from accel.isa.errors import ConfigError
 from accel.hw import verilog
 from accel.hw.regs import COUNTERS, register_map
+from accel.cli import main
 
 
 @pytest.fixture()
@@ -44,7 +47,6 @@ def test_alu_lanes_have_no_wide_shift_terms(tmp_path):
     only ones are its packed-entry ports and SCALE's 65-66-bit rounding sum and shift (kept at the
     calibrated design's width for Fmax): no 95-bit SHR or 127-bit rounding-term shift (the
     rtl model ran 1.24x faster without them)."""
-    import re
     text = verilog.generate("tiny", tmp_path)["verilog"].read_text()
     body = re.search(r"^module \\accel_top\.compute\.alu .*?^endmodule", text, re.S | re.M).group(0)
     wide = {m.group(2): int(m.group(1)) + 1
@@ -85,7 +87,6 @@ def test_invalid_config_fails_before_elaboration(isolated_cache, monkeypatch):
 
 
 def test_cli_verilog_command(tmp_path, capsys):
-    from accel.cli import main
     assert main(["verilog", "--config", "tiny", "-o", str(tmp_path)]) == 0
     assert "accel_top.v" in capsys.readouterr().out
     assert (tmp_path / "accel_top.json").exists()
@@ -119,7 +120,6 @@ def test_every_dimension_comes_from_the_config():
 
 
 def test_docs_register_map_matches_the_rtl():
-    from pathlib import Path
     doc = (Path(__file__).resolve().parents[2] / "docs" / "hardware.md").read_text()
     for r in register_map(preset("tiny")):
         if r.name.endswith("_HI") and r.offset >= 0x40:

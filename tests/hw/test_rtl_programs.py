@@ -10,6 +10,9 @@ import hw_programs as hp
 from conftest import require
 from sim.fsim import Fsim
 from sim.rtl import RtlHang, RtlProgram, run_programs
+from accel.isa import Finish
+from accel.hw.params import ErrorCode
+from accel.isa import Load, MemType
 
 pytestmark = pytest.mark.rtl
 
@@ -82,7 +85,6 @@ def test_rtl_same_results_under_random_bus_stalls(tiny):
 def test_rtl_hang_is_reported_within_the_cycle_limit(tiny):
     """A program whose tokens can never arrive stops at the cycle limit with a clear error."""
     require("verilator")
-    from accel.isa import Finish
     b = hp.Builder(tiny)
     b.emit(Finish(pop_prev=True))          # no load ever pushes that token
     prog = b.program()
@@ -97,8 +99,6 @@ def test_rtl_watchdog_fault_soft_reset_and_recovery(tiny):
     returns it to idle, and the next programs run: a faulting one reports its code and index, a
     good one leaves fsim's bytes."""
     require("verilator")
-    from accel.hw.params import ErrorCode
-    from accel.isa import Finish, Load, MemType
     b = hp.Builder(tiny)
     b.emit(Finish(pop_prev=True))          # no load ever pushes that token
     stuck = b.program()

@@ -2,6 +2,8 @@
 byte, on programs from tests/randprog.py (the generator the fsim and runtime tests share)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,5 @@ def test_rtl_random_programs_two_entry_queues_with_bus_stalls(bus):
     every AXI channel stalling at random (the AR payload must hold while ARREADY is low: the
     bench's AXI model reports any change as a protocol error)."""
     require("verilator")
-    import dataclasses
     cfg = dataclasses.replace(preset("tiny"), cmd_queue_depth=2, dep_queue_depth=2, bus_width=bus)
     differential(cfg, range(600, 616), "verilator", stall_seed=bus)

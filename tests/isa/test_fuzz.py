@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, AsmError, ConfigError, EncodingError, Epilogue,
                        Finish, Gemm, Load, MemType, Program, ProgramFormatError, Store, Symbol, assemble_text,
                        decode_insn, decode_program, disassemble, encode_insn, format_insn)
+from accel.isa import formats_for
+import accel.isa.asm as asm
 
 CONFIGS = [PRESETS["tiny"], PRESETS["default"]]
 #: the suite's budget per test; ACCEL_FUZZ_EXAMPLES=5000 pytest tests/isa/test_fuzz.py digs deeper
@@ -161,7 +163,6 @@ def test_fuzz_decoder_any_word(cfg):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["tiny", "default"])
 def test_fuzz_decoder_valid_words_roundtrip_through_text(cfg):
     """Words with no bits above the format: most decode, so every field goes through the text."""
-    from accel.isa import formats_for
     used = {name: sum(w for _, w in fmt) for name, fmt in formats_for(cfg).items()}
 
     @FUZZ
@@ -273,7 +274,6 @@ def test_fuzz_targets_catch_a_broken_parser(monkeypatch):
     field, fails them."""
     cfg = PRESETS["tiny"]
     word = encode_insn(Store(mem_type=MemType.ACC, y_size=1), cfg)
-    import accel.isa.asm as asm
     monkeypatch.setattr(asm, "_kind_word", lambda insn: insn.alu_op.name.lower() if isinstance(insn, Alu) else (
         insn.mem_type.name.lower() if isinstance(insn, Load) else None))   # the old STORE-dropping printer
     with pytest.raises(AssertionError):

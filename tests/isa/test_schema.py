@@ -4,6 +4,7 @@ import json
 import struct
 
 import pytest
+import numpy as np
 
 from accel.cli import main
 from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, ConfigError, Finish, Gemm, Load, MemType, Program,
@@ -11,6 +12,10 @@ from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, ConfigError, Finish, Ge
 from accel.isa.config import MAX_BUFF_BYTES, MAX_ONCHIP_BYTES
 from accel.isa.program import MAX_DRAM_BYTES, MAX_INSNS
 from accel.isa.schema import Fields, json_depth, parse_json
+from accel.isa import resolve_config
+from accel.isa import AsmError, assemble_file
+import accel.isa.asm as asm
+from accel.isa import EncodingError, Uop, encode_insn, encode_program, encode_uops
 
 TINY = PRESETS["tiny"]
 
@@ -108,7 +113,6 @@ def test_config_cli_refuses_bad_files_with_one_line(tmp_path, capsys):
 
 
 def test_config_resolve_odd_names_fail_cleanly():
-    from accel.isa import resolve_config
     for spec in ("a\0b", "x" * 5000):
         with pytest.raises(ConfigError, match="neither a preset"):
             resolve_config(spec)
@@ -280,7 +284,6 @@ def test_config_oversized_refused_before_elaborating(tmp_path, capsys):
 
 def test_inputs_read_bounded_from_endless_files(tmp_path):
     """/dev/zero named as a config, program or assembly file: refused after a bounded read."""
-    from accel.isa import AsmError, assemble_file
     with pytest.raises(ConfigError, match="/dev/zero: more than 1048576 bytes"):
         AccelConfig.load("/dev/zero")
     with pytest.raises(AsmError, match="/dev/zero: more than 268435456 bytes"):
@@ -294,8 +297,6 @@ def test_inputs_read_bounded_from_endless_files(tmp_path):
 
 
 def test_asm_instruction_count_bounded(monkeypatch):
-    import accel.isa.asm as asm
-    from accel.isa import AsmError
     monkeypatch.setattr(asm, "MAX_INSNS", 3)
     assert len(assemble_text("finish\n" * 3)) == 3
     with pytest.raises(AsmError, match="line 5: more than 3 instructions"):
@@ -305,8 +306,6 @@ def test_asm_instruction_count_bounded(monkeypatch):
 def test_encoder_refuses_non_integer_fields():
     """Instructions and micro-ops are plain dataclasses: a None, float or string field is an
     EncodingError naming it (it was a TypeError, or silently truncated)."""
-    import numpy as np
-    from accel.isa import EncodingError, Uop, encode_insn, encode_program, encode_uops
     with pytest.raises(EncodingError, match="LOAD instruction 1: field x_size=None is not an integer"):
         encode_program([Finish(), Load(x_size=None)], TINY)
     with pytest.raises(EncodingError, match="field x_size=2.0 is not an integer"):

@@ -6,18 +6,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from randprog import random_program
 
 from accel.isa import PRESETS
 from host_runtime import get_driver
 from sim.dram import DEFAULT_DRAM, DRAM_PRESETS, DramModel, dram_preset
 from sim.errors import SimError
+from accel.cli import main
 
 TINY = PRESETS["tiny"]
 
 
 def _program():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from randprog import random_program
     return random_program(TINY, 5)[0]
 
 
@@ -64,7 +65,6 @@ def test_driver_takes_a_preset_name_at_the_configs_clock():
 
 
 def test_cli_dram_option(tmp_path, capsys):
-    from accel.cli import main
     prog = _program()
     prog.save(tmp_path / "p.accp")
     p = str(tmp_path / "p.accp")

@@ -1,9 +1,14 @@
 """Functional simulator: exactness of the float GEMM paths, ALU arithmetic, hazards, errors, deadlocks."""
 import dataclasses
+import builtins
+import io
+from dataclasses import asdict, fields
+import tracemalloc
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from threadpoolctl import threadpool_info
 
 from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program,
                        encode_uops)
@@ -12,6 +17,11 @@ from sim.errors import DeadlockError, ExecError, ProgramFault, SimError
 from sim.fsim import Fsim, FsimStats, alu_apply, alu_apply_int32, flush_requant, gemm_float_dtype
 from sim.fsim import blas as fsim_blas
 from sim.fsim import loops as fsim_loops
+from sim.reference import ReferenceMachine
+from sim.fsim import THREADED_MATMUL_MACS, BlasThreads
+from sim.fsim import IDLE_RECOUNT_S
+from sim.fsim import idle_cores
+from accel.isa import flush_immediate
 
 TINY = PRESETS["tiny"]
 TINY_ACC16 = dataclasses.replace(TINY, acc_width=16, out_buff_bytes=2048)
@@ -336,7 +346,6 @@ def test_fsim_strided_tiles_overlapping_rows_match_reference(stride):
     """LOAD and STORE tiles are strided views of the DRAM; with x_stride < x_size the rows
     overlap: a load reads shared entries twice, a store's later row overwrites the earlier one
     (the reference model writes entry by entry in program order)."""
-    from sim.reference import ReferenceMachine
     cfg = TINY
     rng = np.random.default_rng(stride)
     dram = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
@@ -475,7 +484,6 @@ class _FakeBlas:
 def test_fsim_threads_only_big_matmuls_on_idle_cores(monkeypatch, idle, threads):
     """Only a matmul of THREADED_MATMUL_MACS or more runs on the idle cores, counted once per run at
     the first such matmul, and BLAS is back on one thread after it."""
-    from sim.fsim import THREADED_MATMUL_MACS, BlasThreads
     counted = []
     monkeypatch.setattr(fsim_blas, "idle_cores", lambda: counted.append(1) or idle)
     bt = BlasThreads()
@@ -497,7 +505,6 @@ def test_fsim_threads_only_big_matmuls_on_idle_cores(monkeypatch, idle, threads)
 
 def test_fsim_recounts_idle_cores_only_after_the_window(monkeypatch):
     """Runs within IDLE_RECOUNT_S of the last count reuse it; a later run counts again."""
-    from sim.fsim import IDLE_RECOUNT_S, THREADED_MATMUL_MACS, BlasThreads
     counted, clock = [], [100.0]
     monkeypatch.setattr(fsim_blas, "idle_cores", lambda: counted.append(1) or 1)
     monkeypatch.setattr(fsim_blas.time, "monotonic", lambda: clock[0])
@@ -514,9 +521,6 @@ def test_fsim_recounts_idle_cores_only_after_the_window(monkeypatch):
 
 def test_idle_cores_leaves_out_this_process_and_busy_ones(monkeypatch):
     """Two cores, this process running on one: one idle; a second process running: none."""
-    import builtins
-    import io
-    from sim.fsim import idle_cores
     real_open = builtins.open
     state = {"running": 1}
 
@@ -536,7 +540,6 @@ def test_idle_cores_leaves_out_this_process_and_busy_ones(monkeypatch):
 
 def test_fsim_limits_blas_threads_only_while_running():
     """fsim runs BLAS on one thread (its matmuls are small) and gives the caller's setting back."""
-    from threadpoolctl import threadpool_info
     before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
     seen = []
     sim = Fsim(TINY)
@@ -551,7 +554,6 @@ def test_fsim_limits_blas_threads_only_while_running():
 
 def test_fsim_stats_to_dict_is_asdict_with_its_own_dicts():
     """to_dict (hand-written for speed) gives asdict's result, and its dicts are copies."""
-    from dataclasses import asdict, fields
     stats = FsimStats(**{f.name: ({"a": i} if f.type.startswith("dict") else i) for i, f in enumerate(fields(FsimStats))})
     d = stats.to_dict()
     assert d == asdict(stats) and list(d) == list(asdict(stats))
@@ -583,7 +585,6 @@ def test_fsim_flush_with_use_imm_after_an_immediate_alu_of_the_same_shape():
 def test_fsim_long_loops_run_in_blocks_as_in_one_piece(data):
     """A GEMM/ALU longer than CHUNK_ELEMS runs as blocks of whole passes: the same acc/out as in
     one piece, flushing GEMMs and ALU hazards included (the block size forced small here)."""
-    from accel.isa import flush_immediate
     cfg = TINY
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1)))
     nu, it_o, it_i = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6)), data.draw(st.integers(1, 6))
@@ -624,7 +625,6 @@ def test_fsim_long_loops_run_in_blocks_as_in_one_piece(data):
 def test_fsim_memory_stays_bounded_whatever_the_loop_counts():
     """16 M micro-op iterations (legal: loop counts go to 16383) ran out of memory building
     whole-instruction index arrays; in blocks the peak stays near one block's arrays."""
-    import tracemalloc
 
     sim = Fsim(TINY)
     sim.uop[0] = (3, 0, 0)

@@ -4,6 +4,10 @@ named at its instruction (stepped executors) or at the STORE that writes its dam
 instruction behind it (executors run as a whole: prefixes); prefixes are valid programs."""
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+import json
+
 import numpy as np
 import pytest
 
@@ -16,6 +20,13 @@ from randprog import random_program
 from sim.fsim import Fsim
 from sim.lockstep import LockstepError, RecordingFsim, dump_layout, lockstep, prefix_program
 from sim.verilator.build import tools_available
+from compiler.frontend import zoo
+from compiler.graph_build import build_model
+from flows.lockstep import lockstep_model
+from sim.errors import ExecError
+from flows.lockstep import factory
+from sim.lockstep import _run_prefix
+from host_runtime.device import RunResult
 
 CONFIGS = ["tiny", "default"]
 
@@ -140,7 +151,6 @@ class _FaultyDriver(FsimDriver):
         self.sim = RecordingFsim(cfg, fault=_fault(type(self).at, type(self).entry, type(self).insn))
 
     def run(self, dram, insn_addr, insn_count):
-        from host_runtime.device import RunResult
         self.sim.run(dram, insn_addr, insn_count)
         return RunResult(self.name, insn_count, 0.0, {})
 
@@ -173,9 +183,6 @@ def test_cli_program_lockstep(tmp_path, capsys, faulty_driver):
 
 
 def test_compiled_model_lockstep_names_the_step():
-    from compiler.frontend import zoo
-    from compiler.graph_build import build_model
-    from flows.lockstep import lockstep_model
     model = zoo.residual_block()
     feeds = zoo.sample_inputs(model, 2, seed=0)
     mod = build_model(model, target="accel", config="tiny", calibration=feeds[:1])
@@ -207,7 +214,6 @@ def test_compiled_model_lockstep_names_the_step():
 def test_executor_failing_alone_is_named_at_its_instruction():
     """One executor faulting where the other runs is a divergence: the first prefix it fails names
     the instruction; both failing is an error naming both."""
-    from sim.errors import ExecError
     cfg = PRESETS["tiny"]
     prog, _ = random_program(cfg, 1)
     gemm = next(i for i, x in enumerate(prog.insns) if type(x).__name__ == "Gemm")
@@ -231,14 +237,12 @@ def test_executor_failing_alone_is_named_at_its_instruction():
 @pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")
 def test_fsim_rtl_lockstep_tiny():
     """The RTL cannot be single-stepped: the whole run (and, on a difference, prefixes) compared."""
-    from flows.lockstep import factory
     cfg = PRESETS["tiny"]
     prog, _ = random_program(cfg, 2)
     r = lockstep(cfg, prog.insns, prog.dram_image(), prog.insn_addr, factory("fsim", cfg), factory("rtl", cfg),
                  ("fsim", "rtl"))
     assert r.mode == "prefix" and not r.diverged, r.text()
     # prefixes (with the buffer dumps) run on the RTL as on fsim
-    from sim.lockstep import _run_prefix
     dram = prog.dram_image()
     for k in (len(prog.insns) // 3, 2 * len(prog.insns) // 3, len(prog.insns) - 2):
         a, _ = _run_prefix(factory("fsim", cfg), cfg, prog.insns, k, dram, "fsim")
@@ -247,8 +251,6 @@ def test_fsim_rtl_lockstep_tiny():
 
 
 def _bench():
-    import importlib.util
-    from pathlib import Path
     path = Path(__file__).resolve().parents[2] / "bench" / "random_regression.py"
     spec = importlib.util.spec_from_file_location("random_regression", path)
     mod = importlib.util.module_from_spec(spec)
@@ -260,7 +262,6 @@ def test_random_regression_slice(tmp_path, faulty_driver):
     """bench/random_regression.py on a small slice: tsim, the plain ISA model and (where Verilator
     is installed) the RTL agree with fsim; a faulty executor is reported with seed, config and the
     first diverging instruction."""
-    import json
     bench = _bench()
     executors = "tsim,ref" + (",rtl" if tools_available() is None else "")
     out = tmp_path / "rr.json"

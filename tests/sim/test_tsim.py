@@ -2,13 +2,17 @@
 derived by hand from the RTL's documented timing, DRAM model checks, counters and exports."""
 import json
 import random
+import sys
+from pathlib import Path
+import dataclasses
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from randprog import random_program
 
-from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Store, encode_program
+from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Store
 from host_runtime import get_driver
 from sim.dram import DramModel
 from sim.errors import DeadlockError, SimError
@@ -17,6 +21,9 @@ from sim.tsim import Tsim
 from sim.tsim.bus import plan_bursts
 from sim.tsim.queues import TimedFifo
 from sim.tsim.store import store_cycles
+from accel.cli import main
+from accel.hw.params import ErrorCode
+from sim.errors import ProgramFault
 
 TINY = PRESETS["tiny"]
 
@@ -142,10 +149,7 @@ def test_dram_model_validation():
 
 
 def _program():
-    import sys
-    from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from randprog import random_program
     return random_program(TINY, 3)[0]
 
 
@@ -176,7 +180,6 @@ def test_tsim_driver_counters_and_exports(tmp_path):
 
 
 def test_cli_run_timing_outputs(tmp_path, capsys):
-    from accel.cli import main
     prog = _program()
     prog.save(tmp_path / "p.accp")
     rc = main(["run", str(tmp_path / "p.accp"), "--driver", "tsim", "--trace", str(tmp_path / "t.json"),
@@ -191,10 +194,7 @@ def test_tsim_faults_where_fetch_does_and_ignores_what_follows_finish():
     """The timing model stops dispatch before a statically faulting instruction (code and index as
     fsim's), never dispatches past FINISH (anything may follow it), and with no FINISH reports
     NO_FINISH."""
-    import dataclasses
 
-    from accel.hw.params import ErrorCode
-    from sim.errors import ProgramFault
     ld = Load(mem_type=MemType.INP, dram_base=0x40, y_size=1, x_size=2, x_stride=2, push_next=True)
     for prog, want in (([ld, Gemm(pop_prev=True), Store(y_size=1, x_size=1, x_pad0=1), Finish()],
                         (ErrorCode.BAD_FIELD, 2)),

@@ -1,6 +1,9 @@
 """The tsim driver's timing model in a helper process (sim/tsim/helper.py): the same cycles,
 counters, timelines, DRAM bytes and errors as in-process, and a fall-back when the helper fails."""
 import logging
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -10,6 +13,9 @@ from host_runtime import get_driver
 from randprog import random_program
 from sim.errors import CycleLimitError, ExecError
 from sim.tsim import helper
+from host_runtime.errors import DriverError
+from sim.errors import SimError
+from sim.dram import DramModel
 
 TINY = PRESETS["tiny"]
 
@@ -114,8 +120,6 @@ def test_dead_helper_falls_back_in_process(ready_helper, caplog):
 
 def test_helper_switch_rejects_bad_values(monkeypatch):
     """A misspelt ACCEL_TSIM_HELPER or a non-bool helper option is an error naming it, not a guess."""
-    from host_runtime.errors import DriverError
-    from sim.errors import SimError
     with pytest.raises(DriverError, match="helper='no' must be True or False"):
         get_driver("tsim", TINY, helper="no")
     monkeypatch.setenv("ACCEL_TSIM_HELPER", "maybe")
@@ -139,7 +143,6 @@ def test_interrupted_run_stops_the_helper_without_giving_up(ready_helper):
     be out of step), but the next submit starts a new one."""
     prog, _ = random_program(TINY, 2)
     program = prog.dram_image()[prog.insn_addr:prog.insn_addr + 16 * len(prog.insns)].tobytes()
-    from sim.dram import DramModel
     job = helper.submit(TINY, DramModel(), program, prog.insn_addr, 1 << 40, False)
     assert job is not None
     old = helper._helper
@@ -151,9 +154,6 @@ def test_interrupted_run_stops_the_helper_without_giving_up(ready_helper):
 
 def test_helper_ignores_ctrl_c(ready_helper):
     """Ctrl-C in a terminal signals the whole process group: the helper leaves it to its parent."""
-    import os
-    import signal
-    import time
     os.kill(helper._helper.proc.pid, signal.SIGINT)
     time.sleep(0.3)
     prog, _ = random_program(TINY, 6)

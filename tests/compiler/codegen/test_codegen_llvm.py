@@ -13,6 +13,8 @@ from compiler.codegen import register_extern
 from compiler.codegen import runtime
 from compiler.errors import CodegenError
 from tests.compiler.conftest import run_schedule
+from compiler import tir
+from compiler import lower
 
 
 def vec_add(n=256, lanes=16):
@@ -75,9 +77,6 @@ def test_parallel_matches_serial_and_uses_threads(rng):
     assert "__kit_parallel_launch" in mod.get_source("ll")
 
     # an extern call inside the parallel loop records which threads ran the chunks
-    from compiler import tir
-    from compiler.tir import passes
-    from compiler import lower
     f = lower(s_par, [A, B])
     body = f.body
     assert isinstance(body, tir.For) and body.kind == tir.ForKind.PARALLEL
@@ -185,7 +184,6 @@ def test_extern_call_from_generated_code():
         calls.append(n)
         return 0
     register_extern("kit_test_fill", fill)
-    from compiler import tir
     B = tir.Buffer("B", (8,))
     f = tir.PrimFunc("fill8", [B], tir.Evaluate(tir.call_extern("int32", "kit_test_fill", B.access_ptr(), 8)))
     mod = build(f, target="llvm")

@@ -7,6 +7,7 @@ from onnx import TensorProto, helper
 
 from compiler.frontend import ConversionError, ModelLoadError, UnsupportedOpError, from_onnx, zoo
 from compiler.graph import run
+from compiler.graph import structural_equal
 
 RNG = np.random.default_rng(0)
 
@@ -269,7 +270,6 @@ def test_onnx_import_path_and_bytes_agree(tmp_path):
     m = zoo.mlp()
     p = tmp_path / "mlp.onnx"
     onnx.save(m, p)
-    from compiler.graph import structural_equal
     assert structural_equal(from_onnx(p), from_onnx(m.SerializeToString()))
 
 

@@ -3,6 +3,7 @@ is size-checked, ONNX's full checker speaks first (one line naming the model), a
 that a graph input also names is a default (constant unless asked for at run time), and no
 mutation of a model's bytes gives anything but the frontend's own error."""
 import os
+import hashlib
 
 import numpy as np
 import onnx
@@ -15,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler.errors import CompilerError
 from compiler.frontend import ConversionError, ModelLoadError, UnsupportedOpError, from_onnx, load_model
 from compiler.graph import run
+from compiler.frontend import zoo
 
 
 def _matmul_model(w: np.ndarray, ir_version: int = 8, w_as_input: bool = False):
@@ -149,7 +151,6 @@ def test_external_data_offsets_and_sizes_are_checked_against_the_file(tmp_path, 
 
 def test_external_data_in_a_constant_node_and_with_a_correct_checksum(tmp_path):
     """Tensors in node attributes (Constant's value) are resolved too; a matching SHA-1 passes."""
-    import hashlib
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])
     const = helper.make_node("Constant", [], ["w"], name="wconst", value=numpy_helper.from_array(W, "wv"))
@@ -247,7 +248,6 @@ def test_fuzz_mutated_model_bytes_load_or_raise_the_kits_error(edits, cut):
 
 
 def _conv_seed():
-    from compiler.frontend import zoo
     return zoo.conv_bn_relu_pool()
 
 

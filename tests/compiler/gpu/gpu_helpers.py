@@ -7,11 +7,12 @@ import subprocess
 import numpy as np
 import pytest
 
+from host_runtime.gpu import GpuError, open_device
+
 
 def opencl_or_skip():
     pytest.importorskip("pyopencl", reason="OpenCL tests need pyopencl and pocl-binary-distribution (pip, the "
                                            "'gpu' extra)")
-    from host_runtime.gpu import GpuError, open_device
     try:
         return open_device("opencl")
     except GpuError as e:
@@ -20,7 +21,7 @@ def opencl_or_skip():
 
 def ptxas_path():
     try:
-        import nvidia.cuda_nvcc as n
+        import nvidia.cuda_nvcc as n  # noqa: PLC0415 - optional dep nvidia-cuda-nvcc-cu12
         for base in list(getattr(n, "__path__", [])):
             p = os.path.join(base, "bin", "ptxas")
             if os.path.exists(p):

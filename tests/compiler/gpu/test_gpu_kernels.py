@@ -1,4 +1,6 @@
 """GPU schedules lowered to OpenCL C (run on PoCL) and PTX (ptxas), checked against numpy."""
+
+import re
 import numpy as np
 import pytest
 
@@ -8,6 +10,11 @@ from compiler.errors import CodegenError
 from compiler.ops import gpu, nn
 
 from tests.compiler.gpu.gpu_helpers import opencl_or_skip, ptxas_check
+from host_runtime.gpu import run_kernel
+from compiler.ops import registry
+from compiler.errors import ScheduleError
+from host_runtime.gpu import check_gpu_attrs
+from compiler.ops import elemwise as ew
 
 
 def conv_ref(x, w, strides=(1, 1), pads=(0, 0, 0, 0), dil=(1, 1), groups=1):
@@ -82,7 +89,6 @@ def _build(name, target):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_opencl_kernel_matches_numpy(name, rng):
     opencl_or_skip()
-    from host_runtime.gpu import run_kernel
     k, shapes, ref, oshape = _build(name, "opencl")
     xs = [rng.standard_normal(s).astype("float32") for s in shapes]
     y = np.full(oshape, np.nan, "float32")
@@ -141,7 +147,6 @@ def test_workgroup_reductions_use_shared_partials(name):
 
 
 def test_library_picks_workgroup_softmax_for_long_rows():
-    from compiler.ops import registry
     impl = registry.select("softmax", "cuda", [(2, 500)], ["float32"], {"axis": -1})
     assert impl.name == "softmax.workgroup"
     impl = registry.select("softmax", "cuda", [(2, 10)], ["float32"], {"axis": -1})
@@ -149,7 +154,6 @@ def test_library_picks_workgroup_softmax_for_long_rows():
 
 
 def test_body_needing_two_kernels_is_declined():
-    from compiler.errors import ScheduleError
     a = te.placeholder((8, 8), "float32", name="a")
     w = te.placeholder((8, 8), "float32", name="w")
     d = nn.dense(a, w)
@@ -163,7 +167,6 @@ def test_body_needing_two_kernels_is_declined():
 def test_bool_and_double_buffers(rng):
     """bool tensors are uchar in OpenCL memory; float64 enables cl_khr_fp64."""
     opencl_or_skip()
-    from host_runtime.gpu import run_kernel
     a = te.placeholder((5, 7), "float32", name="a")
     c = te.placeholder((5, 7), "bool", name="c")
     m = te.compute((5, 7), lambda i, j: te.select(c[i, j], a[i, j], -a[i, j]), name="m")
@@ -206,7 +209,6 @@ def _attrs_of(name):
     (lambda s: s.replace("barrier(CLK_LOCAL_MEM_FENCE);", "printf(CLK_LOCAL_MEM_FENCE);", 1), "call of 'printf'"),
 ])
 def test_crafted_opencl_source_is_refused(edit, why):
-    from host_runtime.gpu import check_gpu_attrs
     attrs = _attrs_of("dense")
     assert check_gpu_attrs(attrs) is None
     bad = dict(attrs, source=edit(attrs["source"]))
@@ -216,8 +218,6 @@ def test_crafted_opencl_source_is_refused(edit, why):
 
 
 def test_opencl_clamp_must_match_the_array_size():
-    import re
-    from host_runtime.gpu import check_gpu_attrs
     attrs = _attrs_of("dense")
     n = attrs["params"][0][0][0] * attrs["params"][0][0][1]
     src = re.sub(rf", {n}\)\]", f", {n * 1000})]", attrs["source"], count=1)
@@ -230,8 +230,6 @@ def test_tensor_names_do_not_shadow_builtins(rng):
     """An input named 'int' and an output named 'tanh' (the elementwise op's compute name) get
     renamed in the OpenCL C, so the call to tanh() still means the builtin."""
     opencl_or_skip()
-    from compiler.ops import elemwise as ew
-    from host_runtime.gpu import run_kernel
     a = te.placeholder((3, 70), "float32", name="int")
     y = ew.tanh(a)
     k = build_gpu(gpu.schedule_gpu([y]), [a, y], "opencl", "k_tanh")

@@ -8,6 +8,12 @@ from compiler.frontend import zoo
 from compiler.module import CompiledModule
 from host_runtime.executor import ExecutorError, ModuleFormatError
 from tests.compiler.gpu.gpu_helpers import opencl_or_skip, ptxas_check
+from compiler.ops import gpu, registry  # noqa: F401 - gpu registers the GPU kernels
+from host_runtime.executor import TRUST_PTX_ENV
+from compiler.ops import gpu_tune
+from compiler.ops.gpu_tune import GpuTuneError, GpuTuner
+from host_runtime.executor import format_profile, profile_summary
+from host_runtime.gpu import CudaDevice
 
 # PoCL compiles each kernel at its first launch (seconds for a conv; cached in ~/.cache/pocl), so
 # two nets run by default and the rest under -m slow; every conv/dense variant runs in test_gpu_kernels.
@@ -52,7 +58,6 @@ def test_zoo_model_on_opencl_slow(name):
 
 def test_op_without_gpu_kernel_falls_back_to_cpu_with_reason(monkeypatch):
     opencl_or_skip()
-    from compiler.ops import gpu, registry  # noqa: F401
     monkeypatch.setitem(registry.IMPLS, ("softmax", "cuda"), [])
     monkeypatch.setitem(registry.DECLINED, ("softmax", "cuda"), "declined for the test")
     m = zoo.mlp()
@@ -103,7 +108,6 @@ def test_cuda_target_emits_ptx_that_ptxas_accepts(tmp_path):
 
 def test_cuda_module_without_a_cuda_device_says_so():
     try:
-        from host_runtime.gpu import CudaDevice
         CudaDevice()
         pytest.skip("a CUDA device exists here")
     except Exception:  # noqa: BLE001
@@ -116,7 +120,6 @@ def test_cuda_module_without_a_cuda_device_says_so():
 def test_ptx_from_a_file_runs_only_when_the_user_trusts_the_file(tmp_path, monkeypatch):
     """PTX cannot be verified on load (unlike OpenCL C and CPU kernel IR): refused by default,
     named with the option that accepts it."""
-    from host_runtime.executor import TRUST_PTX_ENV, ModuleFormatError
     mod = compiler.build_model(zoo.mlp(), target="cuda")
     p = tmp_path / "mlp_cuda.accm"
     mod.save(p)
@@ -143,7 +146,6 @@ def test_qdq_model_on_opencl_matches_cpu_target_exactly():
 
 def test_tuning_log_makes_a_rebuild_a_lookup(tmp_path):
     opencl_or_skip()
-    from compiler.ops import gpu_tune
     m = zoo.mlp()
     log = tmp_path / "gpu_tune.json"
     mod = compiler.build_model(m, target="opencl", tune=str(log))
@@ -167,7 +169,6 @@ def test_tuning_log_makes_a_rebuild_a_lookup(tmp_path):
 
 
 def test_broken_tuning_log_is_one_error(tmp_path):
-    from compiler.ops.gpu_tune import GpuTuneError, GpuTuner
     p = tmp_path / "t.json"
     p.write_text("[1, 2")
     with pytest.raises(GpuTuneError, match="t.json"):
@@ -176,7 +177,6 @@ def test_broken_tuning_log_is_one_error(tmp_path):
 
 def test_profile_counts_gpu_time():
     opencl_or_skip()
-    from host_runtime.executor import format_profile, profile_summary
     m = zoo.mlp()
     mod = compiler.build_model(m, target="opencl")
     _, rows = mod.run(zoo.sample_inputs(m, 1)[0])

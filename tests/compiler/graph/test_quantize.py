@@ -157,7 +157,7 @@ class _Reader:
 
 @pytest.mark.parametrize("name,symmetric", [("mlp", True), ("residual_block", False), ("transformer_encoder", True)])
 def test_quantize_onnxruntime_qdq_model_imports_close_to_float(tmp_path, name, symmetric):
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static  # noqa: PLC0415 - optional dep onnxruntime
     m = zoo.MODELS[name]()
     onnx.save(m, tmp_path / "m.onnx")
     feeds = zoo.sample_inputs(m, 5, seed=2)

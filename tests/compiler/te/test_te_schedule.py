@@ -7,6 +7,8 @@ from compiler import lower, te
 from compiler.errors import LowerError, ScheduleError
 from compiler.tir import For, ForKind, collect
 from tests.compiler.conftest import run_schedule
+from compiler.tir import Allocate
+from compiler.errors import CodegenError
 
 
 def matmul(n=16, m=12, k=8, name="C"):
@@ -134,7 +136,6 @@ def test_compute_at_shrinks_the_buffer(rng):
 
 
 def te_alloc():
-    from compiler.tir import Allocate
     return Allocate
 
 
@@ -213,7 +214,6 @@ def test_annotations_appear_in_loop_ir(rng):
 
 
 def test_bind_gpu_thread_is_lowered_but_not_built_for_cpu():
-    from compiler.errors import CodegenError
     A = te.placeholder((64,), name="A")
     B = te.compute((64,), lambda i: A[i] + 1.0, name="B")
     s = te.create_schedule(B)
