@@ -174,9 +174,11 @@ class CpuTuner:
                 new.append(rec)
                 done[_canon(cfg)] = rec["time_s"]
             append_records(self.path, new)
+            if done.get(_canon(cands[0]), 0) is None:   # the heuristic kernel fails: so does the build's
+                break
         timed = {c: t for c, t in done.items() if t is not None}
         if not timed:
-            log.warning("%s %s: no candidate built; the heuristics stay", wl.impl, list(wl.shapes))
+            log.info("%s %s: the kernel does not build; nothing tuned", wl.impl, list(wl.shapes))
             return {}
         best = min(timed, key=timed.get)
         dflt = done.get(_canon(cands[0]))
