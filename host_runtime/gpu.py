@@ -297,7 +297,10 @@ class CudaDevice:
 
     def _open(self) -> None:
         cu = self.cu
-        err, = cu.cuInit(0)
+        try:
+            err, = cu.cuInit(0)
+        except Exception as e:  # noqa: BLE001 - cuda-python without a driver library raises its own types
+            raise GpuError(f"no CUDA device: cuInit failed ({type(e).__name__}: {str(e)[:200]})") from None
         if int(err) != 0:
             raise GpuError(f"no CUDA device: cuInit failed ({err})")
         err, n = cu.cuDeviceGetCount()

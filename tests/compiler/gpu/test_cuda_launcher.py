@@ -116,6 +116,10 @@ def test_launcher_loads_ptx_packs_pointers_and_copies_each_way():
 def test_no_device_and_driver_errors_are_gpu_errors():
     with pytest.raises(GpuError, match="no CUDA device found"):
         CudaDevice(driver=FakeCuda(devices=0))
+    broken = FakeCuda()
+    broken.cuInit = lambda flags: (_ for _ in ()).throw(OSError("libcuda.so.1: cannot open shared object file"))
+    with pytest.raises(GpuError, match="no CUDA device: cuInit failed .*libcuda"):
+        CudaDevice(driver=broken)     # cuda-python installed, no driver: still one GpuError
     cu = FakeCuda({"add": _add_kernel()})
     cu.cuModuleLoadData = lambda image: (218, None)          # CUDA_ERROR_INVALID_PTX
     with pytest.raises(GpuError, match="loading the PTX of add: error 218"):
