@@ -1,5 +1,6 @@
 """The `accel` command line: every subcommand, its errors (one line, exit 2) and round trips."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,18 @@ def test_cli_help_on_every_subcommand(capsys, argv):
         main(argv + ["--help"])
     assert e.value.code == 0
     assert "usage: accel" in capsys.readouterr().out
+
+
+def test_cli_help_loads_no_subcommand_package():
+    """`accel --help` builds no subcommand's arguments, so it imports none of the packages they use
+    (build_parser fills only the parser argv names)."""
+    code = ("import sys\nfrom accel.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'compiler', 'host_runtime', 'flows', 'sim', "
+            "'amaranth', 'onnx', 'dask', 'matplotlib', 'llvmlite'}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]"
 
 
 @pytest.mark.parametrize("launcher", ["module", "console-script"])
