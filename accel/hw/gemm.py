@@ -106,13 +106,15 @@ class GemmCore(wiring.Component):
     """
 
     def __init__(self, cfg: AccelConfig, *, dsp_packing: bool | None = None):
-        """dsp_packing: two products per multiplier (None: wherever packing_shift allows it)."""
+        """dsp_packing: two products per multiplier; None: the config's dsp_packing, which applies
+        wherever packing_shift allows it (True where it cannot is a ValueError)."""
         self.cfg = cfg
         shift = packing_shift(cfg.inp_width, cfg.wgt_width)
         if dsp_packing and shift is None:
             raise ValueError(f"dsp_packing: inp_width {cfg.inp_width} x wgt_width {cfg.wgt_width} does not "
                              f"fit a {DSP_A_BITS}x{DSP_B_BITS} multiplier packed (8 x 8 does)")
-        self.pack_shift = shift if dsp_packing is not False and cfg.block_out > 1 else None
+        packing = cfg.dsp_packing if dsp_packing is None else dsp_packing
+        self.pack_shift = shift if packing and cfg.block_out > 1 else None
         self.acc_bits = cfg.batch * cfg.block_out * cfg.acc_width
         super().__init__({
             "in_valid": In(1), "in_acc": In(cfg.acc_idx_bits), "in_inp": In(cfg.inp_idx_bits),

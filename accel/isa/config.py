@@ -50,6 +50,7 @@ _RULES = {
     "dram_addr_width": "allowed range is [16, 48]",
     **{k: f"allowed range is [1, {MAX_OUTSTANDING}]" for k in ("read_outstanding", "write_outstanding")},
     "clock_mhz": "allowed range is [1, 1000]",
+    "dsp_packing": "true or false",
 }
 
 
@@ -80,6 +81,9 @@ class AccelConfig:
     write_outstanding: write bursts whose B response may be pending at once.
     dram_addr_width: DRAM address width in bits (byte addresses).
     clock_mhz: target clock, used for GOPS figures and board clocking.
+    dsp_packing: the GEMM core computes two products per multiplier where the widths allow it
+        (8-bit inputs and weights: two int8 products per DSP48E1, accel/hw/gemm.py); false, one
+        product per multiplier (fewer LUTs, twice the DSPs).
     """
 
     batch: int = 1
@@ -101,6 +105,7 @@ class AccelConfig:
     write_outstanding: int = 4
     dram_addr_width: int = 32
     clock_mhz: float = 100.0
+    dsp_packing: bool = True
 
     def __post_init__(self):
         self._validate()
@@ -112,6 +117,10 @@ class AccelConfig:
     def _validate(self):
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.type in ("bool", bool):
+                if not isinstance(v, bool):
+                    self._fail(f.name, "must be true or false")
+                continue
             want = float if f.type in ("float", float) else int
             if isinstance(v, bool) or not isinstance(v, (int, float)) or (want is int and not isinstance(v, int)):
                 self._fail(f.name, f"must be {'a number' if want is float else 'an integer'} "

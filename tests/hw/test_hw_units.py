@@ -8,8 +8,10 @@ from amaranth.hdl import Elaboratable, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.sim import Simulator
+from hypothesis import given, settings, strategies as st
 
 from accel.isa import AccelConfig, AluOp, flush_immediate, preset
+from accel.isa.errors import ConfigError
 from accel.hw.alu import TensorAlu, alu_lane
 from accel.isa.config import ALU_OPCODE_BITS
 from accel.hw.dma import ReadDMA
@@ -17,6 +19,10 @@ from accel.hw.gemm import GemmCore
 from accel.hw.queues import Queue
 from accel.hw.stage import POP_PREV, PUSH_NEXT, StageControl
 from sim.fsim import alu_apply, flush_requant
+from accel.hw.gemm import DSP_A_BITS, packed_weights, packing_shift, split_packed
+from accel.hw.gemm import split_pair
+from accel.hw.axi import AxiMaster
+from accel.hw.gemm import packed_dots
 
 CFG = preset("tiny")
 BATCH2 = AccelConfig(batch=2, block_in=4, block_out=4, uop_buff_bytes=1024, inp_buff_bytes=1024, wgt_buff_bytes=2048,
@@ -151,7 +157,6 @@ def test_gemm_core_one_uop_per_cycle_with_back_to_back_hazards(cfg):
 def test_dsp_packing_model_is_exact_for_every_int8_triple():
     """The bit slicing's Python model against plain products for all 2**24 (inp, w_hi, w_lo);
     the packed operand stays within the DSP48E1's 25-bit signed port."""
-    from accel.hw.gemm import DSP_A_BITS, packed_weights, packing_shift, split_packed
     shift = packing_shift(8, 8)
     assert shift == 16
     w = np.arange(-128, 128, dtype=np.int64)
@@ -164,12 +169,17 @@ def test_dsp_packing_model_is_exact_for_every_int8_triple():
 
 
 def test_dsp_packing_shift_only_where_the_packed_operand_fits():
-    from accel.hw.gemm import GemmCore, packing_shift
     assert [packing_shift(i, w) for i, w in ((8, 8), (8, 16), (16, 8), (16, 16))] == [16, None, None, None]
     wide = AccelConfig(inp_width=16, wgt_width=16, block_in=4, block_out=4, uop_buff_bytes=1024,
                        inp_buff_bytes=1024, wgt_buff_bytes=2048, acc_buff_bytes=4096, out_buff_bytes=1024)
     assert GemmCore(wide).pack_shift is None
     assert GemmCore(CFG).pack_shift == 16 and GemmCore(CFG, dsp_packing=False).pack_shift is None
+    off = CFG.replace(dsp_packing=False)     # the config's switch, kept through JSON
+    assert GemmCore(AccelConfig.from_json(off.to_json())).pack_shift is None
+    assert GemmCore(off, dsp_packing=True).pack_shift == 16
+    assert GemmCore(wide.replace(dsp_packing=True)).pack_shift is None   # True applies where it fits
+    with pytest.raises(ConfigError, match="dsp_packing.*true or false"):
+        AccelConfig(dsp_packing=1)
     with pytest.raises(ValueError, match="inp_width 16 x wgt_width 16"):
         GemmCore(wide, dsp_packing=True)
 
@@ -183,7 +193,6 @@ class _PackedDots(Elaboratable):
         self.hi, self.lo = Signal(signed(32)), Signal(signed(32))
 
     def elaborate(self, platform):
-        from accel.hw.gemm import packed_dots
         m = Module()
         hi, lo = packed_dots(self.inp, self.w_lo, self.w_hi, 16)
         m.d.comb += [self.hi.eq(hi), self.lo.eq(lo)]
@@ -222,7 +231,6 @@ def test_packed_products_rtl_every_input_and_weight_against_corner_partners():
 def test_packed_dot_products_rtl_sum_the_borrows_once_per_dot():
     """16-element dot products (the default block_in) with inputs and weights drawn towards the
     extremes, so that many low products are negative (many borrows) and sums reach 16 * 2**14."""
-    from hypothesis import given, settings, strategies as st
     int8 = st.one_of(st.sampled_from([-128, -127, -1, 0, 1, 127]), st.integers(-128, 127))
     vec = st.lists(int8, min_size=16, max_size=16)
     dut = _PackedDots(16)
@@ -256,7 +264,6 @@ def test_packed_dot_products_rtl_sum_the_borrows_once_per_dot():
 def test_dsp_packing_pair_split_model_is_exact_over_the_whole_low_range():
     """split_pair for every low sum two int8 products can reach (-2^15, 2^15] and high sums at
     their extremes: the one pattern 100...0 reads as +2^15."""
-    from accel.hw.gemm import split_pair
     lo = np.arange(-(1 << 15) + 1, (1 << 15) + 1, dtype=np.int64)
     for hi in (-(1 << 15), -16256, -1, 0, 1, 16256, 1 << 15):
         q = (hi << 16) + lo
@@ -609,7 +616,6 @@ def test_stage_control_pops_tokens_before_and_pushes_after_executing():
 def test_axi_read_address_stays_stable_while_arready_is_low():
     """AXI4: ARID/ARADDR/ARLEN must not change while ARVALID is high and ARREADY low. The
     combinational round robin switched to a higher-priority client that asked a cycle later."""
-    from accel.hw.axi import AxiMaster
     axi = AxiMaster(CFG)
     seen = []
 

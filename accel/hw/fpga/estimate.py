@@ -88,7 +88,7 @@ def multipliers(cfg: AccelConfig, family: str = "xc7") -> list[Mul]:
     gemm = Mul("compute.gemm", cfg.inp_width, cfg.wgt_width, cfg.inp_width + cfg.wgt_width, cfg.macs_per_cycle)
     from accel.hw.gemm import packing_shift      # (amaranth: imported only when counting)
     shift = packing_shift(cfg.inp_width, cfg.wgt_width)
-    if shift is not None and cfg.block_out > 1:  # two products per multiply (block_out is even)
+    if shift is not None and cfg.block_out > 1 and cfg.dsp_packing:  # two products per multiply
         packed = cfg.wgt_width + shift + 1
         gemm = Mul("compute.gemm", cfg.inp_width, packed, cfg.inp_width + packed, cfg.macs_per_cycle // 2)
     # fetch's fault check: a LOAD's padded rows x columns against the buffer (accel.hw.fetch.
