@@ -14,7 +14,8 @@ from .space import FAMILIES, Workload, tile_regs
 _FAMILY_LIST = sorted(set(FAMILIES.values()))
 #: numeric knobs (log2 of the value) and switches (0/1) in a fixed feature order
 _NUM_KNOBS = ("oc_bn", "ic_bn", "reg_n", "pw_oc", "pw_vecs", "dw_vecs", "mi", "bn", "nj", "k_unroll")
-_SWITCHES = (("order", "kernel_outer"), ("unroll_kw", True), ("dw_unroll", True))
+_SWITCHES = (("order", "kernel_outer"), ("unroll_kw", True), ("dw_unroll", True), ("parallel", False),
+             ("parallel", True))
 
 
 def features(wl: Workload, cfg: dict, registers: int = 32) -> np.ndarray:

@@ -95,6 +95,10 @@ def extract_workload(body: Graph, consts: dict | None = None) -> Workload | None
     return best
 
 
+#: the anchor loop on the thread pool: the heuristic, never, always
+PARALLEL = ["auto", False, True]
+
+
 def _macs(op: str, shapes: list, out_shape) -> int:
     """Multiply-accumulates of the anchor (orders workloads; a cost-model feature)."""
     out = math.prod(out_shape)
@@ -139,10 +143,11 @@ def space(wl: Workload) -> list[dict]:
             KH, KW = wl.shapes[1][2], wl.shapes[1][3]
             OW = wl.out_shape[3]
         ic_d, oc_d = cpu.conv_blocks(C, O)
-        default = {"reg_n": cpu.largest_divisor(OW, t.conv_reg_n), "order": "ic_outer", "unroll_kw": False}
+        default = {"reg_n": cpu.largest_divisor(OW, t.conv_reg_n), "order": "ic_outer", "unroll_kw": False,
+                   "parallel": "auto"}
         axes = {"reg_n": _divs(OW, (t.conv_reg_n, 4, 7, 8, 16, 28)),
                 "order": ["ic_outer", "kernel_outer"] if KH * KW > 1 else ["ic_outer"],
-                "unroll_kw": [False, True] if KW > 1 else [False]}
+                "unroll_kw": [False, True] if KW > 1 else [False], "parallel": PARALLEL}
         if fam == "conv_nchwc":
             default.update(ic_bn=ic_d, oc_bn=oc_d)
             axes["ic_bn"] = _divs(C, (t.conv_ic_bn, 4, 8, 32, 64))
@@ -154,25 +159,27 @@ def space(wl: Workload) -> list[dict]:
         O = wl.shapes[1][0]
         P = wl.out_shape[2] * wl.out_shape[3]
         d_oc, d_v = t.pointwise
-        default = {"pw_oc": d_oc, "pw_vecs": d_v}
-        pts = _product(default, pw_oc=_divs(O, (d_oc, 2, 4, 8, 16)), pw_vecs=[1, 2, 3, 4, 6])
+        default = {"pw_oc": d_oc, "pw_vecs": d_v, "parallel": "auto"}
+        pts = _product(default, pw_oc=_divs(O, (d_oc, 2, 4, 8, 16)), pw_vecs=[1, 2, 3, 4, 6], parallel=PARALLEL)
         return [p for k, p in enumerate(pts) if k == 0 or (
             cpu.largest_divisor(O, p["pw_oc"]) * p["pw_vecs"] <= regs - 2 and vl * p["pw_vecs"] <= 2 * P)]
     if fam == "depthwise":
-        return _product({"dw_vecs": 1, "dw_unroll": True}, dw_vecs=[1, 2, 4], dw_unroll=[True, False])
+        return _product({"dw_vecs": 1, "dw_unroll": True, "parallel": "auto"}, dw_vecs=[1, 2, 4],
+                        dw_unroll=[True, False], parallel=PARALLEL)
     if fam == "dense":
         (M, K), N = wl.shapes[0], wl.shapes[1][0]
         _, bn = cpu.dense_block(M, N)
-        default = {"mi": cpu.largest_divisor(M, t.rows), "bn": bn, "k_unroll": 4 if K % 4 == 0 else 1}
+        default = {"mi": cpu.largest_divisor(M, t.rows), "bn": bn, "k_unroll": 4 if K % 4 == 0 else 1,
+                   "parallel": "auto"}
         pts = _product(default, mi=_divs(M, (t.rows, 1, 2, 4, 6, 8, 12, 16)),
                        bn=[b for b in (8, 16, 32, 64) if b <= max(16, 2 * N)],
-                       k_unroll=[u for u in (1, 2, 4, 8) if K % u == 0])
+                       k_unroll=[u for u in (1, 2, 4, 8) if K % u == 0], parallel=PARALLEL)
         return [p for k, p in enumerate(pts) if k == 0 or p["mi"] * -(-p["bn"] // vl) <= regs - 2]
     if fam == "matmul":
         M, N = wl.shapes[0][-2], wl.shapes[1][-1]
-        default = {"mi": cpu.largest_divisor(M, t.rows), "nj": cpu.largest_divisor(N, 2 * vl)}
+        default = {"mi": cpu.largest_divisor(M, t.rows), "nj": cpu.largest_divisor(N, 2 * vl), "parallel": "auto"}
         pts = _product(default, mi=_divs(M, (t.rows, 1, 2, 4, 6, 8, 12, 16)),
-                       nj=_divs(N, (2 * vl, vl // 2, vl, 4 * vl)))
+                       nj=_divs(N, (2 * vl, vl // 2, vl, 4 * vl)), parallel=PARALLEL)
         return [p for k, p in enumerate(pts) if k == 0 or p["mi"] * -(-p["nj"] // vl) <= regs - 2]
     raise KeyError(fam)   # pragma: no cover - FAMILIES and this function list the same families
 

@@ -78,6 +78,8 @@ def _check_record(rec, path, lineno: int) -> dict:
     for k, v in cfg.items():
         if isinstance(v, int) and not isinstance(v, bool) and v < 1:
             raise _bad(path, lineno, f"field 'config.{k}': expected a positive integer, got {v}")
+    if not isinstance(rec.get("confirmed", False), bool):
+        raise _bad(path, lineno, f"field 'confirmed': expected true or false, got {rec['confirmed']!r}")
     t = rec.get("time_s")
     if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
         raise _bad(path, lineno, f"field 'time_s': expected a positive number or null, got {t!r}")
@@ -106,11 +108,15 @@ def read_log(path: str | Path) -> list[dict]:
     return out
 
 
-def make_record(isa: dict, wl: Workload, cfg: dict, time_s: float | None, error: str | None = None) -> dict:
+def make_record(isa: dict, wl: Workload, cfg: dict, time_s: float | None, error: str | None = None,
+                confirmed: bool = False) -> dict:
+    """One log line; confirmed: re-timed against the heuristic point at the end of a search."""
     rec = {"version": VERSION, "isa": isa, "workload": wl.as_json(), "config": dict(cfg),
            "time_s": None if time_s is None or not math.isfinite(time_s) else float(time_s)}
     if error:
         rec["error"] = error[:300]
+    if confirmed:
+        rec["confirmed"] = True
     return rec
 
 
@@ -136,6 +142,7 @@ class TuningBook:
         self.isa = isa or host_isa()
         self.records: list[dict] = []
         self.best: dict[str, tuple[float, dict]] = {}
+        self._confirmed: set[str] = set()   # workloads with confirmed records: only those compete
 
     def load(self, path: str | Path) -> TuningBook:
         other = 0
@@ -155,6 +162,12 @@ class TuningBook:
         if t is None:
             return
         key = Workload.from_json(rec["workload"]).key
+        confirmed = bool(rec.get("confirmed"))
+        if confirmed and key not in self._confirmed:
+            self._confirmed.add(key)
+            self.best.pop(key, None)
+        elif key in self._confirmed and not confirmed:
+            return
         if key not in self.best or t < self.best[key][0]:
             self.best[key] = (t, dict(rec["config"]))
 

@@ -55,6 +55,13 @@ def knob(name: str, default):
     return default if cfg is None else cfg.get(name, default)
 
 
+def parallel_knob(heuristic: bool) -> bool:
+    """Whether the anchor's outer loop runs on the thread pool: knob "parallel" True/False, or
+    "auto" (the default) for the heuristic (a launch costs tens of microseconds)."""
+    v = knob("parallel", "auto")
+    return heuristic if v == "auto" else bool(v)
+
+
 def host_simd() -> tuple[int, int]:
     """(vector register bytes, vector registers) of the host the register tiles are sized for:
     AVX-512 64/32, AVX/AVX2 32/16, else 16/16. $KIT_VECTOR_BYTES (16, 32, 64) overrides."""
@@ -243,7 +250,8 @@ def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
     st.reorder(n, oc, oh, owo, owi, ob)
     fused = st.fuse(n, oc, oh)
     st.vectorize(ob)
-    st.parallel(fused)
+    if parallel_knob(True):
+        st.parallel(fused)
     s[CC].compute_at(st, owo)
     cst = s[CC]
     n, oc, oh, ow, ob = cst.op.axis
@@ -312,7 +320,7 @@ def schedule_dense_pack(outs):
     st.reorder(jo, io, ii, ji)
     outer = st.fuse(jo, io)
     st.vectorize(ji)
-    if M * NB * bn * K >= 1 << 16:
+    if parallel_knob(M * NB * bn * K >= 1 << 16):
         st.parallel(outer)
     s[CC].compute_at(st, outer)
     cst = s[CC]
@@ -348,7 +356,7 @@ def schedule_matmul(outs):
     outer = st.fuse(*axes[:-2], io) if len(axes) > 2 else io
     if nj >= 4:
         st.vectorize(ji)
-    if math.prod(C.shape) * K >= 1 << 16 and math.prod(C.shape[:-1]) // mi > 1:
+    if parallel_knob(math.prod(C.shape) * K >= 1 << 16 and math.prod(C.shape[:-1]) // mi > 1):
         st.parallel(outer)
     s[CC].compute_at(st, jo)
     cst = s[CC]
@@ -425,7 +433,7 @@ def schedule_conv2d_pointwise(outs):
         ost.unroll(pv)
     if pt >= 4:
         ost.vectorize(pl)
-    if work >= 1 << 16:
+    if parallel_knob(work >= 1 << 16):
         ost.parallel(outer)
     if tile_stage is None:
         return s
@@ -471,7 +479,7 @@ def schedule_depthwise_flat(outs):
         if OW >= 4:
             xo, xi = ost.split(x, min(vl, OW))
             ost.vectorize(xi)
-    if N * C * Q >= 1 << 13:
+    if parallel_knob(N * C * Q >= 1 << 13):
         ost.parallel(outer)
     if flat is not None:
         flat.set_scope("local")

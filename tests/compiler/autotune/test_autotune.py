@@ -124,6 +124,17 @@ def test_log_round_trip(tmp_path):
     assert Workload.from_json(recs[0]["workload"]).key == wl.key
 
 
+def test_confirmed_records_win_the_lookup(tmp_path):
+    """A search's end re-times its best against the heuristic; a lucky early sample loses."""
+    wl, isa = _wl(), host_isa()
+    path = tmp_path / "t.jsonl"
+    a, b = space(wl)[1:3]
+    append_records(path, [make_record(isa, wl, a, 1e-7), make_record(isa, wl, b, 2e-5),
+                          make_record(isa, wl, a, 3e-5, confirmed=True), make_record(isa, wl, b, 2e-5, confirmed=True),
+                          make_record(isa, wl, a, 1e-8)])
+    assert TuningBook(isa).load(path).lookup(wl) == b
+
+
 def test_other_isa_ignored_with_a_message(tmp_path, caplog):
     wl, isa = _wl(), host_isa()
     other = dict(isa, cpu="some-other-cpu")
@@ -146,6 +157,7 @@ def test_other_isa_ignored_with_a_message(tmp_path, caplog):
     (lambda r: json.dumps({**r, "config": {"mi": [1]}}), "'config'"),
     (lambda r: json.dumps({**r, "time_s": "fast"}), "'time_s'"),
     (lambda r: json.dumps({**r, "time_s": -1}), "'time_s'"),
+    (lambda r: json.dumps({**r, "confirmed": "yes"}), "'confirmed'"),
 ])
 def test_malformed_log_line_named(tmp_path, mutate, field):
     wl, isa = _wl(), host_isa()
