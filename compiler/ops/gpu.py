@@ -176,8 +176,8 @@ def schedule_gemm(outs, tile: int = 8, reg: int = 2, kt: int = 8):
     ko, ki = dst.split(k, min(kt, K))
     dax = list(dst.op.axis)
     dst.reorder(*dax[:-2], ko, ki, dax[-2], dax[-1])
-    dst.unroll(dax[-2])   # the RM x RN accumulators stay in registers (unrolling the output copy too
-    dst.unroll(dax[-1])   # made PoCL miscompile a fused dense+bias+relu: left rolled)
+    dst.unroll(dax[-2])   # the RM x RN accumulators stay in registers; the output copy stays rolled:
+    dst.unroll(dax[-1])   # unrolled, PoCL miscompiles partial tiles (docs/gpu.md, test_pocl_repro.py)
     for t in _inputs(dst.op):
         c = s.cache_read(t, "shared", [dst])
         s[c].compute_at(dst, ko)
