@@ -7,6 +7,7 @@ from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Store, e
 from sim.dram import DramModel, dram_preset
 from sim.tsim import Tsim, stage_of
 from sim.verilator.build import tools_available
+from sim.verilator.model import VerilatorModel
 
 TINY = PRESETS["tiny"]
 pytestmark = [pytest.mark.rtl,
@@ -18,7 +19,6 @@ DRAMS = {"default": DramModel(), "fast": DramModel(read_latency=1, write_latency
 
 
 def _agree(insns, dram=DramModel(), cfg=TINY):
-    from sim.verilator.model import VerilatorModel
     code = encode_program(insns, cfg).reshape(-1)
     image = np.zeros(1 << 16, np.uint8)
     image[0x1000:0x1000 + code.size] = code
@@ -132,3 +132,22 @@ def test_tsim_rtl_outstanding_limits_bind(dram):
             Gemm(uop_end=1, pop_prev=True), Finish()]
     slow = _agree(prog, dram, cfg=TIGHT)
     assert slow > _agree(prog, dram)        # four slots each (the default) finish sooner
+
+
+def test_tsim_cocotb_bench_throttled_overlapping_reads():
+    """The cocotb bench's memory (sim/rtl/axi_model.py) implements the same DramModel: with reads
+    overlapping and the DRAM slower than the bus, its counters equal tsim's."""
+    pytest.importorskip("cocotb")
+    from sim.rtl import RtlProgram, run_programs
+    dram = DramModel(read_latency=6, write_latency=4, bytes_per_cycle=3)
+    insns = [Load(mem_type=MemType.WGT, dram_base=0x40, y_size=4, x_size=3, x_stride=5, x_pad1=1),
+             Load(mem_type=MemType.INP, dram_base=0x100, y_size=5, x_size=2, x_stride=9, push_next=True),
+             Load(mem_type=MemType.ACC, dram_base=0x80, y_size=3, x_size=2, x_stride=4),
+             Store(dram_base=0x800, y_size=2, x_size=3), Gemm(uop_end=1, pop_prev=True), Finish()]
+    code = encode_program(insns, TINY).reshape(-1)
+    image = np.zeros(1 << 16, np.uint8)
+    image[0x1000:0x1000 + code.size] = code
+    run, = run_programs(TINY, [RtlProgram("overlap", image, 0x1000, len(insns))], "verilator", dram=dram)
+    assert run.status == "done" and not run.bus_error
+    want = Tsim(TINY, dram).run_insns(insns, 0x1000).counters()
+    assert {k: run.counters[k] for k in want} == want
