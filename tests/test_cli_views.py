@@ -53,7 +53,7 @@ def residual(tmp_path_factory):
     return d
 
 
-# ---- item 5: compiled models on the timing drivers -------------------------------------------------
+# ---- compiled models on the timing drivers -------------------------------------------------
 def _check_model_views(capsys, d: Path, driver: str):
     mod = CompiledModule.load(d / "m.accm")
     accel_steps = [s.name for s in mod.steps if s.kind == "accel"]
@@ -132,7 +132,7 @@ def test_cli_run_model_views_need_a_timing_driver_and_accelerator_layers(capsys,
     assert not (tmp_path / "t.json").exists()
 
 
-# ---- item 6: --explain and the reasons at run time ------------------------------------------------
+# ---- --explain and the reasons at run time ------------------------------------------------
 def _explain_model():
     """One node for each reason a node stays off the accelerator of the tiny config (block 4)."""
     b = zoo.ModelBuilder("explain", 3)
@@ -210,7 +210,7 @@ def test_cli_compile_explain_on_the_cpu_target(capsys, residual, tmp_path):
     assert rows["bn1"][1:3] == ["-", "-"] and "folded" in rows["bn1"]
 
 
-# ---- item 8: --calibration's shape ------------------------------------------------------------------
+# ---- --calibration's shape ------------------------------------------------------------------
 def test_cli_calibration_help_and_shape_check(capsys, residual, tmp_path):
     with pytest.raises(SystemExit):
         main(["compile", "--help"])
@@ -229,7 +229,7 @@ def test_cli_calibration_help_and_shape_check(capsys, residual, tmp_path):
     assert rc == 0 and not (tmp_path / "b.accm").exists()
 
 
-# ---- item 7: progress on a terminal only ------------------------------------------------------------
+# ---- progress on a terminal only ------------------------------------------------------------
 class _Tty(io.StringIO):
     def isatty(self):
         return True
@@ -314,7 +314,7 @@ def test_synth_progress_follows_the_tool_log(tmp_path):
     assert details == []
 
 
-# ---- item 8: designs that do not fit ----------------------------------------------------------------
+# ---- designs that do not fit ----------------------------------------------------------------
 def _standin_files(tmp_path, cfg_name):
     sys.path.insert(0, str(Path(__file__).resolve().parent / "fpga"))
     try:
