@@ -1,4 +1,4 @@
-"""Tuned vs untuned CPU schedules vs onnxruntime (issue 34, item 2): per network, the cpu target
+"""Tuned vs untuned CPU schedules vs onnxruntime: per network, the cpu target
 built with the heuristic schedules (an empty log), tuned on this machine (compiler.autotune: the
 cost model picks what to measure, --trials per kernel signature), rebuilt from the log (a lookup:
 the measurement count of that build is recorded and must be 0), and the three timed alternately
