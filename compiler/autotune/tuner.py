@@ -188,10 +188,11 @@ class CpuTuner:
         return json.loads(best)
 
 
-    def confirm(self, wl: Workload, default: dict, done: dict, ctx: _Measure, top: int = 2, rounds: int = 2) -> None:
-        """Re-time the heuristic point and the `top` fastest of this run in alternation (others'
-        load moves one measurement, rarely all of them in turn) and log the confirmed times: a
-        lookup prefers confirmed records, so one lucky or unlucky sample does not decide."""
+    def confirm(self, wl: Workload, default: dict, done: dict, ctx: _Measure, top: int = 2, rounds: int = 3) -> None:
+        """Re-time the heuristic point and the `top` fastest of this run in alternation and log
+        the confirmed times (the least of the rounds' medians: others' load only ever adds time,
+        and it moves one round, rarely all of them). A lookup prefers confirmed records and keeps
+        the heuristic unless a candidate beats it by a margin (tuning_log.MARGIN)."""
         mine = [c for c in done if c in ctx.built and done[c] is not None]
         if len(mine) < 2:
             return
@@ -205,7 +206,7 @@ class CpuTuner:
         recs = []
         for c in pick:
             t = float(min(times[c]))
-            recs.append(make_record(self.isa, wl, json.loads(c), t, confirmed=True))
+            recs.append(make_record(self.isa, wl, json.loads(c), t, confirmed=True, heuristic=c == _canon(default)))
             done[c] = t
         for r in recs:
             self.book.add(r)

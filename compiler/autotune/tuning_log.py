@@ -25,6 +25,8 @@ from .space import FAMILIES, Workload
 log = logging.getLogger(__name__)
 
 VERSION = 1
+#: a confirmed candidate replaces the heuristic point only when this much faster (time ratio)
+MARGIN = 0.97
 
 
 class TuningLogError(CompilerError):
@@ -78,8 +80,9 @@ def _check_record(rec, path, lineno: int) -> dict:
     for k, v in cfg.items():
         if isinstance(v, int) and not isinstance(v, bool) and v < 1:
             raise _bad(path, lineno, f"field 'config.{k}': expected a positive integer, got {v}")
-    if not isinstance(rec.get("confirmed", False), bool):
-        raise _bad(path, lineno, f"field 'confirmed': expected true or false, got {rec['confirmed']!r}")
+    for k in ("confirmed", "heuristic"):
+        if not isinstance(rec.get(k, False), bool):
+            raise _bad(path, lineno, f"field '{k}': expected true or false, got {rec[k]!r}")
     t = rec.get("time_s")
     if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
         raise _bad(path, lineno, f"field 'time_s': expected a positive number or null, got {t!r}")
@@ -109,14 +112,17 @@ def read_log(path: str | Path) -> list[dict]:
 
 
 def make_record(isa: dict, wl: Workload, cfg: dict, time_s: float | None, error: str | None = None,
-                confirmed: bool = False) -> dict:
-    """One log line; confirmed: re-timed against the heuristic point at the end of a search."""
+                confirmed: bool = False, heuristic: bool = False) -> dict:
+    """One log line; confirmed: re-timed against the heuristic point at the end of a search
+    (heuristic: this is that point)."""
     rec = {"version": VERSION, "isa": isa, "workload": wl.as_json(), "config": dict(cfg),
            "time_s": None if time_s is None or not math.isfinite(time_s) else float(time_s)}
     if error:
         rec["error"] = error[:300]
     if confirmed:
         rec["confirmed"] = True
+    if heuristic:
+        rec["heuristic"] = True
     return rec
 
 
@@ -143,6 +149,7 @@ class TuningBook:
         self.records: list[dict] = []
         self.best: dict[str, tuple[float, dict]] = {}
         self._confirmed: set[str] = set()   # workloads with confirmed records: only those compete
+        self._heuristic: dict[str, tuple[float, dict]] = {}   # confirmed time of the heuristic point
 
     def load(self, path: str | Path) -> TuningBook:
         other = 0
@@ -168,12 +175,23 @@ class TuningBook:
             self.best.pop(key, None)
         elif key in self._confirmed and not confirmed:
             return
+        if rec.get("heuristic") and confirmed:
+            old = self._heuristic.get(key)
+            if old is None or t < old[0]:
+                self._heuristic[key] = (t, dict(rec["config"]))
         if key not in self.best or t < self.best[key][0]:
             self.best[key] = (t, dict(rec["config"]))
 
     def lookup(self, wl: Workload) -> dict | None:
+        """The workload's configuration: the fastest confirmed one (the fastest measured when
+        none is confirmed), or the heuristic point unless that one is MARGIN faster."""
         hit = self.best.get(wl.key)
-        return dict(hit[1]) if hit else None
+        if hit is None:
+            return None
+        base = self._heuristic.get(wl.key)
+        if base is not None and hit[0] > MARGIN * base[0]:
+            return dict(base[1])
+        return dict(hit[1])
 
     def measured(self, wl: Workload) -> dict[str, float | None]:
         """canonical config -> time (None: failed) of this workload's records."""

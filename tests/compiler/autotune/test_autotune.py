@@ -135,6 +135,17 @@ def test_confirmed_records_win_the_lookup(tmp_path):
     assert TuningBook(isa).load(path).lookup(wl) == b
 
 
+def test_heuristic_kept_unless_clearly_beaten(tmp_path):
+    wl, isa = _wl(), host_isa()
+    h, a = space(wl)[0], space(wl)[1]
+    path = tmp_path / "t.jsonl"
+    append_records(path, [make_record(isa, wl, h, 1.00e-5, confirmed=True, heuristic=True),
+                          make_record(isa, wl, a, 0.99e-5, confirmed=True)])
+    assert TuningBook(isa).load(path).lookup(wl) == h     # 1% is noise
+    append_records(path, [make_record(isa, wl, a, 0.80e-5, confirmed=True)])
+    assert TuningBook(isa).load(path).lookup(wl) == a
+
+
 def test_other_isa_ignored_with_a_message(tmp_path, caplog):
     wl, isa = _wl(), host_isa()
     other = dict(isa, cpu="some-other-cpu")
