@@ -81,7 +81,10 @@ OPENCL_MEM_TYPES = {"float32": "float", "float64": "double", "float16": "half", 
                     "uint64": "ulong", "bool": "uchar"}
 _CALLS = {"get_group_id", "get_local_id", "barrier", "exp", "log", "sqrt", "tanh", "floor", "ceil", "rint", "trunc",
           "pow", "exp2", "log2", "sin", "cos", "fabs", "abs", "fmin", "fmax", "min", "max", "kit_idx", "kit_fdiv",
-          "kit_fmod", "kit_fdivl", "kit_fmodl", "if", "for"}
+          "kit_fmod", "kit_fdivl", "kit_fmodl", "if", "for", "select"}
+#: vector loads and stores: vloadN(kit_idx(off, n // N), ARRAY) and vstoreN(v, kit_idx(off, n // N), ARRAY)
+_VECTOR_CALL = re.compile(r"v(load|store)(2|4|8|16)$")
+_CONVERT = re.compile(r"convert_(u?char|u?short|u?int|u?long|float|double|half)(2|4|8|16)?$")
 _BANNED = {"__global", "global", "__constant", "constant", "__private", "private", "__generic", "generic", "asm",
            "__asm", "__asm__", "goto", "typedef", "struct", "union", "enum", "volatile", "static", "inline", "extern",
            "register", "__attribute__", "__kernel", "kernel", "restrict", "sizeof", "void", "while", "do", "switch",
@@ -149,6 +152,7 @@ def verify_opencl(attrs: dict, where: str = "kernel") -> None:
             if name in sizes and sizes[name] != n or name in _CALLS or _TYPE.match(name) or not 0 < n <= _MAX_ARRAY:
                 raise GpuError(f"{where}: array '{name}' declared with size {n} (repeated, reserved or too big)")
             sizes[name] = n
+    bare = _vector_accesses(body, sizes, where)   # positions of arrays passed whole to vloadN/vstoreN
     operand_end = lambda x: _ident(x) and not _TYPE.match(x) or x[0].isdigit() or x in (")", "]")  # noqa: E731
     for k, tok in enumerate(body):
         prev = body[k - 1] if k else "{"
@@ -161,9 +165,10 @@ def verify_opencl(attrs: dict, where: str = "kernel") -> None:
             raise GpuError(f"{where}: unary '{tok}' (pointer) is not allowed")
         if tok == "*" and (_TYPE.match(prev) or nxt in (")", ",")):
             raise GpuError(f"{where}: pointer types are not allowed in a kernel body")
-        if _ident(tok) and nxt == "(" and tok not in _CALLS:
+        if _ident(tok) and nxt == "(" and tok not in _CALLS and not _VECTOR_CALL.match(tok) \
+                and not _CONVERT.match(tok):
             raise GpuError(f"{where}: call of '{tok}' is not allowed")
-        if tok in sizes and nxt != "[":
+        if tok in sizes and nxt != "[" and k not in bare:
             raise GpuError(f"{where}: array '{tok}' used without an index")
         if tok == "[":
             if not (prev in sizes):
@@ -171,6 +176,59 @@ def verify_opencl(attrs: dict, where: str = "kernel") -> None:
             if k >= 2 and _TYPE.match(body[k - 2]):
                 continue   # a declaration, checked above
             _check_index(body, k, sizes[prev], prev, where)
+
+
+def _close(body: list[str], k: int) -> int:
+    """Index of the bracket closing the one at body[k]."""
+    depth = 0
+    for j in range(k, len(body)):
+        if body[j] in ("(", "["):
+            depth += 1
+        elif body[j] in (")", "]"):
+            depth -= 1
+            if depth == 0:
+                return j
+    return len(body)
+
+
+def _vector_accesses(body: list[str], sizes: dict, where: str) -> set[int]:
+    """Check every vloadN/vstoreN call: it must end '..., kit_idx(OFF, M), ARRAY)' with the
+    kit_idx its last-but-one argument and M = size(ARRAY) // N (so the N elements read or written
+    lie inside the array). Returns the positions of those ARRAY tokens."""
+    ok = set()
+    for k, tok in enumerate(body):
+        m = _VECTOR_CALL.match(tok)
+        if not m:
+            continue
+        lanes = int(m.group(2))
+        if k + 1 >= len(body) or body[k + 1] != "(":
+            raise GpuError(f"{where}: '{tok}' must be called")
+        end = _close(body, k + 1)
+        name = body[end - 1] if end < len(body) else ""
+        if end >= len(body) or body[end - 2] != "," or name not in sizes or body[end - 3] != ")":
+            raise GpuError(f"{where}: {tok} must take an array as its last argument")
+        # the clamped offset: 'kit_idx ( ... , M )' ending at end - 3, opened at depth 1 of the call
+        depth, j = 0, end - 3
+        while j > k:
+            if body[j] in (")", "]"):
+                depth += 1
+            elif body[j] in ("(", "["):
+                depth -= 1
+                if depth == 0:
+                    break
+            j -= 1
+        n = sizes[name]
+        if n < lanes:
+            raise GpuError(f"{where}: {tok} on '{name}' cannot be clamped to its size: {n} elements, "
+                           f"fewer than {lanes}")
+        if body[j - 1] != "kit_idx" or body[j - 2] not in ("(", ",") or (body[j - 2] == "(" and j - 2 != k + 1) \
+                or body[end - 5:end - 3] != [",", str(n // lanes)]:
+            raise GpuError(f"{where}: the offset of {tok} on '{name}' must be clamped to its size {n // lanes} "
+                           f"(in vectors of {lanes}) with kit_idx")
+        if body[j - 2] == "," and m.group(1) == "load" or body[j - 2] == "(" and m.group(1) == "store":
+            raise GpuError(f"{where}: {tok} arguments are out of order")
+        ok.add(end - 1)
+    return ok
 
 
 def _ident(x: str) -> bool:

@@ -20,7 +20,7 @@ from ..tir import dtype as dt
 from ..tir import expr as E
 from ..tir.stmt import Allocate, Evaluate, For, ForKind, PrimFunc
 from .llvm import CodegenLLVM, _FnState, llvm_type
-from .opencl import BARRIER, GpuKernel, launch_shape, shared_bytes
+from .opencl import BARRIER, GpuKernel, aligned_ramp, launch_shape, shared_bytes
 
 TRIPLE = "nvptx64-nvidia-cuda"
 #: the oldest architecture the PTX targets (Volta)
@@ -126,6 +126,26 @@ class CodegenNVPTX(CodegenLLVM):
             return
         super().s_Evaluate(s)
 
+    def _load(self, e: E.BufferLoad):
+        """A unit-stride vector load whose start is a multiple of its lanes is one aligned vector
+        load (ld.global.v4.f32 for float32x4): buffers start 256-byte aligned (cuMemAlloc), shared
+        tiles 16-byte aligned. Anything else: the CPU code generator's element-aligned load."""
+        lanes = dt.lanes(e.dtype)
+        if lanes == 1 or aligned_ramp(e.indices[0], lanes) is None or dt.is_bool(e.buffer.dtype):
+            return super()._load(e)
+        ety = llvm_type(e.buffer.dtype, memory=True)
+        p = self._addr(e.buffer, self.expr(e.indices[0].base))
+        vp = self.b.bitcast(p, ir.VectorType(ety, lanes).as_pointer())
+        return self.b.load(vp, align=lanes * max(1, dt.bits(e.buffer.dtype) // 8))
+
+    def _store(self, buf, indices, val, vdtype: str) -> None:
+        lanes = dt.lanes(vdtype)
+        if lanes == 1 or len(indices) != 1 or aligned_ramp(indices[0], lanes) is None or dt.is_bool(buf.dtype):
+            super()._store(buf, indices, val, vdtype)
+            return
+        p = self._addr(buf, self.expr(indices[0].base))
+        self.b.store(val, self.b.bitcast(p, val.type.as_pointer()), align=lanes * max(1, dt.bits(buf.dtype) // 8))
+
     def _nvvm(self, name: str, x):
         fn = self.module.globals.get(name)
         if fn is None:
@@ -147,29 +167,40 @@ class CodegenNVPTX(CodegenLLVM):
             if e.op == "call_extern":
                 raise CodegenError(f"kernel '{self.func_name}': extern call in a GPU kernel")
             return super().e_Call(e)
-        if e.dtype != "float32":
+        lanes = dt.lanes(e.dtype)
+        if (dt.with_lanes(e.dtype, 1) if lanes != 1 else e.dtype) != "float32":
             raise CodegenError(f"kernel '{self.func_name}': {e.op} on {e.dtype} has no PTX form here (float32 only)")
-        b = self.b
         args = [self.expr(a) for a in e.args]
+        if lanes == 1:
+            return self._call_f32(e.op, args)
+        out = ir.Constant(ir.VectorType(ir.FloatType(), lanes), ir.Undefined)
+        for k in range(lanes):   # the approximate units are scalar: lane by lane
+            c = ir.Constant(ir.IntType(32), k)
+            lane = [self.b.extract_element(a, c) if isinstance(a.type, ir.VectorType) else a for a in args]
+            out = self.b.insert_element(out, self._call_f32(e.op, lane), c)
+        return out
+
+    def _call_f32(self, op: str, args):
+        b = self.b
         x = args[0]
-        if e.op == "exp":
+        if op == "exp":
             return self._exp2(b.fmul(x, self._f(_LOG2E)))
-        if e.op == "exp2":
+        if op == "exp2":
             return self._exp2(x)
-        if e.op == "log":
+        if op == "log":
             return b.fmul(self._log2(x), self._f(_LN2))
-        if e.op == "log2":
+        if op == "log2":
             return self._log2(x)
-        if e.op == "pow":
+        if op == "pow":
             return self._exp2(b.fmul(args[1], self._log2(x)))
-        if e.op == "sin":
+        if op == "sin":
             return self._nvvm("llvm.nvvm.sin.approx.f", x)
-        if e.op == "cos":
+        if op == "cos":
             return self._nvvm("llvm.nvvm.cos.approx.f", x)
-        if e.op == "tanh":   # 1 - 2 / (exp(2x) + 1), saturating at +-1 for large |x|
+        if op == "tanh":   # 1 - 2 / (exp(2x) + 1), saturating at +-1 for large |x|
             ex = self._exp2(b.fmul(x, self._f(2 * _LOG2E)))
             return b.fsub(self._f(1.0), b.fdiv(self._f(2.0), b.fadd(ex, self._f(1.0))))
-        raise CodegenError(f"kernel '{self.func_name}': no PTX lowering for call '{e.op}'")
+        raise CodegenError(f"kernel '{self.func_name}': no PTX lowering for call '{op}'")
 
 
 _TM = None

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ..errors import CodegenError
 from ..tir import dtype as dt
 from ..tir import expr as E
+from ..tir.arith import Linear, linear
 from ..tir.functor import Mutator
 from ..tir.stmt import (Allocate, AttrStmt, BufferStore, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc,
                         SeqStmt, Stmt)
@@ -179,12 +180,33 @@ def mtype(dtype: str, where: str = "") -> str:
     return "uchar" if dtype == "bool" else ctype(dtype, where)
 
 
+#: vector widths OpenCL C has types (floatN) and vloadN/vstoreN for
+VECTOR_LANES = (2, 4, 8, 16)
+
+
 def ctype(dtype: str, where: str = "") -> str:
-    if dt.lanes(dtype) != 1:
-        raise CodegenError(f"{where}: vector type {dtype} in a GPU kernel (do not vectorize GPU schedules)")
-    if dtype not in _CTYPES:
+    n = dt.lanes(dtype)
+    base = dt.with_lanes(dtype, 1) if n != 1 else dtype
+    if n != 1 and (n not in VECTOR_LANES or base == "bool"):
+        raise CodegenError(f"{where}: vector type {dtype} has no OpenCL C form (lanes {', '.join(map(str, VECTOR_LANES))}"
+                           ", not bool)")
+    if base not in _CTYPES:
         raise CodegenError(f"{where}: type {dtype} has no OpenCL C type")
-    return _CTYPES[dtype]
+    return _CTYPES[base] + (str(n) if n != 1 else "")
+
+
+def aligned_ramp(idx, lanes: int) -> E.PrimExpr | None:
+    """For a unit-stride Ramp whose base is provably a multiple of `lanes` (every coefficient and
+    the constant of its linear form are): the base divided by lanes, the vector's index in units
+    of whole vectors (vloadN's offset; NVPTX: a lanes-aligned vector access). Else None."""
+    if not isinstance(idx, E.Ramp) or not E.is_const(idx.stride, 1) or idx.lanes != lanes:
+        return None
+    lin = linear(idx.base)
+    if lin.const % lanes or any(c % lanes for _, c in lin.terms.values()):
+        return None
+    out = Linear(lin.dtype, lin.const // lanes)
+    out.terms = {k: [a, c // lanes] for k, (a, c) in lin.terms.items()}
+    return out.to_expr()
 
 
 class CodegenOpenCL:
@@ -293,6 +315,11 @@ class CodegenOpenCL:
         if len(s.indices) != 1:
             raise CodegenError(f"kernel '{self.func.name}': store to '{s.buffer.name}' is not flattened")
         v = self.expr(s.value)
+        lanes = dt.lanes(s.value.dtype)
+        if lanes != 1:
+            self.emit(f"vstore{lanes}({v}, {self.vector_offset(s.buffer, s.indices[0], lanes)}, "
+                      f"{self.name(s.buffer, s.buffer.name)});")
+            return
         if s.buffer.dtype == "bool":
             v = f"(uchar)({v})"
         self.emit(f"{self.name(s.buffer, s.buffer.name)}[{self.index(s.buffer, s.indices[0])}] = {v};")
@@ -364,13 +391,40 @@ class CodegenOpenCL:
         if len(e.indices) != 1:
             raise CodegenError(f"kernel '{self.func.name}': load of '{e.buffer.name}' is not flattened")
         ctype(e.dtype, f"kernel '{self.func.name}'")
-        v = f"{self.name(e.buffer, e.buffer.name)}[{self.index(e.buffer, e.indices[0])}]"
+        lanes = dt.lanes(e.dtype)
+        name = self.name(e.buffer, e.buffer.name)
+        if lanes != 1:
+            idx = e.indices[0]
+            if aligned_ramp(idx, lanes) is not None:
+                return f"vload{lanes}({self.vector_offset(e.buffer, idx, lanes)}, {name})"
+            if isinstance(idx, E.Ramp) and isinstance(idx.stride, E.IntImm):
+                # unaligned or strided: the lanes one by one (each index clamped), as a vector literal
+                base = self.expr(idx.base)
+                parts = [f"{name}[{self.index_text(e.buffer, f'({base} + {k * idx.stride.value})')}]"
+                         for k in range(lanes)]
+                return f"(({ctype(e.dtype)})({', '.join(parts)}))"
+            raise CodegenError(f"kernel '{self.func.name}': gather from '{e.buffer.name}' with index {idx} has no "
+                               "OpenCL form; keep this loop scalar")
+        v = f"{name}[{self.index(e.buffer, e.indices[0])}]"
         return f"({v} != 0)" if e.buffer.dtype == "bool" else v
+
+    def vector_offset(self, buf, idx, lanes: int) -> str:
+        """vloadN/vstoreN's offset (in whole vectors), clamped so the vector lies in the array;
+        the runtime's verifier requires exactly this form."""
+        off = aligned_ramp(idx, lanes)
+        n = max(1, buf.numel())
+        if off is None or n < lanes:
+            raise CodegenError(f"kernel '{self.func.name}': vector access of '{buf.name}' at {idx} is not a whole "
+                               f"aligned {lanes}-vector inside its {n} elements")
+        return f"kit_idx({self.expr(off)}, {n // lanes})"
 
     def index(self, buf, idx) -> str:
         """Every index clamped to its array (kit_idx): the runtime refuses kernels without it, so a
         kernel from a file cannot reach memory outside its buffers (host_runtime.gpu.verify_opencl)."""
-        return f"kit_idx({self.expr(idx)}, {max(1, buf.numel())})"
+        return self.index_text(buf, self.expr(idx))
+
+    def index_text(self, buf, text: str) -> str:
+        return f"kit_idx({text}, {max(1, buf.numel())})"
 
     def _bin(self, e, op):
         return f"({self.expr(e.a)} {op} {self.expr(e.b)})"
@@ -402,6 +456,8 @@ class CodegenOpenCL:
             return f"({a} - floor({a} / {b}) * {b})" if mod else f"floor({a} / {b})"
         if isinstance(e.b, E.IntImm) and e.b.value > 0 and _nonneg(e.a):
             return f"({a} {'%' if mod else '/'} {b})"
+        if dt.lanes(e.dtype) != 1:
+            raise CodegenError(f"kernel '{self.func.name}': vector floor division; keep this loop scalar")
         if e.dtype == "int64":
             return f"kit_f{'mod' if mod else 'div'}l({a}, {b})"
         return f"(({ctype(e.dtype)})kit_f{'mod' if mod else 'div'}((int)({a}), (int)({b})))" \
@@ -418,10 +474,26 @@ class CodegenOpenCL:
     def e_Max(self, e): return self._minmax(e, False)
 
     def e_Select(self, e):
+        if dt.lanes(e.cond.dtype) != 1:
+            # component-wise: select(false, true, mask) needs a mask of the values' width
+            if dt.bits(e.dtype) != 32:
+                raise CodegenError(f"kernel '{self.func.name}': vector select on {e.dtype}; keep this loop scalar")
+            return f"select({self.expr(e.false_value)}, {self.expr(e.true_value)}, {self.expr(e.cond)})"
         return f"(({self.expr(e.cond)}) ? {self.expr(e.true_value)} : {self.expr(e.false_value)})"
 
     def e_Cast(self, e):
+        if dt.lanes(e.dtype) != 1:
+            return f"convert_{ctype(e.dtype)}({self.expr(e.value)})"
         return f"(({ctype(e.dtype)})({self.expr(e.value)}))"
+
+    def e_Broadcast(self, e):
+        return f"(({ctype(e.dtype)})({self.expr(e.value)}))"
+
+    def e_Ramp(self, e):
+        if not isinstance(e.stride, E.IntImm):
+            raise CodegenError(f"kernel '{self.func.name}': ramp with a variable stride; keep this loop scalar")
+        base = self.expr(e.base)
+        return f"(({ctype(e.dtype)})({', '.join(f'({base} + {k * e.stride.value})' for k in range(e.lanes))}))"
 
     def e_Call(self, e):
         if e.op == "fabs":
@@ -447,6 +519,10 @@ def _nonneg(e) -> bool:
         return True   # loop variables run from 0 (the lowering's loops all start there)
     if isinstance(e, (E.Add, E.Mul, E.FloorDiv, E.FloorMod)):
         return _nonneg(e.a) and _nonneg(e.b)
+    if isinstance(e, E.Ramp):
+        return _nonneg(e.base) and isinstance(e.stride, E.IntImm) and e.stride.value >= 0
+    if isinstance(e, E.Broadcast):
+        return _nonneg(e.value)
     return False
 
 

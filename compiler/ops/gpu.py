@@ -34,7 +34,9 @@ THREADS = 256
 MAX_Z = 64
 #: knob -> allowed values (the tuner's search space)
 GPU_KNOBS = {"threads": (64, 128, 256, 512), "tile": (4, 8, 16), "reg": (1, 2, 4), "kt": (4, 8, 16),
-             "rc": (1, 4, 8)}
+             "rc": (1, 4, 8), "vec": (1, 4)}
+#: vector width of global loads and stores where the innermost axis allows (float4, ld.global.v4)
+VEC = 4
 
 
 def _as_list(outs):
@@ -56,10 +58,17 @@ def inline_all(s, outs, keep=()) -> None:
             st.compute_inline()
 
 
-def _bind_flat(st, threads: int = THREADS):
-    """Fuse the stage's axes and spread them over blocks of `threads` threads; the thread axis."""
+def _bind_flat(st, threads: int = THREADS, vec: int = 1):
+    """Fuse the stage's axes and spread them over blocks of `threads` threads; the thread axis.
+    vec > 1: each thread takes `vec` consecutive elements of the innermost axis as one vector
+    (when that axis is a multiple of vec), so its loads and stores are vector accesses."""
     axes = list(st.op.axis)
     size = math.prod(int(a.dom.extent.value) for a in axes) if axes else 1
+    if vec > 1 and axes and int(axes[-1].dom.extent.value) % vec == 0 and size >= vec:
+        outer, lane = st.split(axes[-1], vec)
+        axes = axes[:-1] + [outer]
+        size //= vec
+        st.vectorize(lane)
     f = st.fuse(*axes) if len(axes) > 1 else axes[0]
     t = min(threads, max(1, size))
     bo, ti = st.split(f, t)
@@ -68,12 +77,19 @@ def _bind_flat(st, threads: int = THREADS):
     return ti
 
 
-def _coop_load(s, cache, block: tuple[int, int, int]) -> None:
-    """A shared cache stage filled by the whole block: its elements spread over the block's threads."""
+def _coop_load(s, cache, block: tuple[int, int, int], vec: int = 1) -> None:
+    """A shared cache stage filled by the whole block: its elements spread over the block's threads;
+    vec > 1: rows whose length is a multiple of vec are copied vec elements (one vector) per thread."""
     st = s[cache]
     axes = list(st.op.axis)
     bx, by, bz = block
     ext = [int(a.dom.extent.value) for a in axes]
+    if vec > 1 and len(axes) > 1 and ext[-1] % vec == 0 and ext[-1] // vec >= 2:
+        col, lane = st.split(axes[-1], vec)
+        st.vectorize(lane)
+        axes[-1] = col
+        ext[-1] //= vec
+        bx = _pow2_at_most(ext[-1], bx)
     if len(axes) > 1 and ext[-1] >= bx and math.prod(ext[:-1]) >= by * bz:
         # rows x columns: the row index over (tz, ty), the column over tx; no div/mod by the row length
         rows = st.fuse(*axes[:-1]) if len(axes) > 2 else axes[0]
@@ -132,18 +148,18 @@ def _to_local(s, main, out_t):
 
 
 # ---------------------------------------------------------------- injective
-def schedule_injective(outs, threads: int = THREADS):
+def schedule_injective(outs, threads: int = THREADS, vec: int = VEC):
     outs = _as_list(outs)
     s = te.create_schedule([o.op for o in outs])
     inline_all(s, outs)
     for st in _stages(s):
         if st.op.axis:
-            _bind_flat(st, threads)
+            _bind_flat(st, threads, vec)
     return s
 
 
 # ---------------------------------------------------------------- dense / matmul
-def schedule_gemm(outs, tile: int = 8, reg: int = 2, kt: int = 8):
+def schedule_gemm(outs, tile: int = 8, reg: int = 2, kt: int = 8, vec: int = VEC):
     """(…, M, N) = sum_k: the last two output axes tiled over threads and registers, the leading
     (batch) axis over blockIdx.z; A and B tiles staged in shared memory per KT of k."""
     outs, s, main = _main_and_out(outs, ("dense", "matmul", "batch_matmul"))
@@ -181,7 +197,7 @@ def schedule_gemm(outs, tile: int = 8, reg: int = 2, kt: int = 8):
     for t in _inputs(dst.op):
         c = s.cache_read(t, "shared", [dst])
         s[c].compute_at(dst, ko)
-        _coop_load(s, c, (tn, tm, 1))
+        _coop_load(s, c, (tn, tm, 1), vec)
     return s
 
 
@@ -293,9 +309,9 @@ def schedule_kind(outs) -> str:
 
 #: schedule kind -> (function, the knobs it takes)
 SCHEDULES = {"conv": (schedule_conv2d, ("tile", "reg", "rc", "threads")),
-             "gemm": (schedule_gemm, ("tile", "reg", "kt")),
+             "gemm": (schedule_gemm, ("tile", "reg", "kt", "vec")),
              "rows": (schedule_rows, ("threads",)),
-             "injective": (schedule_injective, ("threads",))}
+             "injective": (schedule_injective, ("threads", "vec"))}
 
 
 def schedule_gpu(outs, knobs: dict | None = None):

@@ -20,7 +20,8 @@ from host_runtime.gpu import GpuError, open_device
 
 from ..codegen.opencl import build_gpu
 from ..graph.ir import Graph, Node
-from ..ops.gpu import schedule_gpu, schedule_kind
+from ..errors import CompilerError
+from ..ops.gpu import VEC, schedule_gpu, schedule_kind
 from ..ops.gpu_tune import GpuTuner
 from .base import get_target, register_target, write_source
 from .cpu import NATIVE_OPS, CpuTarget, KernelDeclined, Kernels, kernel_symbol, library_form
@@ -57,18 +58,39 @@ class GpuKernels(Kernels):
             try:
                 params = [t for t, _ in args] + [out]
                 if self.tuner is not None and anchor.schedule is schedule_gpu:
-                    k, rec = self.tuner.best(self.tuner.key(repr(key)), schedule_kind([out]), lambda knobs: build_gpu(
-                        schedule_gpu([out], knobs), params, self.gpu_target, name=sym))
+                    k, rec = self.tuner.best(self.tuner.key(repr(key)), schedule_kind([out]),
+                                             lambda knobs: self._build(out, params, sym, knobs))
                     self.tuning[sym] = {"knobs": rec["knobs"], "seconds": rec["seconds"],
                                         "candidates": len(rec.get("trials", []))}
+                elif anchor.schedule is schedule_gpu:
+                    k = self._build(out, params, sym, {})
                 else:
                     k = build_gpu(anchor.schedule([out]), params, self.gpu_target, name=sym)
-                if self.check:
-                    _check_locally(k)
+                    if self.check:
+                        _check_locally(k)
             except Exception as e:  # noqa: BLE001 - a schedule or back end that fails declines with why
                 raise KernelDeclined(f"GPU kernel failed to build: {type(e).__name__}: {str(e)[:300]}") from None
             hit = self.built[key] = (sym, k)
         return hit[0], [src for _, src in args], hit[1]
+
+
+    def _build(self, out, params, sym: str, knobs: dict):
+        """The kernel for `knobs`; when its vector loads and stores have no form here (a gather the
+        back end cannot print, a vector the local OpenCL compiler refuses), the same schedule with
+        scalar accesses (vec=1)."""
+        try:
+            k = build_gpu(schedule_gpu([out], knobs), params, self.gpu_target, name=sym)
+            if self.check:
+                _check_locally(k)
+            return k
+        except (CompilerError, GpuError) as e:   # codegen, lowering or the vectorizer
+            if knobs.get("vec", VEC) == 1:
+                raise
+            log.info("%s: vector accesses declined (%s); scalar loads and stores", sym, str(e)[:200])
+        k = build_gpu(schedule_gpu([out], {**knobs, "vec": 1}), params, self.gpu_target, name=sym)
+        if self.check:
+            _check_locally(k)
+        return k
 
 
 def _check_locally(k) -> None:
