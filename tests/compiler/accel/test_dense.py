@@ -144,3 +144,15 @@ def test_mlp_gemms_offload_batch1_classifier_stays_on_the_cpu():
     mod = build_model(from_onnx(c), target="accel", config="default", calibration=sample_inputs(c, 2, seed=1))
     fc = [r for r in mod.meta["partition"] if r["name"] == "fc"]
     assert fc and fc[0]["target"] == "cpu" and "memory-bound" in fc[0]["reason"]
+
+
+def test_dense_tuning_measures_the_dense_candidates(tmp_path):
+    """tune_conv2d on a dense layer measures its dense candidates on tsim and keeps the fastest;
+    the log makes the second call a lookup."""
+    from compiler.accel.tune import tune_conv2d
+    cfg, spec = PRESETS["tiny"], _spec(24, 20, 12)
+    log = tmp_path / "tune.json"
+    t, rec = tune_conv2d(spec, cfg, top=3, log_path=log)
+    cands = [c for _, c in conv2d_candidates(spec, cfg)[:3]]
+    assert t in cands and rec["cycles"] == min(r["cycles"] for r in rec["trials"]) and t.h_t == 1
+    assert tune_conv2d(spec, cfg, top=3, log_path=log) == (t, rec)
