@@ -24,16 +24,12 @@ import json
 import logging
 import os
 import signal
-import stat
 import sys
 import time
-import zipfile
-import zlib
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from numpy.lib import format as npf
 
 from accel import progress
 from accel.isa import INSN_BYTES, AccelConfig, Program, Symbol, assemble_file, disassemble, resolve_config
@@ -41,6 +37,11 @@ from accel.isa.errors import AccelError
 from accel.isa.files import write_atomic
 from accel.isa.program import MAX_DRAM_BYTES
 from accel.isa.schema import read_bounded
+from flows.inputs import calibration as _calibration
+from flows.inputs import force_specs, shape_specs
+from flows.inputs import read_inputs as _read_inputs
+from flows.inputs import same_file as _same_file
+from flows.inputs import spec_file as _spec_file
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {}
 
@@ -407,12 +408,8 @@ def _timing_outputs(args, prog, result) -> None:
 
 
 def _is_module_file(path: str) -> bool:
-    from host_runtime.executor import MAGIC
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(MAGIC)) == MAGIC
-    except OSError:
-        return False
+    from host_runtime.executor import is_module_file
+    return is_module_file(path)
 
 
 def _model_run_args(p: argparse.ArgumentParser) -> None:
@@ -424,134 +421,6 @@ def _model_run_args(p: argparse.ArgumentParser) -> None:
                    help="where outputs go: NAME=y.npy, y.npy (outputs in order), or one .npz of every output")
     g.add_argument("--profile", action="store_true", help="print the per-step profile (time, instructions, cycles)")
     g.add_argument("--profile-json", metavar="FILE", help="write the profile and its totals as JSON")
-
-
-#: the most bytes of array data one --input/--calibration file may hold once inflated (an .npz's
-#: members are compressed: their declared sizes are checked before anything is read)
-MAX_ARRAY_FILE_BYTES = 4 << 30
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
-
-
-def _npy_header(f, label: str) -> int:
-    """Read an .npy header at f's position; the bytes of data it promises. CliError (naming label)
-    for a malformed header, object arrays (they need pickle, never loaded) and non-numeric dtypes."""
-    try:
-        version = npf.read_magic(f)
-        read = {(1, 0): npf.read_array_header_1_0, (2, 0): npf.read_array_header_2_0}.get(version)
-        if read is None:
-            raise ValueError(f"unsupported .npy format version {version[0]}.{version[1]}")
-        shape, _, dtype = read(f)
-    except (ValueError, EOFError, SyntaxError, TypeError, OverflowError) as e:
-        raise CliError(f"{label}: not a valid .npy array (bad header: {_one_line(e)})") from None
-    if dtype.hasobject:
-        raise CliError(f"{label}: holds Python objects (dtype {dtype}); object arrays need pickle, which the kit "
-                       f"never loads")
-    if dtype.kind not in "biuf" or dtype.fields is not None:
-        raise CliError(f"{label}: dtype {dtype} is not numeric (bool, int, uint or float arrays only)")
-    n = 1
-    for d in shape:
-        n *= d
-    return n * dtype.itemsize
-
-
-def _load_array_file(path: str, what: str = "--input"):
-    """An .npy file -> its array; an .npz -> {name: array}. Pickles and object arrays are refused
-    (allow_pickle=False); a truncated, corrupt or non-numeric file -> one CliError naming it."""
-    label = f"{what} {path}"
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise CliError(f"{label}: not a regular file")
-            head = f.read(6)
-            f.seek(0)
-            if head == b"\x93NUMPY":
-                need = _npy_header(f, label)
-                have = st.st_size - f.tell()
-                if need > have:
-                    raise CliError(f"{label}: truncated .npy file: its header promises {need} bytes of data, "
-                                   f"the file holds {have}")
-                f.seek(0)
-                try:
-                    return np.lib.format.read_array(f, allow_pickle=False)
-                except (ValueError, EOFError, OSError, MemoryError) as e:
-                    raise CliError(f"{label}: corrupt .npy file ({_one_line(e)})") from None
-            if not head.startswith(b"PK"):
-                raise CliError(f"{label}: not an .npy or .npz file (pickled or unknown data; the kit loads no "
-                               f"pickles)")
-            try:
-                with zipfile.ZipFile(f) as z:
-                    infos = z.infolist()
-                    total = sum(i.file_size for i in infos)
-                    if total > MAX_ARRAY_FILE_BYTES:
-                        raise CliError(f"{label}: its arrays would take {total} bytes, more than the "
-                                       f"{MAX_ARRAY_FILE_BYTES} bytes an array file may hold")
-                    out = {}
-                    for i in infos:
-                        if not i.filename.endswith(".npy"):
-                            raise CliError(f"{label}: member {i.filename!r} is not an .npy array")
-                        key = i.filename[:-4]
-                        with z.open(i) as m:
-                            need = _npy_header(m, f"{label}: array {key!r}")
-                        if need > i.file_size:
-                            raise CliError(f"{label}: array {key!r} is truncated: its header promises {need} "
-                                           f"bytes of data, the member holds {i.file_size}")
-                        with z.open(i) as m:
-                            out[key] = np.lib.format.read_array(m, allow_pickle=False)
-                    return out
-            except (zipfile.BadZipFile, zlib.error, ValueError, EOFError, NotImplementedError, RuntimeError,
-                    MemoryError, KeyError) as e:
-                raise CliError(f"{label}: corrupt .npz file ({_one_line(e)})") from None
-    except OSError as e:
-        raise CliError(f"cannot read {path}: {e.strerror or _one_line(e)}") from None
-
-
-def _read_inputs(mod, specs: list[str]) -> dict:
-    names = mod.input_names
-    if not specs:
-        shapes = ", ".join(f"{n}: {mod.input_spec(n).dtype}{list(mod.input_spec(n).shape)}" for n in names)
-        raise CliError(f"give the model's inputs with --input ({shapes}), or --input random")
-    feeds, positional = {}, []
-    for spec in specs:
-        if spec == "random":
-            rng = np.random.default_rng(0)
-            for n in names:
-                t = mod.input_spec(n)
-                feeds.setdefault(n, rng.standard_normal(t.shape).astype(t.dtype))
-            continue
-        name, sep, file = spec.partition("=")
-        if not sep:
-            name, file = None, spec
-        if name is not None and name not in names:
-            raise CliError(f"--input {spec!r}: the model has no input {name!r}; inputs are {', '.join(names)}")
-        data = _load_array_file(file)
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(names))
-            if unknown:
-                raise CliError(f"--input {file}: arrays {', '.join(unknown)} are not inputs of the model "
-                               f"(inputs are {', '.join(names)})")
-            feeds.update(data)
-        elif name is not None:
-            feeds[name] = data
-        else:
-            positional.append((file, data))
-    rest = [n for n in names if n not in feeds]
-    if len(positional) > len(rest):
-        raise CliError(f"{len(positional)} unnamed --input file(s) for {len(rest)} remaining input(s) "
-                       f"({', '.join(rest) or 'none'})")
-    for n, (_, data) in zip(rest, positional):
-        feeds[n] = data
-    missing = [n for n in names if n not in feeds]
-    if missing:
-        raise CliError(f"no --input for {', '.join(missing)}")
-    for n in names:
-        t = mod.input_spec(n)
-        if tuple(np.shape(feeds[n])) != tuple(t.shape):
-            raise CliError(f"input {n!r}: expected shape {list(t.shape)}, got {list(np.shape(feeds[n]))}")
-    return feeds
 
 
 def _write_npy_atomic(path: Path, arrays) -> None:
@@ -683,63 +552,6 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="print one row per node: the target chosen and, for a node kept off the accelerator, why "
                         "(unsupported operator, grouped/depthwise, shape, slower by the cost estimate, --force, ...)")
     p.set_defaults(func=_compile)
-
-
-def shape_specs(specs) -> dict[str, list[int]]:
-    """--shape NAME=DxDx.. options -> {input name: dims}."""
-    shapes = {}
-    for spec in specs:
-        name, sep, dims = spec.partition("=")
-        try:
-            shapes[name] = [int(d) for d in dims.lower().split("x")]
-        except ValueError:
-            raise CliError(f"--shape {spec!r}: expected NAME=DxDx.., e.g. x=1x3x224x224") from None
-        if not sep or not name:
-            raise CliError(f"--shape {spec!r}: expected NAME=DxDx..")
-    return shapes
-
-
-def force_specs(specs) -> dict[str, str]:
-    """--force OP=accel|cpu options -> {ONNX op type: target}."""
-    force = {}
-    for spec in specs:
-        op, sep, tgt = spec.partition("=")
-        if not sep or not op or tgt not in ("accel", "cpu"):
-            raise CliError(f"--force {spec!r}: expected OP=accel or OP=cpu")
-        force[op] = tgt
-    return force
-
-
-def _calibration(path: str | None, graph_inputs: list, shapes: dict | None = None) -> list[dict] | None:
-    """--calibration FILE -> a list of feeds; each input's array must be (S, *input shape)."""
-    if path is None:
-        return None
-    names = [getattr(i, "name", i) for i in graph_inputs]
-    shapes = dict(shapes or {})
-    for i in graph_inputs:
-        if hasattr(i, "shape"):
-            shapes.setdefault(i.name, tuple(i.shape))
-    data = _load_array_file(path, "--calibration")
-    if not isinstance(data, dict):
-        if len(names) != 1:
-            raise CliError(f"--calibration {path}: a .npy serves one-input models; this one takes "
-                           f"{', '.join(names)} (use an .npz with one array per input name)")
-        data = {names[0]: data}
-    missing = [n for n in names if n not in data]
-    if missing:
-        raise CliError(f"--calibration {path}: no samples for input(s) {', '.join(missing)} (arrays in the file: "
-                       f"{', '.join(data) or 'none'})")
-    for n in names:
-        want = shapes.get(n)
-        got = tuple(np.shape(data[n]))
-        if want is not None and all(isinstance(d, int) for d in want) and (len(got) != len(want) + 1
-                                                                           or got[1:] != tuple(want)):
-            raise CliError(f"--calibration {path}: input {n!r} must have shape (S, {', '.join(map(str, want))}) "
-                           f"(S samples of shape {list(want)}), got {list(got)}")
-    counts = {len(data[n]) for n in names}
-    if len(counts) != 1:
-        raise CliError(f"--calibration {path}: inputs have different sample counts {sorted(counts)}")
-    return [{n: data[n][k] for n in names} for k in range(counts.pop())]
 
 
 def _compile(args) -> int:
@@ -1101,19 +913,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 #: argparse destinations naming files a command reads, and files or folders it writes
 _INPUT_ARGS = ("input", "model", "file", "calibration", "config", "workloads")
 _OUTPUT_ARGS = ("output", "dump_dram", "profile_json", "trace", "timeline", "counters", "save")
-
-
-def _spec_file(spec: str) -> str:
-    """The file of a NAME=FILE or ADDR=FILE spec (the spec itself when it is a file)."""
-    name, sep, file = spec.partition("=")
-    return file if sep and not os.path.exists(spec) else spec
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:   # one does not exist (yet): compare where they would be
-        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _refuse_overwriting_inputs(args) -> None:

@@ -1,4 +1,6 @@
-"""User-facing flows on top of every package (the top floor of DESIGN.md): `accel sweep`.
+"""User-facing flows on top of every package: `accel sweep`, `accel bisect`, lockstep runs, and the
+command-line inputs they share with the CLI (inputs.py).
 
-Nothing in accel/, sim/, compiler/ or host_runtime/ imports this package.
+Only accel.cli imports this package; nothing in accel.isa, accel.hw, sim, host_runtime or compiler
+does (the import-linter layers in pyproject.toml keep it so).
 """

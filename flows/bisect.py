@@ -26,18 +26,20 @@ from typing import Any, Callable
 
 import numpy as np
 
-from accel.isa.errors import AccelError
-from compiler.graph_build import build_model
-from compiler.graph import run as reference_run
-from host_runtime.executor import Executor
-from host_runtime import available_drivers
-from accel.cli import CliError, _calibration, _read_inputs, _same_file, _spec_file, force_specs, shape_specs
 from accel.isa import resolve_config
+from accel.isa.errors import AccelError
+from accel.isa.files import write_atomic
+from accel.isa.layout import unpack_blocked
 from compiler.errors import CompilerError
 from compiler.frontend import from_onnx
 from compiler.frontend.onnx_import import load_model
-from accel.isa.files import write_atomic
-from accel.isa.layout import unpack_blocked
+from compiler.graph import run as reference_run
+from compiler.graph_build import build_model
+from host_runtime import available_drivers
+from host_runtime.executor import Executor
+
+from .errors import InputError
+from .inputs import calibration, force_specs, read_inputs, same_file, shape_specs, spec_file
 
 log = logging.getLogger(__name__)
 
@@ -645,9 +647,9 @@ class _Inputs:
 
 def main(args) -> int:
     if args.json:
-        for src in [args.model, args.calibration] + [_spec_file(x) for x in args.inputs]:
-            if src and src != "random" and _same_file(args.json, src):
-                raise CliError(f"--json {args.json} is the same file as the input {src}; refusing to overwrite an "
+        for src in [args.model, args.calibration] + [spec_file(x) for x in args.inputs]:
+            if src and src != "random" and same_file(args.json, src):
+                raise InputError(f"--json {args.json} is the same file as the input {src}; refusing to overwrite an "
                                f"input (choose another output path)")
     ex = parse_executors(args.executors)
     tol = Tolerance.parse(args.tolerance)
@@ -658,9 +660,9 @@ def main(args) -> int:
         graph = from_onnx(model, shapes=shapes or None)
     except CompilerError as e:
         hint = " (give it with --shape NAME=DxDx..)" if "symbolic" in str(e) else ""
-        raise CliError(f"{args.model}: {e}{hint}") from None
-    feed = _read_inputs(_Inputs(graph), args.inputs)
-    cal = _calibration(args.calibration, graph.inputs)
+        raise InputError(f"{args.model}: {e}{hint}") from None
+    feed = read_inputs(_Inputs(graph), args.inputs)
+    cal = calibration(args.calibration, graph.inputs)
     report = bisect(model, feed, executors=ex, config=cfg, tolerance=tol, calibration=cal,
                     progress=_say if sys.stderr.isatty() and not getattr(args, "quiet", False) else None,
                     fuse=not args.no_fuse,

@@ -6,3 +6,7 @@ from accel.isa.errors import AccelError
 
 class SweepError(AccelError, ValueError):
     """A sweep space, model, option or results folder is unusable (the message names which and why)."""
+
+
+class InputError(AccelError, ValueError):
+    """An input file or command-line spec is unusable (the message names the option, file and why)."""

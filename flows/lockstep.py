@@ -16,16 +16,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from accel.isa import AccelConfig
-from sim.lockstep import LockstepError, LockstepResult, RecordingFsim, decode_at, lockstep
-from host_runtime import available_drivers
-from host_runtime import get_driver
-from host_runtime.device import Device, Driver, RunResult
-from host_runtime.executor import Executor
-from sim.fsim import Fsim
-from accel.cli import CliError, _is_module_file, _read_inputs
+from accel.isa import AccelConfig, Program
 from compiler.module import CompiledModule
-from accel.isa import Program
+from host_runtime import available_drivers, get_driver
+from host_runtime.device import Device, Driver, RunResult
+from host_runtime.executor import Executor, is_module_file
+from sim.fsim import Fsim
+from sim.lockstep import LockstepError, LockstepResult, RecordingFsim, decode_at, lockstep
+
+from .errors import InputError
+from .inputs import read_inputs
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +126,14 @@ def run_cli(args) -> int:
     a, b = parse_pair(args.lockstep)
     if getattr(args, "trace", None) or getattr(args, "timeline", None) or getattr(args, "counters", None) \
             or getattr(args, "dump_dram", None) or getattr(args, "outputs", None):
-        raise CliError("--lockstep compares two executors; it takes no --trace/--timeline/--counters/--dump-dram/"
+        raise InputError("--lockstep compares two executors; it takes no --trace/--timeline/--counters/--dump-dram/"
                        "--output")
-    if _is_module_file(args.input):
+    if is_module_file(args.input):
         mod = CompiledModule.load(args.input)
-        report = lockstep_model(mod, _read_inputs(mod, args.inputs), a, b)
+        report = lockstep_model(mod, read_inputs(mod, args.inputs), a, b)
     else:
         if args.inputs:
-            raise CliError(f"{args.input} is a program file; --input applies to compiled models (.accm)")
+            raise InputError(f"{args.input} is a program file; --input applies to compiled models (.accm)")
         report = lockstep_program(Program.load(args.input), a, b)
     print(report.text())
     return 1 if report.diverged else 0

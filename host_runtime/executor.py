@@ -73,6 +73,15 @@ DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"
 _PREAMBLE = 16 + 32          # magic, version, header length, header SHA-256
 
 
+def is_module_file(path) -> bool:
+    """True when `path` starts with a compiled model's magic (a cheap test before a full load)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
 class ModuleFormatError(HostRuntimeError):
     """A module file is unreadable, corrupt (a hash), malformed (a header field, a step, its kernel
     IR), of another format version, or built for another config; the message names the field."""

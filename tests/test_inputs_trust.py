@@ -19,7 +19,7 @@ import compiler
 from accel.cli import main
 from accel.isa.files import write_atomic
 from compiler.frontend.zoo import ModelBuilder
-import accel.cli
+import flows.inputs
 import accel.isa.files as files
 
 
@@ -239,7 +239,7 @@ def test_bad_npz_inputs_give_one_error_line(capsys, cpu_model, tmp_path):
 
 def test_npz_size_cap_missing_files_and_directories(capsys, cpu_model, tmp_path, monkeypatch):
     np.savez_compressed(tmp_path / "x.npz", x=GOOD)
-    monkeypatch.setattr(accel.cli, "MAX_ARRAY_FILE_BYTES", 100)   # checked on the zip's declared sizes
+    monkeypatch.setattr(flows.inputs, "MAX_ARRAY_FILE_BYTES", 100)   # checked on the zip's declared sizes
     _error(capsys, "more than the 100 bytes an array file may hold", "run", cpu_model / "m.accm",
            "--input", tmp_path / "x.npz")
     monkeypatch.undo()
