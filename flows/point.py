@@ -89,11 +89,15 @@ def _feeds(mod, seed: int = 0) -> dict:
     return feeds
 
 
-def run_model(cfg, name: str, blob: bytes, driver: str, force: dict, shapes: dict | None = None) -> dict:
-    """Compile `blob` for cfg and run it once on `driver`: cycles, counters and MACs by target."""
+def run_model(cfg, name: str, blob: bytes, driver: str, force: dict, shapes: dict | None = None,
+              dram: str | None = None) -> dict:
+    """Compile `blob` for cfg and run it once on `driver` (under DRAM preset `dram`, if given):
+    cycles, counters and MACs by target."""
     mod = compiler.build(blob, target="accel", config=cfg, force_target=force or None, name=name,
                          shapes=shapes or None)
     opts = {"helper": False} if driver == "tsim" else {}
+    if dram is not None:
+        opts["dram"] = dram
     _, prof = mod.run(_feeds(mod), driver=driver, num_threads=1, **opts)
     acc = [r for r in prof if r.get("target") == "accel"]
     out = {"cycles": sum(int(r.get("cycles") or 0) for r in acc), "accel_steps": len(acc),
@@ -178,7 +182,7 @@ def _evaluate(task: dict, blobs) -> dict:
         shapes = task.get("shapes") or [None] * len(blobs)
         for name, blob, shp in zip(task["models"], blobs, shapes):
             stage = f"model {name}: "
-            r = run_model(cfg, name, blob, task["driver"], task.get("force") or {}, shp)
+            r = run_model(cfg, name, blob, task["driver"], task.get("force") or {}, shp, task.get("dram"))
             per_model[name] = r
             rec[f"cycles:{name}"] = r["cycles"]
             for k, v in r.items():

@@ -35,6 +35,7 @@ from .store import ResultStore
 from accel.hw.boards import BOARDS, PARTS, BoardError
 from accel.hw.boards import board as lookup_board
 from accel.hw.boards import part as lookup_part
+from sim.dram import DRAM_PRESETS
 from .space import load_space
 
 log = logging.getLogger(__name__)
@@ -133,12 +134,16 @@ class Plan:
     driver: str
     kit: str
     energy: dict = field(default_factory=dict)
+    dram: str | None = None      # DRAM preset of the timing driver (sim/dram.py); None: the default
 
     def identity(self) -> dict:
         """Everything besides the config that a point's results depend on (part of its key)."""
-        return {"models": [m.sha for m in self.models], "shapes": [m.shapes for m in self.models], "kit": self.kit,
-                "driver": self.driver, "synth": self.synth, "part": self.part, "board_max_mhz": self.board_max_mhz,
-                "energy": self.energy, "force": self.space.force}
+        ident = {"models": [m.sha for m in self.models], "shapes": [m.shapes for m in self.models], "kit": self.kit,
+                 "driver": self.driver, "synth": self.synth, "part": self.part, "board_max_mhz": self.board_max_mhz,
+                 "energy": self.energy, "force": self.space.force}
+        if self.dram is not None:      # absent otherwise, so that earlier sweeps keep their keys
+            ident["dram"] = self.dram
+        return ident
 
     def point(self, values: dict) -> Point | None:
         """The point of `values`, or None when it breaks a constraint of the space."""
@@ -159,7 +164,7 @@ class Plan:
         return {"point": p.key, "params": p.values, "config": p.config, "models": [m.name for m in self.models],
                 "driver": self.driver, "synth": self.synth, "part": self.part, "board_max_mhz": self.board_max_mhz,
                 "energy": self.energy, "force": self.space.force, "shapes": [m.shapes for m in self.models],
-                "work_dir": str(out_dir / "synth" / p.key)}
+                "work_dir": str(out_dir / "synth" / p.key), "dram": self.dram}
 
 
 def _digest(obj) -> str:
@@ -250,7 +255,8 @@ def run_sweep(space: Space, models: list[str | Path] | list[Model], out_dir: str
               retry_failed: bool = False, memory_limit: str | None = None, kit: str | None = None,
               combos: list[dict] | None = None, shapes: dict | None = None,
               on_start: Callable[[int], None] | None = None,
-              on_record: Callable[[dict], None] | None = None, plot: bool = True) -> SweepResult:
+              on_record: Callable[[dict], None] | None = None, plot: bool = True,
+              dram: str | None = None) -> SweepResult:
     """Run (or resume) a sweep into out_dir; see the module doc. on_start(n) gets the number of
     points about to run, on_record(rec) each record as it lands (for a progress bar). kit: the
     kit identity in point keys (default kit_version()). combos: run exactly these parameter
@@ -260,6 +266,10 @@ def run_sweep(space: Space, models: list[str | Path] | list[Model], out_dir: str
         raise SweepError(f"--synth {synth!r}: choose {', '.join(SYNTH)}")
     if driver not in DRIVERS:
         raise SweepError(f"--driver {driver!r}: choose {', '.join(DRIVERS)}")
+    if dram is not None:
+        if not isinstance(dram, str) or dram.lower() not in DRAM_PRESETS:
+            raise SweepError(f"--dram {dram}: unknown DRAM preset; presets are {', '.join(DRAM_PRESETS)}")
+        dram = dram.lower()
     if workers is not None and workers < 0:
         raise SweepError(f"--workers {workers}: must be >= 0 (0 runs the points in this process)")
     strat, n = parse_strategy(strategy)
@@ -267,11 +277,13 @@ def run_sweep(space: Space, models: list[str | Path] | list[Model], out_dir: str
         _need_optuna()
     models = models if models and isinstance(models[0], Model) else load_models(models, space.shapes | (shapes or {}))
     part, max_mhz, label = resolve_target(board)
-    plan = Plan(space, models, part, max_mhz, label, synth, driver, kit or kit_version(), energy_table(space.energy))
+    plan = Plan(space, models, part, max_mhz, label, synth, driver, kit or kit_version(), energy_table(space.energy),
+                dram)
     out = Path(out_dir)
     store = ResultStore(out, space.swept, [m.name for m in models])
     write_atomic(out / "sweep.json", json.dumps({"space": space.to_dict(), "models": {m.name: m.sha for m in models},
                                                   "board": label, "part": part, "synth": synth, "driver": driver,
+                                                  "dram": dram,
                                                   "strategy": strategy, "kit": plan.kit}, indent=2, default=str) + "\n")
     runner = _Runner(scheduler, workers, memory_limit)
     try:
@@ -555,6 +567,8 @@ def add_arguments(p) -> None:
     p.add_argument("--synth", default="estimate", choices=SYNTH, help="resources: the estimate, yosys, or none "
                    "(default: %(default)s)")
     p.add_argument("--driver", default="tsim", choices=DRIVERS, help="cycle source (default: %(default)s)")
+    p.add_argument("--dram", metavar="NAME", help=f"DRAM timing preset of the driver: {', '.join(DRAM_PRESETS)} "
+                                                  f"(docs/dram.md; default: default)")
     p.add_argument("--strategy", default="grid", metavar="S", help="grid, random:N or optuna:N (default: %(default)s)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="static shape of a model input with symbolic dimensions (repeatable)")
@@ -602,7 +616,7 @@ def main(args) -> int:
         res = run_sweep(space, args.model, args.output, scheduler=args.scheduler, workers=args.workers,
                         board=args.board, synth=args.synth, driver=args.driver, strategy=args.strategy,
                         seed=args.seed, retry_failed=args.retry_failed, memory_limit=args.memory_limit,
-                        shapes=shapes,
+                        shapes=shapes, dram=args.dram,
                         on_start=on_start, on_record=on_record, plot=not args.no_plot)
     except KeyboardInterrupt:
         if bar["bar"] is not None:
