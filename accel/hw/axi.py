@@ -14,8 +14,8 @@ at most cfg.write_outstanding bursts awaiting their B: AWVALID waits for a free 
 All bursts are INCR with full-width beats (ARSIZE/AWSIZE = log2(bus bytes)); ARID is the read
 client's index, AWID 0. bus_error flags a response other than OKAY or with an unexpected ID.
 Quiescing (before the core is reset by start or SOFT_RESET): while `quiesce` is high no new AR or
-AW is offered, but one already offered stays until taken (AXI A3.2.1), a read burst in flight
-takes all its beats (rready high once its client is gone) and a write burst gets its B;
+AW is offered, but one already offered stays until taken (AXI A3.2.1), every read burst in
+flight takes all its beats (rready high once its client is gone) and every write burst its B;
 `idle` says that nothing is offered or in flight, so the core can be reset without breaking a
 transaction. The master itself is never reset mid-run for that reason.
 """
