@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from host_runtime.executor import Step
 from host_runtime.gpu import GpuError, open_device
 
+from ..autotune import TuneOptions
 from ..codegen.opencl import build_gpu
 from ..graph.ir import Graph, Node
 from ..errors import CompilerError
@@ -43,7 +44,9 @@ class GpuKernels(Kernels):
         self.built: dict = {}
         self.tuner = None
         self.tuning: dict[str, dict] = {} if tuning is None else tuning
-        if tune and target == "opencl":
+        if isinstance(tune, TuneOptions) and target == "opencl":   # the CPU tuner's options, same meaning
+            self.tuner = GpuTuner(tune.log, tune.trials, tune.batch, tune.explore, tune.seed)
+        elif tune and target == "opencl":
             self.tuner = GpuTuner(None if tune is True else tune)
         elif tune:
             log.warning("--tune: GPU kernels for %s are timed on a device of that kind; none here, defaults kept",

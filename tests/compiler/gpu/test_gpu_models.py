@@ -12,6 +12,7 @@ from compiler.ops import gpu, registry  # noqa: F401 - gpu registers the GPU ker
 from host_runtime.executor import TRUST_PTX_ENV
 from compiler.ops import gpu_tune
 from compiler.ops.gpu_tune import GpuTuneError, GpuTuner
+from compiler.autotune import TuneOptions
 from host_runtime.executor import format_profile, profile_summary
 from host_runtime.gpu import CudaDevice
 
@@ -147,14 +148,15 @@ def test_qdq_model_on_opencl_matches_cpu_target_exactly():
 def test_tuning_log_makes_a_rebuild_a_lookup(tmp_path):
     opencl_or_skip()
     m = zoo.mlp()
-    log = tmp_path / "gpu_tune.json"
-    mod = compiler.build_model(m, target="opencl", tune=str(log))
+    log = tmp_path / "gpu_tune.jsonl"
+    mod = compiler.build_model(m, target="opencl", tune=TuneOptions(log=log, trials=4))
     assert mod.meta["tuning"] and all(r["candidates"] >= 1 for r in mod.meta["tuning"].values())
-    table = __import__("json").loads(log.read_text())["gpu"]
-    assert len(table) == len(mod.meta["tuning"])
+    recs = gpu_tune.read_log(log)
+    assert {r["workload"]["key"] for r in recs if r["time_s"]} and len(recs) >= len(mod.meta["tuning"])
+    assert all(r["isa"]["triple"] == "opencl" and r["workload"]["impl"].startswith("gpu.") for r in recs)
     calls = []
     orig = gpu_tune.measure
-    gpu_tune.measure = lambda k, **kw: calls.append(k) or orig(k)
+    gpu_tune.measure = lambda k, **kw: calls.append(k) or orig(k, **kw)
     try:
         again = compiler.build_model(m, target="opencl", tune=str(log))
     finally:
