@@ -3,6 +3,9 @@ module loading, kernel argument packing, grid and block dimensions, copy directi
 Kernels run as their OpenCL twins on PoCL (same name, launch shape and parameters), so a cuda
 model runs end to end through the launcher without a GPU."""
 import ctypes
+import json
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -167,3 +170,19 @@ def test_cuda_model_runs_through_the_launcher_with_tensors_resident(monkeypatch)
     assert sum(e[0] == "DtoH" for e in cu.log) == len(cuda_mod.outputs)
     # the loaded PTX is the steps' own text
     assert {e[1] for e in cu.log if e[0] == "load"} == {s.attrs["source"] for s in steps}
+
+
+def test_device_check_script_reports_no_device_as_json():
+    """bench/gpu_device_check.sh (the one-call check for a GPU machine) runs here: no CUDA device
+    -> exit 2 and a JSON report that says why."""
+    try:
+        CudaDevice()
+        pytest.skip("a CUDA device exists here: the script would build and run the models")
+    except GpuError:
+        pass
+    root = Path(__file__).resolve().parents[3]
+    r = subprocess.run(["bash", str(root / "bench" / "gpu_device_check.sh"), "mlp"], capture_output=True, text=True,
+                       timeout=300, cwd=root)
+    assert r.returncode == 2, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    assert report["ok"] is False and "CUDA" in report["error"] and report["models"] == {}
