@@ -68,7 +68,11 @@ class CpuTuner:
         self.opts = options or TuneOptions()
         self.isa = host_isa()
         self.path = Path(self.opts.log) if self.opts.log is not None else default_log_path(self.isa)
-        self.book = TuningBook(self.isa).load(self.path)
+        if self.path is None and self.opts.trials > 0:
+            raise CompilerError("tuning needs a log to write: KIT_TUNE_DIR=off turns the default one off; name one")
+        self.book = TuningBook(self.isa)
+        if self.path is not None:
+            self.book.load(self.path)
         self.measurements = 0          # candidates built and timed by this tuner (tests count them)
         self.chosen: dict[str, dict] = {}   # workload key -> report row
         self._rng = np.random.default_rng(self.opts.seed)

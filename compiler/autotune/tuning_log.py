@@ -44,9 +44,12 @@ def isa_slug(isa: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{isa['triple']}-{isa['cpu']}-{isa['features']}")
 
 
-def default_log_path(isa: dict | None = None) -> Path:
-    """$KIT_TUNE_DIR/<isa>.jsonl, else <kernel cache dir>/cpu_tune/<isa>.jsonl."""
+def default_log_path(isa: dict | None = None) -> Path | None:
+    """$KIT_TUNE_DIR/<isa>.jsonl, else <kernel cache dir>/cpu_tune/<isa>.jsonl; None when
+    KIT_TUNE_DIR=off (builds then keep the heuristics unless given a log)."""
     env = os.environ.get("KIT_TUNE_DIR")
+    if env == "off":
+        return None
     root = Path(env) if env else default_cache_dir() / "cpu_tune"
     return root / f"{isa_slug(isa or host_isa())}.jsonl"
 

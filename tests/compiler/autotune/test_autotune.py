@@ -235,6 +235,14 @@ def test_default_log_of_the_isa_is_used(tiny_cnn, tmp_path):
     np.testing.assert_allclose(_run(plain, feed), _run(mod, feed), rtol=1e-5, atol=1e-5)
 
 
+def test_default_log_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_TUNE_DIR", "off")
+    assert default_log_path() is None
+    assert CpuTuner(TuneOptions()).book.best == {}
+    with pytest.raises(Exception, match="needs a log"):
+        CpuTuner(TuneOptions(trials=2))
+
+
 def test_failing_logged_config_falls_back(tiny_cnn, tmp_path):
     """A logged configuration the kernel cannot take (stale log) gives the heuristic schedule."""
     graph, feed = tiny_cnn
