@@ -800,7 +800,8 @@ class Executor:
             self.lib = load_library(m.kernels)
             self.lib.lib.kit_set_num_threads(ctypes.c_int(num_threads or default_num_threads()))
         # GPU steps keep tensors on the device; CPU steps fetch what they read (host_runtime.gpu)
-        self.gpu = DeviceTensors(self.views, m.consts) if m.count("gpu") else None
+        self.gpu = DeviceTensors(self.views, m.consts, [(t.addr, t.nbytes) for t in m.tensors]) \
+            if m.count("gpu") else None
         self._calls = [self._prepare(s) for s in m.steps]
         if self.gpu is not None:
             self._calls = [c if s.kind == "gpu" else self.gpu.host_step(c, [a[1] for a in s.args if a[0] == "t"],

@@ -433,23 +433,38 @@ class DeviceTensors:
     """Which copy of each tensor of one executor is current, the host arena's or the device's, so
     tensors stay on the device between GPU steps: constants are uploaded once, a tensor a GPU step
     reads is uploaded only when the host wrote it since, a GPU step's output is downloaded only
-    when a CPU step, a kept value or a model output needs it. Tensors never alias in a step's
-    lifetime (the memory plan), so each gets its own device buffer. `counts` says how many copies
-    and bytes went each way (tests, profiles)."""
+    when a CPU step, a kept value or a model output needs it. `slots` (per tensor, e.g. its
+    arena (address, size)) lets tensors the memory plan puts in the same place share one device
+    buffer: their lifetimes are disjoint, and filling the buffer for one drops the other's device
+    copy. `counts` says how many copies and bytes went each way (tests, profiles)."""
 
-    def __init__(self, views: list[np.ndarray], consts: list[np.ndarray]):
+    def __init__(self, views: list[np.ndarray], consts: list[np.ndarray], slots: list | None = None):
         self.views, self.consts = views, consts
-        self.bufs: dict[tuple, object] = {}      # (device kind, 't'|'c', ref) -> buffer
+        self.slots = slots if slots is not None else list(range(len(views)))
+        self.bufs: dict[tuple, object] = {}      # (device kind, 't', slot) | (device kind, 'c', ref) -> buffer
+        self.holder: dict[tuple, int] = {}       # a tensor buffer -> the tensor whose data it holds
         self.on_device: dict[int, object] = {}   # tensor -> the device whose copy is current
         self.host_stale: set[int] = set()        # tensors whose host copy is older than the device's
         self.counts = {"uploads": 0, "downloads": 0, "upload_bytes": 0, "download_bytes": 0}
 
+    def _key(self, dev, kind: str, ref: int) -> tuple:
+        return (dev.kind, kind, ref if kind == "c" else self.slots[ref])
+
     def _buf(self, dev, kind: str, ref: int, nbytes: int):
-        key = (dev.kind, kind, ref)
+        key = self._key(dev, kind, ref)
         b = self.bufs.get(key)
         if b is None:
             b = self.bufs[key] = dev.alloc(nbytes)
         return b
+
+    def _hold(self, dev, tid: int) -> None:
+        """Tensor `tid` now fills its device buffer: the tensor that held it has no device copy."""
+        key = self._key(dev, "t", tid)
+        prev = self.holder.get(key)
+        if prev is not None and prev != tid and self.on_device.get(prev) is dev:
+            self.on_device.pop(prev)
+            self.host_stale.discard(prev)   # dead by the memory plan: nothing to keep
+        self.holder[key] = tid
 
     def _upload(self, dev, buf, a: np.ndarray) -> None:
         dev.upload(buf, np.ascontiguousarray(a))
@@ -460,7 +475,7 @@ class DeviceTensors:
         """Make the host copy of tensor `tid` current (before a CPU step reads it)."""
         if tid in self.host_stale:
             dev = self.on_device[tid]
-            dev.download(self.views[tid], self.bufs[(dev.kind, "t", tid)])
+            dev.download(self.views[tid], self.bufs[self._key(dev, "t", tid)])
             self.host_stale.discard(tid)
             self.counts["downloads"] += 1
             self.counts["download_bytes"] += self.views[tid].nbytes
@@ -484,6 +499,8 @@ class DeviceTensors:
         """A GPU step's call on device-resident buffers; args are the step's ('t', tensor) and
         ('c', constant) references, `out` its output tensor."""
         launch = dev.prepare_kernel(attrs)
+        if any(k == "t" and self.slots[r] == self.slots[out] for k, r in args):
+            self.slots[out] = ("own", out)   # planned in place: the kernel writes a buffer of its own
 
         def call():
             bufs = []
@@ -498,10 +515,12 @@ class DeviceTensors:
                     if self.on_device.get(ref) is not dev:
                         self.to_host(ref)          # current on another device: through the host
                         self._upload(dev, b, self.views[ref])
+                        self._hold(dev, ref)
                         self.on_device[ref] = dev
                 bufs.append(b)
             bufs.append(self._buf(dev, "t", out, self.views[out].nbytes))
             launch(bufs)
+            self._hold(dev, out)
             self.on_device[out] = dev
             self.host_stale.add(out)
         return call

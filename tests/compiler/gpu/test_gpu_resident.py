@@ -120,3 +120,23 @@ def test_cpu_fallback_step_downloads_what_it_reads(monkeypatch):
     # the softmax's input comes down for the CPU; the output is the CPU's own: no download
     assert ex.gpu.counts["downloads"] == 1
     assert ex.gpu.counts["uploads"] == _consts_used(mod) + 1
+
+
+def test_tensors_in_one_planned_slot_share_a_device_buffer():
+    """t1 and t3 share a slot (the memory plan reuses t1's place for t3): one buffer; filling it
+    for t3 drops t1's device copy. A step whose output shares an input's slot (planned in place)
+    gets a buffer of its own."""
+    views = [np.zeros(4, np.float32) for _ in range(5)]
+    slots = ["x", "A", "B", "A", "B"]
+    dt, dev = DeviceTensors(views, [], slots), FakeDevice()
+    views[0][...] = 1
+    dt.gpu_step(dev, {}, [("t", 0)], 1)()          # t1 = x
+    dt.gpu_step(dev, {}, [("t", 1), ("t", 1)], 2)()  # t2 = 2 * t1
+    dt.gpu_step(dev, {}, [("t", 2), ("t", 2)], 3)()  # t3 = 2 * t2, into t1's slot
+    assert 1 not in dt.on_device and dt.on_device[3] is dev
+    assert len(dt.bufs) == 3                         # x, A, B
+    inplace = dt.gpu_step(dev, {}, [("t", 3), ("t", 2)], 4)  # t4 in t2's slot B, which it reads
+    inplace()
+    dt.to_host(4)
+    np.testing.assert_array_equal(views[4], 4 + 2)
+    assert len(dt.bufs) == 4 and dt.slots[4] == ("own", 4)
