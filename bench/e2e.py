@@ -490,10 +490,9 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--output", default=str(Path(__file__).parent / "results" / "e2e.json"))
     args = p.parse_args(argv)
     quick = args.quick
-    args.repeat = args.repeat or (4 if quick else 10)
-    args.cycles = args.cycles or (1 if quick else 2)
-    args.accel_runs = args.accel_runs or (1 if quick else 2)
-    args.dram = args.dram or ("none" if quick else "all")
+    for key, fast, full in (("repeat", 4, 10), ("cycles", 1, 2), ("accel_runs", 1, 2), ("dram", "none", "all")):
+        if getattr(args, key) is None:
+            setattr(args, key, fast if quick else full)
     args.no_qdq = args.no_qdq or quick
     for k in ("repeat", "cycles", "accel_runs"):
         if getattr(args, k) < 1:
@@ -505,6 +504,8 @@ def main(argv=None) -> int:
         light = LIGHT if args.light == "all" else [n.strip() for n in args.light.split(",") if n.strip()]
         nets += [f"light:{n}" for n in light]
     for n in nets:
+        if n.startswith("light:") and n.split(":", 1)[1] not in LIGHT:
+            p.error(f"--light {n.split(':', 1)[1]}: not a light model ({', '.join(LIGHT)})")
         if not n.startswith("light:") and n not in NETS:
             p.error(f"--nets {n}: unknown net; nets are {', '.join(NETS)} (and light:<model>)")
     dram_presets(args.dram)   # an unknown preset is refused before any work

@@ -318,3 +318,32 @@ def test_jit_modules_run_parallel_loops_on_the_c_runtime():
     after = native.stats()
     launched = sum(after[k] - before[k] for k in ("parallel_launches", "serial_launches", "backed_off_launches"))
     assert launched == 20
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_python_launcher_runs_every_chunk_once(threads):
+    """The launcher JIT modules fall back to without a C compiler: same contract."""
+    from compiler.codegen import runtime
+    counts = {}
+    lock = threading.Lock()
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
+    def worker(t, nt, _closure):
+        with lock:
+            counts[(t, nt)] = counts.get((t, nt), 0) + 1
+    addr = ctypes.cast(worker, ctypes.c_void_p).value
+    old = runtime.num_threads()
+    runtime.set_num_threads(threads)
+    try:
+        for n in (1, 2, 5, 64):
+            counts.clear()
+            for _ in range(10):
+                assert runtime._launch(addr, None, n) == 0
+            nts = {nt for _, nt in counts}
+            assert len(nts) == 1
+            nt = nts.pop()
+            assert nt == (1 if min(threads, n) == 1 else min(n, threads * runtime._CHUNKS_PER_THREAD))
+            assert counts == {(t, nt): 10 for t in range(nt)}
+    finally:
+        runtime.set_num_threads(old)
+        runtime._workers.pop(addr, None)

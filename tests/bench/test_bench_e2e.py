@@ -1,0 +1,54 @@
+"""bench/e2e.py: a quick run writes the JSON and prints the table; bad flags name themselves."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    spec = importlib.util.spec_from_file_location("bench_e2e", ROOT / "bench" / "e2e.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_quick_run_writes_json_and_table(e2e, tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    assert e2e.main(["--nets", "mlp", "--quick", "--repeat", "2", "--no-tsim", "-o", str(out)]) == 0
+    res = json.loads(out.read_text())
+    (net,) = res["nets"]
+    assert net["net"] == "mlp" and not [k for k in net if k.endswith("_error")]
+    for cond in ("cpu_quiet", "cpu_busy"):
+        assert net[cond]["ratio"] > 0 and len(net[cond]["runs"]) == 1
+        assert net[cond]["runs"][0]["runtime"].keys() >= {"parallel_launches", "backed_off_launches"}
+    assert net["cpu_max_rel_err"] < 1e-4 and 0.0 <= net["offload_fraction"] <= 1.0 and net["accel_host_s"] >= 0
+    assert res["parallel_runtime"]["adaptive"] in (0, 1, 2)
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split()[:4] == ["net", "cpu", "ms", "ort"] and "\nmlp " in table
+
+
+def test_table_has_a_column_per_dram_preset(e2e):
+    res = {"nets": [{"net": "a", "cpu_quiet": {"latency_s": 1e-3, "ort_latency_s": 2e-3, "ratio": 0.5},
+                     "offload_fraction": 0.5, "accel": {"vs_ideal": 1.2},
+                     "dram": {"zcu104": {"vs_ideal": 1.5}}, "accel_host_s": 1e-3},
+                    {"net": "b", "cpu_error": "x"}]}
+    lines = e2e.table(res).splitlines()
+    assert "zcu104" in lines[0]
+    assert lines[1].split() == ["a", "1.000", "2.000", "0.50", "-", "50.0%", "1.200", "1.500", "1.00"]
+    assert lines[2].split()[0] == "b" and set(lines[2].split()[1:]) == {"-"}
+
+
+@pytest.mark.parametrize("argv,what", [(["--nets", "nosuchnet"], "--nets nosuchnet"),
+                                       (["--dram", "nosuchboard"], "--dram nosuchboard"),
+                                       (["--repeat", "0"], "--repeat"),
+                                       (["--light", "nosuchmodel", "--nets", ""], "--light nosuchmodel")])
+def test_bad_flags_are_refused_by_name(e2e, argv, what, capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        e2e.main(argv + ["-o", str(tmp_path / "x.json")])
+    msg = str(e.value) if not isinstance(e.value.code, int) else capsys.readouterr().err
+    assert what in msg
+    assert not (tmp_path / "x.json").exists()
