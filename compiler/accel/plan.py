@@ -120,9 +120,10 @@ def dense_input_kept(row_blocks: int, in_blocks: int, cfg: AccelConfig, t: ConvT
     return t.w_t >= row_blocks or row_blocks * in_blocks + t.vt * (t.w_t * t.o_t if residual else 0) <= cfg.inp_depth
 
 
-#: cycles a dense tile costs beyond its stages' transfers and micro-ops (the token hand-offs
-#: between the stages, which small tiles do not hide); fitted on tsim over the small and medium
-#: layers of bench/accel_dense.py: the picks average 6.46x the ideal at 0, 5.83x at 20, 5.84x at 40
+#: cycles a dense tile (or input chunk) costs beyond its stages' transfers and micro-ops (the
+#: token hand-offs between the stages, which small tiles do not hide); fitted on tsim (four read
+#: bursts in flight) over 13 layers of bench/accel_dense.py: the picks average 5.23x the ideal at
+#: 0, 5.01x at 10, 4.87x at 20, 4.88x at 40
 DENSE_TILE_CYCLES = 20
 
 
@@ -140,15 +141,20 @@ def _estimate_dense(view: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
     read_row, write_row = dram.read_latency + 1, dram.write_latency + 1
     burst = cfg.max_burst_beats * bus
 
-    def rows(n, row_bytes, latency, back_to_back=False):
+    def rows(n, row_bytes, latency, back_to_back=False, outstanding=1):
+        """n rows of a transfer: their beats, or when bursts are short the latency each
+        `outstanding` of them wait together (the AXI master keeps that many in flight), then the
+        last one's latency."""
         if back_to_back:
             n, row_bytes = 1, n * row_bytes
-        return n * (row_bytes / bus + latency * _ceil(int(row_bytes), burst))
+        bursts = n * _ceil(int(row_bytes), burst)
+        return max(n * row_bytes / bus, latency * bursts / outstanding) + latency
+    k_rd, k_wr = cfg.read_outstanding, cfg.write_outstanding
     whole_k = t.ic_t >= g.cb
-    inp_chunk = rows(t.w_t, t.ic_t * cfg.inp_elem_bytes, read_row, whole_k)
-    wgt_chunk = rows(t.o_t, t.ic_t * cfg.wgt_elem_bytes, read_row, whole_k)
+    inp_chunk = rows(t.w_t, t.ic_t * cfg.inp_elem_bytes, read_row, whole_k, k_rd)
+    wgt_chunk = rows(t.o_t, t.ic_t * cfg.wgt_elem_bytes, read_row, whole_k, k_rd)
     whole_o = t.o_t >= g.ob
-    res_tile = rows(t.w_t, t.o_t * cfg.inp_elem_bytes, read_row, whole_o) if residual else 0
+    res_tile = rows(t.w_t, t.o_t * cfg.inp_elem_bytes, read_row, whole_o, k_rd) if residual else 0
     kept = dense_input_kept(rows_b, g.cb, cfg, t, residual)
     if n_ic == 1:   # resident weights (the next group's in pieces beside this one's tiles)
         load_tile = inp_chunk + CHUNK_CYCLES + res_tile + wgt_chunk / n_r
@@ -160,9 +166,14 @@ def _estimate_dense(view: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
     entries = t.o_t * t.w_t
     gemm_tile = entries * (g.cb + (1 if residual else 0)) + n_ic * (INSN_CYCLES + CHUNK_CYCLES)
     epilogue = min(tiles, t.vt) / tiles * entries + 3 * INSN_CYCLES
-    store_tile = rows(t.w_t, t.o_t * cfg.out_elem_bytes, write_row, whole_o)
+    store_tile = rows(t.w_t, t.o_t * cfg.out_elem_bytes, write_row, whole_o, k_wr)
     compute_tile = gemm_tile + epilogue
-    if t.vt > 1:   # the first group's tiles at their pace, the later groups' at theirs
+    if t.vt > 1 and n_ic > 1:   # chunks pipeline within a tile: each at the pace of its load or GEMM
+        stages = (inp_chunk + wgt_chunk + CHUNK_CYCLES, entries * t.ic_t + INSN_CYCLES + CHUNK_CYCLES)
+        chunk = max(stages) + OVERLAP_LOSS * min(stages) + DENSE_TILE_CYCLES   # a chunk hands off like a tile
+        tile = max(n_ic * chunk + res_tile + epilogue, store_tile)
+        total = first_load + tiles * tile + epilogue + store_tile
+    elif t.vt > 1:   # the first group's tiles at their pace, the later groups' at theirs
         def pace(load):
             stages = (load, compute_tile, store_tile)
             return max(stages) + OVERLAP_LOSS * (sum(stages) - max(stages)) + DENSE_TILE_CYCLES
