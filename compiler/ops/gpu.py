@@ -213,7 +213,7 @@ def _inputs(op) -> list:
 
 
 # ---------------------------------------------------------------- conv2d
-def schedule_conv2d(outs, tile: int = 8, reg: int = 4, rc: int = 4, threads: int = THREADS):
+def schedule_conv2d(outs, tile: int = 8, reg: int = 4, rc: int = 4, threads: int = THREADS, vec: int = VEC):
     outs, s, main = _main_and_out(outs, ("conv2d_nchw",))
     out_t = outs[0]
     D, ost = _to_local(s, main, out_t)
@@ -246,7 +246,7 @@ def schedule_conv2d(outs, tile: int = 8, reg: int = 4, rc: int = 4, threads: int
     for t in _inputs(dst.op):
         c = s.cache_read(t, "shared", [dst])
         s[c].compute_at(dst, rco)
-        _coop_load(s, c, (tx, ty, to))
+        _coop_load(s, c, (tx, ty, to), vec)   # rows of a multiple of 4 (1x1 convs) as vectors
     return s
 
 
@@ -308,7 +308,7 @@ def schedule_kind(outs) -> str:
 
 
 #: schedule kind -> (function, the knobs it takes)
-SCHEDULES = {"conv": (schedule_conv2d, ("tile", "reg", "rc", "threads")),
+SCHEDULES = {"conv": (schedule_conv2d, ("tile", "reg", "rc", "threads", "vec")),
              "gemm": (schedule_gemm, ("tile", "reg", "kt", "vec")),
              "rows": (schedule_rows, ("threads",)),
              "injective": (schedule_injective, ("threads", "vec"))}

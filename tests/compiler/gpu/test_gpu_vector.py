@@ -1,4 +1,4 @@
-"""Vector global loads and stores: elementwise kernels and the dense/matmul cooperative tile loads
+"""Vector global loads and stores: elementwise kernels and the conv/dense/matmul cooperative tile loads
 move 4 floats at a time (vload4/vstore4 in OpenCL C, ld.global.nc.v4 / st.v4 in PTX) where the
 innermost axis allows; checked on PoCL against numpy and with ptxas; the runtime's verifier only
 accepts vector accesses clamped to their array."""
@@ -12,6 +12,7 @@ from compiler.ops import gpu, nn
 from compiler.targets.gpu import GpuKernels
 from host_runtime.gpu import GpuError, check_gpu_attrs, run_kernel, verify_opencl
 from tests.compiler.gpu.gpu_helpers import opencl_or_skip, ptxas_check
+from tests.compiler.gpu.test_gpu_kernels import conv_ref
 
 
 def _ew(shape):
@@ -34,6 +35,12 @@ def _dense(m, k, n):
     return [a, w], nn.dense(a, w), lambda x, y: x @ y.T
 
 
+def _conv(xs, ws, strides=(1, 1), pads=(0, 0, 0, 0)):
+    x = te.placeholder(xs, "float32", name="x")
+    w = te.placeholder(ws, "float32", name="w")
+    return [x, w], nn.conv2d(x, w, strides, pads), lambda a, b: conv_ref(a, b, strides, pads)
+
+
 CASES = {   # name: (inputs, output, reference, whether the loads are whole aligned vectors)
     "elementwise_3x64": (*_ew((3, 64)), True),
     "elementwise_2x5x12": (*_ew((2, 5, 12)), True),
@@ -41,6 +48,8 @@ CASES = {   # name: (inputs, output, reference, whether the loads are whole alig
     "matmul_k20": (*_mm(33, 20, 18), True),            # A tiles: rows of 8 = 2 vectors
     "dense_k32": (*_dense(6, 32, 24), True),
     "dense_k18_unaligned": (*_dense(5, 18, 12), False),  # row stride 18: lanes one by one
+    "conv1x1_w16": (*_conv((1, 16, 8, 16), (32, 16, 1, 1)), True),   # input tile rows of 8
+    "conv3x3_padded": (*_conv((1, 4, 3, 3), (4, 4, 3, 3), pads=(1, 1, 1, 1)), False),
 }
 
 
