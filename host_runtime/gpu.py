@@ -397,7 +397,9 @@ class CudaDevice:
         key = hashlib.sha256(attrs["source"].encode()).hexdigest()
         mod = self.modules.get(key)
         if mod is None:
-            err, mod = cu.cuModuleLoadData(attrs["source"].encode() + b"\0")
+            # the image by address (a NUL-terminated buffer), as NVIDIA's cuda-python samples pass it
+            image = np.frombuffer(attrs["source"].encode() + b"\0", dtype=np.uint8)
+            err, mod = cu.cuModuleLoadData(image.ctypes.data)
             self._check(err, f"loading the PTX of {attrs['kernel']}")
             self.modules[key] = mod
         err, fn = cu.cuModuleGetFunction(mod, attrs["kernel"].encode())

@@ -45,8 +45,8 @@ class FakeCuda:
         return (0,)
 
     def cuModuleLoadData(self, image):
-        assert isinstance(image, bytes) and image.endswith(b"\0"), "PTX must be a NUL-terminated image"
-        self.log.append(("load", image[:-1].decode()))
+        assert isinstance(image, int), "the PTX image is passed by address"
+        self.log.append(("load", ctypes.string_at(image).decode()))   # up to its NUL
         return (0, ("module", len(self.log)))
 
     def cuModuleGetFunction(self, mod, name):
