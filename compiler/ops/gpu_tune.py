@@ -216,6 +216,8 @@ class GpuTuner:
         if timed:
             r = min(timed, key=lambda r: r["time_s"])
             return build(r["config"]), {"kind": kind, "knobs": r["config"], "seconds": r["time_s"], "trials": []}
+        if self.trials == 0:   # look up only: not in the log -> the defaults
+            return build({}), {"kind": kind, "knobs": {}, "seconds": None, "trials": []}
         return self.search(key, kind, build)
 
     def search(self, key: str, kind: str, build):
@@ -225,7 +227,7 @@ class GpuTuner:
         ref = None
         shapes: list = []
         new = []
-        budget = min(max(1, self.trials), len(cands))
+        budget = min(self.trials, len(cands))
         while len(done) < budget:
             todo = [c for c in cands if _canon(c) not in done]
             if not todo:

@@ -23,7 +23,7 @@ from ..codegen.opencl import build_gpu
 from ..graph.ir import Graph, Node
 from ..errors import CompilerError
 from ..ops.gpu import VEC, schedule_gpu, schedule_kind
-from ..ops.gpu_tune import GpuTuner
+from ..ops.gpu_tune import GpuTuneError, GpuTuner
 from .base import get_target, register_target, write_source
 from .cpu import NATIVE_OPS, CpuTarget, KernelDeclined, Kernels, kernel_symbol, library_form
 
@@ -44,7 +44,9 @@ class GpuKernels(Kernels):
         self.built: dict = {}
         self.tuner = None
         self.tuning: dict[str, dict] = {} if tuning is None else tuning
-        if isinstance(tune, TuneOptions) and target == "opencl":   # the CPU tuner's options, same meaning
+        if tune and target == "opencl" and not _has_opencl():
+            log.warning("--tune: no OpenCL device here to time kernels on; defaults kept")
+        elif isinstance(tune, TuneOptions) and target == "opencl":   # the CPU tuner's options, same meaning
             self.tuner = GpuTuner(tune.log, tune.trials, tune.batch, tune.explore, tune.seed)
         elif tune and target == "opencl":
             self.tuner = GpuTuner(None if tune is True else tune)
@@ -71,6 +73,8 @@ class GpuKernels(Kernels):
                     k = build_gpu(anchor.schedule([out]), params, self.gpu_target, name=sym)
                     if self.check:
                         _check_locally(k)
+            except GpuTuneError:
+                raise   # the tuning log: one error, not a CPU fallback per kernel
             except Exception as e:  # noqa: BLE001 - a schedule or back end that fails declines with why
                 raise KernelDeclined(f"GPU kernel failed to build: {type(e).__name__}: {str(e)[:300]}") from None
             hit = self.built[key] = (sym, k)
@@ -94,6 +98,14 @@ class GpuKernels(Kernels):
         if self.check:
             _check_locally(k)
         return k
+
+
+def _has_opencl() -> bool:
+    try:
+        open_device("opencl")
+        return True
+    except GpuError:
+        return False
 
 
 def _check_locally(k) -> None:

@@ -6,8 +6,10 @@ import math
 import numpy as np
 import pytest
 
+import compiler
 from compiler import te
 from compiler.codegen.opencl import build_gpu
+from compiler.frontend import zoo
 from compiler.ops import gpu, gpu_tune, nn
 from compiler.ops.gpu import GPU_KNOBS, SCHEDULES
 from compiler.ops.gpu_tune import GpuTuneError, GpuTuner, read_log, space
@@ -94,3 +96,18 @@ def test_malformed_log_line_names_line_and_field(tmp_path, line, field):
     p.write_text(json.dumps(_rec({}, 1e-3)) + "\n" + line + "\n")
     with pytest.raises(GpuTuneError, match=rf"t.jsonl:2: field '{field}"):
         GpuTuner(p)
+
+
+def test_look_up_only_builds_the_defaults_without_measuring(tmp_path):
+    t = GpuTuner(tmp_path / "none.jsonl", trials=0)
+    t._isa = FAKE_ISA
+    k, rec = t.best("key-c", "gemm", _dense_build())
+    assert rec["knobs"] == {} and t.measurements == 0 and not (tmp_path / "none.jsonl").exists()
+
+
+def test_unwritable_log_is_one_error_not_a_cpu_fallback(tmp_path):
+    opencl_or_skip()
+    f = tmp_path / "a_file"
+    f.write_text("")
+    with pytest.raises(GpuTuneError, match="cannot be written"):
+        compiler.build_model(zoo.mlp(), target="opencl", tune=str(f / "log.jsonl"))   # under a file
