@@ -232,9 +232,15 @@ void kit_parallel_stats(long long *out) {
   for (int i = 0; i < 9; i++) out[i] = v[i];
 }
 
-/* Stop and join the helpers (they are started again by the next parallel launch). */
-void kit_parallel_shutdown(void) {
-  pthread_mutex_lock(&launch_mu);
+/* Stop and join the helpers (they are started again by the next parallel launch). A launch still
+   running after a second (a daemon thread's, at exit) is left alone: returns 1, else 0. */
+int kit_parallel_shutdown(void) {
+  struct timespec pause = {0, 1000000L};
+  long give_up = now_ns() + 1000000000L;
+  while (pthread_mutex_trylock(&launch_mu) != 0) {
+    if (now_ns() > give_up) return 1;
+    nanosleep(&pause, 0);
+  }
   pthread_mutex_lock(&mu);
   STORE(&stop, 1);
   STORE(&join_word, (LOAD(&join_word) & ~(OPEN_BIT | COUNT_MASK)) + ((uint64_t)1 << 32));
@@ -244,6 +250,7 @@ void kit_parallel_shutdown(void) {
   n_started = 0;
   STORE(&stop, 0);
   pthread_mutex_unlock(&launch_mu);
+  return 0;
 }
 
 static int serial(kit_worker f, void *closure) {

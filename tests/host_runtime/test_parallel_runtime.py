@@ -167,12 +167,26 @@ def test_shutdown_joins_helpers_and_the_pool_restarts(harness):
     for _ in range(5):
         harness.run(out)
     assert harness.stats()["helpers_started"] == 3
-    harness.lib.kit_parallel_shutdown()
+    assert harness.lib.kit_parallel_shutdown() == 0
     assert harness.stats()["helpers_started"] == 0
-    harness.lib.kit_parallel_shutdown()   # twice is harmless
+    assert harness.lib.kit_parallel_shutdown() == 0   # twice is harmless
     for _ in range(5):
         harness.run(out)
     assert (out == 10).all() and harness.stats()["helpers_started"] == 3
+
+
+def test_shutdown_leaves_a_launch_that_does_not_end(harness):
+    """At exit a daemon thread may be inside a launch: shutdown gives up after a second."""
+    harness.threads(2)
+    out = np.zeros((2, 1), np.int32)
+    t = threading.Thread(target=harness.run, args=(out,), kwargs={"spin_us": 3_000_000})
+    t.start()
+    while harness.stats()["helpers_started"] == 0:
+        threading.Event().wait(0.001)
+    assert harness.lib.kit_parallel_shutdown() == 1
+    t.join(30)
+    assert (out == 1).all()
+    assert harness.lib.kit_parallel_shutdown() == 0
 
 
 def _child_script(body: str) -> str:
