@@ -8,6 +8,7 @@ from sim.dram import DramModel, dram_preset
 from sim.tsim import Tsim, stage_of
 from sim.verilator.build import tools_available
 from sim.verilator.model import VerilatorModel
+from sim.rtl import RtlProgram, run_programs
 
 TINY = PRESETS["tiny"]
 pytestmark = [pytest.mark.rtl,
@@ -138,7 +139,6 @@ def test_tsim_cocotb_bench_throttled_overlapping_reads():
     """The cocotb bench's memory (sim/rtl/axi_model.py) implements the same DramModel: with reads
     overlapping and the DRAM slower than the bus, its counters equal tsim's."""
     pytest.importorskip("cocotb")
-    from sim.rtl import RtlProgram, run_programs
     dram = DramModel(read_latency=6, write_latency=4, bytes_per_cycle=3)
     insns = [Load(mem_type=MemType.WGT, dram_base=0x40, y_size=4, x_size=3, x_stride=5, x_pad1=1),
              Load(mem_type=MemType.INP, dram_base=0x100, y_size=5, x_size=2, x_stride=9, push_next=True),
