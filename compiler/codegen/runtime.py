@@ -33,6 +33,8 @@ _WORKER_T = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int32, ctypes.c_void
 _LAUNCH_T = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
 #: chunks per thread a Python-launched loop is cut into (idle or late helpers then cost little)
 _CHUNKS_PER_THREAD = 4
+#: most threads the C runtime runs a loop on (its MAX_THREADS)
+_MAX_NATIVE_THREADS = 256
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -58,7 +60,7 @@ def set_num_threads(n: int) -> None:
     with _lock:
         _num_threads = n
         if _native is not None:
-            _native.set_num_threads(n)
+            _native.set_num_threads(min(n, _MAX_NATIVE_THREADS))
         if _pool is not None:
             _pool.shutdown(wait=False)
             _pool = None
@@ -72,7 +74,7 @@ def native_runtime():
         if _native is None and not _native_failed:
             try:
                 lib = load_kernels([])
-                lib.set_num_threads(num_threads())
+                lib.set_num_threads(min(num_threads(), _MAX_NATIVE_THREADS))
                 _native = lib
             except (KernelBuildError, KernelCacheError) as e:
                 _native_failed = True
