@@ -98,6 +98,27 @@ def extract_workload(body: Graph, consts: dict | None = None) -> Workload | None
 #: the anchor loop on the thread pool: the heuristic, never, always
 PARALLEL = ["auto", False, True]
 
+_POSITIVE = "a positive integer"
+#: every knob a configuration may hold: name -> (what it must be, check)
+KNOBS = {
+    **{k: (_POSITIVE, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+       for k in ("oc_bn", "ic_bn", "reg_n", "pw_oc", "pw_vecs", "dw_vecs", "mi", "bn", "nj", "k_unroll")},
+    "order": ("'ic_outer' or 'kernel_outer'", lambda v: v in ("ic_outer", "kernel_outer")),
+    **{k: ("true or false", lambda v: isinstance(v, bool)) for k in ("unroll_kw", "dw_unroll")},
+    "parallel": ("'auto', true or false", lambda v: v == "auto" or isinstance(v, bool)),
+}
+
+
+def check_config(cfg: dict) -> str | None:
+    """None, or what is wrong with the first bad knob ('config.<name>: ...')."""
+    for k, v in cfg.items():
+        if k not in KNOBS:
+            return f"config.{k}: unknown knob (knobs: {', '.join(sorted(KNOBS))})"
+        what, ok = KNOBS[k]
+        if not ok(v):
+            return f"config.{k}: expected {what}, got {v!r}"
+    return None
+
 
 def _macs(op: str, shapes: list, out_shape) -> int:
     """Multiply-accumulates of the anchor (orders workloads; a cost-model feature)."""

@@ -107,10 +107,8 @@ class CpuTuner:
             cfg, source = self.tune(wl, body, consts, kernels), "measured"
         elif cfg is None:
             cfg, source = {}, "default"
-        best = self.book.best.get(wl.key)
         self.chosen[wl.key] = {"op": wl.op, "impl": wl.impl, "shapes": [list(s) for s in wl.shapes],
-                               "config": dict(cfg), "source": source,
-                               "time_s": best[0] if best and source != "default" else None}
+                               "config": dict(cfg), "source": source, "time_s": self.book.time_of(wl, cfg)}
         return dict(cfg)
 
     def forget(self, body: Graph, consts: dict) -> None:
@@ -185,11 +183,13 @@ class CpuTuner:
         if not timed:
             log.info("%s %s: the kernel does not build; nothing tuned", wl.impl, list(wl.shapes))
             return {}
-        best = min(timed, key=timed.get)
+        best = self.book.lookup(wl) or json.loads(min(timed, key=timed.get))   # what a rebuild will pick
         dflt = done.get(_canon(cands[0]))
-        log.info("tuned %s %s: %.1f us (heuristic %s) over %d trial(s) in %.1f s", wl.impl, list(wl.shapes),
-                 timed[best] * 1e6, f"{dflt * 1e6:.1f} us" if dflt else "failed", len(done), time.perf_counter() - t0)
-        return json.loads(best)
+        t_best = timed.get(_canon(best))
+        log.info("tuned %s %s: %s (heuristic %s) over %d trial(s) in %.1f s", wl.impl, list(wl.shapes),
+                 f"{t_best * 1e6:.1f} us" if t_best else "?", f"{dflt * 1e6:.1f} us" if dflt else "failed",
+                 len(done), time.perf_counter() - t0)
+        return best
 
 
     def confirm(self, wl: Workload, default: dict, done: dict, ctx: _Measure, top: int = 2, rounds: int = 3) -> None:

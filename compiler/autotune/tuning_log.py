@@ -20,7 +20,7 @@ from pathlib import Path
 from host_runtime.kernel_cache import default_cache_dir, host_target
 
 from ..errors import CompilerError
-from .space import FAMILIES, Workload
+from .space import FAMILIES, Workload, check_config
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +78,12 @@ def _check_record(rec, path, lineno: int) -> dict:
     if not all(isinstance(s, list) and all(isinstance(d, int) and d >= 0 for d in s) for s in wl["shapes"]):
         raise _bad(path, lineno, "field 'workload.shapes': expected lists of non-negative integers")
     cfg = rec.get("config")
-    if not isinstance(cfg, dict) or not all(isinstance(v, (bool, int, str)) for v in cfg.values()):
-        raise _bad(path, lineno, "field 'config': expected an object of integer, boolean or string knobs")
-    for k, v in cfg.items():
-        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
-            raise _bad(path, lineno, f"field 'config.{k}': expected a positive integer, got {v}")
+    if not isinstance(cfg, dict):
+        raise _bad(path, lineno, "field 'config': expected an object of knobs")
+    why = check_config(cfg)
+    if why is not None:
+        field, _, what = why.partition(": ")
+        raise _bad(path, lineno, f"field '{field}': {what}")
     for k in ("confirmed", "heuristic"):
         if not isinstance(rec.get(k, False), bool):
             raise _bad(path, lineno, f"field '{k}': expected true or false, got {rec[k]!r}")
@@ -195,6 +196,13 @@ class TuningBook:
         if base is not None and hit[0] > MARGIN * base[0]:
             return dict(base[1])
         return dict(hit[1])
+
+    def time_of(self, wl: Workload, cfg: dict) -> float | None:
+        """The logged time of one configuration (confirmed ones first), or None."""
+        for entry in (self.best.get(wl.key), self._heuristic.get(wl.key)):
+            if entry is not None and entry[1] == cfg:
+                return entry[0]
+        return None
 
     def measured(self, wl: Workload) -> dict[str, float | None]:
         """canonical config -> time (None: failed) of this workload's records."""

@@ -12,7 +12,7 @@ from compiler import build_model
 from compiler.autotune import (CostModel, CpuTuner, TuneOptions, TuningBook, TuningLogError, default_log_path,
                                extract_workload, features, host_isa, read_log, space)
 from compiler.autotune import tuner as tuner_mod
-from compiler.autotune.space import Workload
+from compiler.autotune.space import Workload, check_config
 from compiler.autotune.tuning_log import append_records, make_record
 from compiler.build import build
 from compiler.frontend import from_onnx, zoo
@@ -78,6 +78,7 @@ def test_space_points_match_reference(name):
     assert wl is not None and wl.family == name.split("_stride")[0].split("_row")[0]
     pts = space(wl)
     assert len(pts) >= 2 and len({json.dumps(p, sort_keys=True) for p in pts}) == len(pts)
+    assert all(check_config(p) is None for p in pts)
     rng = np.random.default_rng(7)
     pick = [pts[0]] + [pts[i] for i in rng.choice(np.arange(1, len(pts)), size=min(3, len(pts) - 1), replace=False)]
     m = tuner_mod._Measure(body, consts, Kernels(), repeats=1)
@@ -165,7 +166,12 @@ def test_other_isa_ignored_with_a_message(tmp_path, caplog):
     (lambda r: json.dumps({**r, "workload": {**r["workload"], "impl": "nope"}}), "'workload.impl'"),
     (lambda r: json.dumps({**r, "workload": {**r["workload"], "shapes": [[1, -2]]}}), "'workload.shapes'"),
     (lambda r: json.dumps({**r, "config": {"mi": 0}}), "'config.mi'"),
-    (lambda r: json.dumps({**r, "config": {"mi": [1]}}), "'config'"),
+    (lambda r: json.dumps({**r, "config": {"mi": [1]}}), "'config.mi'"),
+    (lambda r: json.dumps({**r, "config": []}), "'config'"),
+    (lambda r: json.dumps({**r, "config": {"tile": 4}}), "'config.tile': unknown knob"),
+    (lambda r: json.dumps({**r, "config": {"order": "sideways"}}), "'config.order'"),
+    (lambda r: json.dumps({**r, "config": {"parallel": "sometimes"}}), "'config.parallel'"),
+    (lambda r: json.dumps({**r, "config": {"unroll_kw": 1}}), "'config.unroll_kw'"),
     (lambda r: json.dumps({**r, "time_s": "fast"}), "'time_s'"),
     (lambda r: json.dumps({**r, "time_s": -1}), "'time_s'"),
     (lambda r: json.dumps({**r, "confirmed": "yes"}), "'confirmed'"),
