@@ -3,8 +3,8 @@
 What is exact and what is fitted:
 - Block RAM and LUT RAM: the RTL's memories (inventory below, derived from the config the way
   accel/hw builds them) mapped with memmap.py, a model of yosys' memory_libmap: exact.
-- DSPs: the RTL's multipliers (GEMM products, ALU lanes) split into DSP-sized pieces the way
-  yosys' mul2dsp does: exact.
+- DSPs: the RTL's multipliers (GEMM products, ALU lanes, fetch's check, the tile loaders) split
+  into DSP-sized pieces the way yosys' mul2dsp does, narrow products left in LUTs: exact.
 - LUTs and flip-flops: per module group, a linear model in a few structural features of the
   config (multiply-accumulates x product bits, lanes x accumulator bits, bus width, ...), its
   coefficients fitted by calibrate.py to yosys results of several configurations
@@ -28,7 +28,7 @@ from pathlib import Path
 from accel.hw.boards import Part, default_part
 from accel.hw.params import CODE_BITS, INDEX_BITS, ibuf_depth
 from accel.isa import AccelConfig, formats_for
-from accel.isa.config import INSN_BITS
+from accel.isa.config import INSN_BITS, SIZE_BITS
 
 from .errors import FpgaError
 from .memmap import MemShape, map_memory
@@ -97,18 +97,27 @@ def multipliers(cfg: AccelConfig, family: str = "xc7") -> list[Mul]:
     size = dict(formats_for(cfg)["LOAD"])["y_size"] + 2
     signed_only = family != "ecp5"
     check = Mul("fetch.check", size + signed_only, size + signed_only, 2 * size, 1)
-    return [gemm, Mul("compute.alu", cfg.acc_width, m, cfg.acc_width + m - 1, lanes), check]
+    # each TileLoader's first data entry (accel.hw.load): y_pad0 x the padded row length, unsigned, kept
+    # to the SRAM index width; a DSP where that is wide enough for mul2dsp (Y_MIN)
+    pad = dict(formats_for(cfg)["LOAD"])["y_pad0"]
+    loaders = [Mul(f"{s}.loader", pad + signed_only, SIZE_BITS + 2 + signed_only, cfg.sram_idx_bits, 1)
+               for s in ("load", "compute")]
+    return [gemm, Mul("compute.alu", cfg.acc_width, m, cfg.acc_width + m - 1, lanes), check, *loaders]
 
 
 # yosys mul2dsp parameters per family: (A max, B max, A partial, B partial); signed-only DSPs keep
 # one bit of each partial slice for the sign (sign_headroom = 1).
 _DSP = {"xc7": (25, 18, 18, 18), "xcup": (27, 18, 18, 18), "ecp5": (18, 18, 18, 18)}
+# DSP_Y_MINWIDTH: narrower products stay in LUTs (synth_xilinx sets 9; synth_ecp5 sets none)
+Y_MIN = {"xc7": 9, "xcup": 9, "ecp5": 0}
 
 
 def dsp_count(m: Mul, family: str) -> int:
     """DSP cells for one multiplier: slices of A and B whose partial product lands below y_width."""
     amax, bmax, apart, bpart = _DSP[family]
     a, b = max(m.a_width, m.b_width), min(m.a_width, m.b_width)
+    if m.y_width < Y_MIN[family]:
+        return 0
 
     def slices(width, mx, part):
         if width <= mx:
