@@ -297,3 +297,14 @@ def test_cost_model_ranks_better_than_random():
 def test_tuner_options_checked():
     with pytest.raises(Exception, match="trials"):
         TuneOptions(trials=-1)
+
+
+def test_int8_kernels_tune_and_match(tmp_path):
+    """A QDQ model's qconv2d / qdense kernels have spaces too; tuned and heuristic builds agree."""
+    m = zoo.conv_bn_relu_pool()
+    feeds = zoo.sample_inputs(m, n=3)
+    graph = from_onnx(zoo.ort_quantize(m, feeds[:-1]))
+    tuned = build_model(graph, target="cpu", tune=TuneOptions(log=tmp_path / "q.jsonl", trials=2, repeats=1))
+    assert {r["impl"] for r in tuned.meta["tuning"].values()} >= {"qconv2d.nchwc", "qdense.pack"}
+    plain = build_model(graph, target="cpu", tune=TuneOptions(log=tmp_path / "none.jsonl"))
+    np.testing.assert_array_equal(_run(tuned, feeds[-1]), _run(plain, feeds[-1]))
