@@ -77,6 +77,17 @@ def _check_record(rec, path, lineno: int) -> dict:
                                  f"(one of {', '.join(sorted(FAMILIES))})")
     if not all(isinstance(s, list) and all(isinstance(d, int) and d >= 0 for d in s) for s in wl["shapes"]):
         raise _bad(path, lineno, "field 'workload.shapes': expected lists of non-negative integers")
+    if not all(isinstance(d, str) for d in wl["dtypes"]):
+        raise _bad(path, lineno, "field 'workload.dtypes': expected a list of dtype names")
+    for k, ok, what in (("attrs", lambda v: isinstance(v, dict), "an object"),
+                        ("consts", lambda v: isinstance(v, list) and all(isinstance(i, int) for i in v),
+                         "a list of input indices"),
+                        ("out_shape", lambda v: isinstance(v, list) and all(isinstance(i, int) and i >= 0 for i in v),
+                         "a list of non-negative integers"),
+                        ("macs", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                         "a non-negative integer")):
+        if k in wl and not ok(wl[k]):
+            raise _bad(path, lineno, f"field 'workload.{k}': expected {what}, got {wl[k]!r}")
     cfg = rec.get("config")
     if not isinstance(cfg, dict):
         raise _bad(path, lineno, "field 'config': expected an object of knobs")
