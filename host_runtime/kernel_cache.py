@@ -926,6 +926,17 @@ class KernelLibrary:
             raise RuntimeSettingError(f"num_threads={n}: expected 1 to 256")
         self.lib.kit_set_num_threads(ctypes.c_int(int(n)))
 
+    def configure(self, adaptive: int | None = None, spin_us: int | None = None) -> None:
+        """Set the parallel runtime's adaptive mode (0, 1, 2) and helper spin (us); None: from
+        the environment (runtime_settings())."""
+        s = runtime_settings()
+        adaptive = s["adaptive"] if adaptive is None else adaptive
+        spin_us = s["spin_us"] if spin_us is None else spin_us
+        if adaptive not in (0, 1, 2) or not 0 <= spin_us <= 100_000:
+            raise RuntimeSettingError(f"configure(adaptive={adaptive}, spin_us={spin_us}): adaptive is 0, 1 or 2, "
+                                      f"spin_us 0 to 100000")
+        self.lib.kit_parallel_config(ctypes.c_int(adaptive), ctypes.c_int(spin_us))
+
     def stats(self) -> dict:
         """runtime_stats() of this library."""
         return runtime_stats(self.lib)
