@@ -1,0 +1,185 @@
+"""Grouped and depthwise convolutions on the GEMM core, as one ordinary conv per channel slice.
+
+A grouped conv (groups g, cin/g input and cout/g output channels per group) runs as g' GEMM convs
+over contiguous channel slices of the packed input and output: each reads its input-channel
+blocks and writes straight into its output-channel blocks of the layer's output buffer (no
+concat copy). Groups whose slices do not fill whole blocks are merged k at a time into one
+"super-group" whose weights are block-diagonal (zeros between the merged groups), k the smallest
+divisor of g that aligns both slices to the blocks (g' = g / k); when none does, k = g and the
+layer is one dense conv with block-diagonal weights (packing pads the channels). A depthwise
+conv (one channel per group) thus becomes a diagonal GEMM over block_in-channel slices:
+1/block_in of the MACs are useful but they run on the fast core; grouped_waste is what the
+placement weighs against the CPU.
+
+The packed graph node keeps groups = g' and the expanded weights (O, k cin/g, KH, KW), so the
+graph reference (conv2d with g' groups on the unpacked tensors) stays the oracle.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from accel.isa import deps
+from accel.isa import Stage
+from host_runtime.memory import Buffer
+
+from .emit import emit_conv2d
+from .layout import pack_activation, pack_bias, pack_weight, unpack_activation
+from .plan import plan_conv2d
+from .spec import Conv2dSpec, ConvTiling, Requant, TilingError, _ceil
+
+__all__ = ["merge_factor", "grouped_waste", "expand_grouped_weight", "group_spec", "emit_grouped_conv2d",
+           "grouped_reference", "layer_barrier", "run_grouped_conv2d"]
+
+
+def merge_factor(groups: int, cin: int, cout: int, block_in: int, block_out: int) -> int:
+    """k: how many consecutive groups share one GEMM so that both channel slices fill whole blocks
+    (the smallest such divisor of groups; groups itself, one dense conv, when none aligns)."""
+    if groups < 1 or cin % groups or cout % groups:
+        raise TilingError(f"groups={groups} does not divide {cin} input and {cout} output channels")
+    cpg, opg = cin // groups, cout // groups
+    for k in range(1, groups + 1):
+        if groups % k == 0 and (k * cpg) % block_in == 0 and (k * opg) % block_out == 0:
+            return k
+    return groups
+
+
+def grouped_waste(groups: int, cin: int, cout: int, block_in: int, block_out: int) -> float:
+    """Fraction of the GEMM core's MACs that multiply padding or the zeros between merged groups."""
+    k = merge_factor(groups, cin, cout, block_in, block_out)
+    gp = groups // k
+    sin, sout = k * cin // groups, k * cout // groups
+    executed = gp * _ceil(sin, block_in) * block_in * _ceil(sout, block_out) * block_out
+    return 1.0 - cout * (cin // groups) / executed
+
+
+def expand_grouped_weight(w: np.ndarray, groups: int, k: int) -> np.ndarray:
+    """OIHW weights of a conv with `groups` groups -> those of the same conv with groups // k groups:
+    each output channel's cin/g weights placed at its group's slot in the merged slice, zeros elsewhere."""
+    o, cpg = w.shape[:2]
+    if groups % k or o % groups:
+        raise TilingError(f"cannot merge {k} of {groups} groups over {o} output channels")
+    opg = o // groups
+    out = np.zeros((o, k * cpg, *w.shape[2:]), w.dtype)
+    for oc in range(o):
+        j = (oc // opg) % k
+        out[oc, j * cpg:(j + 1) * cpg] = w[oc]
+    return out
+
+
+def group_spec(spec: Conv2dSpec, groups: int, batch: int) -> Conv2dSpec:
+    """The conv one (batch block, group) runs: spec holds the whole layer's (padded) channels and
+    the groups after merging; channels must split into whole slices."""
+    if spec.c % groups or spec.o % groups:
+        raise TilingError(f"{spec.name}: {groups} groups do not split {spec.c} input and {spec.o} output channels")
+    return replace(spec, n=min(batch, spec.n), c=spec.c // groups, o=spec.o // groups)
+
+
+def _view(buf, offset: int, nbytes: int, what: str) -> Buffer:
+    """A window of a DRAM buffer (same memory) that the emitter addresses like a buffer of its own."""
+    if offset + nbytes > buf.nbytes:
+        raise TilingError(f"{what}: slice [{offset}, {offset + nbytes}) exceeds the buffer's {buf.nbytes} bytes")
+    return Buffer(buf.memory, buf.addr + offset, nbytes, f"{buf.name}[{offset}:]")
+
+
+def layer_barrier(stream) -> None:
+    """Order everything emitted so far before what comes next: compute waits for every load and
+    store, the next loads wait for all compute (emit_conv2d assumes it starts on idle buffers).
+    Reads the stream's token counts the way CommandStream.finish does."""
+    for s in (Stage.LOAD, Stage.STORE):
+        last = stream._last[s]
+        pushes = last is not None and getattr(stream._insns[last], deps.push_flag(s, Stage.COMPUTE))
+        for _ in range(stream._tokens[(s, Stage.COMPUTE)]):
+            stream.dep_pop(s, Stage.COMPUTE)
+        if last is not None and not pushes:
+            stream.dep_push(s, Stage.COMPUTE)
+            stream.dep_pop(s, Stage.COMPUTE)
+    stream.dep_push(Stage.COMPUTE, Stage.LOAD)
+    stream.dep_pop(Stage.COMPUTE, Stage.LOAD)
+
+
+def emit_grouped_conv2d(stream, spec: Conv2dSpec, groups: int, tiling: ConvTiling, inp, wgt, out, bias=None,
+                        requant: Requant = Requant(), channel_scales=None) -> dict[str, int]:
+    """Append a grouped conv (groups already merged: spec.c / groups input channels per slice, a
+    multiple of block_in unless groups == 1) to a CommandStream, one emit_conv2d per (batch block,
+    group) over windows of the packed buffers (layouts as emit_conv2d's; wgt holds the merged
+    weights, O/bo x (C/groups)/bi blocks). tiling: planned for group_spec(spec, groups, batch)."""
+    cfg = stream.cfg
+    bn, bi, bo = cfg.batch, cfg.block_in, cfg.block_out
+    sub = group_spec(spec, groups, bn)
+    if groups > 1 and (sub.c % bi or sub.o % bo):
+        raise TilingError(f"{spec.name}: group slices of {sub.c} input / {sub.o} output channels are not whole "
+                          f"blocks ({bi} / {bo})")
+    nb, cb, ob = _ceil(spec.n, bn), _ceil(spec.c, bi), _ceil(spec.o, bo)
+    sib, sob = _ceil(sub.c, bi), _ceil(sub.o, bo)
+    inp_plane = spec.h * spec.w * cfg.inp_elem_bytes
+    out_plane = sub.oh * sub.ow * cfg.out_elem_bytes
+    wgt_block = sib * spec.kh * spec.kw * cfg.wgt_elem_bytes
+    counts: dict[str, int] = {}
+    for ib in range(nb):
+        for gi in range(groups):
+            if ib or gi:
+                layer_barrier(stream)
+            x = _view(inp, (ib * cb + gi * sib) * inp_plane, sib * inp_plane, f"{spec.name}.inp")
+            y = _view(out, (ib * ob + gi * sob) * out_plane, sob * out_plane, f"{spec.name}.out")
+            w = _view(wgt, gi * sob * wgt_block, sob * wgt_block, f"{spec.name}.wgt")
+            b = None if bias is None else _view(bias, gi * sob * cfg.acc_elem_bytes, sob * cfg.acc_elem_bytes,
+                                                f"{spec.name}.bias")
+            s = None if channel_scales is None else _view(channel_scales, gi * sob * cfg.acc_elem_bytes,
+                                                          sob * cfg.acc_elem_bytes, f"{spec.name}.scales")
+            for key, v in emit_conv2d(stream, replace(sub, name=f"{spec.name}/g{gi}"), tiling, x, w, y, b, requant,
+                                      None, s).items():
+                counts[key] = counts.get(key, 0) + v
+    return counts
+
+
+def grouped_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec: Conv2dSpec, groups: int,
+                      requant: Requant = Requant()) -> np.ndarray:
+    """numpy int reference of a grouped conv: NCHW int8 x (spec.c channels), OIHW int8 w (O, c/groups)."""
+    pt, pb, pl, pr = spec.pads
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    sh, sw = spec.strides
+    cpg, opg = spec.c // groups, spec.o // groups
+    acc = np.zeros((x.shape[0], spec.o, spec.oh, spec.ow), np.int64)
+    wl = w.astype(np.int64)
+    for g in range(groups):
+        xs, os_ = slice(g * cpg, (g + 1) * cpg), slice(g * opg, (g + 1) * opg)
+        for y in range(spec.kh):
+            for xx in range(spec.kw):
+                patch = xp[:, xs, y:y + sh * spec.oh:sh, xx:xx + sw * spec.ow:sw]
+                acc[:, os_] += np.einsum("nchw,oc->nohw", patch, wl[os_, :, y, xx])
+    acc = acc.astype(np.int32)
+    if bias is not None:
+        acc = (acc.astype(np.int64) + bias.astype(np.int64)[None, :, None, None]).astype(np.int32)
+    return requant.apply(acc).astype(np.int8)
+
+
+def run_grouped_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec: Conv2dSpec,
+                       groups: int, requant: Requant = Requant(), vt: int = 2):
+    """Pack NCHW int8 x and grouped OIHW int8 w (O, C/groups), merge groups onto the blocks, run on
+    the device, unpack: (int8 NCHW, RunResult, merged groups)."""
+    cfg = device.cfg
+    k = merge_factor(groups, spec.c, spec.o, cfg.block_in, cfg.block_out)
+    gp = groups // k
+    wm = expand_grouped_weight(w, groups, k)
+    cpad = spec.c if gp > 1 else _ceil(spec.c, cfg.block_in) * cfg.block_in
+    opad = spec.o if gp > 1 else _ceil(spec.o, cfg.block_out) * cfg.block_out
+    pspec = replace(spec, c=cpad, o=opad)
+    tiling = plan_conv2d(group_spec(pspec, gp, cfg.batch), cfg, vt)
+    mem = device.memory
+    xb = mem.alloc_array(pack_activation(x, cfg.batch, cfg.block_in), align=cfg.inp_elem_bytes, name="g.inp")
+    wb = mem.alloc_array(pack_weight(wm, cfg.block_out, cfg.block_in), align=cfg.wgt_elem_bytes, name="g.wgt")
+    bb = None if bias is None else mem.alloc_array(pack_bias(bias, cfg), align=cfg.acc_elem_bytes, name="g.bias")
+    oshape = (_ceil(spec.n, cfg.batch), opad // cfg.block_out, spec.oh, spec.ow, cfg.batch, cfg.block_out)
+    out = mem.alloc(int(np.prod(oshape)) * cfg.out_width // 8, align=cfg.out_elem_bytes, name="g.out")
+    try:
+        stream = device.stream()
+        stream.emit_preloaded(lambda s: emit_grouped_conv2d(s, pspec, gp, tiling, xb, wb, out, bb, requant))
+        result = stream.synchronize()
+        y = unpack_activation(out.read(np.int8, oshape), spec.n, spec.o)
+    finally:
+        for buf in (xb, wb, bb, out):
+            if buf is not None:
+                buf.free()
+    return y, result, gp
