@@ -484,13 +484,25 @@ def _pool_infer(n):
     return _t((*x.shape[:2], *pool_out_hw(n, x.shape[2:], n.attrs)), x.dtype)
 
 
+def _max_pool_infer(n):
+    """NCHW, or the accelerator's packed N' C' H W n c (pooled over H, W alike)."""
+    x = n.inputs[0].type
+    if x.rank == 6:
+        return _t((*x.shape[:2], *pool_out_hw(n, x.shape[2:4], n.attrs), *x.shape[4:]), x.dtype)
+    return _pool_infer(n)
+
+
 @register("max_pool2d", Pattern.OUT_ELEMWISE_FUSABLE, 1, POOL_ATTRS, doc="2-D max pooling (exact on int8)")
 def _max_pool():
     def impl(a, x):
+        if x.ndim == 6:   # packed: the blocks' lanes as channels
+            p = x.transpose(0, 1, 4, 5, 2, 3)
+            y = impl(a, p.reshape(p.shape[0] * p.shape[1], -1, *p.shape[4:]))
+            return y.reshape(*p.shape[:4], *y.shape[2:]).transpose(0, 1, 4, 5, 2, 3)
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
         win, _ = _pool_windows(x, a, fill, pool_out_hw(None, x.shape[2:], a))
         return win.max(axis=(-2, -1)).astype(x.dtype)
-    return _pool_infer, impl
+    return _max_pool_infer, impl
 
 
 @register("avg_pool2d", Pattern.OUT_ELEMWISE_FUSABLE, 1, {**POOL_ATTRS, "count_include_pad": one_of(0, 0, 1)},

@@ -31,6 +31,7 @@ from ..accel.conv2d import (Conv2dSpec, Requant, ResidualAdd, TilingError, chann
                             plan_conv2d, residual_identity)
 from ..accel.eltwise import emit_add, identity_weights
 from ..accel.layout import pack_bias
+from ..accel.pool import PoolSpec, emit_max_pool, plan_pool
 from ..accel.tune import read_tuning_log, tune_conv2d
 from ..errors import CompilerError
 from ..graph.ir import Graph, Node
@@ -63,7 +64,7 @@ class AccelRules:
     min_roofline_efficiency: float = 1 / 16
     #: int8 ops with an accelerator lowering: GEMM layers and ALU elementwise ops.
     gemm_ops: tuple[str, ...] = ("qconv2d", "qdense")
-    alu_ops: tuple[str, ...] = ("relu", "clip", "qadd")
+    alu_ops: tuple[str, ...] = ("relu", "clip", "qadd", "max_pool2d")
     #: conversions at the accelerator boundary, done by the host.
     host_ops: tuple[str, ...] = ("quantize", "dequantize", "requantize", "pack", "unpack")
 
@@ -119,6 +120,30 @@ def check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> Decline | None:
     return None
 
 
+def pool_spec(n: Node, x_shape) -> PoolSpec:
+    """The PoolSpec of a max_pool2d over x_shape, NCHW (planes counted as packed) or packed."""
+    planes = math.prod(x_shape[:2])
+    a = n.attrs
+    return PoolSpec(planes, x_shape[2], x_shape[3], tuple(a["kernel"]), tuple(a["strides"]), tuple(a["pads"]),
+                    a["ceil_mode"], n.name)
+
+
+def check_pool(n: Node, cfg: AccelConfig) -> Decline | None:
+    """None if the ALU pooling takes this int8 max_pool2d (checked before packing, so the lowering
+    does not fall back to a CPU kernel that would see packed data)."""
+    if cfg.block_in != cfg.block_out:
+        return Decline(f"{_label(n)}: ALU pooling needs block_in == block_out ({cfg.block_in} != {cfg.block_out})",
+                       "shape")
+    x = n.inputs[0].shape
+    if len(x) != 4:
+        return Decline(f"{_label(n)}: max pooling of a rank-{len(x)} tensor has no ALU lowering", "shape")
+    try:
+        plan_pool(pool_spec(n, (-(-x[0] // cfg.batch), -(-x[1] // cfg.block_out), x[2], x[3])), cfg)
+    except CompilerError as e:
+        return Decline(f"{_label(n)}: {e}", "shape")
+    return None
+
+
 # ---- lowering helpers --------------------------------------------------------------------------
 def _clamp(n: Node, lo: int, hi: int) -> tuple[int, int]:
     if n.op == "relu":
@@ -163,6 +188,10 @@ class AccelTarget(Target):
             producers = [i for i in n.inputs if not i.is_const]
             if n.op == "qadd" and len({i.shape for i in producers}) != 1:
                 return Decline(f"{_label(n)}: broadcasting add has no ALU lowering", "shape")
+            if n.op == "max_pool2d":
+                why = check_pool(n, ctx.config)
+                if why is not None:
+                    return why
             if n.op == "qadd" and n.attrs.get("a_mul"):
                 return Decline(f"{_label(n)}: add at scales that are not powers of two needs two multipliers; the "
                                f"ALU lowering aligns by shifts", "unsupported")
@@ -351,6 +380,16 @@ class AccelTarget(Target):
             x = b.buf(ins[0])
             addr, count = self.program(b, head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, bb, rq, fused,
                                                                            scales))
+        elif head.op == "max_pool2d":
+            if len(head.shape) != 6 or tuple(head.shape[-2:]) != (cfg.batch, cfg.block_out):
+                raise TilingError(f"{head.name}: max pooling on the accelerator needs the packed (batch, block_out) "
+                                  f"layout, got shape {list(head.shape)}")
+            spec = pool_spec(head, head.inputs[0].shape)
+            st = b.state(self.name)
+            if st.get("ident") is None:
+                st["ident"] = b.weight_buf(identity_weights(cfg), cfg.wgt_elem_bytes, "identity")
+            ident, x = st["ident"], b.buf(ins[0])
+            addr, count = self.program(b, head.name, lambda s: emit_max_pool(s, spec, x, out, ident, lo, hi))
         elif head.op in ("qadd",) + CLAMP_OPS:
             if cfg.block_in != cfg.block_out:
                 raise TilingError(f"{head.name}: the accelerator adds packed tensors only when block_in == block_out "

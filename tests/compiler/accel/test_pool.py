@@ -3,11 +3,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import compiler
 from accel.isa import PRESETS, AccelConfig
 from compiler.accel.conv2d import TilingError
+from compiler.accel.layout import pack_activation, unpack_activation
 from compiler.accel.pool import PoolSpec, PoolTiling, plan_pool, run_max_pool
+from compiler.frontend import zoo
+from compiler.graph import run as reference_run
 from compiler.graph.ops import get_op, normalize_attrs
 from host_runtime import Device
+from host_runtime.executor import Executor
 
 
 def reference(x, kernel, strides, pads, ceil_mode, lo=-128, hi=127):
@@ -69,3 +74,31 @@ def test_pool_errors():
     with pytest.raises(TilingError, match="clamp"):
         run_max_pool(Device(PRESETS["tiny"]), np.zeros((1, 16, 4, 4), np.int8), (2, 2), lo=5, hi=2)
     assert PoolTiling(1, 1, 2).needs(PoolSpec(1, 4, 4, (2, 2)))["out"] == 2 * 3
+
+
+def test_built_model_pools_on_the_accelerator_bit_exact():
+    """conv-relu-maxpool: the pool is placed on the accelerator (it rides with its producer) and
+    every int8 tensor the module computes equals the graph's int8 reference."""
+    m = zoo.conv_bn_relu_pool()
+    feeds = zoo.sample_inputs(m, 5, seed=11)
+    mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:4])
+    pools = [s for s in mod.steps if s.op == "max_pool2d"]
+    assert pools and all(s.kind == "accel" for s in pools) and not mod.meta["fallbacks"]
+    with Executor(mod, driver="fsim") as ex:
+        ex.run(feeds[4], keep=True)
+    _, env = reference_run(mod.graph, feeds[4], keep=True)
+    ints = {n.name: env[id(n)] for n in mod.graph.nodes if id(n) in env and env[id(n)].dtype == np.int8}
+    assert any(s.name in ex.values for s in pools)
+    for k in ex.values:
+        if k in ints:
+            np.testing.assert_array_equal(ex.values[k], ints[k], err_msg=k)
+
+
+def test_packed_max_pool_reference_matches_nchw():
+    """The graph op pools the accelerator's packed layout as it pools NCHW."""
+    x = np.random.default_rng(3).integers(-128, 128, (2, 20, 7, 6), dtype=np.int8)
+    attrs = normalize_attrs("max_pool2d", {"kernel": (3, 2), "strides": (2, 1), "pads": (1, 0, 1, 1),
+                                           "ceil_mode": 1})
+    ref = get_op("max_pool2d").reference
+    got = unpack_activation(ref(attrs, pack_activation(x, 1, 16)), 2, 20)
+    assert np.array_equal(got, ref(attrs, x))
