@@ -597,7 +597,7 @@ def main(args) -> int:
     def on_start(n):
         if tty and n:
             try:
-                from tqdm import tqdm  # noqa: PLC0415 - optional: the caller handles ImportError
+                from tqdm import tqdm  # noqa: PLC0415 - the bar is optional: a sweep runs without tqdm
                 bar["bar"] = tqdm(total=n, unit="point", file=sys.stderr, dynamic_ncols=True)
             except ImportError:
                 pass
