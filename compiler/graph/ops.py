@@ -332,8 +332,9 @@ def _conv_infer_common(n: Node, x: TensorType, w: TensorType, packed: bool):
     if packed:  # x: N' C' H W bn bc ; w: O' I' KH KW bo bi
         if x.rank != 6 or w.rank != 6:
             fail(n, f"packed conv expects 6-d input and weight, got {x} and {w}")
-        if x.shape[1] * x.shape[5] != w.shape[1] * w.shape[5]:
-            fail(n, f"packed input channels {x.shape[1]}x{x.shape[5]} != weight's {w.shape[1]}x{w.shape[5]}")
+        if x.shape[1] * x.shape[5] != w.shape[1] * w.shape[5] * a["groups"]:
+            fail(n, f"packed input channels {x.shape[1]}x{x.shape[5]} != weight's {w.shape[1]}x{w.shape[5]} x "
+                    f"groups {a['groups']}")
         ho, wo = conv_out_hw(n, x.shape[2:4], w.shape[2:4], a["strides"], a["pads"], a["dilations"])
         return (x.shape[0], w.shape[0], ho, wo, x.shape[4], w.shape[4])
     if x.rank != 4 or w.rank != 4:

@@ -1,8 +1,9 @@
 """The accelerator target: which int8 nodes the accelerator takes (the partition rules), and
 their lowering to one instruction program per layer.
 
-Placement: int8 GEMM layers (qconv2d, qdense) go to the accelerator unless they are grouped or
-dilated, their channels fill the GEMM core too poorly, or they are so memory-bound that the core
+Placement: int8 GEMM layers (qconv2d, qdense) go to the accelerator unless they are dilated,
+grouped so that their merged channel slices waste too much of the core (compiler.accel.grouped),
+their channels fill the GEMM core too poorly, or they are so memory-bound that the core
 would idle (a batch-1 dense layer streams each weight byte for one MAC; VTA likewise leaves the
 classifier on the CPU); int8 elementwise ALU ops (relu, clip, qadd) go where their producer is,
 so they fuse into an accelerator layer's output; everything else stays on the CPU.
@@ -30,6 +31,7 @@ from host_runtime.executor import Step
 from ..accel.conv2d import (Conv2dSpec, Requant, ResidualAdd, TilingError, channel_scale_operands, emit_conv2d,
                             plan_conv2d, residual_identity)
 from ..accel.eltwise import emit_add, identity_weights
+from ..accel.grouped import emit_grouped_conv2d, group_spec, grouped_waste
 from ..accel.layout import pack_bias
 from ..accel.pool import PoolSpec, emit_max_pool, plan_pool
 from ..accel.tune import read_tuning_log, tune_conv2d
@@ -62,6 +64,10 @@ class AccelRules:
     #: tokens) run on the dense emitter, which streams their rows past resident weights close to
     #: the DRAM floor (compiler.accel.dense).
     min_roofline_efficiency: float = 1 / 16
+    #: grouped convolutions run as GEMMs on channel slices, groups merged onto whole blocks; a
+    #: depthwise one is a diagonal GEMM (1/block_in of its MACs useful, 15/16 wasted at block 16,
+    #: still ahead of the CPU on its few MACs); more waste than this stays on the CPU.
+    max_grouped_waste: float = 0.94
     #: int8 ops with an accelerator lowering: GEMM layers and ALU elementwise ops.
     gemm_ops: tuple[str, ...] = ("qconv2d", "qdense")
     alu_ops: tuple[str, ...] = ("relu", "clip", "qadd", "max_pool2d")
@@ -98,18 +104,21 @@ def _channels(t: Node) -> int:
 
 def check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> Decline | None:
     """None if the accelerator takes this int8 GEMM layer, else why not."""
-    if n.op == "qconv2d":
-        if n.attrs["groups"] != 1:
-            dw = n.attrs["groups"] == _channels(n.inputs[0])
-            return Decline(f"{_label(n)}: grouped convolution (groups={n.attrs['groups']}) does not map onto the GEMM "
-                           f"core", "depthwise" if dw else "grouped")
-        if tuple(n.attrs["dilations"]) != (1, 1):
-            return Decline(f"{_label(n)}: dilated convolution is not supported by the accelerator lowering", "dilated")
     cin, cout = n.inputs[0].shape[1], n.shape[1]
+    groups = n.attrs.get("groups", 1) if n.op == "qconv2d" else 1
+    if n.op == "qconv2d" and tuple(n.attrs["dilations"]) != (1, 1):
+        return Decline(f"{_label(n)}: dilated convolution is not supported by the accelerator lowering", "dilated")
+    if groups != 1:   # GEMMs on merged channel slices (compiler.accel.grouped)
+        kind = "depthwise" if groups == _channels(n.inputs[0]) else "grouped"
+        w = grouped_waste(groups, cin, cout, cfg.block_in, cfg.block_out)
+        if w > rules.max_grouped_waste:
+            return Decline(f"{_label(n)}: {kind} convolution (groups={groups}) as GEMMs on channel slices wastes "
+                           f"{w:.0%} of the GEMM core (max_grouped_waste {rules.max_grouped_waste:.0%})", kind,
+                           hard=False)
     for what, c, block, key in (("input channels", cin, cfg.block_in, "block_in"),
                                 ("output channels", cout, cfg.block_out, "block_out")):
         w = gemm_waste(c, block)
-        if w > rules.max_gemm_waste:
+        if w > rules.max_gemm_waste and groups == 1:
             return Decline(f"{_label(n)}: {c} {what} {'<' if c < block else 'padded to'} {key} {block} wastes "
                            f"{w:.0%} of the GEMM core", "shape", hard=False)
     eff, macs, nbytes = roofline_efficiency(n, cfg)
@@ -170,8 +179,8 @@ class AccelTarget(Target):
         "unsupported": "operator without an accelerator implementation",
         "float": "float32 op; the accelerator computes int8 only",
         "boundary": "precision or layout conversion at the accelerator boundary, done by the host",
-        "grouped": "grouped convolution does not map onto the GEMM core",
-        "depthwise": "depthwise convolution (one group per channel) does not map onto the GEMM core",
+        "grouped": "grouped convolution whose channel slices, merged onto whole blocks, waste most of the GEMM core",
+        "depthwise": "depthwise convolution (one group per channel) as a diagonal GEMM wastes too much of the core",
         "dilated": "dilated convolution has no accelerator lowering",
         "shape": "shape the accelerator lowering cannot take or would waste most of the GEMM core on",
         "cost": "slower on the accelerator by the cost estimate (memory-bound)",
@@ -215,6 +224,9 @@ class AccelTarget(Target):
         if n.op not in (ctx.rules or ACCEL_RULES).gemm_ops:
             return 0.0   # elementwise ops ride in the producer's program
         eff, macs, _ = roofline_efficiency(n, cfg)
+        if n.op == "qconv2d" and n.attrs.get("groups", 1) != 1:   # the MACs the merged slices execute
+            macs /= 1.0 - grouped_waste(n.attrs["groups"], n.inputs[0].shape[1], n.shape[1], cfg.block_in,
+                                        cfg.block_out)
         return macs / (cfg.macs_per_cycle * max(eff, 1e-9)) / (cfg.clock_mhz * 1e6)
 
     # ---- building --------------------------------------------------------------------------------
@@ -353,7 +365,10 @@ class AccelTarget(Target):
         out = b.tbuf[out_tid]
         if head.op in ("qconv2d", "qdense"):
             spec = self.gemm_spec(b, head)
-            tiling = self.tiling(b, spec, residual is not None)
+            groups = head.attrs.get("groups", 1) if head.op == "qconv2d" else 1
+            if groups > 1 and residual is not None:
+                raise TilingError(f"{head.name}: a residual add is not fused into a grouped convolution")
+            tiling = self.tiling(b, group_spec(spec, groups, cfg.batch) if groups > 1 else spec, residual is not None)
             fused = None
             if residual is not None:
                 other, ka, kb, rq2 = residual
@@ -378,8 +393,13 @@ class AccelTarget(Target):
             else:
                 rq = Requant(requant_shift(at), lo, hi, is_fixed_point(at), at.get("mul", 1), zp)
             x = b.buf(ins[0])
-            addr, count = self.program(b, head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, bb, rq, fused,
-                                                                           scales))
+            groups = at.get("groups", 1) if head.op == "qconv2d" else 1
+            if groups > 1:
+                addr, count = self.program(b, head.name, lambda s: emit_grouped_conv2d(s, spec, groups, tiling, x, w,
+                                                                                       out, bb, rq, scales))
+            else:
+                addr, count = self.program(b, head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, bb, rq,
+                                                                               fused, scales))
         elif head.op == "max_pool2d":
             if len(head.shape) != 6 or tuple(head.shape[-2:]) != (cfg.batch, cfg.block_out):
                 raise TilingError(f"{head.name}: max pooling on the accelerator needs the packed (batch, block_out) "

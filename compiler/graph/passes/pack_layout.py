@@ -3,7 +3,9 @@
 O I H W o i (BLOCK_OUT x BLOCK_IN), channels zero-padded to whole blocks; biases padded to match.
 A pack is inserted before each accelerator op's activation input and an unpack after its output;
 an unpack feeding a pack of the same blocking cancels, so adjacent accelerator layers exchange
-packed tensors directly. Weight packing is done here on the constants (no runtime op).
+packed tensors directly. Weight packing is done here on the constants (no runtime op); a grouped
+conv's weights are first merged onto whole blocks (compiler.accel.grouped: the node keeps the
+merged group count, so its reference stays exact).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import numpy as np
 
 from accel.isa.config import AccelConfig
 
+from ...accel.grouped import expand_grouped_weight, merge_factor
 from ..ir import Graph, Node
 from ..ops import pack_ref, packed_shape
 from .eliminate_dead_code import eliminate_dead_code
@@ -59,13 +62,19 @@ def pack_layout(graph: Graph, cfg: AccelConfig) -> Graph:
             x, w, b, *muls = ins
             blk_x, blk_w = (cfg.batch, cfg.block_in), (cfg.block_out, cfg.block_in)
             xp = packed(x, blk_x)
-            wp = const(pack_ref(w.value, blk_w), f"{w.name}/packed")
+            attrs = {**old.attrs, "layout": PACKED_LAYOUT[old.op]}
+            wv = w.value
+            if old.attrs.get("groups", 1) > 1:  # groups merged onto whole blocks (compiler.accel.grouped)
+                g = old.attrs["groups"]
+                k = merge_factor(g, x.shape[1], old.shape[1], cfg.block_in, cfg.block_out)
+                wv, attrs["groups"] = expand_grouped_weight(wv, g, k), g // k
+            wp = const(pack_ref(wv, blk_w), f"{w.name}/packed")
             o_pad = packed_shape(w.shape, blk_w)[0] * cfg.block_out
             bp = const(np.pad(b.value, (0, o_pad - b.shape[0])), f"{b.name}/packed")
             # per-channel multipliers (if any) cover the padding channels too (any positive value)
             mp = [const(np.pad(m.value, (0, o_pad - m.shape[0]), constant_values=1), f"{m.name}/packed")
                   for m in muls]
-            y = emit(old.with_inputs([xp, wp, bp, *mp], attrs={**old.attrs, "layout": PACKED_LAYOUT[old.op]}))
+            y = emit(old.with_inputs([xp, wp, bp, *mp], attrs=attrs))
         else:  # ALU elementwise: work on whatever blocking the (first packed) producer has
             blocks = [tuple(packed_of[id(i)].shape[-2:]) for i in ins if id(i) in packed_of]
             blk = blocks[0] if blocks else (cfg.batch, cfg.block_out)
