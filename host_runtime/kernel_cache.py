@@ -94,8 +94,6 @@ typedef void (*kit_worker)(int, int, void *);
 #define CHUNKS_PER_THREAD 8
 #define OPEN_BIT ((uint64_t)1 << 31)
 #define COUNT_MASK (OPEN_BIT - 1)
-/* the caller spins this long for joined helpers to finish before it sleeps */
-#define WAIT_SPIN_NS 20000L
 /* A launch is late when (a) after its own chunks the caller waited on joined helpers more than
    LATE_NS plus two of its chunks' time (WAKE_NS more when it had to wake or start helpers), or
    (b) it took over LATE_NS and more than 90% of the time the caller alone would have taken at the
@@ -306,7 +304,8 @@ int __kit_parallel_launch(void *fn, void *closure, int n) {
   long own_cpu = c1 >= 0 ? c1 - c0 : t1 - t0;
   uint64_t w = __atomic_fetch_and(&join_word, ~OPEN_BIT, __ATOMIC_SEQ_CST);   /* no helper joins now */
   if (w & COUNT_MASK) {
-    long until = t1 + WAIT_SPIN_NS;
+    /* spin as helpers do (spin_ns): a sleeping caller may wait long for a CPU once woken */
+    long until = t1 + LOAD(&spin_ns);
     for (int i = 0; LOAD(&join_word) & COUNT_MASK; i++) {
       CPU_RELAX();
       if ((i & 63) == 63 && now_ns() > until) {
