@@ -159,11 +159,37 @@ def test_estimate_clock_comes_from_the_ecp5_fit_and_says_so():
         pytest.skip("no routed ECP5 records in the model")
     e5, e7 = estimate(preset("tiny"), "ecp5"), estimate(preset("tiny"), "xc7")
     assert 5 < e5.fmax_mhz < 500 and e5.fmax_basis.startswith("fit to nextpnr-ecp5")
-    assert e7.fmax_basis.startswith("uncalibrated")
+    assert e7.fmax_basis.startswith("yosys sta") if load_model()["families"]["xc7"].get("sta") else \
+        e7.fmax_basis.startswith("uncalibrated")
+    assert estimate(preset("tiny"), "xcup").fmax_basis.startswith("uncalibrated")
     for r in _records("ecp5", current_only=False):    # the fit's own records: consistent whatever the RTL
         if (r.get("timing") or {}).get("fmax_mhz"):
             got = estimate(AccelConfig.from_dict(r["config"]), "ecp5").fmax_mhz
             assert abs(got - r["timing"]["fmax_mhz"]) <= r["timing"]["fmax_mhz"] * (fm["max_error_pct"] + 0.5) / 100
+
+
+def test_xc7_clock_follows_the_yosys_sta_points():
+    """The 7-series clock is 1000 / path, the path a line in MACs per cycle through the stored sta
+    points, flat beyond them; without points the uncalibrated ECP5-based figure."""
+    model = json.loads(json.dumps(load_model()))
+    model["families"]["xc7"]["sta"] = {"basis": "yosys sta", "points": {
+        "a": {"macs": 16, "path_ns": 10.0}, "b": {"macs": 256, "path_ns": 20.0}}}
+    at = {macs: estimate(preset("tiny").replace(block_in=macs // 4), "xc7", model=model) for macs in (4, 16, 64)}
+    assert at[16].fmax_mhz == 100.0 and at[4].fmax_mhz == 100.0
+    assert at[64].fmax_mhz == round(1000 / (10 + 10 * 48 / 240), 1) and "from a, b" in at[64].fmax_basis
+    del model["families"]["xc7"]["sta"]
+    assert estimate(preset("tiny"), "xc7", model=model).fmax_basis.startswith("uncalibrated")
+
+
+def test_fit_keeps_the_sta_points(monkeypatch):
+    """`calibrate fit` rewrites the model from the records; the sta points come from another run."""
+    before = {"families": {"xc7": {"sta": {"points": {"tiny": {"macs": 16, "path_ns": 15.8}}, "basis": "b"}}}}
+    data = calibrate.load_data()
+    if len([r for r in data["runs"] if r["family"] == "xc7" and r["name"] in calibrate.CALIBRATION]) < 3:
+        pytest.skip("too few calibration records")
+    monkeypatch.setattr(calibrate, "_source_key_if_records_current", lambda d: None)
+    model = calibrate.fit(data, model_before=before)
+    assert model["families"]["xc7"]["sta"] == before["families"]["xc7"]["sta"]
 
 
 def test_rekey_keeps_only_records_whose_verilog_is_unchanged(tmp_path):

@@ -5,6 +5,7 @@ per-module results, fit the LUT/FF model, and record its error on configurations
     python -m accel.hw.fpga.calibrate fit
     python -m accel.hw.fpga.calibrate rekey        # sources changed, Verilog did not: keep the records
     python -m accel.hw.fpga.calibrate check        # estimator vs the stored yosys results
+    python -m accel.hw.fpga.calibrate sta [--only NAME ...]   # 7-series clock: yosys sta path estimates
 
 `run` appends to calibration_data.json (one record per config and family, with the RTL's hash,
 so stale records are visible); `fit` writes estimate_model.json from the CALIBRATION records and
@@ -28,6 +29,7 @@ from accel.hw.verilog import cache_root as hw_cache_root
 from accel.isa import PRESETS, AccelConfig
 
 from . import estimate as est
+from .estimate_timing import path_estimate
 from .memmap import map_memory
 from .rtl import rtl_for_config
 from .synth import synthesize
@@ -250,6 +252,9 @@ def fit(data: dict | None = None, calibration: list[str] | None = None, model_be
     if fmax is None and old:   # no routed runs of this RTL: keep the last fit, marked as older
         fmax = {**old, "stale": "fitted on routed runs of an earlier RTL; rerun `calibrate run --family ecp5 --pnr`"}
     model["families"]["ecp5"] = {"scale": scale, "fmax": fmax}
+    sta = (model_before or {}).get("families", {}).get("xc7", {}).get("sta")
+    if sta:   # the yosys path estimates (`calibrate sta`) are measured apart from the records
+        model["families"]["xc7"]["sta"] = sta
     rtl = {r["rtl_sha256"] for r in data["runs"]}
     model["calibrated_on"] = sorted({r["name"] for r in cal} | {r["name"] for r in ecp5})
     model["yosys"] = sorted({r["yosys"] for r in data["runs"]})
@@ -316,6 +321,34 @@ def errors(data: dict, model: dict) -> dict:
     return out
 
 
+def sta(names: list[str], model_path: Path | None = None) -> dict:
+    """Time each named config's longest path with yosys sta (estimate_timing) and store the results
+    in the model's xc7 "sta" entry, which estimate() turns into the 7-series clock estimate."""
+    model_path = model_path or est.MODEL_PATH
+    points = {}
+    for name in names:
+        cfg = ALL[name]
+        rtl = rtl_for_config(cfg)
+        out = cache_root() / "sta" / synth_key(rtl.verilog, "xc7", "sta", False)
+        path = out / "path.json"
+        if path.exists():
+            d = json.loads(path.read_text())
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / rtl.file_name).write_text(rtl.verilog)
+            d = path_estimate(out / rtl.file_name, rtl.top, out).to_dict()
+        points[name] = {"macs": cfg.macs_per_cycle, "path_ns": d["path_ns"],
+                        "end": d["steps"][0][2] if d["steps"] else "", "rtl_sha256": rtl.sha256}
+        print(f"{name:>10}: {d['path_ns']:.2f} ns", flush=True)
+    model = json.loads(model_path.read_text())
+    model["families"].setdefault("xc7", {})["sta"] = {
+        "points": points, "rtl_source_key": est.current_source_key(),
+        "measured_on": f"RTL source key {est.current_source_key()}, {time.strftime('%Y-%m-%d')}",
+        "basis": "yosys sta after synth_xilinx: 7-series cell delays (Project X-Ray), no routing"}
+    model_path.write_text(json.dumps(model, indent=1) + "\n")
+    return points
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m accel.hw.fpga.calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -327,6 +360,8 @@ def main(argv=None) -> int:
     sub.add_parser("fit", help="fit estimate_model.json from the stored results")
     sub.add_parser("check", help="print the estimator's error on every stored result")
     sub.add_parser("rekey", help="give records whose Verilog is unchanged today's RTL source key")
+    s = sub.add_parser("sta", help="time the longest path of configurations with yosys sta (7-series clock)")
+    s.add_argument("--only", nargs="*", default=None, help=f"names among {', '.join(ALL)} (default: tiny default)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.cmd == "run":
@@ -336,6 +371,8 @@ def main(argv=None) -> int:
         model = fit(model_before=before)
         est.MODEL_PATH.write_text(json.dumps(model, indent=1) + "\n")
         print(json.dumps(model["errors"], indent=1))
+    elif args.cmd == "sta":
+        sta(args.only or ["tiny", "default"])
     elif args.cmd == "rekey":
         stale = rekey()
         if stale:

@@ -13,8 +13,10 @@ What is exact and what is fitted:
 - Clock: ECP5 Fmax from a fit to nextpnr-ecp5 results (the critical path runs from the
   accumulator RAM through the compute write-back into it; a fixed delay plus a term growing with
   the MACs per cycle, fitted to few routed runs: rough);
-  for Xilinx parts there is no open timing tool here, so the figure is the ECP5 estimate scaled
-  by a stated factor and is marked uncalibrated. Vivado's reports/timing.json is the measure.
+  for 7-series parts the longest path yosys' sta finds after synth_xilinx (estimate_timing.py;
+  cell delays, no routing: optimistic), stored by `calibrate sta` for a few configs; for other
+  Xilinx families the ECP5 estimate scaled by a stated factor, marked uncalibrated. Vivado's
+  reports/timing.json is the measure.
 """
 from __future__ import annotations
 
@@ -290,6 +292,17 @@ def estimate(cfg: AccelConfig, family: str = "xc7", part: Part | None = None,
 
 
 def _fmax(cfg: AccelConfig, family: str, model: dict) -> tuple[float | None, str]:
+    sta = model["families"].get("xc7", {}).get("sta")
+    if family == "xc7" and sta and sta.get("points"):
+        # the longest path is the ALU lane's write-back cycle, nearly the same at every size: a line
+        # in the MACs per cycle through the measured points (flat beyond them)
+        pts = sorted((p["macs"], p["path_ns"]) for p in sta["points"].values())
+        (m0, t0), (m1, t1) = pts[0], pts[-1]
+        slope = (t1 - t0) / (m1 - m0) if m1 != m0 else 0.0
+        path = t0 + slope * (min(max(cfg.macs_per_cycle, m0), m1) - m0)
+        when = f"; {sta['measured_on']}" if sta.get("measured_on") else ""
+        return (round(1000.0 / path, 1),
+                f"{sta['basis']}: {path:.1f} ns, from {', '.join(sorted(sta['points']))}{when}")
     fm = model["families"].get("ecp5", {}).get("fmax")
     if not fm:
         return None, "no Fmax calibration in the model"
@@ -300,7 +313,8 @@ def _fmax(cfg: AccelConfig, family: str, model: dict) -> tuple[float | None, str
     if family == "ecp5":
         return round(ecp5, 1), f"fit to nextpnr-ecp5 results (max error {fm.get('max_error_pct', '?')}%{stale})"
     return (round(ecp5 * XILINX_SPEED_FACTOR, 1),
-            f"uncalibrated: ECP5 estimate x {XILINX_SPEED_FACTOR} (no open 7-series timing tool; Vivado measures it)")
+            f"uncalibrated: ECP5 estimate x {XILINX_SPEED_FACTOR} (yosys sta is calibrated for 7-series only; "
+            "Vivado measures it)")
 
 
 def current_source_key() -> str | None:
