@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..interpret import run
+from .eliminate_dead_code import eliminate_dead_code
 from ..errors import QuantizeError
-from ..ir import Graph, Node
+from ..ir import Graph, Node, rewrite
 from ..ops import INT8_MAX, fixed_multiplier, int8_min
 
 SHIFT_RANGE = (-8, 24)  # activation/weight shifts outside this are clamped (and reported)
@@ -137,6 +138,7 @@ class _Quantizer:
         self.deq: dict[int, Node] = {}
         self.q: dict[int, Node] = {}
         self.layers: list[dict] = []
+        self.affine: set[str] = set()   # weights of affine_as_depthwise's convs (float where they cannot be int8)
 
     def qparams_for(self, old: Node, why: str) -> tuple[float, int]:
         """(scale, zero point) to quantize tensor `old` at."""
@@ -382,7 +384,12 @@ class _Quantizer:
             return n
         if n.op in ("conv2d", "dense") and n.inputs[1].is_const and all(i.is_const for i in n.inputs[2:]) \
                 and n.dtype == "float32" and self.has_scales(old, ins):
-            return self.gemm(ins, old)
+            try:
+                return self.gemm(ins, old)
+            except QuantizeError:
+                if old.inputs[1].name not in self.affine:
+                    raise
+                return self.floating(ins, n)   # an affine whose bias does not fit int32 at its scale
         if n.op == "add" and not any(i.is_const for i in ins) and any(id(i) in self.scale for i in ins):
             return self.add(ins, old)
         if n.op in SCALE_PRESERVING and id(ins[0]) in self.scale and (n.op != "pad" or n.attrs["mode"] == "constant"):
@@ -392,9 +399,74 @@ class _Quantizer:
         return self.floating(ins, n)
 
 
+def _channel_const(n: Node, channels: int) -> np.ndarray | None:
+    """The per-channel values of a constant broadcast over axis 1 of an N C H W tensor, else None."""
+    if not n.is_const or n.value.size != channels or n.value.ndim > 4:
+        return None
+    shape = (1,) * (4 - n.value.ndim) + n.value.shape
+    return n.value.reshape(-1).astype(np.float64) if shape[1] == channels else None
+
+
+def affine_as_depthwise(graph: Graph) -> tuple[Graph, dict[str, np.ndarray]]:
+    """A per-channel multiply (+ per-channel add) of an N C H W tensor, as fold_batchnorm leaves a
+    batch norm it cannot fold (pre-activation after a concat), becomes a 1x1 depthwise conv2d so
+    that it quantizes as a GEMM layer: int8 in and out, per-channel weights at +-127 and fixed-point
+    multipliers (SCALE on the accelerator, a ReLU after it fused as the clamp) instead of float
+    arithmetic between dequantize and quantize. Returns the graph and the weights' per-channel
+    scales (for _Quantizer.weights)."""
+    users = graph.users()
+    scales: dict[str, np.ndarray] = {}
+
+    def affine(mul: Node):
+        """(index of x, g) of a per-channel multiply x * g, else None."""
+        if mul.op != "mul" or mul.dtype != "float32":
+            return None
+        for k in (0, 1):
+            x, c = mul.inputs[k], mul.inputs[1 - k]
+            if not x.is_const and x.type.rank == 4 and x.shape == mul.shape:
+                g = _channel_const(c, x.shape[1])
+                if g is not None:
+                    return k, g
+        return None
+
+    def with_add(add: Node):
+        """(index of the multiply, its affine(), beta) of a per-channel add after a sole-use multiply."""
+        if add.op != "add" or any(add is o for o in graph.outputs):
+            return None
+        for k in (0, 1):
+            m, c = add.inputs[k], add.inputs[1 - k]
+            a = affine(m)
+            if a is not None and len(users[id(m)]) == 1 and m.shape == add.shape:
+                beta = _channel_const(c, m.shape[1])
+                if beta is not None:
+                    return k, a, beta
+        return None
+
+    def fn(n: Node, old: Node):
+        found = with_add(old)
+        if found is not None:
+            k, (xk, g), beta = found
+            x = n.inputs[k].inputs[xk]
+        else:
+            a = affine(old)
+            if a is None or (len(users[id(old)]) == 1 and with_add(users[id(old)][0]) is not None):
+                return None   # not an affine, or the add after it takes it
+            (xk, g), beta = a, np.zeros(old.shape[1])
+            x = n.inputs[xk]
+        ch = x.shape[1]
+        w = Node.const(g.reshape(ch, 1, 1, 1).astype(np.float32), name=f"{old.name}/affine_w")
+        scales[w.name] = np.where(g != 0, np.abs(g) / INT8_MAX, 1.0)
+        b = Node.const(beta.astype(np.float32), name=f"{old.name}/affine_b")
+        return Node("conv2d", [x, w, b], {"groups": ch}, name=old.name, origin=old.origin)
+    return eliminate_dead_code(rewrite(graph, fn)), scales
+
+
 def quantize(graph: Graph, calibration: Calibration) -> Graph:
     """Rewrite the float graph into shift-quantized int8 ops (see module doc)."""
+    graph, affine_scales = affine_as_depthwise(graph)
     qz = _Quantizer(graph, calibration)
+    qz.weight_scales = {**qz.weight_scales, **affine_scales}
+    qz.affine = set(affine_scales)
     mapping: dict[int, Node] = {}
     nodes: list[Node] = []
     placed: set[int] = set()

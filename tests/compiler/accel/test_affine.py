@@ -1,0 +1,91 @@
+"""A batch norm that cannot fold into a conv (pre-activation after a concat, as in DenseNet)
+becomes a 1x1 depthwise int8 conv (compiler.graph.passes.quantize.affine_as_depthwise): int8 in
+and out with its ReLU fused, on the accelerator when the target takes it, bit-exact on fsim."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import compiler
+from compiler.frontend.zoo import ModelBuilder, sample_inputs
+from compiler.graph import run as reference_run
+from compiler.graph.ir import Graph, Node
+from compiler.graph.passes.quantize import affine_as_depthwise
+from host_runtime.executor import Executor
+
+
+def dense_block(seed: int = 0, c1: int = 16, c2: int = 8, hw: int = 6, relu: bool = True, bias: bool = True):
+    """Two convs concatenated, then batch norm (+ ReLU) before a 1x1 conv: the BN cannot fold."""
+    b = ModelBuilder("dense_block", seed)
+    x = b.input("image", (1, 3, hw, hw))
+    a = b.op("Relu", [b.conv(x, 3, c1, name="conv_a")])
+    c = b.op("Relu", [b.conv(x, 3, c2, name="conv_b")])
+    y = b.op("Concat", [a, c], name="cat", axis=1)
+    y = b.bn(y, c1 + c2, name="bn")
+    if relu:
+        y = b.op("Relu", [y], name="bn_relu")
+    y = b.conv(y, c1 + c2, 16, k=1, name="conv_c", bias=bias)
+    return b.build([y])
+
+
+def _build(m, config="tiny"):
+    feeds = sample_inputs(m, 6, seed=5)
+    return compiler.build_model(m, target="accel", config=config, calibration=feeds[:4]), feeds[4:]
+
+
+@pytest.mark.parametrize("relu", [True, False])
+def test_unfoldable_batch_norm_is_an_int8_depthwise_conv_on_the_accelerator(relu):
+    m = dense_block(relu=relu)
+    mod, tests = _build(m)
+    steps = {s.name: s for s in mod.steps}
+    assert steps["bn"].op == ("qconv2d+relu" if relu else "qconv2d"), steps["bn"]
+    assert steps["bn"].kind == "accel", mod.meta["partition"]
+    assert not any(s.op.split("+")[0] in ("mul", "add", "batch_norm", "dequantize") for s in mod.steps[:-1])
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feeds in tests:
+        with Executor(mod, driver="fsim") as ex:
+            outs = ex.run(feeds, keep=True)
+        _, env = reference_run(mod.graph, feeds, keep=True)
+        ints = {n.name: env[id(n)] for n in mod.graph.nodes if id(n) in env and env[id(n)].dtype == np.int8}
+        assert ("bn_relu" if relu else "bn") in ex.values
+        for k in ex.values:
+            if k in ints:
+                np.testing.assert_array_equal(ex.values[k], ints[k], err_msg=k)
+        got, want = next(iter(outs.values())).ravel(), sess.run(None, feeds)[0].ravel()
+        assert got @ want / (np.linalg.norm(got) * np.linalg.norm(want)) >= 0.99
+
+
+@settings(max_examples=15, deadline=None)
+@given(c=st.integers(1, 40), hw=st.integers(1, 5), lone_mul=st.booleans(), zero=st.booleans(), seed=st.integers(0, 99))
+def test_affine_as_depthwise_computes_the_same_float(c, hw, lone_mul, zero, seed):
+    rng = np.random.default_rng(seed)
+    x = Node.input("x", (2, c, hw, hw), "float32")
+    g = rng.standard_normal((1, c, 1, 1)).astype(np.float32)
+    if zero:
+        g[0, 0] = 0
+    y = Node("mul", [x, Node.const(g, name="g")], name="m")
+    if not lone_mul:
+        y = Node("add", [Node.const(rng.standard_normal((c, 1, 1)).astype(np.float32), name="beta"), y], name="bn")
+    out = Node("relu", [y], name="r")
+    graph = Graph.from_outputs([x], [out])
+    new, scales = affine_as_depthwise(graph)
+    convs = [n for n in new.ops if n.op == "conv2d"]
+    assert len(convs) == 1 and convs[0].attrs["groups"] == c and not any(n.op in ("mul", "add") for n in new.ops)
+    assert np.all(scales[convs[0].inputs[1].name] > 0)
+    feed = rng.standard_normal((2, c, hw, hw)).astype(np.float32)
+    np.testing.assert_allclose(reference_run(new, {"x": feed})[0], reference_run(graph, {"x": feed})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_affine_as_depthwise_leaves_other_products_alone():
+    x = Node.input("x", (1, 4, 3, 3), "float32")
+    z = Node.input("z", (1, 4, 3, 3), "float32")
+    spatial = Node("mul", [x, Node.const(np.ones((1, 1, 3, 3), np.float32), name="s")], name="spatial")
+    both = Node("mul", [spatial, z], name="both")
+    shared = Node("mul", [both, Node.const(np.ones((1, 4, 1, 1), np.float32), name="g")], name="shared")
+    out1 = Node("add", [shared, Node.const(np.ones((1, 4, 1, 1), np.float32), name="b")], name="out1")
+    graph = Graph.from_outputs([x, z], [out1, shared])
+    new, _ = affine_as_depthwise(graph)
+    ops = [n.op for n in new.ops]
+    # the shared multiply (two users) becomes a lone depthwise conv; the add after it stays an add
+    assert ops.count("mul") == 2 and ops.count("conv2d") == 1 and ops.count("add") == 1, ops
