@@ -5,8 +5,9 @@ over contiguous channel slices of the packed input and output: each reads its in
 blocks and writes straight into its output-channel blocks of the layer's output buffer (no
 concat copy). Groups whose slices do not fill whole blocks are merged k at a time into one
 "super-group" whose weights are block-diagonal (zeros between the merged groups), k the smallest
-divisor of g that aligns both slices to the blocks (g' = g / k); when none does, k = g and the
-layer is one dense conv with block-diagonal weights (packing pads the channels). A depthwise
+number that aligns both slices to the blocks (g' = ceil(g / k) slices over the block-padded
+channels, the last one partly padding); when none does, k = g and the layer is one dense conv
+with block-diagonal weights. A depthwise
 conv (one channel per group) thus becomes a diagonal GEMM over block_in-channel slices:
 1/block_in of the MACs are useful but they run on the fast core; grouped_waste is what the
 placement weighs against the CPU.
@@ -35,12 +36,17 @@ __all__ = ["merge_factor", "grouped_waste", "expand_grouped_weight", "group_spec
 
 def merge_factor(groups: int, cin: int, cout: int, block_in: int, block_out: int) -> int:
     """k: how many consecutive groups share one GEMM so that both channel slices fill whole blocks
-    (the smallest such divisor of groups; groups itself, one dense conv, when none aligns)."""
+    and ceil(groups / k) slices tile the packed (block-padded) channels exactly; the last slice may
+    hold fewer groups (its missing ones are zero padding). The smallest such k; groups itself (one
+    dense conv) when none fits."""
     if groups < 1 or cin % groups or cout % groups:
         raise TilingError(f"groups={groups} does not divide {cin} input and {cout} output channels")
     cpg, opg = cin // groups, cout // groups
-    for k in range(1, groups + 1):
-        if groups % k == 0 and (k * cpg) % block_in == 0 and (k * opg) % block_out == 0:
+    cpad, opad = _ceil(cin, block_in) * block_in, _ceil(cout, block_out) * block_out
+    for k in range(1, groups):
+        gp = _ceil(groups, k)
+        if ((k * cpg) % block_in == 0 and (k * opg) % block_out == 0 and gp * k * cpg == cpad
+                and gp * k * opg == opad):
             return k
     return groups
 
@@ -48,17 +54,18 @@ def merge_factor(groups: int, cin: int, cout: int, block_in: int, block_out: int
 def grouped_waste(groups: int, cin: int, cout: int, block_in: int, block_out: int) -> float:
     """Fraction of the GEMM core's MACs that multiply padding or the zeros between merged groups."""
     k = merge_factor(groups, cin, cout, block_in, block_out)
-    gp = groups // k
+    gp = _ceil(groups, k)
     sin, sout = k * cin // groups, k * cout // groups
     executed = gp * _ceil(sin, block_in) * block_in * _ceil(sout, block_out) * block_out
     return 1.0 - cout * (cin // groups) / executed
 
 
 def expand_grouped_weight(w: np.ndarray, groups: int, k: int) -> np.ndarray:
-    """OIHW weights of a conv with `groups` groups -> those of the same conv with groups // k groups:
-    each output channel's cin/g weights placed at its group's slot in the merged slice, zeros elsewhere."""
+    """OIHW weights of a conv with `groups` groups -> those of the same conv with ceil(groups / k)
+    groups over the block-padded channels: each output channel's cin/g weights at its group's slot
+    in the merged slice, zeros elsewhere."""
     o, cpg = w.shape[:2]
-    if groups % k or o % groups:
+    if not 1 <= k <= groups or o % groups:
         raise TilingError(f"cannot merge {k} of {groups} groups over {o} output channels")
     opg = o // groups
     out = np.zeros((o, k * cpg, *w.shape[2:]), w.dtype)
@@ -161,10 +168,9 @@ def run_grouped_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | 
     the device, unpack: (int8 NCHW, RunResult, merged groups)."""
     cfg = device.cfg
     k = merge_factor(groups, spec.c, spec.o, cfg.block_in, cfg.block_out)
-    gp = groups // k
+    gp = _ceil(groups, k)
     wm = expand_grouped_weight(w, groups, k)
-    cpad = spec.c if gp > 1 else _ceil(spec.c, cfg.block_in) * cfg.block_in
-    opad = spec.o if gp > 1 else _ceil(spec.o, cfg.block_out) * cfg.block_out
+    cpad, opad = _ceil(spec.c, cfg.block_in) * cfg.block_in, _ceil(spec.o, cfg.block_out) * cfg.block_out
     pspec = replace(spec, c=cpad, o=opad)
     tiling = plan_conv2d(group_spec(pspec, gp, cfg.batch), cfg, vt)
     mem = device.memory

@@ -67,7 +67,7 @@ def pack_layout(graph: Graph, cfg: AccelConfig) -> Graph:
             if old.attrs.get("groups", 1) > 1:  # groups merged onto whole blocks (compiler.accel.grouped)
                 g = old.attrs["groups"]
                 k = merge_factor(g, x.shape[1], old.shape[1], cfg.block_in, cfg.block_out)
-                wv, attrs["groups"] = expand_grouped_weight(wv, g, k), g // k
+                wv, attrs["groups"] = expand_grouped_weight(wv, g, k), -(-g // k)
             wp = const(pack_ref(wv, blk_w), f"{w.name}/packed")
             o_pad = packed_shape(w.shape, blk_w)[0] * cfg.block_out
             bp = const(np.pad(b.value, (0, o_pad - b.shape[0])), f"{b.name}/packed")

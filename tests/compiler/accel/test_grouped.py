@@ -44,7 +44,10 @@ def test_merge_factor_and_waste():
     assert merge_factor(3, 240, 240, 16, 16) == 1            # ShuffleNet: 80 channels a group, whole blocks
     assert merge_factor(32, 32, 32, 16, 16) == 16            # depthwise: 16 channels a diagonal GEMM
     assert grouped_waste(32, 32, 32, 16, 16) == pytest.approx(15 / 16)
-    assert merge_factor(3, 24, 24, 16, 16) == 3              # no divisor aligns: one conv, block-diagonal
+    assert merge_factor(3, 24, 24, 16, 16) == 2              # two slices, the second half padding
+    assert grouped_waste(3, 24, 24, 16, 16) == pytest.approx(1 - 24 * 8 / (2 * 16 * 16))
+    assert merge_factor(136, 136, 136, 16, 16) == 16         # 9 diagonal slices, the last one half padding
+    assert merge_factor(3, 24, 36, 16, 16) == 3              # nothing aligns: one conv, block-diagonal
     assert grouped_waste(3, 240, 240, 16, 16) == 0.0
     with pytest.raises(TilingError, match="groups=5"):
         merge_factor(5, 12, 10, 16, 16)
@@ -62,7 +65,7 @@ def test_expand_weight_is_the_same_conv():
 
 
 @pytest.mark.parametrize("c,o,groups,k", [(48, 48, 3, 3), (32, 32, 32, 3), (64, 128, 64, 3), (240, 240, 3, 1),
-                                          (24, 24, 3, 1), (32, 64, 2, 1)])
+                                          (24, 24, 3, 1), (32, 64, 2, 1), (40, 40, 40, 3), (24, 36, 3, 1)])
 def test_grouped_default_config_bit_exact(c, o, groups, k):
     spec = Conv2dSpec(1, c, 7, 6, o, k, k, (k // 2,) * 4, (1, 1), "g")
     res, _ = _check(PRESETS["default"], spec, groups, Requant(shift=9, lo=0, hi=127))
@@ -77,7 +80,7 @@ def test_depthwise_strided_merges_to_block_slices():
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=st.sampled_from([PRESETS["tiny"], ODD, PRESETS["default"]]), n=st.integers(1, 3),
-       cpg=st.sampled_from([1, 2, 3, 4, 8, 16]), opg=st.sampled_from([1, 2, 4, 8, 16]), groups=st.integers(1, 12),
+       cpg=st.sampled_from([1, 2, 3, 4, 8, 16]), opg=st.sampled_from([1, 2, 3, 4, 8, 16]), groups=st.integers(1, 12),
        h=st.integers(1, 8), w=st.integers(1, 8), k=st.sampled_from([1, 3]), pad=st.integers(0, 1),
        stride=st.integers(1, 2), shift=st.integers(0, 12), seed=st.integers(0, 9))
 def test_grouped_random_shapes_and_configs(cfg, n, cpg, opg, groups, h, w, k, pad, stride, shift, seed):
@@ -99,13 +102,16 @@ def _grouped_model(seed=0):
     return b.build([y])
 
 
-@pytest.mark.parametrize("model,cfg", [("grouped", "default"), ("depthwise_separable", "tiny")])
-def test_built_model_runs_grouped_convs_on_the_accelerator_bit_exact(model, cfg):
-    """Grouped and depthwise convs are placed on the accelerator and every int8 tensor the module
+@pytest.mark.parametrize("model,cfg,force", [("grouped", "default", True), ("grouped", "tiny", False),
+                                             ("depthwise_separable", "tiny", False)])
+def test_built_model_runs_grouped_convs_on_the_accelerator_bit_exact(model, cfg, force):
+    """Grouped and depthwise convs are placed on the accelerator (a depthwise one at block 16 only
+    when forced: a diagonal GEMM wastes 15/16 of the core) and every int8 tensor the module
     computes on fsim equals the graph's int8 reference; tsim runs the same module."""
     m = _grouped_model() if model == "grouped" else zoo.depthwise_separable()
     feeds = zoo.sample_inputs(m, 5, seed=3)
-    mod = compiler.build_model(m, target="accel", config=cfg, calibration=feeds[:4])
+    mod = compiler.build_model(m, target="accel", config=cfg, calibration=feeds[:4],
+                               force_target={"Conv": "accel"} if force else None)
     convs = [s for s in mod.steps if s.op.startswith("qconv2d")]
     grouped = [n for n in mod.graph.nodes if n.op == "qconv2d" and n.attrs["groups"] > 1] + \
         [n for n in mod.graph.nodes if n.op == "fused" for n in n.attrs["body"].ops
@@ -130,15 +136,14 @@ def test_built_model_runs_grouped_convs_on_the_accelerator_bit_exact(model, cfg)
 
 
 def test_placement_declines_grouped_waste_beyond_the_rule():
-    """Depthwise on a 32-lane block wastes 31/32 of the core: declined (soft, kind depthwise); the
-    grouped 3x3 (3 groups of 8 channels, merged into one block-diagonal conv) still goes to the accelerator."""
-    cfg = AccelConfig(block_in=32, block_out=32, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024,
-                      inp_buff_bytes=32 * 1024, wgt_buff_bytes=64 * 1024)
-    assert grouped_waste(64, 64, 64, 32, 32) > ACCEL_RULES.max_grouped_waste
-    assert grouped_waste(64, 64, 64, 16, 16) <= ACCEL_RULES.max_grouped_waste
+    """Depthwise at block 16 wastes 15/16 of the core: declined (soft, kind depthwise); the grouped
+    1x1 (3 groups of 16) and the grouped 3x3 of 3 groups of 8 channels (two 16-channel slices, the
+    second half padding) go to the accelerator."""
+    assert grouped_waste(64, 64, 64, 16, 16) > ACCEL_RULES.max_grouped_waste
+    assert grouped_waste(64, 64, 64, 4, 4) <= ACCEL_RULES.max_grouped_waste
     m = _grouped_model()
-    mod = compiler.build_model(m, target="accel", config=cfg, calibration=zoo.sample_inputs(m, 2, seed=3))
+    mod = compiler.build_model(m, target="accel", config="default", calibration=zoo.sample_inputs(m, 2, seed=3))
     part = {d["name"]: d for d in mod.meta["partition"]}
     assert part["dw"]["target"] == "cpu" and part["dw"]["kind"] == "depthwise", part["dw"]
     assert "max_grouped_waste" in part["dw"]["reason"]
-    assert part["g8"]["target"] == "accel"
+    assert part["gconv"]["target"] == "accel" and part["g8"]["target"] == "accel"
