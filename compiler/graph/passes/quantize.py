@@ -412,8 +412,9 @@ def affine_as_depthwise(graph: Graph) -> tuple[Graph, dict[str, np.ndarray]]:
     batch norm it cannot fold (pre-activation after a concat), becomes a 1x1 depthwise conv2d so
     that it quantizes as a GEMM layer: int8 in and out, per-channel weights at +-127 and fixed-point
     multipliers (SCALE on the accelerator, a ReLU after it fused as the clamp) instead of float
-    arithmetic between dequantize and quantize. Returns the graph and the weights' per-channel
-    scales (for _Quantizer.weights)."""
+    arithmetic between dequantize and quantize. An average pool whose windows all divide by the
+    same count (global ones included) becomes a depthwise conv with weights 1/count likewise.
+    Returns the graph and the weights' per-channel scales (shaped C 1 1 1, for _Quantizer.weights)."""
     users = graph.users()
     scales: dict[str, np.ndarray] = {}
 
@@ -443,6 +444,8 @@ def affine_as_depthwise(graph: Graph) -> tuple[Graph, dict[str, np.ndarray]]:
         return None
 
     def fn(n: Node, old: Node):
+        if old.op in ("avg_pool2d", "global_avg_pool"):
+            return pool(n, old)
         found = with_add(old)
         if found is not None:
             k, (xk, g), beta = found
@@ -455,9 +458,30 @@ def affine_as_depthwise(graph: Graph) -> tuple[Graph, dict[str, np.ndarray]]:
             x = n.inputs[xk]
         ch = x.shape[1]
         w = Node.const(g.reshape(ch, 1, 1, 1).astype(np.float32), name=f"{old.name}/affine_w")
-        scales[w.name] = np.where(g != 0, np.abs(g) / INT8_MAX, 1.0)
+        scales[w.name] = np.where(g != 0, np.abs(g) / INT8_MAX, 1.0).reshape(ch, 1, 1, 1)
         b = Node.const(beta.astype(np.float32), name=f"{old.name}/affine_b")
         return Node("conv2d", [x, w, b], {"groups": ch}, name=old.name, origin=old.origin)
+    def pool(n: Node, old: Node):
+        """An average pool with one divisor for every window: a depthwise conv with weights 1/k."""
+        x = n.inputs[0]
+        if x.type.rank != 4 or old.dtype != "float32":
+            return None
+        ch, h, w = x.shape[1:]
+        if old.op == "global_avg_pool":
+            attrs, (kh, kw) = {}, (h, w)
+        else:
+            a = old.attrs
+            (kh, kw), pads = a["kernel"], tuple(a["pads"])
+            oh, ow = old.shape[2:]
+            spans = ((oh - 1) * a["strides"][0] + kh, (ow - 1) * a["strides"][1] + kw)
+            if (any(pads) and not a["count_include_pad"]) or spans[0] > h + pads[0] + pads[2] \
+                    or spans[1] > w + pads[1] + pads[3]:
+                return None   # windows with fewer elements divide by less
+            attrs = {"strides": tuple(a["strides"]), "pads": pads}
+        wt = Node.const(np.full((ch, 1, kh, kw), 1.0 / (kh * kw), np.float32), name=f"{old.name}/avg_w")
+        scales[wt.name] = np.full((ch, 1, 1, 1), 1.0 / (kh * kw) / INT8_MAX)
+        b = Node.const(np.zeros(ch, np.float32), name=f"{old.name}/avg_b")
+        return Node("conv2d", [x, wt, b], {**attrs, "groups": ch}, name=old.name, origin=old.origin)
     return eliminate_dead_code(rewrite(graph, fn)), scales
 
 

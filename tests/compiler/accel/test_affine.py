@@ -89,3 +89,50 @@ def test_affine_as_depthwise_leaves_other_products_alone():
     ops = [n.op for n in new.ops]
     # the shared multiply (two users) becomes a lone depthwise conv; the add after it stays an add
     assert ops.count("mul") == 2 and ops.count("conv2d") == 1 and ops.count("add") == 1, ops
+
+
+@settings(max_examples=20, deadline=None)
+@given(c=st.integers(1, 20), h=st.integers(2, 7), k=st.integers(1, 3), s=st.integers(1, 3), pad=st.integers(0, 1),
+       incl=st.integers(0, 1), ceil=st.integers(0, 1), glob=st.booleans(), seed=st.integers(0, 99))
+def test_average_pools_as_depthwise_compute_the_same_float(c, h, k, s, pad, incl, ceil, glob, seed):
+    k, pad = min(k, h), min(pad, k - 1)
+    x = Node.input("x", (1, c, h, h + 1), "float32")
+    if glob:
+        y = Node("global_avg_pool", [x], name="p")
+    else:
+        y = Node("avg_pool2d", [x], {"kernel": (k, k), "strides": (s, s), "pads": (pad,) * 4, "ceil_mode": ceil,
+                                     "count_include_pad": incl}, name="p")
+    graph = Graph.from_outputs([x], [Node("relu", [y], name="r")])
+    new, scales = affine_as_depthwise(graph)
+    convs = [n for n in new.ops if n.op == "conv2d"]
+    assert len(convs) <= 1 and (convs or not glob)
+    feed = np.random.default_rng(seed).standard_normal((1, c, h, h + 1)).astype(np.float32)
+    np.testing.assert_allclose(reference_run(new, {"x": feed})[0], reference_run(graph, {"x": feed})[0],
+                               rtol=1e-5, atol=1e-5)
+    if not glob and pad and not incl:
+        assert not convs   # border windows divide by fewer elements: stays a pool
+
+
+def test_average_pools_run_int8_on_the_accelerator():
+    """DenseNet's transition (conv, 2x2 average pool) and head (global average pool): int8 depthwise
+    convs on the accelerator, bit-exact on fsim, near onnxruntime."""
+    b = ModelBuilder("transition", 3)
+    x = b.input("image", (1, 3, 8, 8))
+    y = b.op("Relu", [b.conv(x, 3, 16, name="conv_a")])
+    y = b.conv(y, 16, 16, k=1, name="conv_t")
+    y = b.op("AveragePool", [y], name="avg", kernel_shape=[2, 2], strides=[2, 2])
+    y = b.op("Relu", [b.conv(y, 16, 16, name="conv_b")])
+    y = b.op("GlobalAveragePool", [y], name="gap")
+    m = b.build([y])
+    mod, tests = _build(m)
+    steps = {s.name: s for s in mod.steps}
+    assert steps["avg"].kind == "accel" and steps["gap"].kind == "accel", mod.meta["partition"]
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feeds in tests:
+        with Executor(mod, driver="fsim") as ex:
+            outs = ex.run(feeds, keep=True)
+        _, env = reference_run(mod.graph, feeds, keep=True)
+        for k in ("avg", "gap"):
+            np.testing.assert_array_equal(ex.values[k], env[id(mod.graph.find(k))], err_msg=k)
+        got, want = next(iter(outs.values())).ravel(), sess.run(None, feeds)[0].ravel()
+        assert got @ want / (np.linalg.norm(got) * np.linalg.norm(want)) >= 0.99
