@@ -2,7 +2,9 @@
 built with the heuristic schedules (an empty log), tuned on this machine (compiler.autotune: the
 cost model picks what to measure, --trials per kernel signature), rebuilt from the log (a lookup:
 the measurement count of that build is recorded and must be 0), and the three timed alternately
-in one run (untuned, tuned, onnxruntime; each block after a pause and an untimed call).
+in one run (untuned, tuned, onnxruntime, and the untuned module once more as a control whose
+ratio to the first is the run's noise floor; each block after a pause and an untimed call, the
+order rotating every round).
 
 Networks: the zoo's tiny CNN, MLP and transformer encoder, ResNet-18 and the MobileNetV2-like net
 of bench/e2e.py (--size sets the image side of the last two; 224 is the reference figure). The
@@ -51,11 +53,13 @@ def load(name: str, size: int):
 
 
 def time_alternating(fns: dict, repeat: int, rounds: int) -> dict[str, float]:
-    """Median seconds per call of each function, measured in alternating blocks."""
+    """Median seconds per call of each function, measured in alternating blocks; the order
+    rotates every round, so no side always runs right after the same other one."""
     ts = {k: [] for k in fns}
     per = max(1, -(-repeat // rounds))
-    for _ in range(rounds):
-        for k, f in fns.items():
+    items = list(fns.items())
+    for r in range(rounds):
+        for k, f in items[r % len(items):] + items[:r % len(items)]:
             time.sleep(0.05)
             f()
             for _ in range(per):
@@ -99,18 +103,22 @@ def bench_net(name: str, args, log_path: Path, empty_log: Path, counter: _Counte
     r["configs"] = {k: v["config"] for k, v in tuned.meta["tuning"].items()}
     say(f"{name}: tuned {r['kernels_tuned']} kernel signature(s) with {r['measurements']} measurement(s) in "
         f"{r['tune_s']:.1f} s; rebuild {r['tuned_build_s']:.1f} s with {r['rebuild_measurements']} measurement(s)")
-    with Executor(untuned) as eu, Executor(tuned) as et:
+    with Executor(untuned) as eu, Executor(tuned) as et, Executor(untuned) as ec:
         for key, ex in (("untuned", eu), ("tuned", et)):
             got = next(iter(ex.run(feed).values()))
             r[f"{key}_max_rel_err"] = float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-30))
+        # control: the untuned module a second time; control / untuned is the run's noise floor
         t = time_alternating({"untuned": lambda: eu.run(feed), "tuned": lambda: et.run(feed),
-                              "ort": lambda: sess.run(None, feed)}, args.repeat, args.rounds)
+                              "ort": lambda: sess.run(None, feed), "control": lambda: ec.run(feed)},
+                             args.repeat, args.rounds)
     r.update({f"{k}_s": v for k, v in t.items()})
     r["tuned_vs_ort"] = t["tuned"] / t["ort"]
     r["untuned_vs_ort"] = t["untuned"] / t["ort"]
     r["tuned_vs_untuned"] = t["tuned"] / t["untuned"]
+    r["control_vs_untuned"] = t["control"] / t["untuned"]
     say(f"{name}: untuned {t['untuned'] * 1e3:.3f} ms, tuned {t['tuned'] * 1e3:.3f} ms, onnxruntime "
-        f"{t['ort'] * 1e3:.3f} ms: tuned/ort {r['tuned_vs_ort']:.2f}, untuned/ort {r['untuned_vs_ort']:.2f}")
+        f"{t['ort'] * 1e3:.3f} ms: tuned/ort {r['tuned_vs_ort']:.2f}, untuned/ort {r['untuned_vs_ort']:.2f} "
+        f"(noise floor: the untuned module again {r['control_vs_untuned']:.2f}x)")
     return r
 
 
@@ -146,7 +154,7 @@ def main(argv=None) -> int:
             results["nets"][name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"{name}: error {type(e).__name__}: {e}", flush=True)
     ok = [r for r in results["nets"].values() if "tuned_vs_ort" in r]
-    for key in ("tuned_vs_ort", "untuned_vs_ort", "tuned_vs_untuned"):
+    for key in ("tuned_vs_ort", "untuned_vs_ort", "tuned_vs_untuned", "control_vs_untuned"):
         results[f"geomean_{key}"] = geomean(r[key] for r in ok)
         results[f"max_{key}"] = max((r[key] for r in ok), default=None)
     results["load_avg_1m_after"] = os.getloadavg()[0]
