@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -131,6 +131,19 @@ def check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> Decline | None:
     return None
 
 
+def is_channel_epilogue(n: Node) -> bool:
+    """A depthwise qconv2d whose weights are one value per channel over the window: a batch norm
+    that could not fold, or an average pool (compiler.graph.passes.quantize.affine_as_depthwise).
+    Its diagonal GEMM takes one cycle per pixel, channel block and tap, what one ALU pass over the
+    same entries takes, so the waste rule that weighs real depthwise convs does not apply; it
+    saves the host a dequantize, float pass and quantize between two accelerator layers."""
+    if n.op != "qconv2d" or not n.inputs[1].is_const or n.attrs["groups"] == 1:
+        return False
+    w = n.inputs[1].value
+    return (n.attrs["groups"] == _channels(n.inputs[0]) == n.shape[1] and w.ndim == 4 and w.shape[1] == 1
+            and bool(np.all(w == w[:, :, :1, :1])))
+
+
 def pool_spec(n: Node, x_shape) -> PoolSpec:
     """The PoolSpec of a max_pool2d over x_shape, NCHW (planes counted as packed) or packed."""
     planes = math.prod(x_shape[:2])
@@ -193,6 +206,8 @@ class AccelTarget(Target):
     # ---- placement -------------------------------------------------------------------------------
     def supports(self, n: Node, ctx: PlacementContext) -> str | None:
         rules = ctx.rules or ACCEL_RULES
+        if is_channel_epilogue(n):   # before the waste rule: no ALU or CPU pass does it for less
+            return check_gemm(n, ctx.config, replace(rules, max_grouped_waste=1.0, min_roofline_efficiency=0.0))
         if n.op in rules.gemm_ops:
             return check_gemm(n, ctx.config, rules)
         if n.op in rules.alu_ops and n.dtype == "int8":

@@ -136,3 +136,17 @@ def test_average_pools_run_int8_on_the_accelerator():
             np.testing.assert_array_equal(ex.values[k], env[id(mod.graph.find(k))], err_msg=k)
         got, want = next(iter(outs.values())).ravel(), sess.run(None, feeds)[0].ravel()
         assert got @ want / (np.linalg.norm(got) * np.linalg.norm(want)) >= 0.99
+
+
+def test_channel_epilogues_go_to_the_accelerator_past_the_depthwise_waste_rule():
+    """On the default config (block 16) a real depthwise conv wastes too much of the core to go
+    there, but an affine or average pool as a depthwise conv costs the core no more than an ALU
+    pass would: placed on the accelerator, and bit-exact there."""
+    m = dense_block(c1=32, c2=16, hw=4)
+    mod, tests = _build(m, "default")
+    steps = {s.name: s for s in mod.steps}
+    assert steps["bn"].kind == "accel" and not mod.meta["fallbacks"], mod.meta["partition"]
+    with Executor(mod, driver="fsim") as ex:
+        ex.run(tests[0], keep=True)
+    _, env = reference_run(mod.graph, tests[0], keep=True)
+    np.testing.assert_array_equal(ex.values["bn_relu"], env[id(mod.graph.find("bn_relu"))])
