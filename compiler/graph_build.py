@@ -25,7 +25,7 @@ import numpy as np
 from accel.isa import AccelConfig, resolve_config
 from host_runtime import Device
 from host_runtime.executor import KernelSource, Step, TensorSpec
-from host_runtime.memory import DeviceMemory
+from host_runtime.memory import Buffer, DeviceMemory
 
 from .frontend import from_onnx
 from .graph.ir import Graph, Node
@@ -111,6 +111,9 @@ class Builder:
                 continue
             if plan is not None:
                 buf = bufs[plan.assignment[k]]
+                off = plan.offsets.get(k, 0)
+                if off:   # a slice of an in-place concat's buffer (plan_memory)
+                    buf = Buffer(self.mem, buf.addr + off, n.type.nbytes, f"{buf.name}+{off}")
             else:
                 buf = self.mem.alloc(max(1, n.type.nbytes), align=self.align, name=n.name)
             self.tid[id(n)] = self._add_tensor(n.name, n.type, buf)
@@ -140,9 +143,13 @@ class Builder:
     def lower(self) -> None:
         self.plan_tensors()
         ops = self.g.ops
+        plan = self.g.meta.get("memory_plan")
+        elided = plan.elided if plan is not None else set()
         for k, n in enumerate(ops):
             if self.progress:
                 self.progress("lower", k, len(ops))
+            if n.name in elided:   # a concat its producers wrote in place (plan_memory)
+                continue
             self.target(n.target or self.primary.name).lower(self, n)
         if self.progress:
             self.progress("lower", len(ops), len(ops))

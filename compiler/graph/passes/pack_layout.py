@@ -5,7 +5,8 @@ A pack is inserted before each accelerator op's activation input and an unpack a
 an unpack feeding a pack of the same blocking cancels, so adjacent accelerator layers exchange
 packed tensors directly. Weight packing is done here on the constants (no runtime op); a grouped
 conv's weights are first merged onto whole blocks (compiler.accel.grouped: the node keeps the
-merged group count, so its reference stays exact).
+merged group count, so its reference stays exact). A channel concat of packed accelerator outputs
+stays packed, so that plan_memory can place its inputs inside its buffer (no copy).
 """
 from __future__ import annotations
 
@@ -52,9 +53,26 @@ def pack_layout(graph: Graph, cfg: AccelConfig) -> Graph:
     def const(value: np.ndarray, name: str) -> Node:
         return emit(Node.const(value, name=name))
 
+    def packed_concat(old: Node, ins: list) -> Node | None:
+        """A channel concat of accelerator outputs, kept packed (each input whole blocks of one
+        blocking, one batch block): plan_memory then places the inputs inside its buffer."""
+        srcs = [packed_of.get(id(i)) for i in ins]
+        if old.op != "concat" or old.attrs["axis"] != 1 or len(old.shape) != 4 or None in srcs:
+            return None
+        blk = tuple(srcs[0].shape[-2:])
+        if any(tuple(s.shape[-2:]) != blk or i.shape[1] % blk[1] for s, i in zip(srcs, old.inputs)) \
+                or old.shape[0] > blk[0]:
+            return None
+        y = emit(Node("concat", srcs, dict(old.attrs), name=old.name, origin=old.origin, target=CPU))
+        return unpacked(y, old.shape)
+
     for old in graph.nodes:
         ins = [mapping[id(i)] for i in old.inputs]
         if old.target != ACCEL:
+            u = packed_concat(old, ins)
+            if u is not None:
+                mapping[id(old)] = u
+                continue
             n = old if all(a is b for a, b in zip(ins, old.inputs)) else old.with_inputs(ins)
             mapping[id(old)] = emit(n)
             continue

@@ -18,7 +18,7 @@ zero, concat) stay int8; everything else runs in float between dequantize/quanti
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -485,8 +485,30 @@ def affine_as_depthwise(graph: Graph) -> tuple[Graph, dict[str, np.ndarray]]:
     return eliminate_dead_code(rewrite(graph, fn)), scales
 
 
+def shared_concat_shifts(graph: Graph, cal: Calibration) -> Calibration:
+    """Calibrated concat inputs take the concat's coarsest shift (as TFLite shares a concat's
+    quantization), so that their producers write the concat's scale directly: no requantize
+    between, and the accelerator build can place them inside the concat's buffer (plan_memory).
+    Nested concats settle to one shift. A QDQ model's own scales are kept."""
+    shifts = dict(cal.shifts)
+    concats = [n for n in graph.nodes if n.op == "concat" and n.name in shifts and cal.source.get(n.name) != "qdq"]
+    changed = True
+    while changed:
+        changed = False
+        for n in concats:
+            names = [n.name] + [i.name for i in n.inputs if not i.is_const]
+            if any(k not in shifts or cal.source.get(k) == "qdq" for k in names):
+                continue
+            k = min(shifts[m] for m in names)
+            for m in names:
+                if shifts[m] != k:
+                    shifts[m], changed = k, True
+    return replace(cal, shifts=shifts) if shifts != cal.shifts else cal
+
+
 def quantize(graph: Graph, calibration: Calibration) -> Graph:
     """Rewrite the float graph into shift-quantized int8 ops (see module doc)."""
+    calibration = shared_concat_shifts(graph, calibration)
     graph, affine_scales = affine_as_depthwise(graph)
     qz = _Quantizer(graph, calibration)
     qz.weight_scales = {**qz.weight_scales, **affine_scales}

@@ -156,7 +156,8 @@ def test_partition_declines_with_reasons_from_one_rule_table():
     assert g.find("conv2").target == "accel" and g.find("conv1").target == "cpu"
     assert "Conv 'conv1': 3 input channels" in partition_table(g)
     dw = {d.name: d for d in decide(quantized(zoo.depthwise_separable()), PRESETS["default"])}
-    assert dw["dw"].reason == "Conv 'dw': grouped convolution (groups=16) does not map onto the GEMM core"
+    assert dw["dw"].reason == ("Conv 'dw': depthwise convolution (groups=16) as GEMMs on channel slices wastes 94% "
+                               "of the GEMM core (max_grouped_waste 75%)") and dw["dw"].kind == "depthwise"
 
 
 def test_partition_user_overrides_per_op_type():
