@@ -5,6 +5,7 @@ column) and the commit message rule (docs/contributing.md). Each fails with the 
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Commits from here on follow the message rule; older history is left as it is.
 COMMIT_RULE_CUTOFF = "cdc9e662af4a3eac459207d09d3794fa46ae9737"
 SUBJECT_MAX = 72
+PYTHON_DIRS = ("accel", "sim", "host_runtime", "compiler", "flows", "tests", "bench")
 # Commits made in the session that introduced this check, before it ran: history is never rewritten,
 # so they are listed instead. Nothing is added here for a new commit; amend it before it is shared.
 EXEMPT = frozenset({
@@ -55,6 +57,21 @@ def test_ruff_clean():
 def test_import_layers_kept():
     res = _run([_tool("lint-imports"), "--no-cache"])
     assert res.returncode == 0, f"lint-imports: a layer contract is broken:\n{res.stdout}{res.stderr}"
+
+
+def test_lazy_imports_say_why():
+    """A function-level import kept with `# noqa: PLC0415` gives its reason on the line
+    (`# noqa: PLC0415 - optional dep X`), so the next reader knows whether it can move up."""
+    bare = []
+    paths = [p for d in PYTHON_DIRS for p in sorted((ROOT / d).rglob("*.py"))]
+    for path in paths:
+        rel = path.relative_to(ROOT)
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            m = re.search(r"#\s*noqa:[^#]*PLC0415(.*)$", line)
+            if m and line.lstrip().startswith(("import ", "from ")) and \
+                    not re.match(r"\s*(,\s*[A-Z]+[0-9]+\s*)*-\s*\S", m.group(1)):
+                bare.append(f"{rel}:{n}: {line.strip()}")
+    assert not bare, "lazy imports without a reason after `# noqa: PLC0415 - `:\n" + "\n".join(bare)
 
 
 def message_problems(message: str) -> list[str]:
