@@ -144,6 +144,22 @@ def is_channel_epilogue(n: Node) -> bool:
             and bool(np.all(w == w[:, :, :1, :1])))
 
 
+def check_epilogue_tiling(n: Node, cfg: AccelConfig) -> Decline | None:
+    """None if one diagonal block of a channel epilogue conv tiles into the config's buffers (a
+    global average pool over a large image needs a weight tile per tap: it stays on the CPU,
+    where its int8 kernel runs, rather than fail at build time and fall back to a slow one)."""
+    x = n.inputs[0].shape
+    pt, pl, pb, pr = n.attrs["pads"]
+    kh, kw = n.inputs[1].shape[2:]
+    spec = Conv2dSpec(min(cfg.batch, x[0]), cfg.block_in, x[2], x[3], cfg.block_out, kh, kw, (pt, pb, pl, pr),
+                      tuple(n.attrs["strides"]), n.name)
+    try:
+        plan_conv2d(spec, cfg, 2, False)
+    except CompilerError as e:
+        return Decline(f"{_label(n)}: {e}", "shape")
+    return None
+
+
 def pool_spec(n: Node, x_shape) -> PoolSpec:
     """The PoolSpec of a max_pool2d over x_shape, NCHW (planes counted as packed) or packed."""
     planes = math.prod(x_shape[:2])
@@ -207,7 +223,8 @@ class AccelTarget(Target):
     def supports(self, n: Node, ctx: PlacementContext) -> str | None:
         rules = ctx.rules or ACCEL_RULES
         if is_channel_epilogue(n):   # before the waste rule: no ALU or CPU pass does it for less
-            return check_gemm(n, ctx.config, replace(rules, max_grouped_waste=1.0, min_roofline_efficiency=0.0))
+            return check_gemm(n, ctx.config, replace(rules, max_grouped_waste=1.0, min_roofline_efficiency=0.0)) \
+                or check_epilogue_tiling(n, ctx.config)
         if n.op in rules.gemm_ops:
             return check_gemm(n, ctx.config, rules)
         if n.op in rules.alu_ops and n.dtype == "int8":

@@ -150,3 +150,14 @@ def test_channel_epilogues_go_to_the_accelerator_past_the_depthwise_waste_rule()
         ex.run(tests[0], keep=True)
     _, env = reference_run(mod.graph, tests[0], keep=True)
     np.testing.assert_array_equal(ex.values["bn_relu"], env[id(mod.graph.find("bn_relu"))])
+
+
+def test_global_pool_too_large_to_tile_stays_on_the_cpu_without_fallback():
+    """A global average pool over 40x40 needs a weight tile per tap, more than the default config's
+    buffers: placement keeps it on the CPU (its int8 kernel) instead of failing at build time."""
+    b = ModelBuilder("gap", 1)
+    x = b.input("image", (1, 3, 40, 40))
+    y = b.op("GlobalAveragePool", [b.op("Relu", [b.conv(x, 3, 32, name="c")])], name="gap")
+    mod, _ = _build(b.build([y]), "default")
+    steps = {s.name: s for s in mod.steps}
+    assert steps["gap"].kind == "llvm" and mod.meta["fallbacks"] == []
