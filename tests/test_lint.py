@@ -1,7 +1,8 @@
 """The repository's static checks, run by the README's test command so CI keeps them.
 
-ruff (rule set in pyproject.toml), the import-linter layer contracts (DESIGN.md's dependency
-column) and the commit message rule (docs/contributing.md). Each fails with the tool's own output.
+ruff (rule set in pyproject.toml), the import-linter layer contracts, a reason on every kept lazy
+import, and the commit message rule (all in docs/contributing.md). Each fails with the tool's own
+output.
 """
 from __future__ import annotations
 
