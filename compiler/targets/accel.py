@@ -5,8 +5,10 @@ Placement: int8 GEMM layers (qconv2d, qdense) go to the accelerator unless they 
 grouped so that their merged channel slices waste too much of the core (compiler.accel.grouped),
 their channels fill the GEMM core too poorly, or they are so memory-bound that the core
 would idle (a batch-1 dense layer streams each weight byte for one MAC; VTA likewise leaves the
-classifier on the CPU); int8 elementwise ALU ops (relu, clip, qadd) go where their producer is,
-so they fuse into an accelerator layer's output; everything else stays on the CPU.
+classifier on the CPU); int8 elementwise ALU ops (relu, clip, qadd) and max pooling
+(compiler.accel.pool) go where their producer is, so they fuse into an accelerator layer's
+output; channel epilogue convs (a batch norm or average pool quantized as a depthwise conv) go
+wherever they tile; everything else stays on the CPU.
 
 Lowering: per fused group, a GEMM head with the clamps after it (and a residual qadd when the
 group has one) becomes one program of compiler.accel.conv2d; a lone ALU op or qadd one of

@@ -13,7 +13,9 @@ zx), adds the output's before saturating to [-128, 127] (attr out_zp); ReLU beco
 zero point; adds and concats of asymmetric tensors run in float, from the model's rounded inputs.
 conv2d/dense with constant weights become qconv2d/qdense; add of activations becomes qadd; ops
 exact on int8 with an unchanged scale (relu, clip, max pooling, reshape, transpose, slice, pad by
-zero, concat) stay int8; everything else runs in float between dequantize/quantize nodes.
+zero, concat) stay int8; a per-channel multiply-add (a batch norm that could not fold) and an
+average pool with one divisor become int8 depthwise convs (affine_as_depthwise); everything else
+runs in float between dequantize/quantize nodes.
 """
 from __future__ import annotations
 
