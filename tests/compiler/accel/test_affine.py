@@ -146,10 +146,11 @@ def test_channel_epilogues_go_to_the_accelerator_past_the_depthwise_waste_rule()
     mod, tests = _build(m, "default")
     steps = {s.name: s for s in mod.steps}
     assert steps["bn"].kind == "accel" and not mod.meta["fallbacks"], mod.meta["partition"]
-    with Executor(mod, driver="fsim") as ex:
-        ex.run(tests[0], keep=True)
     _, env = reference_run(mod.graph, tests[0], keep=True)
-    np.testing.assert_array_equal(ex.values["bn_relu"], env[id(mod.graph.find("bn_relu"))])
+    for driver in ("fsim", "tsim"):
+        with Executor(mod, driver=driver) as ex:
+            ex.run(tests[0], keep=True)
+        np.testing.assert_array_equal(ex.values["bn_relu"], env[id(mod.graph.find("bn_relu"))], err_msg=driver)
 
 
 def test_global_pool_too_large_to_tile_stays_on_the_cpu_without_fallback():
