@@ -1,10 +1,11 @@
 """Synthesis figures: per preset LUT, FF, DSP, BRAM (yosys, xc7z020), the share of the part each
-takes, Fmax (nextpnr after routing on ECP5; otherwise the estimator's figure, labelled as such)
-and GOPS at that Fmax; ECP5 place and route of the largest configuration that fits an
-LFE5U-85F; the estimator's error on each; the tool run times.
+takes, Fmax (nextpnr after routing on ECP5; on xc7 the longest path of yosys' sta, cell delays
+without routing; the estimator's figure where neither ran, labelled as such) and GOPS at it;
+ECP5 place and route of the largest configuration that fits an LFE5U-85F; the estimator's error
+on each; the tool run times.
 
     python bench/synth_report.py [--out bench/results] [--no-ecp5] [--ecp5-config NAME|FILE]
-                                 [--configs tiny,default] [--docs docs/fpga.md]
+                                 [--configs tiny,default] [--no-sta] [--docs docs/fpga.md]
     python bench/synth_report.py --from-json bench/results/synth_report.json --docs docs/fpga.md
 
 Every synthesis goes through the cache of accel.hw.fpga.calibrate (keyed by the Verilog, family,
@@ -32,7 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 from accel.hw.boards import part  # noqa: E402
 from accel.hw.fpga.calibrate import cached_synthesize  # noqa: E402
+from accel.hw.fpga.errors import FpgaError  # noqa: E402
 from accel.hw.fpga.estimate import estimate  # noqa: E402
+from accel.hw.fpga.estimate_timing import path_estimate  # noqa: E402
+from accel.hw.fpga.rtl import rtl_for_config  # noqa: E402
 from accel.isa import PRESETS, AccelConfig, ConfigError, resolve_config  # noqa: E402
 
 KiB = 1024
@@ -58,12 +62,35 @@ RESOURCES = ("lut", "ff", "dsp", "bram")
 DOCS_BEGIN, DOCS_END = "<!-- synth_report:begin -->", "<!-- synth_report:end -->"
 
 
+STA_SOURCE = "yosys sta after synth_xilinx (cell delays, no routing)"
+
+
+def sta_of(cfg: AccelConfig, rep: dict, timeout: float | None) -> dict | None:
+    """The longest path yosys' sta finds for a 7-series report (accel/hw/fpga/estimate_timing.py),
+    kept beside the cached synthesis so a rerun costs nothing; None when yosys cannot run it."""
+    out = Path(rep["out_dir"]) / "sta"
+    done = out / "path.json"
+    if done.exists():
+        d = json.loads(done.read_text())
+        return {"fmax_mhz": d["fmax_mhz"], "path_ns": d["path_ns"], "cached": True}
+    try:
+        rtl = rtl_for_config(cfg, out)
+        est = path_estimate(out / rtl.file_name, rtl.top, out, timeout)
+    except FpgaError as e:
+        print(f"  sta: {e}", flush=True)
+        return None
+    return {"fmax_mhz": est.fmax_mhz, "path_ns": est.path_ns, "cached": False}
+
+
 def fmax_of(cfg: AccelConfig, rep: dict) -> tuple[float | None, str]:
-    """(Fmax in MHz, where it comes from): a routed or tool timing figure when the report has one,
+    """(Fmax in MHz, where it comes from): nextpnr's routed figure, else yosys' sta path (xc7),
     else the estimator's (for Xilinx parts an uncalibrated factor on the ECP5 fit)."""
     t = rep.get("timing") or {}
     if t.get("fmax_mhz"):
         return float(t["fmax_mhz"]), t.get("source", "synthesis timing")
+    sta = rep.get("sta") or {}
+    if sta.get("fmax_mhz"):
+        return float(sta["fmax_mhz"]), STA_SOURCE
     e = estimate(cfg, rep["family"], part(rep["part"]))
     if e.fmax_mhz:
         return float(e.fmax_mhz), f"estimate ({e.fmax_basis})"
@@ -127,6 +154,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-ecp5", action="store_true", help="skip the ECP5 place and route")
     ap.add_argument("--ecp5-config", default=None, help="synthesize this config for ECP5 instead of searching")
     ap.add_argument("--timeout", type=float, default=None, help="limit per tool run, seconds")
+    ap.add_argument("--no-sta", action="store_true", help="skip yosys' sta path estimate of the xc7 configs")
     ap.add_argument("--configs", default=",".join(XC7_CONFIGS),
                     help="presets or config files for the xc7z020, comma-separated (default: %(default)s)")
     ap.add_argument("--docs", default=None, metavar="MD",
@@ -149,6 +177,8 @@ def main(argv=None) -> int:
         cfg = resolve_config(name)
         print(f"xc7: {name} ({cfg.digest()}) ...", flush=True)
         rep = cached_synthesize(cfg, "xc7", timeout=args.timeout)
+        if not args.no_sta:
+            rep["sta"] = sta_of(cfg, rep, args.timeout)
         result["xc7"][name] = summary(name, cfg, rep)
     same = [n for n in names if n != "default" and resolve_config(n) == resolve_config("default")]
     if same:
@@ -192,7 +222,8 @@ def docs_table(r: dict) -> str:
         fits = "yes" if s["fit"]["fits"] else f"**no** ({s['fit']['limiting']})"
         fmax = s.get("fmax_mhz")
         src = s.get("fmax_source", "")
-        fmax_txt = "-" if not fmax else f"{fmax:.1f}" + ("" if src.startswith("nextpnr") else " (estimate)")
+        label = "" if src.startswith("nextpnr") else " (yosys sta)" if src == STA_SOURCE else " (estimate)"
+        fmax_txt = "-" if not fmax else f"{fmax:.1f}{label}"
         gops = s.get("gops_at_fmax")
         secs = " + ".join(f"{k} {v:.0f} s" for k, v in s["tool_seconds"].items())
         lines.append(f"| {s['config']} | {s['part']} | " + " | ".join(cells) +

@@ -37,9 +37,20 @@ def test_summary_has_utilization_fmax_and_gops(sr):
     assert s["utilization_pct"]["lut"] == 20.0 and s["utilization_pct"]["dsp"] == 20.0
     assert s["fmax_source"].startswith("estimate") and s["fmax_mhz"] > 0
     assert s["gops_at_fmax"] == round(2 * tiny.macs_per_cycle * s["fmax_mhz"] / 1000, 2)
+    with_sta = dict(_report("xc7", "xc7z020clg400-1", 10640, 44), sta={"fmax_mhz": 95.2, "path_ns": 10.5})
+    s = sr.summary("tiny", tiny, with_sta)
+    assert (s["fmax_mhz"], s["fmax_source"]) == (95.2, sr.STA_SOURCE) and s["gops_at_fmax"] == round(32 * 95.2 / 1000, 2)
+    assert "| 95.2 (yosys sta) |" in sr.docs_table({"xc7": {"tiny": s}})
     routed = sr.summary("tiny", tiny, _report("ecp5", "LFE5U-85F-6BG381C", 12000, 20, fmax=50.0))
     assert routed["fmax_mhz"] == 50.0 and routed["fmax_source"].startswith("nextpnr")
     assert routed["gops_at_fmax"] == 2 * 16 * 50 / 1000
+
+
+def test_sta_result_is_kept_beside_the_cached_synthesis(sr, tmp_path):
+    (tmp_path / "sta").mkdir()
+    (tmp_path / "sta" / "path.json").write_text(json.dumps({"fmax_mhz": 80.0, "path_ns": 12.5}))
+    assert sr.sta_of(preset("tiny"), {"out_dir": str(tmp_path)}, None) == {"fmax_mhz": 80.0, "path_ns": 12.5,
+                                                                          "cached": True}
 
 
 def test_docs_table_replaces_what_lies_between_the_markers(sr, tmp_path):
