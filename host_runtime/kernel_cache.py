@@ -245,7 +245,7 @@ int kit_parallel_shutdown(void) {
   pthread_cond_broadcast(&cv_start);
   pthread_mutex_unlock(&mu);
   for (int i = 0; i < n_started; i++) pthread_join(helpers[i], 0);
-  n_started = 0;
+  STORE(&n_started, 0);
   STORE(&stop, 0);
   pthread_mutex_unlock(&launch_mu);
   return 0;
@@ -275,7 +275,7 @@ int __kit_parallel_launch(void *fn, void *closure, int n) {
     pthread_once(&atfork_once, register_atfork);
     while (n_started < nthread - 1) {
       if (pthread_create(&helpers[n_started], 0, pool_main, (void *)(long)(n_started + 1)) != 0) break;
-      n_started++;
+      STORE(&n_started, n_started + 1);
     }
     if (n_started == 0) {
       pthread_mutex_unlock(&launch_mu);
@@ -332,9 +332,9 @@ int __kit_parallel_launch(void *fn, void *closure, int n) {
   if (late) {
     ADD(&st_late, 1);
     STORE(&degraded_until, t2 + backoff_ns);
-    backoff_ns = backoff_ns * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : backoff_ns * 2;
+    STORE(&backoff_ns, backoff_ns * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : backoff_ns * 2);
   } else if (backoff_ns > BACKOFF_MIN_NS) {
-    backoff_ns /= 2;
+    STORE(&backoff_ns, backoff_ns / 2);
   }
   pthread_mutex_unlock(&launch_mu);
   return 0;
