@@ -30,7 +30,8 @@ from .layout import pack_activation, pack_bias, pack_weight, unpack_activation
 from .plan import plan_conv2d
 from .spec import Conv2dSpec, ConvTiling, Requant, TilingError, _ceil
 
-__all__ = ["merge_factor", "grouped_waste", "expand_grouped_weight", "group_spec", "emit_grouped_conv2d",
+__all__ = ["merge_factor", "grouped_layout", "grouped_waste", "windowed_chunks", "group_blocks", "block_windows", "emit_windowed_conv2d", "window_spec",
+           "expand_grouped_weight", "group_spec", "emit_grouped_conv2d",
            "grouped_reference", "layer_barrier", "run_grouped_conv2d"]
 
 
@@ -51,13 +52,97 @@ def merge_factor(groups: int, cin: int, cout: int, block_in: int, block_out: int
     return groups
 
 
-def grouped_waste(groups: int, cin: int, cout: int, block_in: int, block_out: int) -> float:
-    """Fraction of the GEMM core's MACs that multiply padding or the zeros between merged groups."""
+def grouped_layout(groups: int, cin: int, cout: int, block_in: int, block_out: int) -> tuple[int, float]:
+    """(k, waste): how a grouped conv goes onto the core and the fraction of its MACs wasted on
+    padding and zeros. k < groups: k groups merged per slice (emit_grouped_conv2d); k == groups:
+    one dense conv with block-diagonal weights, each run of output blocks reading only its input
+    window (emit_windowed_conv2d). The cheaper of the two."""
+    cpg = cin // groups
     k = merge_factor(groups, cin, cout, block_in, block_out)
+    windowed = sum((o1 - o0) * block_out * (i1 - i0) * block_in
+                   for o0, o1, i0, i1 in block_windows(group_blocks(groups, cin, cout, block_in, block_out)))
     gp = _ceil(groups, k)
-    sin, sout = k * cin // groups, k * cout // groups
-    executed = gp * _ceil(sin, block_in) * block_in * _ceil(sout, block_out) * block_out
-    return 1.0 - cout * (cin // groups) / executed
+    merged = gp * _ceil(k * cpg, block_in) * block_in * _ceil(k * cout // groups, block_out) * block_out
+    useful = cout * cpg
+    return (k, 1.0 - useful / merged) if merged <= windowed else (groups, 1.0 - useful / windowed)
+
+
+def grouped_waste(groups: int, cin: int, cout: int, block_in: int, block_out: int) -> float:
+    """Fraction of the GEMM core's MACs that multiply padding or zeros (grouped_layout)."""
+    return grouped_layout(groups, cin, cout, block_in, block_out)[1]
+
+
+def windowed_chunks(wgt_packed: np.ndarray) -> list[tuple[int, int, int, int]] | None:
+    """The block_windows of packed weights (O' I' KH KW bo bi) when skipping their zero blocks saves
+    at least a quarter of the MACs, else None (the plain dense emitter)."""
+    nz = np.abs(wgt_packed).reshape(wgt_packed.shape[0], wgt_packed.shape[1], -1).max(axis=2) > 0
+    chunks = block_windows(nz)
+    executed = sum((o1 - o0) * (i1 - i0) for o0, o1, i0, i1 in chunks)
+    return chunks if executed <= 0.75 * nz.size else None
+
+
+def group_blocks(groups: int, cin: int, cout: int, block_in: int, block_out: int) -> np.ndarray:
+    """bool (output blocks, input blocks): which weight blocks of the grouped conv, written as one
+    dense conv, hold weights of some group (the rest are zeros)."""
+    cpg, opg = cin // groups, cout // groups
+    ob, ib = _ceil(cout, block_out), _ceil(cin, block_in)
+    nz = np.zeros((ob, ib), bool)
+    for j in range(ob):
+        g0, g1 = j * block_out // opg, (min((j + 1) * block_out, cout) - 1) // opg
+        nz[j, g0 * cpg // block_in:_ceil((g1 + 1) * cpg, block_in)] = True
+    return nz
+
+
+def block_windows(nz: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Runs of output blocks that read one window of input blocks: (ob0, ob1, ib0, ib1) covering
+    every nonzero weight block of nz (bool, output blocks x input blocks); a block row of zeros
+    still gets a one-block window (its output is the bias)."""
+    chunks: list[tuple[int, int, int, int]] = []
+    for j in range(nz.shape[0]):
+        idx = np.flatnonzero(nz[j])
+        lo, hi = (int(idx[0]), int(idx[-1]) + 1) if idx.size else (0, 1)
+        if chunks and chunks[-1][1] == j and chunks[-1][2:] == (lo, hi):
+            chunks[-1] = (chunks[-1][0], j + 1, lo, hi)
+        else:
+            chunks.append((j, j + 1, lo, hi))
+    return chunks
+
+
+def emit_windowed_conv2d(stream, spec: Conv2dSpec, chunks: list, tilings: list, inp, wgts: list, out, bias=None,
+                         requant: Requant = Requant(), channel_scales=None) -> dict[str, int]:
+    """A conv whose weights are zero outside each output-block run's input window (a grouped conv
+    written as one dense conv): per (batch block, chunk) one emit_conv2d over the window's input
+    blocks, with that chunk's packed weights (wgts[i]: (ob1-ob0) x (ib1-ib0) blocks), storing
+    into the chunk's output blocks. spec: the whole layer (block-padded channels)."""
+    cfg = stream.cfg
+    bn = cfg.batch
+    nb, cb, ob = _ceil(spec.n, bn), _ceil(spec.c, cfg.block_in), _ceil(spec.o, cfg.block_out)
+    inp_plane = spec.h * spec.w * cfg.inp_elem_bytes
+    out_plane = spec.oh * spec.ow * cfg.out_elem_bytes
+    acc = cfg.acc_elem_bytes
+    counts: dict[str, int] = {}
+    first = True
+    for b in range(nb):
+        for (o0, o1, i0, i1), tiling, w in zip(chunks, tilings, wgts):
+            if not first:
+                layer_barrier(stream)
+            first = False
+            sub = replace(spec, n=min(bn, spec.n), c=(i1 - i0) * cfg.block_in, o=(o1 - o0) * cfg.block_out,
+                          name=f"{spec.name}/o{o0}")
+            x = _view(inp, (b * cb + i0) * inp_plane, (i1 - i0) * inp_plane, f"{spec.name}.inp")
+            y = _view(out, (b * ob + o0) * out_plane, (o1 - o0) * out_plane, f"{spec.name}.out")
+            bv = None if bias is None else _view(bias, o0 * acc, (o1 - o0) * acc, f"{spec.name}.bias")
+            sv = None if channel_scales is None else _view(channel_scales, o0 * acc, (o1 - o0) * acc,
+                                                          f"{spec.name}.scales")
+            for key, v in emit_conv2d(stream, sub, tiling, x, w, y, bv, requant, None, sv).items():
+                counts[key] = counts.get(key, 0) + v
+    return counts
+
+
+def window_spec(spec: Conv2dSpec, chunk: tuple[int, int, int, int], cfg) -> Conv2dSpec:
+    """The conv one chunk of emit_windowed_conv2d runs (for planning its tiling)."""
+    o0, o1, i0, i1 = chunk
+    return replace(spec, n=min(cfg.batch, spec.n), c=(i1 - i0) * cfg.block_in, o=(o1 - o0) * cfg.block_out)
 
 
 def expand_grouped_weight(w: np.ndarray, groups: int, k: int) -> np.ndarray:
@@ -164,28 +249,40 @@ def grouped_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spe
 
 def run_grouped_conv2d(device, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec: Conv2dSpec,
                        groups: int, requant: Requant = Requant(), vt: int = 2):
-    """Pack NCHW int8 x and grouped OIHW int8 w (O, C/groups), merge groups onto the blocks, run on
-    the device, unpack: (int8 NCHW, RunResult, merged groups)."""
+    """Pack NCHW int8 x and grouped OIHW int8 w (O, C/groups), lay the groups onto the blocks
+    (grouped_layout), run on the device, unpack: (int8 NCHW, RunResult, slices: the merged groups,
+    or -(number of windowed chunks))."""
     cfg = device.cfg
-    k = merge_factor(groups, spec.c, spec.o, cfg.block_in, cfg.block_out)
+    k = grouped_layout(groups, spec.c, spec.o, cfg.block_in, cfg.block_out)[0]
     gp = _ceil(groups, k)
     wm = expand_grouped_weight(w, groups, k)
     cpad, opad = _ceil(spec.c, cfg.block_in) * cfg.block_in, _ceil(spec.o, cfg.block_out) * cfg.block_out
     pspec = replace(spec, c=cpad, o=opad)
-    tiling = plan_conv2d(group_spec(pspec, gp, cfg.batch), cfg, vt)
+    wp = pack_weight(wm, cfg.block_out, cfg.block_in)
+    chunks = windowed_chunks(wp) if gp == 1 else None
     mem = device.memory
     xb = mem.alloc_array(pack_activation(x, cfg.batch, cfg.block_in), align=cfg.inp_elem_bytes, name="g.inp")
-    wb = mem.alloc_array(pack_weight(wm, cfg.block_out, cfg.block_in), align=cfg.wgt_elem_bytes, name="g.wgt")
+    if chunks:
+        tilings = [plan_conv2d(window_spec(pspec, c, cfg), cfg, vt) for c in chunks]
+        wbs = [mem.alloc_array(np.ascontiguousarray(wp[o0:o1, i0:i1]), align=cfg.wgt_elem_bytes, name="g.wgt")
+               for o0, o1, i0, i1 in chunks]
+        wb = None
+    else:
+        tiling = plan_conv2d(group_spec(pspec, gp, cfg.batch), cfg, vt)
+        wb, wbs = mem.alloc_array(wp, align=cfg.wgt_elem_bytes, name="g.wgt"), []
     bb = None if bias is None else mem.alloc_array(pack_bias(bias, cfg), align=cfg.acc_elem_bytes, name="g.bias")
     oshape = (_ceil(spec.n, cfg.batch), opad // cfg.block_out, spec.oh, spec.ow, cfg.batch, cfg.block_out)
     out = mem.alloc(int(np.prod(oshape)) * cfg.out_width // 8, align=cfg.out_elem_bytes, name="g.out")
     try:
         stream = device.stream()
-        stream.emit_preloaded(lambda s: emit_grouped_conv2d(s, pspec, gp, tiling, xb, wb, out, bb, requant))
+        if chunks:
+            stream.emit_preloaded(lambda s: emit_windowed_conv2d(s, pspec, chunks, tilings, xb, wbs, out, bb, requant))
+        else:
+            stream.emit_preloaded(lambda s: emit_grouped_conv2d(s, pspec, gp, tiling, xb, wb, out, bb, requant))
         result = stream.synchronize()
         y = unpack_activation(out.read(np.int8, oshape), spec.n, spec.o)
     finally:
-        for buf in (xb, wb, bb, out):
+        for buf in (xb, wb, bb, out, *wbs):
             if buf is not None:
                 buf.free()
-    return y, result, gp
+    return y, result, -len(chunks) if chunks else gp

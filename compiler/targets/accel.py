@@ -33,7 +33,8 @@ from host_runtime.executor import Step
 from ..accel.conv2d import (Conv2dSpec, Requant, ResidualAdd, TilingError, channel_scale_operands, emit_conv2d,
                             plan_conv2d, residual_identity)
 from ..accel.eltwise import emit_add, identity_weights
-from ..accel.grouped import emit_grouped_conv2d, group_spec, grouped_waste
+from ..accel.grouped import (emit_grouped_conv2d, emit_windowed_conv2d, group_spec, grouped_waste, window_spec,
+                             windowed_chunks)
 from ..accel.layout import pack_bias
 from ..accel.pool import PoolSpec, emit_max_pool, plan_pool
 from ..accel.tune import read_tuning_log, tune_conv2d
@@ -404,14 +405,25 @@ class AccelTarget(Target):
             groups = head.attrs.get("groups", 1) if head.op == "qconv2d" else 1
             if groups > 1 and residual is not None:
                 raise TilingError(f"{head.name}: a residual add is not fused into a grouped convolution")
-            tiling = self.tiling(b, group_spec(spec, groups, cfg.batch) if groups > 1 else spec, residual is not None)
+            # a grouped conv written as one dense conv: each run of output blocks reads only its input window
+            chunks = windowed_chunks(ins[1].value) if head.op == "qconv2d" and groups == 1 and residual is None \
+                else None
+            if chunks:
+                tiling = [self.tiling(b, window_spec(spec, c, cfg), False) for c in chunks]
+            else:
+                tiling = self.tiling(b, group_spec(spec, groups, cfg.batch) if groups > 1 else spec,
+                                     residual is not None)
             fused = None
             if residual is not None:
                 other, ka, kb, rq2 = residual
                 ident = residual_identity(cfg, ka, kb)  # declines kb - ka > 6 before anything is allocated
                 fused = ResidualAdd(b.buf(other), b.weight_buf(ident, cfg.wgt_elem_bytes, f"{head.name}.identity"),
                                     ka, kb, rq2)
-            w = b.weight_buf(ins[1].value, cfg.wgt_elem_bytes, f"{head.name}.wgt")
+            if chunks:
+                w = [b.weight_buf(np.ascontiguousarray(ins[1].value[o0:o1, i0:i1]), cfg.wgt_elem_bytes,
+                                  f"{head.name}.wgt{o0}") for o0, o1, i0, i1 in chunks]
+            else:
+                w = b.weight_buf(ins[1].value, cfg.wgt_elem_bytes, f"{head.name}.wgt")
             at = head.attrs
             bias, zp = ins[2].value, at.get("out_zp", 0)
             if zp and len(ins) == 3 and not is_fixed_point(at) and requant_shift(at) >= 0:
@@ -430,7 +442,10 @@ class AccelTarget(Target):
                 rq = Requant(requant_shift(at), lo, hi, is_fixed_point(at), at.get("mul", 1), zp)
             x = b.buf(ins[0])
             groups = at.get("groups", 1) if head.op == "qconv2d" else 1
-            if groups > 1:
+            if chunks:
+                addr, count = self.program(b, head.name, lambda s: emit_windowed_conv2d(s, spec, chunks, tiling, x, w,
+                                                                                        out, bb, rq, scales))
+            elif groups > 1:
                 addr, count = self.program(b, head.name, lambda s: emit_grouped_conv2d(s, spec, groups, tiling, x, w,
                                                                                        out, bb, rq, scales))
             else:

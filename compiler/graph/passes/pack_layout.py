@@ -14,7 +14,7 @@ import numpy as np
 
 from accel.isa.config import AccelConfig
 
-from ...accel.grouped import expand_grouped_weight, merge_factor
+from ...accel.grouped import expand_grouped_weight, grouped_layout
 from ..ir import Graph, Node
 from ..ops import pack_ref, packed_shape
 from .eliminate_dead_code import eliminate_dead_code
@@ -84,7 +84,7 @@ def pack_layout(graph: Graph, cfg: AccelConfig) -> Graph:
             wv = w.value
             if old.attrs.get("groups", 1) > 1:  # groups merged onto whole blocks (compiler.accel.grouped)
                 g = old.attrs["groups"]
-                k = merge_factor(g, x.shape[1], old.shape[1], cfg.block_in, cfg.block_out)
+                k = grouped_layout(g, x.shape[1], old.shape[1], cfg.block_in, cfg.block_out)[0]
                 wv, attrs["groups"] = expand_grouped_weight(wv, g, k), -(-g // k)
             wp = const(pack_ref(wv, blk_w), f"{w.name}/packed")
             o_pad = packed_shape(w.shape, blk_w)[0] * cfg.block_out

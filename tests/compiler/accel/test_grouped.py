@@ -7,11 +7,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import compiler
 from accel.isa import PRESETS, AccelConfig
 from compiler.accel.conv2d import Conv2dSpec, Requant, TilingError
-from compiler.accel.grouped import (expand_grouped_weight, grouped_reference, grouped_waste, merge_factor,
-                                    run_grouped_conv2d)
+from compiler.accel.grouped import (block_windows, expand_grouped_weight, group_blocks, grouped_layout,
+                                    grouped_reference, grouped_waste, merge_factor, run_grouped_conv2d)
 from compiler.frontend import zoo
 from compiler.graph import run as reference_run
 from compiler.graph.ops import conv2d_ref
+from compiler.targets import accel as accel_target
 from compiler.targets.accel import ACCEL_RULES
 from host_runtime import Device
 from host_runtime.executor import Executor
@@ -65,11 +66,26 @@ def test_expand_weight_is_the_same_conv():
 
 
 @pytest.mark.parametrize("c,o,groups,k", [(48, 48, 3, 3), (32, 32, 32, 3), (64, 128, 64, 3), (240, 240, 3, 1),
-                                          (24, 24, 3, 1), (32, 64, 2, 1), (40, 40, 40, 3), (24, 36, 3, 1)])
+                                          (24, 24, 3, 1), (32, 64, 2, 1), (40, 40, 40, 3), (24, 36, 3, 1),
+                                          (80, 80, 4, 1), (136, 136, 4, 3)])
 def test_grouped_default_config_bit_exact(c, o, groups, k):
     spec = Conv2dSpec(1, c, 7, 6, o, k, k, (k // 2,) * 4, (1, 1), "g")
     res, _ = _check(PRESETS["default"], spec, groups, Requant(shift=9, lo=0, hi=127))
     assert res.stats["macs"] >= spec.macs // groups
+
+
+def test_groups_off_the_blocks_run_in_input_windows():
+    """ShuffleNet's 4 groups of 68 channels: no merge aligns; as one dense conv each run of output
+    blocks reads only the input blocks its groups cover (a quarter of the MACs wasted, not 3/4)."""
+    k, waste = grouped_layout(4, 272, 272, 16, 16)
+    assert k == 4 and waste < 0.3
+    nz = group_blocks(4, 272, 272, 16, 16)
+    chunks = block_windows(nz)
+    assert all(nz[o0:o1, :i0].sum() == 0 and nz[o0:o1, i1:].sum() == 0 for o0, o1, i0, i1 in chunks)
+    assert [c[:2] for c in chunks] == [(c[0], c[1]) for c in chunks] and chunks[-1][1] == 17
+    spec = Conv2dSpec(1, 80, 5, 5, 80, 1, 1, name="g4")
+    res, slices = _check(PRESETS["default"], spec, 4, Requant(shift=8, lo=-127, hi=127))
+    assert slices < 0 and res.stats["macs"] < 80 * 80 * 25 * 0.8
 
 
 def test_depthwise_strided_merges_to_block_slices():
@@ -102,21 +118,36 @@ def _grouped_model(seed=0):
     return b.build([y])
 
 
+def _shuffle_model(seed=0):
+    """ShuffleNet v1's grouped convs off the blocks: 4 groups of 20 channels, 1x1 then 3x3."""
+    b = zoo.ModelBuilder("shuffle", seed)
+    x = b.input("x", (1, 80, 6, 6))
+    y = b.op("Relu", [b.conv(x, 80, 80, k=1, group=4, name="g4a")], name="r0")
+    return b.build([b.conv(y, 80, 80, k=3, group=4, name="g4b")])
+
+
 @pytest.mark.parametrize("model,cfg,force", [("grouped", "default", True), ("grouped", "tiny", False),
-                                             ("depthwise_separable", "tiny", False)])
-def test_built_model_runs_grouped_convs_on_the_accelerator_bit_exact(model, cfg, force):
+                                             ("depthwise_separable", "tiny", False), ("shuffle", "default", False)])
+def test_built_model_runs_grouped_convs_on_the_accelerator_bit_exact(model, cfg, force, monkeypatch):
     """Grouped and depthwise convs are placed on the accelerator (a depthwise one at block 16 only
     when forced: a diagonal GEMM wastes 15/16 of the core) and every int8 tensor the module
     computes on fsim equals the graph's int8 reference; tsim runs the same module."""
-    m = _grouped_model() if model == "grouped" else zoo.depthwise_separable()
+    m = {"grouped": _grouped_model, "shuffle": _shuffle_model}.get(model, zoo.depthwise_separable)()
     feeds = zoo.sample_inputs(m, 5, seed=3)
+    used = {"sliced": 0, "windowed": 0}
+
+    def counting(key, fn):
+        def wrapped(*a, **k):
+            used[key] += 1
+            return fn(*a, **k)
+        return wrapped
+    monkeypatch.setattr(accel_target, "emit_grouped_conv2d", counting("sliced", accel_target.emit_grouped_conv2d))
+    monkeypatch.setattr(accel_target, "emit_windowed_conv2d", counting("windowed", accel_target.emit_windowed_conv2d))
     mod = compiler.build_model(m, target="accel", config=cfg, calibration=feeds[:4],
                                force_target={"Conv": "accel"} if force else None)
+    assert used["windowed" if model == "shuffle" else "sliced"], used
     convs = [s for s in mod.steps if s.op.startswith("qconv2d")]
-    grouped = [n for n in mod.graph.nodes if n.op == "qconv2d" and n.attrs["groups"] > 1] + \
-        [n for n in mod.graph.nodes if n.op == "fused" for n in n.attrs["body"].ops
-         if n.op == "qconv2d" and n.attrs["groups"] > 1]
-    assert grouped and convs and all(s.kind == "accel" for s in convs), [(s.name, s.kind) for s in convs]
+    assert convs and all(s.kind == "accel" for s in convs), [(s.name, s.kind) for s in convs]
     assert not mod.meta["fallbacks"]
     with Executor(mod, driver="fsim") as ex:
         out = ex.run(feeds[4], keep=True)
