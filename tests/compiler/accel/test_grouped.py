@@ -221,3 +221,29 @@ def test_concat_by_address_planning_writes_in_place_bit_exact():
         out2 = ex.run(feeds[4])
     for k in out:
         np.testing.assert_array_equal(out[k], out2[k], err_msg=k)
+
+
+def test_nested_concats_share_one_buffer_bit_exact():
+    """DenseNet's growth: cat1 = concat(cat0, c) where c is computed from cat0; cat0's slices and c
+    all live in cat1's buffer, both concats elided, every step bit-exact on fsim."""
+    b = zoo.ModelBuilder("dense", 1)
+    x = b.input("x", (1, 16, 6, 6))
+    a = b.op("Relu", [b.conv(x, 16, 16, k=1, name="a")])
+    bb = b.op("Relu", [b.conv(x, 16, 16, k=3, name="b")])
+    cat0 = b.op("Concat", [a, bb], name="cat0", axis=1)
+    c = b.op("Relu", [b.conv(cat0, 32, 16, k=3, name="c")])
+    cat1 = b.op("Concat", [cat0, c], name="cat1", axis=1)
+    m = b.build([b.conv(cat1, 48, 16, k=1, name="out")])
+    feeds = zoo.sample_inputs(m, 5, seed=2)
+    mod = compiler.build_model(m, target="accel", config="default", calibration=feeds[:4])
+    assert {"cat0", "cat1"} <= mod.graph.meta["memory_plan"].elided
+    t = {x.name: x for x in mod.tensors}
+    assert t["cat0"].addr == t["cat1"].addr
+    _, env = reference_run(mod.graph, feeds[4], keep=True)
+    ints = {n.name: env[id(n)] for n in mod.graph.nodes if id(n) in env and env[id(n)].dtype == np.int8}
+    with Executor(mod, driver="fsim") as ex:
+        ex.run(feeds[4], keep=True)
+    assert "out" in ex.values and "out" in ints
+    for k in ex.values:
+        if k in ints:
+            np.testing.assert_array_equal(ex.values[k], ints[k], err_msg=k)
