@@ -7,6 +7,9 @@ parts live in their own modules, re-exported here for the callers that name this
     emit.py      emit_conv2d: the conv's instruction stream (dense layers go to dense.py)
     dense.py     emit_dense: resident weight tiles, rows streamed past them
     epilogue.py  requantization on the accumulator (REQUANT, SCALE, FLUSH, ALU passes)
+
+Beside them (not re-exported): grouped.py, grouped and depthwise convs as emit_conv2d calls over
+channel slices or per-block input windows of the same buffers (run_grouped_conv2d).
 """
 from __future__ import annotations
 
