@@ -1,5 +1,8 @@
 """Grouped and depthwise convolutions on the accelerator (compiler.accel.grouped) through the
-functional simulator, bit-exact against the numpy reference; the merge rule and its waste."""
+functional simulator, bit-exact against the numpy reference; the merge rule and its waste; concats
+of accelerator outputs by address planning (plan_memory)."""
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -223,9 +226,7 @@ def test_concat_by_address_planning_writes_in_place_bit_exact():
         np.testing.assert_array_equal(out[k], out2[k], err_msg=k)
 
 
-def test_nested_concats_share_one_buffer_bit_exact():
-    """DenseNet's growth: cat1 = concat(cat0, c) where c is computed from cat0; cat0's slices and c
-    all live in cat1's buffer, both concats elided, every step bit-exact on fsim."""
+def _dense_model():
     b = zoo.ModelBuilder("dense", 1)
     x = b.input("x", (1, 16, 6, 6))
     a = b.op("Relu", [b.conv(x, 16, 16, k=1, name="a")])
@@ -233,7 +234,13 @@ def test_nested_concats_share_one_buffer_bit_exact():
     cat0 = b.op("Concat", [a, bb], name="cat0", axis=1)
     c = b.op("Relu", [b.conv(cat0, 32, 16, k=3, name="c")])
     cat1 = b.op("Concat", [cat0, c], name="cat1", axis=1)
-    m = b.build([b.conv(cat1, 48, 16, k=1, name="out")])
+    return b.build([b.conv(cat1, 48, 16, k=1, name="out")])
+
+
+def test_nested_concats_share_one_buffer_bit_exact():
+    """DenseNet's growth: cat1 = concat(cat0, c) where c is computed from cat0; cat0's slices and c
+    all live in cat1's buffer, both concats elided, every step bit-exact on fsim."""
+    m = _dense_model()
     feeds = zoo.sample_inputs(m, 5, seed=2)
     mod = compiler.build_model(m, target="accel", config="default", calibration=feeds[:4])
     assert {"cat0", "cat1"} <= mod.graph.meta["memory_plan"].elided
@@ -247,3 +254,49 @@ def test_nested_concats_share_one_buffer_bit_exact():
     for k in ex.values:
         if k in ints:
             np.testing.assert_array_equal(ex.values[k], ints[k], err_msg=k)
+
+
+def _assert_no_live_overlap(mod):
+    """No two activations live at once share bytes, except a concat and the slices inside it."""
+    g = mod.graph
+    t = {}
+    for x in mod.tensors:
+        t.setdefault(x.name, x)
+    index = {id(n): k for k, n in enumerate(g.nodes)}
+    last = {}
+    for k, n in enumerate(g.nodes):
+        for i in n.inputs:
+            last[id(i)] = k
+    for o in g.outputs:
+        last[id(o)] = len(g.nodes)
+    inside: dict[int, set] = {}   # id(node) -> ids of the concats whose buffer holds it
+    for n in g.nodes:
+        if n.name in g.meta["memory_plan"].elided:
+            for i in n.inputs:
+                inside.setdefault(id(i), set()).add(id(n))
+    for _ in range(len(g.nodes)):   # transitive
+        for k in list(inside):
+            inside[k] |= set().union(*(inside.get(c, set()) for c in inside[k]))
+    acts = [n for n in g.nodes if n.op not in ("const", "input") and n.name in t]
+    for a in acts:
+        for b in acts:
+            if a is b or id(b) in inside.get(id(a), ()) or id(a) in inside.get(id(b), ()):
+                continue
+            live = index[id(a)] <= last.get(id(b), index[id(b)]) and index[id(b)] <= last.get(id(a), index[id(a)])
+            ta, tb = t[a.name], t[b.name]
+            if live and ta.addr < tb.addr + tb.nbytes and tb.addr < ta.addr + ta.nbytes:
+                raise AssertionError(f"{a.name} and {b.name} are live together and share bytes")
+
+
+def test_planned_concat_buffers_do_not_overlap_live_tensors():
+    for m in (_fire_model(), _dense_model()):
+        feeds = zoo.sample_inputs(m, 2, seed=4)
+        mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds)
+        assert mod.graph.meta["memory_plan"].elided
+        _assert_no_live_overlap(mod)
+    # the check itself: a slice moved onto its sibling is caught
+    cat = next(n for n in mod.graph.nodes if n.name == "cat1")
+    a, b = (next(k for k, x in enumerate(mod.tensors) if x.name == i.name) for i in cat.inputs)
+    mod.tensors[b] = dataclasses.replace(mod.tensors[b], addr=mod.tensors[a].addr)
+    with pytest.raises(AssertionError, match="share bytes"):
+        _assert_no_live_overlap(mod)
