@@ -300,3 +300,25 @@ def test_planned_concat_buffers_do_not_overlap_live_tensors():
     mod.tensors[b] = dataclasses.replace(mod.tensors[b], addr=mod.tensors[a].addr)
     with pytest.raises(AssertionError, match="share bytes"):
         _assert_no_live_overlap(mod)
+
+
+@pytest.mark.parametrize("make", [_shuffle_model, _grouped_model])
+def test_per_channel_qdq_grouped_convs_bit_exact(make):
+    """A QDQ model with per-channel weight scales: the SCALE operands are sliced with the output
+    blocks of each slice or window (depthwise forced at block 16); every int8 step is bit-exact."""
+    m = make()
+    feeds = zoo.sample_inputs(m, 5, seed=3)
+    q = zoo.ort_quantize(m, feeds[:4], per_channel=True)
+    mod = compiler.build_model(q, target="accel", config="default", force_target={"Conv": "accel"})
+    heads = [o for n in mod.graph.nodes for o in (n.attrs["body"].ops if n.op == "fused" else [n])
+             if o.op == "qconv2d"]
+    assert heads and all(len(o.inputs) == 4 for o in heads)   # per-channel multipliers
+    assert all(s.kind == "accel" for s in mod.steps if "conv" in s.op) and not mod.meta["fallbacks"]
+    _, env = reference_run(mod.graph, feeds[4], keep=True)
+    ints = {n.name: env[id(n)] for n in mod.graph.nodes if id(n) in env and env[id(n)].dtype == np.int8}
+    with Executor(mod, driver="fsim") as ex:
+        ex.run(feeds[4], keep=True)
+    assert any(k in ints for k in ex.values)
+    for k in ex.values:
+        if k in ints:
+            np.testing.assert_array_equal(ex.values[k], ints[k], err_msg=k)
