@@ -28,7 +28,7 @@ from host_runtime.memory import Buffer
 from .emit import emit_conv2d
 from .layout import pack_activation, pack_bias, pack_weight, unpack_activation
 from .plan import plan_conv2d
-from .spec import Conv2dSpec, ConvTiling, Requant, TilingError, _ceil
+from .spec import Conv2dSpec, ConvTiling, Requant, ResidualAdd, TilingError, _ceil
 
 __all__ = ["merge_factor", "grouped_layout", "grouped_waste", "windowed_chunks", "group_blocks", "block_windows", "emit_windowed_conv2d", "window_spec",
            "expand_grouped_weight", "group_spec", "emit_grouped_conv2d",
@@ -109,11 +109,13 @@ def block_windows(nz: np.ndarray) -> list[tuple[int, int, int, int]]:
 
 
 def emit_windowed_conv2d(stream, spec: Conv2dSpec, chunks: list, tilings: list, inp, wgts: list, out, bias=None,
-                         requant: Requant = Requant(), channel_scales=None) -> dict[str, int]:
+                         requant: Requant = Requant(), channel_scales=None,
+                         residual: ResidualAdd | None = None) -> dict[str, int]:
     """A conv whose weights are zero outside each output-block run's input window (a grouped conv
     written as one dense conv): per (batch block, chunk) one emit_conv2d over the window's input
     blocks, with that chunk's packed weights (wgts[i]: (ob1-ob0) x (ib1-ib0) blocks), storing
-    into the chunk's output blocks. spec: the whole layer (block-padded channels)."""
+    into the chunk's output blocks (and adding the same blocks of a fused residual: tilings then
+    planned with residual=True). spec: the whole layer (block-padded channels)."""
     cfg = stream.cfg
     bn = cfg.batch
     nb, cb, ob = _ceil(spec.n, bn), _ceil(spec.c, cfg.block_in), _ceil(spec.o, cfg.block_out)
@@ -134,7 +136,10 @@ def emit_windowed_conv2d(stream, spec: Conv2dSpec, chunks: list, tilings: list, 
             bv = None if bias is None else _view(bias, o0 * acc, (o1 - o0) * acc, f"{spec.name}.bias")
             sv = None if channel_scales is None else _view(channel_scales, o0 * acc, (o1 - o0) * acc,
                                                           f"{spec.name}.scales")
-            for key, v in emit_conv2d(stream, sub, tiling, x, w, y, bv, requant, None, sv).items():
+            rv = None if residual is None else replace(
+                residual, buf=_view(residual.buf, (b * ob + o0) * out_plane, (o1 - o0) * out_plane,
+                                    f"{spec.name}.residual"))
+            for key, v in emit_conv2d(stream, sub, tiling, x, w, y, bv, requant, rv, sv).items():
                 counts[key] = counts.get(key, 0) + v
     return counts
 

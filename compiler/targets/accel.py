@@ -406,10 +406,9 @@ class AccelTarget(Target):
             if groups > 1 and residual is not None:
                 raise TilingError(f"{head.name}: a residual add is not fused into a grouped convolution")
             # a grouped conv written as one dense conv: each run of output blocks reads only its input window
-            chunks = windowed_chunks(ins[1].value) if head.op == "qconv2d" and groups == 1 and residual is None \
-                else None
+            chunks = windowed_chunks(ins[1].value) if head.op == "qconv2d" and groups == 1 else None
             if chunks:
-                tiling = [self.tiling(b, window_spec(spec, c, cfg), False) for c in chunks]
+                tiling = [self.tiling(b, window_spec(spec, c, cfg), residual is not None) for c in chunks]
             else:
                 tiling = self.tiling(b, group_spec(spec, groups, cfg.batch) if groups > 1 else spec,
                                      residual is not None)
@@ -444,7 +443,7 @@ class AccelTarget(Target):
             groups = at.get("groups", 1) if head.op == "qconv2d" else 1
             if chunks:
                 addr, count = self.program(b, head.name, lambda s: emit_windowed_conv2d(s, spec, chunks, tiling, x, w,
-                                                                                        out, bb, rq, scales))
+                                                                                        out, bb, rq, scales, fused))
             elif groups > 1:
                 addr, count = self.program(b, head.name, lambda s: emit_grouped_conv2d(s, spec, groups, tiling, x, w,
                                                                                        out, bb, rq, scales))

@@ -122,11 +122,13 @@ def _grouped_model(seed=0):
 
 
 def _shuffle_model(seed=0):
-    """ShuffleNet v1's grouped convs off the blocks: 4 groups of 20 channels, 1x1 then 3x3."""
+    """ShuffleNet v1's grouped convs off the blocks: 4 groups of 20 channels, 1x1 then 3x3, the
+    unit's residual add and ReLU after the second."""
     b = zoo.ModelBuilder("shuffle", seed)
     x = b.input("x", (1, 80, 6, 6))
     y = b.op("Relu", [b.conv(x, 80, 80, k=1, group=4, name="g4a")], name="r0")
-    return b.build([b.conv(y, 80, 80, k=3, group=4, name="g4b")])
+    y = b.op("Add", [b.conv(y, 80, 80, k=3, group=4, name="g4b"), x], name="res")
+    return b.build([b.op("Relu", [y], name="r1")])
 
 
 @pytest.mark.parametrize("model,cfg,force", [("grouped", "default", True), ("grouped", "tiny", False),
@@ -149,6 +151,8 @@ def test_built_model_runs_grouped_convs_on_the_accelerator_bit_exact(model, cfg,
     mod = compiler.build_model(m, target="accel", config=cfg, calibration=feeds[:4],
                                force_target={"Conv": "accel"} if force else None)
     assert used["windowed" if model == "shuffle" else "sliced"], used
+    if model == "shuffle":   # the residual add rides in the windowed conv's epilogue
+        assert any(s.kind == "accel" and "qadd" in s.op for s in mod.steps if s.name == "g4b"), mod.steps
     convs = [s for s in mod.steps if s.op.startswith("qconv2d")]
     assert convs and all(s.kind == "accel" for s in convs), [(s.name, s.kind) for s in convs]
     assert not mod.meta["fallbacks"]
