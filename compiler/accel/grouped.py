@@ -197,11 +197,13 @@ def layer_barrier(stream) -> None:
 
 
 def emit_grouped_conv2d(stream, spec: Conv2dSpec, groups: int, tiling: ConvTiling, inp, wgt, out, bias=None,
-                        requant: Requant = Requant(), channel_scales=None) -> dict[str, int]:
+                        requant: Requant = Requant(), channel_scales=None,
+                        residual: ResidualAdd | None = None) -> dict[str, int]:
     """Append a grouped conv (groups already merged: spec.c / groups input channels per slice, a
     multiple of block_in unless groups == 1) to a CommandStream, one emit_conv2d per (batch block,
     group) over windows of the packed buffers (layouts as emit_conv2d's; wgt holds the merged
-    weights, O/bo x (C/groups)/bi blocks). tiling: planned for group_spec(spec, groups, batch)."""
+    weights, O/bo x (C/groups)/bi blocks). tiling: planned for group_spec(spec, groups, batch)
+    (with residual=True when a residual add is fused: each slice adds its own output blocks)."""
     cfg = stream.cfg
     bn, bi, bo = cfg.batch, cfg.block_in, cfg.block_out
     sub = group_spec(spec, groups, bn)
@@ -225,8 +227,11 @@ def emit_grouped_conv2d(stream, spec: Conv2dSpec, groups: int, tiling: ConvTilin
                                                 f"{spec.name}.bias")
             s = None if channel_scales is None else _view(channel_scales, gi * sob * cfg.acc_elem_bytes,
                                                           sob * cfg.acc_elem_bytes, f"{spec.name}.scales")
+            r = None if residual is None else replace(
+                residual, buf=_view(residual.buf, (ib * ob + gi * sob) * out_plane, sob * out_plane,
+                                    f"{spec.name}.residual"))
             for key, v in emit_conv2d(stream, replace(sub, name=f"{spec.name}/g{gi}"), tiling, x, w, y, b, requant,
-                                      None, s).items():
+                                      r, s).items():
                 counts[key] = counts.get(key, 0) + v
     return counts
 

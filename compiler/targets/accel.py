@@ -403,8 +403,6 @@ class AccelTarget(Target):
         if head.op in ("qconv2d", "qdense"):
             spec = self.gemm_spec(b, head)
             groups = head.attrs.get("groups", 1) if head.op == "qconv2d" else 1
-            if groups > 1 and residual is not None:
-                raise TilingError(f"{head.name}: a residual add is not fused into a grouped convolution")
             # a grouped conv written as one dense conv: each run of output blocks reads only its input window
             chunks = windowed_chunks(ins[1].value) if head.op == "qconv2d" and groups == 1 else None
             if chunks:
@@ -446,7 +444,7 @@ class AccelTarget(Target):
                                                                                         out, bb, rq, scales, fused))
             elif groups > 1:
                 addr, count = self.program(b, head.name, lambda s: emit_grouped_conv2d(s, spec, groups, tiling, x, w,
-                                                                                       out, bb, rq, scales))
+                                                                                       out, bb, rq, scales, fused))
             else:
                 addr, count = self.program(b, head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, bb, rq,
                                                                                fused, scales))

@@ -131,13 +131,24 @@ def _shuffle_model(seed=0):
     return b.build([b.op("Relu", [y], name="r1")])
 
 
+def _grouped_residual_model(seed=0):
+    """Groups on whole blocks (3 of 16 channels), the second conv's output added to the input."""
+    b = zoo.ModelBuilder("grouped_res", seed)
+    x = b.input("x", (1, 48, 6, 6))
+    y = b.op("Relu", [b.conv(x, 48, 48, k=1, group=3, name="g3a")], name="r0")
+    y = b.op("Add", [b.conv(y, 48, 48, k=3, group=3, name="g3b"), x], name="res")
+    return b.build([b.op("Relu", [y], name="r1")])
+
+
 @pytest.mark.parametrize("model,cfg,force", [("grouped", "default", True), ("grouped", "tiny", False),
-                                             ("depthwise_separable", "tiny", False), ("shuffle", "default", False)])
+                                             ("depthwise_separable", "tiny", False), ("shuffle", "default", False),
+                                             ("grouped_res", "default", False)])
 def test_built_model_runs_grouped_convs_on_the_accelerator_bit_exact(model, cfg, force, monkeypatch):
     """Grouped and depthwise convs are placed on the accelerator (a depthwise one at block 16 only
     when forced: a diagonal GEMM wastes 15/16 of the core) and every int8 tensor the module
     computes on fsim equals the graph's int8 reference; tsim runs the same module."""
-    m = {"grouped": _grouped_model, "shuffle": _shuffle_model}.get(model, zoo.depthwise_separable)()
+    m = {"grouped": _grouped_model, "shuffle": _shuffle_model, "grouped_res": _grouped_residual_model}.get(
+        model, zoo.depthwise_separable)()
     feeds = zoo.sample_inputs(m, 5, seed=3)
     used = {"sliced": 0, "windowed": 0}
 
@@ -151,8 +162,9 @@ def test_built_model_runs_grouped_convs_on_the_accelerator_bit_exact(model, cfg,
     mod = compiler.build_model(m, target="accel", config=cfg, calibration=feeds[:4],
                                force_target={"Conv": "accel"} if force else None)
     assert used["windowed" if model == "shuffle" else "sliced"], used
-    if model == "shuffle":   # the residual add rides in the windowed conv's epilogue
-        assert any(s.kind == "accel" and "qadd" in s.op for s in mod.steps if s.name == "g4b"), mod.steps
+    if model in ("shuffle", "grouped_res"):   # the residual add rides in the sliced or windowed conv's epilogue
+        last = "g4b" if model == "shuffle" else "g3b"
+        assert any(s.kind == "accel" and "qadd" in s.op for s in mod.steps if s.name == last), mod.steps
     convs = [s for s in mod.steps if s.op.startswith("qconv2d")]
     assert convs and all(s.kind == "accel" for s in convs), [(s.name, s.kind) for s in convs]
     assert not mod.meta["fallbacks"]
