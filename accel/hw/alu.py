@@ -87,7 +87,9 @@ def alu_lane(m: Module, op, a, b, width: int, imm=None):
     m.d.comb += total.eq(Mux(is_scale, prod, a) + addend)
     shifted = Signal(signed(p_bits + 1))
     m.d.comb += shifted.eq(Mux(is_scale, total, total[:width].as_signed()) >> k)
-    # ---- saturation to width bits (only SCALE's shifted sum can exceed them), then the clamp ----------
+    # ---- SCALE: saturation to width bits (only its shifted sum can exceed them); the other ops: the
+    # clamp min(max(v, lo), hi) of v = the shifted value's low bits. Side by side, and the clamp's three
+    # comparisons at once: hi where v > hi or lo > hi (max(v, lo) >= lo > hi), else lo where v < lo.
     over = shifted[width - 1:]
     sat = Signal(signed(width))
     m.d.comb += sat.eq(Mux((over == 0) | (over == (1 << len(over)) - 1), shifted[:width],
@@ -98,10 +100,13 @@ def alu_lane(m: Module, op, a, b, width: int, imm=None):
                                           Mux(is_flush, f_lo, b[0:8].as_signed())))),
                  hi.eq(Mux(is_min | is_clip, b, Mux(is_flush, f_hi, b[8:16].as_signed())))]
     bounded = is_clamp | is_rq | is_flush | is_clip
-    up = Signal(signed(width))
-    m.d.comb += up.eq(Mux((bounded | is_max) & (sat < lo), lo, sat))
+    v = shifted[:width].as_signed()
+    lo_on, hi_on = bounded | is_max, bounded | is_min
+    to_hi = hi_on & ((v > hi) | (lo_on & (lo > hi)))
+    clamped = Signal(signed(width))
+    m.d.comb += clamped.eq(Mux(to_hi, hi, Mux(lo_on & (v < lo), lo, v)))
     rsh = Signal(signed(width))
-    m.d.comb += rsh.eq(Mux((bounded | is_min) & (up > hi), hi, up))
+    m.d.comb += rsh.eq(Mux(is_scale, sat, clamped))
 
     with m.Switch(op):
         with m.Case(AluOp.SHR):
