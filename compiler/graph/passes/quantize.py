@@ -13,9 +13,9 @@ zx), adds the output's before saturating to [-128, 127] (attr out_zp); ReLU beco
 zero point; adds and concats of asymmetric tensors run in float, from the model's rounded inputs.
 conv2d/dense with constant weights become qconv2d/qdense; add of activations becomes qadd; ops
 exact on int8 with an unchanged scale (relu, clip, max pooling, reshape, transpose, slice, pad by
-zero, concat) stay int8; a per-channel multiply-add (a batch norm that could not fold) and an
-average pool with one divisor become int8 depthwise convs (affine_as_depthwise); everything else
-runs in float between dequantize/quantize nodes.
+zero, concat) stay int8; an average pool with one divisor becomes an int8 depthwise conv, as can a
+per-channel multiply-add (a batch norm that could not fold; off by default, INT8_AFFINES says
+why) (affine_as_depthwise); everything else runs in float between dequantize/quantize nodes.
 """
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ from ..ir import Graph, Node, rewrite
 from ..ops import INT8_MAX, fixed_multiplier, int8_min
 
 SHIFT_RANGE = (-8, 24)  # activation/weight shifts outside this are clamped (and reported)
+#: per-channel affines (unfoldable batch norms) as int8 depthwise convs: off. Their int8 output
+#: makes the concats after them int8, and an int8 concat requantizes its inputs to the coarsest
+#: input scale, a loss the next batch norm's gain amplifies: DenseNet-121 (random weights) falls
+#: from cosine 0.99 to 0.78 against onnxruntime. On once concat keeps per-input scales.
+INT8_AFFINES = False
+#: the most of an output step an int8 affine (a batch norm as a depthwise conv) may lose to its
+#: bias's rounding; coarser ones stay float (_Quantizer.affine_precise)
+AFFINE_BIAS_ERROR = 1 / 16
 SHR_RANGE = (-32, 31)  # what one SHR of a 32-bit accumulator can do (AluOp.SHR, acc_width 32)
 
 #: ops whose int8 result is exact at the input's scale (attrs adjusted by _int8_attrs).
@@ -379,6 +387,31 @@ class _Quantizer:
                             name=f"{i.name}/requantize"))
         return self.mark(n.with_inputs(out), s)
 
+    def affine_precise(self, ins: list[Node], old: Node) -> bool:
+        """Whether an affine_as_depthwise conv loses at most AFFINE_BIAS_ERROR of an output step to
+        its bias: the int32 bias counts steps of in_scale x |g_c| / 127 (the weight is +-127), so a
+        channel whose gain is large against out_scale / in_scale rounds its shift coarsely, an
+        error a deep stack of such layers (DenseNet's) compounds; those stay float."""
+        try:
+            sx = self.scale[id(ins[0])] if id(ins[0]) in self.scale else self.qparams_for(old.inputs[0], "")[0]
+            so = self.out_qparams(old)[0]
+        except QuantizeError:
+            return False
+        if old.inputs[1].shape[2:] != (1, 1):
+            return True    # an average pool: its bias is 0
+        sw = np.asarray(self.weight_scales[old.inputs[1].name], np.float64).reshape(-1)
+        return float(np.max(sx * sw / so)) / 2 <= AFFINE_BIAS_ERROR
+
+    def affine_float(self, ins: list[Node], old: Node) -> Node:
+        """An affine_as_depthwise conv back in float: x * g + beta (average pools: the conv)."""
+        if old.inputs[1].shape[2:] != (1, 1):
+            return self.floating(ins, old)
+        x, ch = self.as_float(ins[0]), old.shape[1]
+        mul = Node("mul", [x, Node.const(old.inputs[1].value.reshape(1, ch, 1, 1), name=f"{old.name}/g")],
+                   name=f"{old.name}/mul", origin=old.origin)
+        return Node("add", [mul, Node.const(old.inputs[2].value.reshape(1, ch, 1, 1), name=f"{old.name}/beta")],
+                    name=old.name, origin=old.origin)
+
     def node(self, old: Node, ins: list[Node]) -> Node:
         """The replacement of `old` given its inputs' replacements."""
         n = old
@@ -386,12 +419,14 @@ class _Quantizer:
             return n
         if n.op in ("conv2d", "dense") and n.inputs[1].is_const and all(i.is_const for i in n.inputs[2:]) \
                 and n.dtype == "float32" and self.has_scales(old, ins):
+            if old.inputs[1].name in self.affine and not self.affine_precise(ins, old):
+                return self.affine_float(ins, old)
             try:
                 return self.gemm(ins, old)
             except QuantizeError:
                 if old.inputs[1].name not in self.affine:
                     raise
-                return self.floating(ins, n)   # an affine whose bias does not fit int32 at its scale
+                return self.affine_float(ins, old)   # an affine whose bias does not fit int32 at its scale
         if n.op == "add" and not any(i.is_const for i in ins) and any(id(i) in self.scale for i in ins):
             return self.add(ins, old)
         if n.op in SCALE_PRESERVING and id(ins[0]) in self.scale and (n.op != "pad" or n.attrs["mode"] == "constant"):
@@ -409,7 +444,7 @@ def _channel_const(n: Node, channels: int) -> np.ndarray | None:
     return n.value.reshape(-1).astype(np.float64) if shape[1] == channels else None
 
 
-def affine_as_depthwise(graph: Graph) -> tuple[Graph, dict[str, np.ndarray]]:
+def affine_as_depthwise(graph: Graph, pools: bool = True, affines: bool = True) -> tuple[Graph, dict[str, np.ndarray]]:
     """A per-channel multiply (+ per-channel add) of an N C H W tensor, as fold_batchnorm leaves a
     batch norm it cannot fold (pre-activation after a concat), becomes a 1x1 depthwise conv2d so
     that it quantizes as a GEMM layer: int8 in and out, per-channel weights at +-127 and fixed-point
@@ -419,6 +454,7 @@ def affine_as_depthwise(graph: Graph) -> tuple[Graph, dict[str, np.ndarray]]:
     Returns the graph and the weights' per-channel scales (shaped C 1 1 1, for _Quantizer.weights)."""
     users = graph.users()
     scales: dict[str, np.ndarray] = {}
+    made: dict[int, tuple] = {}   # id(conv made here) -> (its input, g, beta, the node it replaced)
 
     def affine(mul: Node):
         """(index of x, g) of a per-channel multiply x * g, else None."""
@@ -447,7 +483,9 @@ def affine_as_depthwise(graph: Graph) -> tuple[Graph, dict[str, np.ndarray]]:
 
     def fn(n: Node, old: Node):
         if old.op in ("avg_pool2d", "global_avg_pool"):
-            return pool(n, old)
+            return pool(n, old) if pools else None
+        if not affines:
+            return None
         found = with_add(old)
         if found is not None:
             k, (xk, g), beta = found
@@ -458,11 +496,16 @@ def affine_as_depthwise(graph: Graph) -> tuple[Graph, dict[str, np.ndarray]]:
                 return None   # not an affine, or the add after it takes it
             (xk, g), beta = a, np.zeros(old.shape[1])
             x = n.inputs[xk]
+        prev = made.get(id(x))
+        if prev is not None and len(users[id(prev[3])]) == 1:   # affine of an affine: one conv, one rounding
+            x, g, beta = prev[0], prev[1] * g, prev[2] * g + beta
         ch = x.shape[1]
         w = Node.const(g.reshape(ch, 1, 1, 1).astype(np.float32), name=f"{old.name}/affine_w")
         scales[w.name] = np.where(g != 0, np.abs(g) / INT8_MAX, 1.0).reshape(ch, 1, 1, 1)
         b = Node.const(beta.astype(np.float32), name=f"{old.name}/affine_b")
-        return Node("conv2d", [x, w, b], {"groups": ch}, name=old.name, origin=old.origin)
+        conv = Node("conv2d", [x, w, b], {"groups": ch}, name=old.name, origin=old.origin)
+        made[id(conv)] = (x, g, beta, old)
+        return conv
     def pool(n: Node, old: Node):
         """An average pool with one divisor for every window: a depthwise conv with weights 1/k."""
         x = n.inputs[0]
@@ -511,7 +554,7 @@ def shared_concat_shifts(graph: Graph, cal: Calibration) -> Calibration:
 def quantize(graph: Graph, calibration: Calibration) -> Graph:
     """Rewrite the float graph into shift-quantized int8 ops (see module doc)."""
     calibration = shared_concat_shifts(graph, calibration)
-    graph, affine_scales = affine_as_depthwise(graph)
+    graph, affine_scales = affine_as_depthwise(graph, affines=INT8_AFFINES)
     qz = _Quantizer(graph, calibration)
     qz.weight_scales = {**qz.weight_scales, **affine_scales}
     qz.affine = set(affine_scales)

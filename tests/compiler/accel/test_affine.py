@@ -1,6 +1,8 @@
 """A batch norm that cannot fold into a conv (pre-activation after a concat, as in DenseNet)
 becomes a 1x1 depthwise int8 conv (compiler.graph.passes.quantize.affine_as_depthwise): int8 in
 and out with its ReLU fused, on the accelerator when the target takes it, bit-exact on fsim."""
+import importlib
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -10,8 +12,18 @@ import compiler
 from compiler.frontend.zoo import ModelBuilder, sample_inputs
 from compiler.graph import run as reference_run
 from compiler.graph.ir import Graph, Node
+from compiler.graph.passes import calibrate, quantize
 from compiler.graph.passes.quantize import affine_as_depthwise
 from host_runtime.executor import Executor
+
+# the module (the package re-exports its function under the same name)
+quantize_pass = importlib.import_module("compiler.graph.passes.quantize")
+
+
+@pytest.fixture
+def int8_affines(monkeypatch):
+    """Batch norms as int8 depthwise convs (quantize.INT8_AFFINES, off by default)."""
+    monkeypatch.setattr(quantize_pass, "INT8_AFFINES", True)
 
 
 def dense_block(seed: int = 0, c1: int = 16, c2: int = 8, hw: int = 6, relu: bool = True, bias: bool = True):
@@ -34,7 +46,7 @@ def _build(m, config="tiny"):
 
 
 @pytest.mark.parametrize("relu", [True, False])
-def test_unfoldable_batch_norm_is_an_int8_depthwise_conv_on_the_accelerator(relu):
+def test_unfoldable_batch_norm_is_an_int8_depthwise_conv_on_the_accelerator(relu, int8_affines):
     m = dense_block(relu=relu)
     mod, tests = _build(m)
     steps = {s.name: s for s in mod.steps}
@@ -138,7 +150,7 @@ def test_average_pools_run_int8_on_the_accelerator():
         assert got @ want / (np.linalg.norm(got) * np.linalg.norm(want)) >= 0.99
 
 
-def test_channel_epilogues_go_to_the_accelerator_past_the_depthwise_waste_rule():
+def test_channel_epilogues_go_to_the_accelerator_past_the_depthwise_waste_rule(int8_affines):
     """On the default config (block 16) a real depthwise conv wastes too much of the core to go
     there, but an affine or average pool as a depthwise conv costs the core no more than an ALU
     pass would: placed on the accelerator, and bit-exact there."""
@@ -162,3 +174,28 @@ def test_global_pool_too_large_to_tile_stays_on_the_cpu_without_fallback():
     mod, _ = _build(b.build([y]), "default")
     steps = {s.name: s for s in mod.steps}
     assert steps["gap"].kind == "llvm" and mod.meta["fallbacks"] == []
+
+
+def test_affine_with_a_large_gain_stays_float(int8_affines):
+    """A channel whose gain is large against out_scale / in_scale (tiny inputs amplified, as a
+    batch norm of a nearly constant channel does) would round the int32 bias to a coarse fraction
+    of an output step (the bias counts in_scale |g| / 127): that affine stays float; a mild one
+    becomes the int8 conv."""
+    rng = np.random.default_rng(0)
+    for gain, want in ((200.0, "add"), (2.0, "qconv2d")):
+        x = Node.input("x", (1, 4, 3, 3), "float32")
+        g = np.array([gain, 1, 1, 1], np.float32).reshape(1, 4, 1, 1)
+        y = Node("mul", [x, Node.const(g, name="g")], name="m")
+        y = Node("add", [y, Node.const(np.full((1, 4, 1, 1), 0.3, np.float32), name="beta")], name="bn")
+        graph = Graph.from_outputs([x], [Node("relu", [y], name="r")])
+        samples = [{"x": (rng.standard_normal((1, 4, 3, 3)) * np.array([0.01, 1, 1, 1]).reshape(1, 4, 1, 1)
+                          ).astype(np.float32)} for _ in range(3)]
+        q = quantize(graph, calibrate(graph, samples))
+        assert q.find("bn").op == want, gain
+        np.testing.assert_allclose(reference_run(q, samples[0])[0], reference_run(graph, samples[0])[0], atol=0.2)
+
+
+def test_batch_norms_stay_float_by_default():
+    mod, _ = _build(dense_block())
+    assert quantize_pass.INT8_AFFINES is False
+    assert not any(s.name == "bn" and s.op.startswith("qconv2d") for s in mod.steps)
