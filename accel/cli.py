@@ -523,10 +523,10 @@ def _model_timing_outputs(args, mod, ex) -> None:
 @command("compile", "compile an ONNX model for the accelerator (with CPU fallback) or the CPU into one file")
 def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX model file")
-    p.add_argument("--target", default="accel", choices=("accel", "cpu", "opencl", "cuda"),
-                   help="accel (int8, CPU fallback), cpu, or a GPU: opencl (OpenCL C; PoCL runs it on the CPU "
-                        "where there is no GPU) or cuda (PTX); ops without a GPU kernel run on the CPU "
-                        "(default: %(default)s)")
+    p.add_argument("--target", default="accel", metavar="TARGET",
+                   help="a registered target (compiler.targets; the build names them if TARGET is not one): accel "
+                        "(int8, CPU fallback), cpu, or a GPU: opencl (OpenCL C; PoCL runs it on the CPU where there "
+                        "is no GPU) or cuda (PTX); ops without a GPU kernel run on the CPU (default: %(default)s)")
     _config_arg(p)
     p.add_argument("-o", "--output", required=True, help="compiled model file to write (.accm)")
     p.add_argument("--emit", metavar="DIR", help="also write the generated sources there: GPU kernels (.cl, .ptx), "
