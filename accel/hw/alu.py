@@ -81,8 +81,12 @@ def alu_lane(m: Module, op, a, b, width: int, imm=None):
     k_half = Signal(range(p_bits + 1))
     m.d.comb += k_half.eq(Mux(is_scale & (sc_k > p_bits), p_bits, k))
     rnd = is_scale | (is_rq & rq_rnd) | (is_flush & imm[5])
+    # 2^(k-1) as 2^p_bits >> (p_bits + 1 - k) (0 for k = 0): a right shift keeps its operand's width,
+    # where 1 << k would widen to 2^len(k) bits, a term Verilator evaluates every cycle
+    half_shift = Signal(range(p_bits + 2))
+    m.d.comb += half_shift.eq(p_bits + 1 - k_half)
     addend = Signal(signed(p_bits + 1))     # ADD's b, else 2^(k-1) when rounding (0 for k = 0)
-    m.d.comb += addend.eq(Mux(op == AluOp.ADD, b, Mux(rnd, (Const(1, p_bits + 1) << k_half)[1:], 0)))
+    m.d.comb += addend.eq(Mux(op == AluOp.ADD, b, Mux(rnd, Const(1 << p_bits, p_bits + 1) >> half_shift, 0)))
     total = Signal(signed(p_bits + 1))
     m.d.comb += total.eq(Mux(is_scale, prod, a) + addend)
     shifted = Signal(signed(p_bits + 1))
