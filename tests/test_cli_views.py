@@ -315,13 +315,13 @@ def test_synth_progress_follows_the_tool_log(tmp_path):
 
 
 # ---- designs that do not fit ----------------------------------------------------------------
-def _standin_files(tmp_path, cfg_name):
+def _standin_files(tmp_path, cfg):
     sys.path.insert(0, str(Path(__file__).resolve().parent / "fpga"))
     try:
         from standin import standin_verilog  # noqa: PLC0415 - tests/fpga joins sys.path just above
     finally:
         sys.path.pop(0)
-    text, desc = standin_verilog(preset(cfg_name))
+    text, desc = standin_verilog(preset(cfg) if isinstance(cfg, str) else cfg)
     (tmp_path / "core.v").write_text(text)
     (tmp_path / "core.json").write_text(json.dumps(desc))
     return ["--verilog", str(tmp_path / "core.v"), "--description", str(tmp_path / "core.json")]
@@ -329,16 +329,20 @@ def _standin_files(tmp_path, cfg_name):
 
 def test_cli_build_refuses_a_design_that_does_not_fit_unless_forced(capsys, tmp_path):
     p = board("pynq-z1").part
-    fit = estimate(preset("default"), p.family, p).fit
+    assert estimate(preset("default"), p.family, p).fit["fits"]   # the default config fits the xc7z020
+    unpacked = preset("default").replace(dsp_packing=False)   # one DSP per int8 product: too many DSPs
+    fit = estimate(unpacked, p.family, p).fit
     over = {k: r for k, r in fit["resources"].items() if r["used"] > r["available"]}
-    assert over and not fit["fits"]   # the default config is over the xc7z020 (its preset is pynq-z1)
-    rtl = _standin_files(tmp_path, "default")
-    line = _error(capsys, "does not fit xc7z020", "build", "--board", "pynq-z1", "--config", "default", "-o",
+    assert over and not fit["fits"]
+    cfg_file = tmp_path / "unpacked.json"
+    cfg_file.write_text(json.dumps(unpacked.to_dict()))
+    rtl = _standin_files(tmp_path, unpacked)
+    line = _error(capsys, "does not fit xc7z020", "build", "--board", "pynq-z1", "--config", cfg_file, "-o",
                   tmp_path / "out", *rtl, status=1)
     for k, r in over.items():
         assert f"{k} {r['used']:g} of {r['available']} ({r['used'] - r['available']:g} over" in line
     assert "--force" in line and not (tmp_path / "out").exists()
-    rc, out, err = _run(capsys, "build", "--board", "pynq-z1", "--config", "default", "-o", tmp_path / "out",
+    rc, out, err = _run(capsys, "build", "--board", "pynq-z1", "--config", cfg_file, "-o", tmp_path / "out",
                         *rtl, "--force")
     assert rc == 0 and (tmp_path / "out" / "build.tcl").exists() and "DOES NOT FIT" in out
     assert "warning: does not fit" in err and "(--force)" in err
