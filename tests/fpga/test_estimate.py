@@ -3,7 +3,6 @@ model's error on configurations left out of its calibration."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from accel.hw.fpga import calibrate
 from accel.hw.fpga.estimate import (Mul, current_source_key, dsp_count, estimate, memories, multipliers,
                                      verilog_memories)
 from accel.hw.fpga.memmap import MemShape, map_memory
+from accel.hw.fpga import synth as synth_mod
 from accel.hw.fpga.synth import utilization_from_cells
 from accel.isa import AccelConfig, preset
 from accel.hw.fpga import rtl_for_config
@@ -135,13 +135,13 @@ def test_estimate_is_exact_for_bram_and_dsp_on_every_record():
         assert (e["bram"], e["dsp"]) == (r["utilization"]["bram"], r["utilization"]["dsp"]), (r["name"], r["family"])
 
 
-def test_estimate_takes_milliseconds_and_reports_fit():
-    cfg = preset("default")
-    estimate(cfg, "xc7")
-    t0 = time.perf_counter()
-    for _ in range(10):
-        e = estimate(cfg, "xc7")
-    assert (time.perf_counter() - t0) / 10 < 0.05
+def test_estimate_runs_no_tool_and_reports_fit(monkeypatch):
+    """The estimate is a model, never a synthesis run (sweeps call it per point)."""
+    def no_tool(*a, **k):
+        raise AssertionError("the estimate ran a synthesis tool")
+    monkeypatch.setattr(synth_mod, "synthesize", no_tool)
+    monkeypatch.setattr(calibrate, "cached_synthesize", no_tool)
+    e = estimate(preset("default"), "xc7")
     assert e.fit["part"] == "xc7z020clg400-1" and set(e.fit["resources"]) == {"lut", "ff", "dsp", "bram"}
     assert e.to_dict()["source"].startswith("estimate")
 
