@@ -104,16 +104,17 @@ def _check_record(rec, path, lineno: int) -> dict:
     return rec
 
 
-def read_log(path: str | Path) -> list[dict]:
-    """Every record of the log (all ISAs); [] when the file does not exist yet. TuningLogError
-    with the line number and field for a malformed line."""
+def read_records(path: str | Path, check, bad, unreadable) -> list[dict]:
+    """The checked records of a JSON-lines log; [] when the file does not exist yet.
+    check(rec, path, lineno) validates one record, bad(path, lineno, what) and unreadable(message)
+    make the caller's one-line errors (the CPU and GPU tuners share this format)."""
     path = Path(path)
     if not path.exists():
         return []
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise TuningLogError(f"tuning log {path}: cannot read it ({e})") from None
+        raise unreadable(f"{path}: cannot read it ({e})") from None
     out = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -121,9 +122,15 @@ def read_log(path: str | Path) -> list[dict]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            raise _bad(path, lineno, f"not JSON ({e.msg} at column {e.colno})") from None
-        out.append(_check_record(rec, path, lineno))
+            raise bad(path, lineno, f"not JSON ({e.msg} at column {e.colno})") from None
+        out.append(check(rec, path, lineno))
     return out
+
+
+def read_log(path: str | Path) -> list[dict]:
+    """Every record of the log (all ISAs); TuningLogError with the line number and field for a
+    malformed line."""
+    return read_records(path, _check_record, _bad, lambda msg: TuningLogError(f"tuning log {msg}"))
 
 
 def make_record(isa: dict, wl: Workload, cfg: dict, time_s: float | None, error: str | None = None,

@@ -30,6 +30,7 @@ import numpy as np
 from host_runtime.gpu import open_device
 
 from ..autotune.cost import CostModel
+from ..autotune.tuning_log import read_records
 from ..errors import CompilerError
 from .gpu import GPU_KNOBS, SCHEDULES
 
@@ -158,23 +159,7 @@ def _check(rec, path, lineno: int) -> dict:
 
 def read_log(path: str | Path) -> list[dict]:
     """Every record of a GPU tuning log; [] when it does not exist yet."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise GpuTuneError(f"GPU tuning log {path}: cannot be read ({e})") from None
-    out = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise _bad(path, lineno, f"not JSON ({e.msg} at column {e.colno})") from None
-        out.append(_check(rec, path, lineno))
-    return out
+    return read_records(path, _check, _bad, lambda msg: GpuTuneError(f"GPU tuning log {msg}"))
 
 
 def _canon(cfg: dict) -> str:
