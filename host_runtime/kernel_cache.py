@@ -39,6 +39,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import llvmlite.binding as llvm
+
 from .errors import HostRuntimeError
 
 log = logging.getLogger(__name__)
@@ -403,7 +405,6 @@ _LOCK = threading.RLock()
 
 
 def _llvm():
-    import llvmlite.binding as llvm
     try:
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()

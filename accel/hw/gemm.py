@@ -25,7 +25,7 @@ operand fits a DSP48E1's 25-bit port and the input its 18-bit one (8-bit inputs 
 """
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 

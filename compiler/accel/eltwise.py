@@ -14,6 +14,7 @@ import numpy as np
 from accel.isa import AccelConfig, AluOp, MemType
 
 from .conv2d import Requant, TilingError, emit_requant
+from .layout import pack_activation, unpack_activation
 from .pipeline import TokenPipeline
 
 
@@ -76,7 +77,6 @@ def emit_add(stream, n_entries: int, a, b, out, ident, ka: int = 0, kb: int = 0,
 def run_add(device, a: np.ndarray, b: np.ndarray, ka: int = 0, kb: int = 0, requant: Requant = Requant(),
             vt: int = 2):
     """int8 NCHW a + b on the device -> (int8 NCHW, RunResult)."""
-    from .layout import pack_activation, unpack_activation
     cfg = device.cfg
     if a.shape != b.shape:
         raise TilingError(f"add: operand shapes differ: {a.shape} vs {b.shape}")

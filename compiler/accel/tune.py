@@ -14,6 +14,7 @@ from pathlib import Path
 
 from accel.isa import AccelConfig
 from accel.isa.files import write_atomic
+from host_runtime import Device
 
 from .emit import emit_conv2d
 from .plan import conv2d_candidates
@@ -32,7 +33,6 @@ def measure_conv2d(spec: Conv2dSpec, cfg: AccelConfig, tiling: ConvTiling, drive
                    bias: bool = True, requant: Requant = Requant(8, 0, 127), residual: bool = False) -> int:
     """Cycles of one conv2d with this tiling on a timing driver (zero data); with `residual`, a
     fused residual add as the compiler fuses MobileNetV2's (out = (y + 2 r) >> 1, clamped)."""
-    from host_runtime import Device
     g = _Geom.of(spec, cfg)
     out_bytes = g.nb * g.ob * spec.oh * spec.ow * cfg.out_elem_bytes
     sizes = {"inp": g.nb * g.cb * spec.h * spec.w * cfg.inp_elem_bytes,

@@ -23,6 +23,7 @@ from accel.isa.isa import INSN_BYTES
 
 from ..dram import DramModel
 from ..errors import CycleLimitError, DeadlockError
+from ..fsim import first_fault
 from .bus import ReadBus, dma_bursts
 from .events import EventLoop
 from .load import TileLoad
@@ -300,7 +301,6 @@ class Tsim:
         A program fetch faults on (sim.fsim.first_fault) raises that ProgramFault once what was
         dispatched before it has run (its cycles are not modelled); micro-op index faults need the
         data, which only fsim has (the tsim driver runs both)."""
-        from ..fsim import first_fault
         cfg = self.cfg
         self.stats = stats = TsimStats(spans=[] if trace else None, bursts=[] if trace else None)
         self.loop = loop = EventLoop()

@@ -13,7 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compiler import build, build_model, te
+from compiler.codegen import runtime
+from compiler.frontend.zoo import conv_bn_relu_pool, sample_inputs
 from host_runtime import kernel_cache as kc
+from host_runtime.executor import Executor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -368,9 +372,6 @@ def test_ir_cannot_define_a_runtime_symbol():
 
 # ---- kernels of compiled models and JIT modules ------------------------------------------------
 def test_compiled_model_is_exact_across_thread_counts_and_runs():
-    from compiler import build_model
-    from compiler.frontend.zoo import conv_bn_relu_pool, sample_inputs
-    from host_runtime.executor import Executor
     model = conv_bn_relu_pool()
     feed = sample_inputs(model, 1, seed=3)[0]
     mod = build_model(model, target="cpu")
@@ -388,8 +389,6 @@ def test_compiled_model_is_exact_across_thread_counts_and_runs():
 
 
 def test_jit_modules_run_parallel_loops_on_the_c_runtime():
-    from compiler import build, te
-    from compiler.codegen import runtime
     A = te.placeholder((97, 33), name="A")
     B = te.compute((97, 33), lambda i, j: A[i, j] * 2.0 + 1.0, name="B")
     s = te.create_schedule(B)
@@ -411,7 +410,6 @@ def test_jit_modules_run_parallel_loops_on_the_c_runtime():
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_python_launcher_runs_every_chunk_once(threads):
     """The launcher JIT modules fall back to without a C compiler: same contract."""
-    from compiler.codegen import runtime
     counts = {}
     lock = threading.Lock()
 

@@ -29,11 +29,13 @@ from pathlib import Path
 
 from accel.hw.boards import Part, default_part
 from accel.hw.params import CODE_BITS, INDEX_BITS, ibuf_depth
-from accel.isa import AccelConfig, formats_for
+from accel.hw.verilog import source_key
+from accel.isa import PRESETS, AccelConfig, formats_for
 from accel.isa.config import INSN_BITS, SIZE_BITS
 
 from .errors import FpgaError
 from .memmap import MemShape, map_memory
+from .synth import fit_check
 
 MODEL_PATH = Path(__file__).resolve().parent / "estimate_model.json"
 XILINX_SPEED_FACTOR = 1.6
@@ -88,7 +90,7 @@ def multipliers(cfg: AccelConfig, family: str = "xc7") -> list[Mul]:
     lanes = cfg.batch * cfg.block_out
     m = min(24, cfg.acc_width) + 1
     gemm = Mul("compute.gemm", cfg.inp_width, cfg.wgt_width, cfg.inp_width + cfg.wgt_width, cfg.macs_per_cycle)
-    from accel.hw.gemm import packing_shift      # (amaranth: imported only when counting)
+    from accel.hw.gemm import packing_shift  # noqa: PLC0415 - accel.hw.gemm pulls in amaranth on import
     shift = packing_shift(cfg.inp_width, cfg.wgt_width)
     if shift is not None and cfg.block_out > 1 and cfg.dsp_packing:  # two products per multiply
         packed = cfg.wgt_width + shift + 1
@@ -247,7 +249,6 @@ class Estimate:
 def estimate(cfg: AccelConfig, family: str = "xc7", part: Part | None = None,
              model: dict | None = None) -> Estimate:
     """Estimated utilization (lut, ff, dsp, bram, lutram) and Fmax of the accelerator for `cfg`."""
-    from .synth import fit_check
     if family not in _DSP:
         raise FpgaError(f"unknown FPGA family {family!r}; families are {', '.join(_DSP)}")
     part = part or default_part(family)
@@ -320,10 +321,8 @@ def _fmax(cfg: AccelConfig, family: str, model: dict) -> tuple[float | None, str
 def current_source_key() -> str | None:
     """Hash of the RTL and ISA sources (accel.hw.verilog's cache key of the tiny config), or None."""
     try:
-        from accel.hw.verilog import source_key
-        from accel.isa import PRESETS
         return source_key(PRESETS["tiny"])
-    except Exception:  # no generator in this checkout: nothing to compare with
+    except Exception:  # no Amaranth or no readable RTL sources here: nothing to compare with
         return None
 
 

@@ -19,13 +19,14 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 
 from accel.hw.boards import Board, BoardError
 from accel.isa import AccelConfig
 
 from .errors import FpgaError
-from .ports import AxiInterface, TopPorts
+from .ports import _MASTER_OUT, AXI4_SIGNALS, AxiInterface, TopPorts
 from .rtl import RtlSource
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,6 @@ def _vrange(width: int) -> str:
 
 def _wrapper_axi_ports(intf: AxiInterface, name: str, *, master: bool) -> list[tuple[str, str, int, str | None]]:
     """(direction, wrapper port, width, core port or None for a constant) for one AXI interface."""
-    from .ports import _MASTER_OUT, AXI4_SIGNALS
     out = []
     for sig in AXI4_SIGNALS:
         core = intf.signals.get(sig)
@@ -371,7 +371,6 @@ def overlay_metadata(board: Board, cfg: AccelConfig, rtl: RtlSource, warnings: l
                      estimate: dict | None = None) -> dict:
     ps, p = board.ps, rtl.ports
     try:
-        from importlib.metadata import version
         kit_version = version("accel-kit")
     except Exception:  # not installed as a distribution (running from a checkout)
         kit_version = "unknown"

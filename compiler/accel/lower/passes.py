@@ -13,7 +13,8 @@ from accel.isa.config import PAD_BITS
 
 from ...tir import expr as E
 from ...tir.arith import Analyzer, linear
-from ...tir.functor import Mutator, Visitor, collect, post_order_visit, substitute
+from ...tir.functor import Mutator, collect, post_order_visit, substitute
+from ...tir.passes import get_pass
 from ...tir.stmt import (Allocate, AttrStmt, Buffer, BufferStore, Evaluate, For, ForKind, IfThenElse, PrimFunc,
                          SeqStmt, Stmt, seq)
 from .env import (ACC_SCOPE, DEP_POP, DEP_PUSH, GEMM, GEMM_RESET, LOAD_2D, SCOPES, STORE_2D, UOP, UOP_KERNEL,
@@ -842,7 +843,6 @@ def LowerVirtualThreads(env: AccelEnv) -> Pass:
 
 def pipeline(env: AccelEnv) -> list[tuple[str, Pass, str]]:
     """The accelerator passes in order, each with why it sits there (after Flatten + Simplify)."""
-    from ...tir.passes import get_pass
     return [
         ("LiftGuards", LiftGuards(), "tail guards -> loop extents, so every nest is a perfect loop nest"),
         ("InjectALU", InjectALU(env), "epilogue nests -> ALU kernels, in place (before DMA sees the store's source)"),

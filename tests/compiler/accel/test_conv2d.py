@@ -3,10 +3,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from accel.isa import PRESETS, AccelConfig
-from compiler.accel.conv2d import (Conv2dSpec, Requant, TilingError, conv2d_reference, dense_reference,
-                                   plan_conv2d, run_conv2d, run_dense)
+from accel.isa import PRESETS, AccelConfig, AluOp, Epilogue, Gemm, Load, MemType, Store, flush_immediate
+from compiler.accel import plan as conv_plan
+from compiler.accel.conv2d import (FILL_BANDS, Conv2dSpec, ConvTiling, Requant, TilingError, _ceil, _fits,
+                                   conv2d_candidates, conv2d_reference, dense_reference, flush_params,
+                                   input_resident, plan_conv2d, run_conv2d, run_dense)
+from compiler.accel.eltwise import add_reference
 from compiler.accel.layout import pack_activation, pack_weight, unpack_activation, unpack_weight
+from compiler.graph.ops import fixed_multiplier
 from host_runtime import Device
 from conv_cases import check_conv, rand_conv, resnet_layer
 
@@ -43,7 +47,6 @@ def test_conv2d_random_shapes_and_configs(cfg, n, c, h, w, o, k, pads, strides, 
 def test_conv2d_candidates_keep_the_tallest_balanced_row_tiles():
     """For each (o_t, ic_t, w_t) the candidates reach the tallest row tile that fits, balanced over
     the image, also on an image taller than the 64 splits the candidate heights come from."""
-    from compiler.accel.conv2d import ConvTiling, _ceil, _fits, conv2d_candidates
     cfg = PRESETS["tiny"]
     spec = Conv2dSpec(1, 4, 200, 200, 4, 3, 3, (1, 1, 1, 1))
     heights: dict = {}
@@ -57,18 +60,17 @@ def test_conv2d_candidates_keep_the_tallest_balanced_row_tiles():
 def test_conv2d_candidates_searched_once_per_shape(monkeypatch):
     """The tiling search runs once per layer shape (names aside) and estimate constants; errors
     still name the layer asked about."""
-    import compiler.accel.plan as conv
     cfg = PRESETS["default"]
     a, b = Conv2dSpec(1, 64, 14, 14, 96, 1, 1, name="a"), Conv2dSpec(1, 64, 14, 14, 96, 1, 1, name="b")
-    conv._ranked_tilings.cache_clear()
-    first = conv.conv2d_candidates(a, cfg)
-    assert conv.conv2d_candidates(b, cfg) == first and conv._ranked_tilings.cache_info().hits == 1
-    monkeypatch.setattr(conv, "INSN_CYCLES", conv.INSN_CYCLES + 1000)   # another estimate: searched again
-    again = conv.conv2d_candidates(a, cfg)
-    assert conv._ranked_tilings.cache_info().misses == 2 and [c for c, _ in again] != [c for c, _ in first]
+    conv_plan._ranked_tilings.cache_clear()
+    first = conv_plan.conv2d_candidates(a, cfg)
+    assert conv_plan.conv2d_candidates(b, cfg) == first and conv_plan._ranked_tilings.cache_info().hits == 1
+    monkeypatch.setattr(conv_plan, "INSN_CYCLES", conv_plan.INSN_CYCLES + 1000)   # another estimate: searched again
+    again = conv_plan.conv2d_candidates(a, cfg)
+    assert conv_plan._ranked_tilings.cache_info().misses == 2 and [c for c, _ in again] != [c for c, _ in first]
     for name in ("x", "y"):   # nothing fits: each error names its own layer
         with pytest.raises(TilingError, match=f"^{name}: cannot be tiled .*short by 194"):
-            conv.conv2d_candidates(Conv2dSpec(1, 4, 8, 8, 4, 15, 15, (7, 7, 7, 7), name=name), PRESETS["tiny"])
+            conv_plan.conv2d_candidates(Conv2dSpec(1, 4, 8, 8, 4, 15, 15, (7, 7, 7, 7), name=name), PRESETS["tiny"])
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -81,8 +83,6 @@ def test_conv2d_any_candidate_tiling_is_bit_exact(cfg, n, c, h, w, o_blocks, k, 
     last tiles, merged transfers, resident inputs, several chunks, edge tiles), with or without a
     fused residual, is bit-exact against the int8 reference (and race-free: the tests run fsim's
     race check)."""
-    from compiler.accel.conv2d import conv2d_candidates
-    from compiler.accel.eltwise import add_reference
     spec = Conv2dSpec(n, c, h, w, o_blocks * cfg.block_out, k, k, (k // 2,) * 4, (stride, stride))
     cands = conv2d_candidates(spec, cfg, vt, residual)
     t = cands[pick % len(cands)][1]
@@ -109,8 +109,6 @@ def test_conv2d_flush_seeds_the_next_tile_of_its_slot(vt, rq):
     takes a bias MOV (3 channel groups x 2 row tiles). With edge tiles (5 channel blocks: groups of
     2, 2, 1; rows 4, 4, 1) a tile shaped unlike its slot's previous one takes a MOV. Bit-exact
     against the reference either way."""
-    from accel.isa import AluOp
-    from compiler.accel.conv2d import ConvTiling
     cfg = PRESETS["tiny"]
     for blocks, rows in ((6, 8), (5, 9)):
         spec = Conv2dSpec(1, 8, rows, 6, blocks * cfg.block_out, 3, 3, (1, 1, 1, 1), name="flush")
@@ -134,8 +132,6 @@ def test_conv2d_1x1_flushes_on_its_gemm(vt, rq):
     EPILOGUE naming the slot's bias entries), so it runs no FLUSH pass: its only ALU micro-ops are
     each slot's first bias MOV (and the MOVs of tiles shaped unlike their slot's previous one).
     Several input-channel chunks (only the last flushes), edge tiles, bit-exact."""
-    from accel.isa import AluOp, Epilogue, Gemm
-    from compiler.accel.conv2d import FILL_BANDS, ConvTiling
     cfg = PRESETS["tiny"]
     spec = Conv2dSpec(1, 3 * cfg.block_in, 5, 7, 5 * cfg.block_out, 1, 1, name="pointwise")
     x, w, b = _rand(np.random.default_rng(5), spec)
@@ -159,8 +155,6 @@ def test_conv2d_whole_row_tiles_load_their_channel_blocks_in_one_load(vt):
     row per block) and stores its output blocks in one STORE; the layer's first chunk, in row bands,
     loads a block per band, and its last tile stores a block per band; a padded 3x3 conv keeps a LOAD
     per block. Bit-exact."""
-    from accel.isa import Load, MemType, Store
-    from compiler.accel.conv2d import FILL_BANDS, ConvTiling
     cfg = PRESETS["tiny"]
     for spec, t, want in ((Conv2dSpec(1, 3 * cfg.block_in, 6, 5, 2 * cfg.block_out, 1, 1, name="rows"),
                            ConvTiling(2, 2, 5, 3, vt), 3 * FILL_BANDS + 2),   # 3 row tiles, tile 0 banded
@@ -182,9 +176,6 @@ def test_conv2d_one_spatial_tile_loads_its_input_once(vt, residual):
     """One tile of rows and columns and one input chunk: every output-channel group reads the same
     input, which is loaded once (input_resident); with a fused residual, each tile's residual still
     goes to its own slot. Bit-exact against the reference."""
-    from accel.isa import Load, MemType
-    from compiler.accel.conv2d import ConvTiling, input_resident
-    from compiler.accel.eltwise import add_reference
     cfg = PRESETS["tiny"]
     spec = Conv2dSpec(1, 2 * cfg.block_in, 4, 5, 5 * cfg.block_out, 1, 1, name="resident")
     x, w, b = _rand(np.random.default_rng(8), spec)
@@ -235,8 +226,6 @@ def test_dense_random(rows, k, m, seed, cfg):
 def test_fixed_point_requantization_matches_reference(cfg_name, relu):
     """A scale that is not a power of two: SCALE (24-bit multiplier, rounding shift) then the
     clamp, per tile slot, bit-exact against the numpy reference; the dense path too."""
-    from compiler.graph.ops import fixed_multiplier
-    from accel.isa import AluOp
     cfg = PRESETS[cfg_name]
     mul, k = fixed_multiplier(0.0123456, "test")
     rq = Requant(k, 0 if relu else -127, 127, True, mul)
@@ -301,8 +290,6 @@ def test_conv2d_fused_residual_add(cfg, c, hw, o, k, stride, ka, d, vt, seed):
     reference; the last requantization is a FLUSH (which also seeds the slot's next tile): on the
     identity GEMM that adds the residual (Gemm.flush) unless a left shift follows the add. A 1x1
     stride-1 conv requantizes into the accumulator on its last GEMM (EPILOGUE to_acc): no REQUANT pass."""
-    from accel.isa import AluOp, Epilogue, Gemm
-    from compiler.accel.eltwise import add_reference
     kb = max(0, ka + d)
     spec = Conv2dSpec(1, c, hw, hw, o, k, k, (k // 2,) * 4, (stride, stride))
     x, w, b = _rand(np.random.default_rng(seed), spec)
@@ -332,8 +319,6 @@ def test_flush_params_takes_only_what_one_flush_can_do():
     """flush_params gives FLUSH's immediate for a shift-round-clamp requantization (clamps [0, hi],
     [-hi, hi], [-hi-1, hi]), and None (MOV and
     REQUANT instead) for a multiplier, a zero point, a left shift, a shift past 31 or other bounds."""
-    from accel.isa import flush_immediate
-    from compiler.accel.conv2d import flush_params
     assert flush_params(Requant(8, 0, 127, True)) == flush_immediate(8, 127, lo_zero=True, round_half=True)
     assert flush_params(Requant(0, -128, 127, True)) == flush_immediate(0, 127)    # no rounding at shift 0
     assert flush_params(Requant(7, -127, 127)) == flush_immediate(7, 127, symmetric=True)   # the int8 flow's

@@ -5,11 +5,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from accel.isa import PRESETS, AccelConfig, MemType
+from compiler import build_model
 from compiler.accel.conv2d import (Conv2dSpec, ConvTiling, Requant, TilingError, conv2d_candidates,
                                    conv2d_reference, dense_reference, estimate_cycles, plan_conv2d, run_conv2d,
                                    run_dense)
 from compiler.accel.eltwise import add_reference
 from compiler.accel.spec import dense_view, is_dense
+from compiler.accel.tune import tune_conv2d
+from compiler.frontend import from_onnx
+from compiler.frontend.zoo import conv_bn_relu_pool, mlp, sample_inputs
 from host_runtime import Device
 
 ODD = AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024,
@@ -134,9 +138,6 @@ def test_dense_next_group_weights_load_beside_the_row_tiles(vt):
 def test_mlp_gemms_offload_batch1_classifier_stays_on_the_cpu():
     """Dense layers with a few rows (the zoo MLP's batch of 4) pass the partitioner's roofline rule
     and all their MACs go to the accelerator; a batch-1 classifier (one MAC per weight byte) does not."""
-    from compiler import build_model
-    from compiler.frontend import from_onnx
-    from compiler.frontend.zoo import conv_bn_relu_pool, mlp, sample_inputs
     m = mlp()
     mod = build_model(from_onnx(m), target="accel", config="default", calibration=sample_inputs(m, 2, seed=1))
     assert mod.meta["macs"]["cpu"] == 0 and mod.meta["macs"]["accel"] > 0
@@ -149,7 +150,6 @@ def test_mlp_gemms_offload_batch1_classifier_stays_on_the_cpu():
 def test_dense_tuning_measures_the_dense_candidates(tmp_path):
     """tune_conv2d on a dense layer measures its dense candidates on tsim and keeps the fastest;
     the log makes the second call a lookup."""
-    from compiler.accel.tune import tune_conv2d
     cfg, spec = PRESETS["tiny"], _spec(24, 20, 12)
     log = tmp_path / "tune.json"
     t, rec = tune_conv2d(spec, cfg, top=3, log_path=log)

@@ -2,7 +2,7 @@
 import json
 
 from accel.isa import PRESETS
-from compiler.accel.conv2d import Conv2dSpec, conv2d_candidates, plan_conv2d
+from compiler.accel.conv2d import Conv2dSpec, ConvTiling, Requant, conv2d_candidates, estimate_cycles, plan_conv2d
 from compiler.accel.tune import measure_conv2d, tune_conv2d
 
 
@@ -33,7 +33,6 @@ def test_estimate_ranks_long_dma_rows_ahead_as_the_timing_model_does():
     the same bytes as tiles of 56 in seven times as many DMA rows, each waiting out the read latency.
     The estimate ranks the wide tiles first, as measured on tsim (the estimate once tied them and
     the default build took the narrow ones, 1.38x slower)."""
-    from compiler.accel.conv2d import ConvTiling, estimate_cycles
     cfg = PRESETS["default"]
     spec = Conv2dSpec(1, 32, 112, 112, 16, 1, 1, name="project")
     wide, narrow = ConvTiling(1, 16, 56, 1, 2), ConvTiling(1, 112, 8, 1, 2)
@@ -46,7 +45,6 @@ def test_estimate_counts_the_pipeline_fill_before_the_first_compute():
     overlaps the first chunk's loads. Chunks of 18 input blocks load 60 KB before the first GEMM,
     chunks of 3 load 10 KB; the estimate ranks the short chunks first, as tsim measures (the
     estimate without the fill took the long ones, 1.3x slower)."""
-    from compiler.accel.conv2d import ConvTiling, estimate_cycles
     cfg = PRESETS["default"]
     spec = Conv2dSpec(1, 576, 7, 7, 160, 1, 1, name="project")
     short, long = ConvTiling(10, 7, 7, 3, 2), ConvTiling(10, 7, 7, 18, 2)
@@ -58,7 +56,6 @@ def test_estimate_counts_the_pipeline_fill_before_the_first_compute():
 def test_measure_conv2d_with_a_fused_residual():
     """measure_conv2d(residual=True) runs the conv with its fused residual add (the residual's loads
     and the identity GEMM cost cycles), deterministically, on zero data."""
-    from compiler.accel.conv2d import Requant
     cfg = PRESETS["tiny"]
     spec = Conv2dSpec(1, 8, 6, 6, 8, 1, 1, name="res")
     t = plan_conv2d(spec, cfg, 2, residual=True)
