@@ -748,15 +748,44 @@ def load_library(kernels: list[KernelSource]):
         raise ExecutorError(str(e)) from None
 
 
+#: where a container's CPU quota is read: cgroup v2, then v1 (quota and period in microseconds)
+CGROUP_CPU_FILES = ("/sys/fs/cgroup/cpu.max",
+                    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+
+
+def cgroup_cpu_limit(files=CGROUP_CPU_FILES) -> int | None:
+    """CPUs the container's quota allows (rounded up), or None without a quota. A quota below the
+    CPUs the process sees is why helper threads get descheduled in containers."""
+    v2, (v1_quota, v1_period) = files
+    try:
+        quota, _, period = open(v2).read().strip().partition(" ")
+    except OSError:
+        try:
+            quota, period = open(v1_quota).read().strip(), open(v1_period).read().strip()
+        except OSError:
+            return None
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:     # "max": no quota
+        return None
+    return max(1, math.ceil(q / p)) if q > 0 and p > 0 else None
+
+
 def default_num_threads() -> int:
-    """Threads for CPU kernels: $KIT_NUM_THREADS, else the CPUs this process may run on."""
+    """Threads for CPU kernels: $KIT_NUM_THREADS, else the CPUs this process may run on, capped by
+    a container's CPU quota."""
     env = os.environ.get("KIT_NUM_THREADS")
     if env:
-        return max(1, int(env))
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ExecutorError(f"KIT_NUM_THREADS={env!r}: expected a positive integer") from None
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    return min(cpus, limit) if limit else cpus
 
 
 # ---- the executor ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from compiler import build, build_model, te
 from compiler.codegen import runtime
 from compiler.frontend.zoo import conv_bn_relu_pool, sample_inputs
 from host_runtime import kernel_cache as kc
-from host_runtime.executor import Executor
+from host_runtime.executor import Executor, ExecutorError, cgroup_cpu_limit, default_num_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -433,3 +433,41 @@ def test_python_launcher_runs_every_chunk_once(threads):
     finally:
         runtime.set_num_threads(old)
         runtime._workers.pop(addr, None)
+
+
+# ---- threads a process may use ------------------------------------------------------------------
+def _cgroup_files(tmp_path, v2=None, v1=None):
+    """Fake cgroup files: v2's cpu.max text, or v1's (quota, period); absent ones are not written."""
+    f2, q1, p1 = tmp_path / "cpu.max", tmp_path / "quota", tmp_path / "period"
+    if v2 is not None:
+        f2.write_text(v2)
+    if v1 is not None:
+        q1.write_text(v1[0])
+        p1.write_text(v1[1])
+    return (str(f2), (str(q1), str(p1)))
+
+
+@pytest.mark.parametrize("v2, v1, want", [
+    ("max 100000\n", None, None),            # v2 without a quota
+    ("150000 100000\n", None, 2),           # 1.5 CPUs: two threads, the second partly
+    ("50000 100000", None, 1),
+    (None, ("-1", "100000"), None),          # v1 without a quota
+    (None, ("300000", "100000"), 3),
+    (None, None, None),                      # no cgroup files at all
+    ("garbage", None, None),
+])
+def test_cgroup_cpu_limit_reads_v2_then_v1(tmp_path, v2, v1, want):
+    assert cgroup_cpu_limit(_cgroup_files(tmp_path, v2, v1)) == want
+
+
+def test_default_threads_capped_by_the_quota_and_env_checked(monkeypatch):
+    monkeypatch.delenv("KIT_NUM_THREADS", raising=False)
+    monkeypatch.setattr("host_runtime.executor.cgroup_cpu_limit", lambda: 1)
+    assert default_num_threads() == 1
+    monkeypatch.setattr("host_runtime.executor.cgroup_cpu_limit", lambda: None)
+    assert default_num_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("KIT_NUM_THREADS", "3")
+    assert default_num_threads() == 3
+    monkeypatch.setenv("KIT_NUM_THREADS", "three")
+    with pytest.raises(ExecutorError, match="KIT_NUM_THREADS='three'"):
+        default_num_threads()
