@@ -1,20 +1,15 @@
 """bench/accel_dense.py: a quick run writes the JSON (bit-exact layers, cycles against the ideal
 and the DRAM floor); a malformed shape names itself."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmod import load_bench
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_accel_dense", ROOT / "bench" / "accel_dense.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("accel_dense")
 
 
 def test_quick_run_writes_json(bench, tmp_path, capsys):

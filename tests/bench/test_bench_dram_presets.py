@@ -1,16 +1,12 @@
 """bench/dram_presets.py stays runnable: its quick form times two small layers under every DRAM
 preset with one and with read_outstanding bursts in flight."""
-import importlib.util
 import json
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "dram_presets.py"
+from benchmod import load_bench
 
 
 def test_dram_presets_quick(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("dram_presets_bench", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("dram_presets")
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "dram_presets.json").read_text())
     assert doc["read_outstanding"] == 4 and len(doc["layers"]) == 2

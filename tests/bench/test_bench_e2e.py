@@ -1,19 +1,14 @@
 """bench/e2e.py: a quick run writes the JSON and prints the table; bad flags name themselves."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmod import load_bench
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def e2e():
-    spec = importlib.util.spec_from_file_location("bench_e2e", ROOT / "bench" / "e2e.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("e2e")
 
 
 def test_quick_run_writes_json_and_table(e2e, tmp_path, capsys):

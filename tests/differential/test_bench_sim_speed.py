@@ -1,22 +1,18 @@
 """bench/sim_speed.py stays runnable: its quick form on the tiny config (rtl and tsim, no cocotb)
 writes JSON whose programs all agree in cycles and DRAM bytes."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmod import load_bench
 
 from sim.verilator.build import tools_available
 
 pytestmark = [pytest.mark.rtl,
               pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")]
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "sim_speed.py"
 
 
 def test_sim_speed_quick_on_tiny(tmp_path):
-    spec = importlib.util.spec_from_file_location("sim_speed_bench", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("sim_speed")
     assert bench.main(["--config", "tiny", "--quick", "--no-cocotb", "--repeat", "1", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "sim_speed.json").read_text())
     s = doc["summary"]

@@ -2,11 +2,11 @@
 part, Fmax and where it comes from, GOPS at Fmax) and the docs table it writes between markers."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from benchmod import load_bench
 
 from accel.isa import preset
 
@@ -15,10 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def sr():
-    spec = importlib.util.spec_from_file_location("synth_report", ROOT / "bench" / "synth_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("synth_report")
 
 
 def _report(family, part_name, lut, dsp, fmax=None, fits=True):

@@ -4,12 +4,11 @@ named at its instruction (stepped executors) or at the STORE that writes its dam
 instruction behind it (executors run as a whole: prefixes); prefixes are valid programs."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 import json
 
 import numpy as np
 import pytest
+from benchmod import load_bench
 
 from accel.cli import main
 from accel.isa import PRESETS, Store, Uop, encode_program, encode_uops
@@ -251,11 +250,7 @@ def test_fsim_rtl_lockstep_tiny():
 
 
 def _bench():
-    path = Path(__file__).resolve().parents[2] / "bench" / "random_regression.py"
-    spec = importlib.util.spec_from_file_location("random_regression", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("random_regression")
 
 
 def test_random_regression_slice(tmp_path, faulty_driver):
