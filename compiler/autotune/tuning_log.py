@@ -58,14 +58,20 @@ def _bad(path, lineno: int, what: str):
     return TuningLogError(f"tuning log {path}:{lineno}: {what}")
 
 
-def _check_record(rec, path, lineno: int) -> dict:
+def check_header(rec, path, lineno: int, bad, version: int) -> None:
+    """The fields every tuning-log record starts with (CPU and GPU logs): a JSON object, the log
+    format version, the ISA it was measured on. bad(path, lineno, what) makes the caller's error."""
     if not isinstance(rec, dict):
-        raise _bad(path, lineno, f"expected a JSON object, got {type(rec).__name__}")
-    if rec.get("version") != VERSION:
-        raise _bad(path, lineno, f"field 'version': expected {VERSION}, got {rec.get('version')!r}")
+        raise bad(path, lineno, f"expected a JSON object, got {type(rec).__name__}")
+    if rec.get("version") != version:
+        raise bad(path, lineno, f"field 'version': expected {version}, got {rec.get('version')!r}")
     isa = rec.get("isa")
     if not isinstance(isa, dict) or not all(isinstance(isa.get(k), str) for k in ("triple", "cpu", "features")):
-        raise _bad(path, lineno, "field 'isa': expected an object with string triple, cpu, features")
+        raise bad(path, lineno, "field 'isa': expected an object with string triple, cpu, features")
+
+
+def _check_record(rec, path, lineno: int) -> dict:
+    check_header(rec, path, lineno, _bad, VERSION)
     wl = rec.get("workload")
     if not isinstance(wl, dict):
         raise _bad(path, lineno, "field 'workload': expected an object")

@@ -30,7 +30,7 @@ import numpy as np
 from host_runtime.gpu import open_device
 
 from ..autotune.cost import CostModel
-from ..autotune.tuning_log import read_records
+from ..autotune.tuning_log import check_header, read_records
 from ..errors import CompilerError
 from .gpu import GPU_KNOBS, SCHEDULES
 
@@ -130,13 +130,7 @@ def _bad(path, lineno: int, what: str) -> GpuTuneError:
 
 
 def _check(rec, path, lineno: int) -> dict:
-    if not isinstance(rec, dict):
-        raise _bad(path, lineno, f"expected a JSON object, got {type(rec).__name__}")
-    if rec.get("version") != VERSION:
-        raise _bad(path, lineno, f"field 'version': expected {VERSION}, got {rec.get('version')!r}")
-    isa = rec.get("isa")
-    if not isinstance(isa, dict) or not all(isinstance(isa.get(k), str) for k in ("triple", "cpu", "features")):
-        raise _bad(path, lineno, "field 'isa': expected an object with string triple, cpu, features")
+    check_header(rec, path, lineno, _bad, VERSION)
     wl = rec.get("workload")
     if not isinstance(wl, dict) or wl.get("op") not in _KINDS or not isinstance(wl.get("key"), str):
         raise _bad(path, lineno, f"field 'workload': expected op one of {', '.join(_KINDS)} and a string key")
