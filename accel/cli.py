@@ -501,8 +501,14 @@ def _run_model(args) -> int:
 
 def _model_timing_outputs(args, mod, ex) -> None:
     """--trace / --timeline / --counters of `accel run MODEL.accm`: every step a named span (sim.trace)."""
-    from sim.trace import (model_counters_table, model_layers, sum_counters, write_model_counters,
-                           write_model_perfetto, write_model_timeline_png)
+    from sim.trace import (
+        model_counters_table,
+        model_layers,
+        sum_counters,
+        write_model_counters,
+        write_model_perfetto,
+        write_model_timeline_png,
+    )
     layers = model_layers(ex.profile, ex.results, mod.config.clock_mhz)
     if args.trace:
         write_model_perfetto(args.trace, mod.config, layers, ex.driver_name, mod.name)
@@ -727,8 +733,7 @@ def _compile_op_args(p: argparse.ArgumentParser) -> None:
 
 
 def _compile_op(args) -> int:
-    from compiler.accel.conv2d import (Conv2dSpec, Requant, conv2d_reference, loop_nest_text, plan_conv2d,
-                                       run_conv2d)
+    from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, loop_nest_text, plan_conv2d, run_conv2d
     from compiler.accel.workloads import RESNET18_CONV, load_layers
     from host_runtime import Device
     cfg = resolve_config(args.config)

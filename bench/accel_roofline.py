@@ -16,20 +16,18 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import matplotlib
 import matplotlib.pyplot as plt
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from accel.isa import resolve_config  # noqa: E402
-from compiler.accel.conv2d import (Conv2dSpec, Requant, conv2d_reference, estimate_cycles, plan_conv2d,  # noqa: E402
-                                   run_conv2d)
+from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, estimate_cycles, plan_conv2d, run_conv2d  # noqa: E402
 from compiler.accel.tune import tune_conv2d  # noqa: E402
-from host_runtime import Device, available_drivers  # noqa: E402
-
 from compiler.accel.workloads import RESNET18_CONV as WORKLOADS  # noqa: E402
+from host_runtime import Device, available_drivers  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -28,11 +28,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from compiler.accel.workloads import RESNET18_CONV as WORKLOADS  # noqa: E402
-
-from compiler import ops  # noqa: E402
-from compiler.codegen import runtime  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
+from compiler import ops  # noqa: E402
+from compiler.accel.workloads import RESNET18_CONV as WORKLOADS  # noqa: E402
+from compiler.codegen import runtime  # noqa: E402
 
 BAR = 2.0
 

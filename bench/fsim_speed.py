@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from accel.isa import resolve_config  # noqa: E402
+from accel.isa.files import write_atomic  # noqa: E402
 from host_runtime import Device  # noqa: E402
 from host_runtime.matmul import matmul, matmul_reference, plan_matmul  # noqa: E402
-from accel.isa.files import write_atomic  # noqa: E402
 
 TARGET_MACS_PER_S = 1e9
 

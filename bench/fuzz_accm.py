@@ -38,12 +38,11 @@ from onnx import TensorProto
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from host_runtime.executor import FORMAT_VERSION, MAGIC  # noqa: E402
 import compiler
-from compiler.frontend import zoo
 import compiler.module  # noqa: F401 - registers the numpy host ops
 from accel.isa.errors import AccelError
-from host_runtime.executor import Executor, ModuleFormatError, ModuleImage
+from compiler.frontend import zoo
+from host_runtime.executor import FORMAT_VERSION, MAGIC, Executor, ModuleFormatError, ModuleImage  # noqa: E402
 
 TARGETS = ("cpu", "accel", "numpy")
 

@@ -24,8 +24,7 @@ sys.path.insert(0, str(ROOT))
 import compiler  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
 from compiler.frontend import zoo  # noqa: E402
-from host_runtime.gpu import open_device
-from host_runtime.gpu import CudaDevice
+from host_runtime.gpu import CudaDevice, open_device
 
 
 def _median_s(fn, repeat: int) -> float:

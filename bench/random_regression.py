@@ -26,10 +26,9 @@ sys.path.insert(1, str(ROOT / "tests"))
 from accel.isa import resolve_config  # noqa: E402
 from accel.isa.errors import AccelError  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
-from sim.lockstep import RecordingFsim, lockstep  # noqa: E402
-from sim.reference import run_reference  # noqa: E402
 from flows.lockstep import factory
-from sim.lockstep import decode_at
+from sim.lockstep import RecordingFsim, decode_at, lockstep  # noqa: E402
+from sim.reference import run_reference  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "random_regression.json"
 

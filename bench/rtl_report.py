@@ -25,10 +25,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from accel.hw.verilog import generate  # noqa: E402
 from accel.isa import preset  # noqa: E402
+from accel.isa.files import write_atomic  # noqa: E402
 from sim.fsim import Fsim  # noqa: E402
 from sim.rtl import RtlProgram, build, run_programs, simulators_available  # noqa: E402
 from sim.rtl.programs import gemm_only, pipelined_matmul  # noqa: E402
-from accel.isa.files import write_atomic  # noqa: E402
 
 
 def verilog_figures(name: str) -> dict:

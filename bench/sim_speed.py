@@ -32,12 +32,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))
 
 from accel.isa import resolve_config  # noqa: E402
+from accel.isa.files import write_atomic  # noqa: E402
 from compiler.accel.conv2d import Conv2dSpec, Requant, run_conv2d  # noqa: E402
 from host_runtime import Device, Driver, RunResult, get_driver  # noqa: E402
-from sim.trace import program_at  # noqa: E402
-from sim.tsim import Tsim, helper as tsim_helper  # noqa: E402
-from accel.isa.files import write_atomic  # noqa: E402
 from sim.rtl import RtlProgram, run_programs
+from sim.trace import program_at  # noqa: E402
+from sim.tsim import Tsim  # noqa: E402
+from sim.tsim import helper as tsim_helper
 
 BARS = {"rtl_over_cocotb": 50.0, "tsim_over_rtl": 20.0, "tsim_model_over_rtl": 20.0}
 
@@ -74,6 +75,7 @@ def conv_program(cfg, spec: Conv2dSpec, vt: int = 2, dram_bytes: int = 8 << 20):
 
 
 from compiler.accel.workloads import RESNET18_CONV as WORKLOADS  # noqa: E402
+
 #: Full-size ResNet-18 layers (what users simulate): a 3x3, a strided 3x3 and a strided 1x1.
 LAYERS = ("C2", "C6", "C10")
 

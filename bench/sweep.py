@@ -29,11 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from accel.isa.files import write_atomic  # noqa: E402
-from flows.point import evaluate_point  # noqa: E402
-from flows.space import parse_space  # noqa: E402
-from flows.sweep import Plan, plan_points, kit_version, load_models, resolve_target, run_sweep  # noqa: E402
-from flows.point import energy_table  # noqa: E402
 from compiler.frontend import zoo
+from flows.point import (
+    energy_table,  # noqa: E402
+    evaluate_point,  # noqa: E402
+)
+from flows.space import parse_space  # noqa: E402
+from flows.sweep import Plan, kit_version, load_models, plan_points, resolve_target, run_sweep  # noqa: E402
 
 SPACE = {"base": "tiny", "params": {"block_in": [4, 8], "block_out": [4, 8, 16, 32],
                                     "acc_buff_bytes": ["auto", 4096], "inp_buff_bytes": "auto",

@@ -20,15 +20,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from e2e import mobilenetv2, resnet18  # noqa: E402
 
 import compiler  # noqa: E402
 import compiler.accel.conv2d as conv  # noqa: E402
 import compiler.accel.plan as plan  # noqa: E402  (the estimate constants the grid varies)
 from accel.isa.config import resolve_config  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
-from e2e import mobilenetv2, resnet18  # noqa: E402
 from compiler.accel.tune import measure_conv2d  # noqa: E402
 from compiler.targets.accel import AccelTarget as cls
 

@@ -19,8 +19,14 @@ from pathlib import Path
 import numpy as np
 
 from accel.isa.config import AccelConfig, resolve_config
-from host_runtime.executor import (Executor, ModuleFormatError, ModuleImage, format_profile, profile_summary,
-                                   register_host_op)
+from host_runtime.executor import (
+    Executor,
+    ModuleFormatError,
+    ModuleImage,
+    format_profile,
+    profile_summary,
+    register_host_op,
+)
 
 from .graph.ir import Node
 from .graph.ops import OpDef, on_declare

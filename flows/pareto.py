@@ -6,11 +6,11 @@ has fewer accelerator cycles without being faster).
 """
 from __future__ import annotations
 
+import io
 import logging
 from pathlib import Path
 
 from accel.isa.files import write_atomic
-import io
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ import traceback
 import numpy as np
 
 import compiler
-from accel.hw.fpga.estimate import estimate
 from accel.hw.boards import part as lookup_part
-from accel.isa import AccelConfig
-from accel.isa.errors import AccelError
 from accel.hw.fpga import rtl as fpga_rtl
 from accel.hw.fpga import synth as fpga_synth
+from accel.hw.fpga.estimate import estimate
+from accel.isa import AccelConfig
+from accel.isa.errors import AccelError
 
 log = logging.getLogger(__name__)
 

@@ -17,26 +17,34 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Callable
-import sys
-from importlib.metadata import version
 
+from accel.hw.boards import BOARDS, PARTS, BoardError
+from accel.hw.boards import board as lookup_board
+from accel.hw.boards import part as lookup_part
 from accel.isa.files import write_atomic
+from sim.dram import DRAM_PRESETS
 
 from . import pareto
 from .errors import SweepError
 from .point import energy_table, evaluate_point
-from .space import (Layer, Space, model_inputs, model_layers, parse_shape, resolve_point, resolve_values,
-                    violated)
+from .space import (
+    Layer,
+    Space,
+    load_space,
+    model_inputs,
+    model_layers,
+    parse_shape,
+    resolve_point,
+    resolve_values,
+    violated,
+)
 from .store import ResultStore
-from accel.hw.boards import BOARDS, PARTS, BoardError
-from accel.hw.boards import board as lookup_board
-from accel.hw.boards import part as lookup_part
-from sim.dram import DRAM_PRESETS
-from .space import load_space
 
 log = logging.getLogger(__name__)
 

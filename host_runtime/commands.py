@@ -19,10 +19,29 @@ from typing import Any, Callable
 
 import numpy as np
 
-from accel.isa import (INSN_BYTES, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Program, Stage, Store,
-                       Symbol, buffer_depth, elem_bytes, encode_insn, encode_program, encode_uops)
+from accel.isa import (
+    INSN_BYTES,
+    Alu,
+    AluOp,
+    Epilogue,
+    Finish,
+    Gemm,
+    Insn,
+    Load,
+    MemType,
+    Program,
+    Stage,
+    Store,
+    Symbol,
+    buffer_depth,
+    deps,
+    elem_bytes,
+    encode_insn,
+    encode_program,
+    encode_uops,
+    operands,
+)
 from accel.isa.config import LOOP_ITER_BITS, PAD_BITS, SIZE_BITS
-from accel.isa import deps, operands
 from accel.isa.errors import EncodingError, OperandError
 
 from .errors import CommandError

@@ -45,11 +45,11 @@ from typing import Any, Callable
 import numpy as np
 
 from accel.isa import INSN_BYTES, AccelConfig
-from accel.isa.layout import pack_blocked, unpack_blocked
 from accel.isa.files import write_atomic
+from accel.isa.layout import pack_blocked, unpack_blocked
 
-from .errors import HostRuntimeError
 from .device import Device
+from .errors import HostRuntimeError
 from .gpu import DeviceTensors, GpuError, check_gpu_attrs, open_device
 from .kernel_cache import KernelBuildError, KernelCacheError, KernelIRError, load_kernels, verify_ir
 

@@ -335,10 +335,10 @@ class OpenCLDevice:
 
 def _cuda_driver():
     try:
-        from cuda.bindings import driver as cu   # cuda-python >= 12.6  # noqa: PLC0415 - optional dep cuda-python
+        from cuda.bindings import driver as cu  # cuda-python >= 12.6  # noqa: PLC0415 - optional dep cuda-python
     except ImportError:
         try:
-            from cuda import cuda as cu          # older cuda-python  # noqa: PLC0415 - optional dep cuda-python
+            from cuda import cuda as cu  # older cuda-python  # noqa: PLC0415 - optional dep cuda-python
         except ImportError:
             raise GpuError("no CUDA device: cuda-python is not installed (pip install cuda-python)") from None
     return cu

@@ -29,8 +29,20 @@ from accel.isa import AccelConfig, AccelError, resolve_config
 
 from .device import get_driver
 from .errors import HostRuntimeError
-from .remote import (DEFAULT_MAX_PAYLOAD, DEFAULT_PORT, PAGE, PROTOCOL_VERSION, ProtocolError, auth_proof,
-                     changed_pages, pack_pages, padded, recv_frame, send_frame, unpack_pages)
+from .remote import (
+    DEFAULT_MAX_PAYLOAD,
+    DEFAULT_PORT,
+    PAGE,
+    PROTOCOL_VERSION,
+    ProtocolError,
+    auth_proof,
+    changed_pages,
+    pack_pages,
+    padded,
+    recv_frame,
+    send_frame,
+    unpack_pages,
+)
 
 log = logging.getLogger(__name__)
 

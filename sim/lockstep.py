@@ -26,9 +26,22 @@ from typing import Any, Callable
 
 import numpy as np
 
-from accel.isa import (AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Store, Uop,
-                       encode_program, encode_uops)
-from accel.isa import decode_program
+from accel.isa import (
+    AccelConfig,
+    Alu,
+    AluOp,
+    Epilogue,
+    Finish,
+    Gemm,
+    Insn,
+    Load,
+    MemType,
+    Store,
+    Uop,
+    decode_program,
+    encode_program,
+    encode_uops,
+)
 from accel.isa.asm import format_insn
 from accel.isa.config import LOOP_ITER_BITS
 from accel.isa.deps import token_queue

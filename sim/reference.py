@@ -23,8 +23,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from accel.isa import (INSN_BYTES, AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Insn, Load, MemType, Store,
-                       decode_insn, decode_uops, elem_bytes)
+from accel.isa import (
+    INSN_BYTES,
+    AccelConfig,
+    Alu,
+    AluOp,
+    Epilogue,
+    Finish,
+    Gemm,
+    Insn,
+    Load,
+    MemType,
+    Store,
+    decode_insn,
+    decode_uops,
+    elem_bytes,
+)
 from accel.isa.operands import decode_clamp, decode_flush, decode_requant, decode_scale
 
 from .errors import SimError

@@ -7,15 +7,15 @@ import sys
 
 import numpy as np
 import pytest
+from randprog import random_program
 
+import host_runtime.matmul as mm
 from accel.cli import COMMANDS, main
 from accel.isa import PRESETS, Program
-from randprog import random_program
-from sim.reference import run_reference
-from host_runtime import Device
-import host_runtime.matmul as mm
 from compiler.frontend import zoo
 from compiler.module import CompiledModule
+from host_runtime import Device
+from sim.reference import run_reference
 
 TINY = PRESETS["tiny"]
 

@@ -4,22 +4,21 @@ bars (on a terminal only, never with -q), and `build`/`synth` refusing designs t
 import io
 import json
 import sys
-from pathlib import Path
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from accel import progress
 from accel.cli import main
+from accel.hw.boards import board, part
+from accel.hw.fpga import synth
+from accel.hw.fpga.estimate import estimate
+from accel.isa import preset
 from compiler.frontend import zoo
 from compiler.module import CompiledModule
 from sim.verilator.build import tools_available
-from accel import progress
-from accel.hw.fpga import synth
-from accel.isa import preset
-from accel.hw.boards import board
-from accel.hw.fpga.estimate import estimate
-from accel.hw.boards import part
 
 STALE = "warning: the RTL changed since the estimator was calibrated"   # a note, not the verdict
 

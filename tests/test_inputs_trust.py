@@ -5,9 +5,9 @@ mode, never over one of the command's inputs, written whole or not at all)."""
 import io
 import os
 import pickle
+import shutil
 import stat
 import zipfile
-import shutil
 
 import numpy as np
 import onnx
@@ -15,12 +15,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import accel.isa.files as files
 import compiler
+import flows.inputs
 from accel.cli import main
 from accel.isa.files import write_atomic
 from compiler.frontend.zoo import ModelBuilder
-import flows.inputs
-import accel.isa.files as files
 
 
 def _run(capsys, *argv):

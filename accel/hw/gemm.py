@@ -35,7 +35,6 @@ from accel.isa.config import ALU_IMM_BITS
 from .alu import flush_lane, tree_sum
 from .layouts import lanes, read_signature
 
-
 # the DSP48E1 multiplier's signed port widths (25 x 18): packing must fit them to save DSPs
 DSP_A_BITS, DSP_B_BITS = 25, 18
 

@@ -16,7 +16,6 @@ from enum import IntEnum
 from accel.isa import AccelConfig, Alu, Gemm, Insn, Load, MemType, Stage, Store, buffer_depth
 from accel.isa.deps import dead_flags
 
-
 CODE_BITS = 3         # ERROR code field
 INDEX_BITS = 32       # instruction indices (INSN_COUNT is 32 bits)
 

@@ -24,7 +24,6 @@ from .layouts import decode, read_signature
 from .queues import QueueReadSignature, QueueWriteSignature
 from .stage import StageControl
 
-
 OUTSTANDING_BITS = 24   # write bursts awaiting their response; no memory holds anywhere near 2**24
 
 

@@ -113,6 +113,7 @@ def describe(cfg: AccelConfig, top=None) -> dict:
 def _elaborate(cfg: AccelConfig) -> tuple[str, dict]:
     from amaranth.back import verilog as amaranth_verilog  # noqa: PLC0415 - amaranth loads only when RTL is elaborated
     from amaranth.hdl._ir import PortDirection  # noqa: PLC0415 - amaranth loads only when RTL is elaborated; convert(ports={name: (value, direction)})
+
     from .top import Accelerator  # noqa: PLC0415 - accel.hw.top pulls in amaranth on import
     with task(f"Verilog elaboration of {TOP_NAME} ({cfg.digest()})", 3) as t:
         t.update(0, detail="building the design")

@@ -24,8 +24,20 @@ from .schema import decode_text, describe, read_bounded
 
 MAX_ASM_BYTES = 256 << 20
 """Largest assembly file read (2^20 instructions of about 100 characters, with comments)."""
-from .isa import (DEP_FLAGS, INSN_CLASSES, MAX_INSNS, Alu, AluOp, Insn, Load, MemType, Opcode, Store,
-                  decode_program, encode_insn)
+from .isa import (
+    DEP_FLAGS,
+    INSN_CLASSES,
+    MAX_INSNS,
+    Alu,
+    AluOp,
+    Insn,
+    Load,
+    MemType,
+    Opcode,
+    Store,
+    decode_program,
+    encode_insn,
+)
 
 _BOOL_FIELDS = {"reset", "use_imm", "flush", "to_acc", *DEP_FLAGS}
 

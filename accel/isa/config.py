@@ -17,9 +17,19 @@ from .errors import ConfigError
 from .files import write_atomic
 from .isa import formats_for
 from .schema import describe, json_type, parse_json, read_bounded
+
 # the fixed field widths, importable from here as before
-from .widths import (ALU_IMM_BITS, ALU_OPCODE_BITS, DEP_FLAG_BITS, INSN_BITS, LOOP_ITER_BITS,  # noqa: F401
-                     MEM_TYPE_BITS, OPCODE_BITS, PAD_BITS, SIZE_BITS)
+from .widths import (  # noqa: F401
+    ALU_IMM_BITS,
+    ALU_OPCODE_BITS,
+    DEP_FLAG_BITS,
+    INSN_BITS,
+    LOOP_ITER_BITS,
+    MEM_TYPE_BITS,
+    OPCODE_BITS,
+    PAD_BITS,
+    SIZE_BITS,
+)
 
 KiB = 1024
 

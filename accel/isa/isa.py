@@ -20,11 +20,19 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from .widths import (ALU_IMM_BITS, ALU_OPCODE_BITS, INSN_BITS, LOOP_ITER_BITS, MEM_TYPE_BITS, OPCODE_BITS,
-                     PAD_BITS, SIZE_BITS)
 from .errors import EncodingError
 from .operands import flush_immediate  # noqa: F401  (defined with the other ALU operands)
 from .schema import describe
+from .widths import (
+    ALU_IMM_BITS,
+    ALU_OPCODE_BITS,
+    INSN_BITS,
+    LOOP_ITER_BITS,
+    MEM_TYPE_BITS,
+    OPCODE_BITS,
+    PAD_BITS,
+    SIZE_BITS,
+)
 
 if TYPE_CHECKING:   # (config imports this module: the formats decide whether a config fits)
     from .config import AccelConfig

@@ -17,13 +17,33 @@ import numpy as np
 
 from ..graph.ops import shift_right_round
 from .emit import FILL_BANDS, emit_conv2d, loop_nest_text
-from .epilogue import (channel_scale_operands, emit_requant, flush_params, requant_operand,
-                       set_requant_operand)
+from .epilogue import channel_scale_operands, emit_requant, flush_params, requant_operand, set_requant_operand
 from .layout import pack_activation, pack_bias, pack_weight, unpack_activation
-from .plan import (CHUNK_CYCLES, INSN_CYCLES, OVERLAP_LOSS, _fits, _needs, _ranked_tilings, conv2d_candidates,
-                   estimate_cycles, input_resident, linear_pixels, plan_conv2d)
-from .spec import (PARAM_ENTRIES, Conv2dSpec, ConvTiling, Requant, ResidualAdd, TilingError, _ceil, _Geom,
-                   is_dense, residual_identity)
+from .plan import (
+    CHUNK_CYCLES,
+    INSN_CYCLES,
+    OVERLAP_LOSS,
+    _fits,
+    _needs,
+    _ranked_tilings,
+    conv2d_candidates,
+    estimate_cycles,
+    input_resident,
+    linear_pixels,
+    plan_conv2d,
+)
+from .spec import (
+    PARAM_ENTRIES,
+    Conv2dSpec,
+    ConvTiling,
+    Requant,
+    ResidualAdd,
+    TilingError,
+    _ceil,
+    _Geom,
+    is_dense,
+    residual_identity,
+)
 
 __all__ = ["CHUNK_CYCLES", "FILL_BANDS", "INSN_CYCLES", "OVERLAP_LOSS", "PARAM_ENTRIES", "Conv2dSpec",
            "ConvTiling", "Requant", "ResidualAdd", "TilingError", "_Geom", "_ceil", "_fits", "_needs",

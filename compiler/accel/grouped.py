@@ -21,8 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from accel.isa import deps
-from accel.isa import Stage
+from accel.isa import Stage, deps
 from host_runtime.memory import Buffer
 
 from .emit import emit_conv2d

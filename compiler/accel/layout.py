@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from accel.isa import AccelConfig, LayoutError
-from accel.isa import layout
+from accel.isa import AccelConfig, LayoutError, layout
 from accel.isa.layout import blocks  # noqa: F401  (re-exported: the compiler's callers import it here)
 
 

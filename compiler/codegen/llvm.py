@@ -22,8 +22,19 @@ from ..tir import dtype as dt
 from ..tir import expr as E
 from ..tir.arith import Analyzer
 from ..tir.functor import post_order_visit
-from ..tir.stmt import (Allocate, AttrStmt, Buffer, BufferStore, Evaluate, For, ForKind, IfThenElse,
-                        LetStmt, PrimFunc, SeqStmt)
+from ..tir.stmt import (
+    Allocate,
+    AttrStmt,
+    Buffer,
+    BufferStore,
+    Evaluate,
+    For,
+    ForKind,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    SeqStmt,
+)
 
 PARALLEL_LAUNCH = "__kit_parallel_launch"
 #: allocations up to this many bytes live on the stack, bigger ones on the heap

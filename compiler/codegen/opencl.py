@@ -19,13 +19,24 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import CodegenError
+from ..lower import lower
 from ..tir import dtype as dt
 from ..tir import expr as E
 from ..tir.arith import Linear, linear
 from ..tir.functor import Mutator
-from ..tir.stmt import (Allocate, AttrStmt, BufferStore, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc,
-                        SeqStmt, Stmt)
-from ..lower import lower
+from ..tir.stmt import (
+    Allocate,
+    AttrStmt,
+    BufferStore,
+    Evaluate,
+    For,
+    ForKind,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    SeqStmt,
+    Stmt,
+)
 
 #: the barrier call the GPU lowering inserts (both back ends print it)
 BARRIER = "gpu_barrier"
@@ -159,8 +170,8 @@ _CTYPES = {"float32": "float", "float64": "double", "float16": "half", "int8": "
 _MATH = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "floor": "floor", "ceil": "ceil",
          "round": "rint", "trunc": "trunc", "pow": "pow", "exp2": "exp2", "log2": "log2", "sin": "sin", "cos": "cos"}
 
-from host_runtime.gpu import FP64_PRAGMA, OPENCL_PREAMBLE as _PREAMBLE  # noqa: E402 - the runtime verifies it
-
+from host_runtime.gpu import FP64_PRAGMA  # noqa: E402 - the runtime verifies it
+from host_runtime.gpu import OPENCL_PREAMBLE as _PREAMBLE
 
 _RESERVED = {"if", "else", "for", "while", "do", "return", "break", "continue", "switch", "case", "default", "goto",
              "const", "static", "inline", "restrict", "volatile", "void", "struct", "union", "enum", "typedef",

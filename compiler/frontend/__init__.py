@@ -1,7 +1,7 @@
 """Frontends: ONNX models -> the graph IR (compiler.graph)."""
+from . import qoperator  # noqa: F401,E402  registers the QOperator (QLinear*) converters
 from .errors import ConversionError, FrontendError, ModelLoadError, UnsupportedOpError
 from .onnx_import import CONVERTERS, from_onnx, load_model
-from . import qoperator  # noqa: F401,E402  registers the QOperator (QLinear*) converters
 
 __all__ = ["from_onnx", "load_model", "CONVERTERS", "FrontendError", "ModelLoadError", "UnsupportedOpError",
            "ConversionError"]

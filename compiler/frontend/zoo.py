@@ -208,8 +208,13 @@ def ort_quantize(model, feeds, per_channel: bool = False, activations: str = "in
     "uint8", or "symmetric" int8. quant_format: "qdq" (Quantize/DequantizeLinear pairs) or
     "qoperator" (QLinearConv, QGemm, ...)."""
 
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quant_pre_process,  # noqa: PLC0415 - optional dep onnxruntime
-                                          quantize_static)
+    from onnxruntime.quantization import (  # noqa: PLC0415 - optional dep onnxruntime
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quant_pre_process,
+        quantize_static,
+    )
     if activations not in ("int8", "uint8", "symmetric"):
         raise ValueError(f"ort_quantize: activations={activations!r}; choose int8, uint8 or symmetric")
     if quant_format not in ("qdq", "qoperator"):

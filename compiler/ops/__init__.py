@@ -13,11 +13,25 @@ package holds their kernels per target kind (registry.register_kernel). `ops.lis
 lists the ops with kernels there, and a lookup for an unsupported (op, target) raises
 OpNotSupported with the reason.
 """
-from . import library as _library  # noqa: F401  (fills the registry)
 from . import gpu as _gpu  # noqa: F401  (the GPU schedules, so a lookup never depends on import order)
+from . import library as _library  # noqa: F401  (fills the registry)
 from .api import CompiledOp, clear_cache, compile_op, get, list_ops
-from .registry import (DECLINED, IMPLS, OPS, Implementation, Kernel, OpDef, OpError, OpNotSupported, add_impl,
-                       decline, implementations, normalize_attrs, register_kernel, select)
+from .registry import (
+                       DECLINED,
+                       IMPLS,
+                       OPS,
+                       Implementation,
+                       Kernel,
+                       OpDef,
+                       OpError,
+                       OpNotSupported,
+                       add_impl,
+                       decline,
+                       implementations,
+                       normalize_attrs,
+                       register_kernel,
+                       select,
+)
 
 __all__ = ["get", "compile_op", "list_ops", "clear_cache", "CompiledOp", "OpError", "OpNotSupported",
            "Implementation", "Kernel", "OpDef", "OPS", "IMPLS", "DECLINED", "add_impl", "register_kernel", "decline",

@@ -16,8 +16,7 @@ import numpy as np
 from .. import te
 from ..build import build
 from ..tir import dtype as dt
-from .registry import (OPS, OpError, OpNotSupported, get_def, implementations, normalize_attrs, select,
-                       target_kind)
+from .registry import OPS, OpError, OpNotSupported, get_def, implementations, normalize_attrs, select, target_kind
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,9 @@ own (the only defaults are the schema's). Keywords after them (kernel_packed, ..
 from __future__ import annotations
 
 from .. import te
-from . import cpu, elemwise as ew, nn, transform as tf
+from . import cpu, nn
+from . import elemwise as ew
+from . import transform as tf
 from .registry import add_impl, decline
 
 

@@ -30,11 +30,25 @@ from accel.isa.asm import disassemble_bytes
 from accel.isa.errors import AccelError
 from host_runtime.executor import Step
 
-from ..accel.conv2d import (Conv2dSpec, Requant, ResidualAdd, TilingError, channel_scale_operands, emit_conv2d,
-                            plan_conv2d, residual_identity)
+from ..accel.conv2d import (
+    Conv2dSpec,
+    Requant,
+    ResidualAdd,
+    TilingError,
+    channel_scale_operands,
+    emit_conv2d,
+    plan_conv2d,
+    residual_identity,
+)
 from ..accel.eltwise import emit_add, identity_weights
-from ..accel.grouped import (emit_grouped_conv2d, emit_windowed_conv2d, group_spec, grouped_waste, window_spec,
-                             windowed_chunks)
+from ..accel.grouped import (
+    emit_grouped_conv2d,
+    emit_windowed_conv2d,
+    group_spec,
+    grouped_waste,
+    window_spec,
+    windowed_chunks,
+)
 from ..accel.layout import pack_bias
 from ..accel.pool import PoolSpec, emit_max_pool, plan_pool
 from ..accel.tune import read_tuning_log, tune_conv2d

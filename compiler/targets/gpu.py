@@ -20,8 +20,8 @@ from host_runtime.gpu import GpuError, open_device
 
 from ..autotune import TuneOptions
 from ..codegen.opencl import build_gpu
-from ..graph.ir import Graph, Node
 from ..errors import CompilerError
+from ..graph.ir import Graph, Node
 from ..ops.gpu import VEC, schedule_gpu, schedule_kind
 from ..ops.gpu_tune import GpuTuneError, GpuTuner
 from .base import get_target, register_target, write_source

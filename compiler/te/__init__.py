@@ -7,13 +7,40 @@
     io, jo, ii, ji = s[C].tile(C.op.axis[0], C.op.axis[1], 32, 32)
     s[C].vectorize(ji); s[C].parallel(io)
 """
-from ..tir.expr import (const, cast, select, if_then_else, Var, Range, call_extern, call_intrin,
-                        floordiv, floormod)
-from ..tir.expr import min_expr as elem_min, max_expr as elem_max
-from .tensor import (Tensor, IterVar, Operation, PlaceholderOp, ComputeOp, placeholder, compute,
-                     reduce_axis, thread_axis, sum, max, min, prod, exp, log, sqrt, tanh, floor, ceil,
-                     round, power, abs, sigmoid, rsqrt, max_value, min_value, all, any)
+from ..tir.expr import Range, Var, call_extern, call_intrin, cast, const, floordiv, floormod, if_then_else, select
+from ..tir.expr import max_expr as elem_max
+from ..tir.expr import min_expr as elem_min
 from .schedule import Schedule, Stage, create_schedule
+from .tensor import (
+    ComputeOp,
+    IterVar,
+    Operation,
+    PlaceholderOp,
+    Tensor,
+    abs,
+    all,
+    any,
+    ceil,
+    compute,
+    exp,
+    floor,
+    log,
+    max,
+    max_value,
+    min,
+    min_value,
+    placeholder,
+    power,
+    prod,
+    reduce_axis,
+    round,
+    rsqrt,
+    sigmoid,
+    sqrt,
+    sum,
+    tanh,
+    thread_axis,
+)
 from .tensorize import TensorIntrin, decl_tensor_intrin
 
 

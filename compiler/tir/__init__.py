@@ -1,12 +1,59 @@
 """The loop IR: expressions, statements, buffers, PrimFunc, analysis and passes."""
 from . import dtype
-from .expr import (PrimExpr, IntImm, FloatImm, StringImm, Var, Add, Sub, Mul, Div, FloorDiv, FloorMod,
-                   Min, Max, EQ, NE, LT, LE, GT, GE, And, Or, Not, Select, Cast, Call, Reduce,
-                   ProducerLoad, BufferLoad, Ramp, Broadcast, Range, const, convert, cast, select,
-                   call_extern, call_intrin)
-from .stmt import (Buffer, Stmt, For, ForKind, Allocate, BufferStore, Evaluate, SeqStmt, IfThenElse,
-                   AttrStmt, LetStmt, PrimFunc, seq)
-from .functor import (Mutator, Visitor, post_order_visit, substitute, structural_equal,
-                      assert_structural_equal, collect)
 from .arith import Analyzer, simplify
-from .printer import expr_str, stmt_str, func_str
+from .expr import (
+                   EQ,
+                   GE,
+                   GT,
+                   LE,
+                   LT,
+                   NE,
+                   Add,
+                   And,
+                   Broadcast,
+                   BufferLoad,
+                   Call,
+                   Cast,
+                   Div,
+                   FloatImm,
+                   FloorDiv,
+                   FloorMod,
+                   IntImm,
+                   Max,
+                   Min,
+                   Mul,
+                   Not,
+                   Or,
+                   PrimExpr,
+                   ProducerLoad,
+                   Ramp,
+                   Range,
+                   Reduce,
+                   Select,
+                   StringImm,
+                   Sub,
+                   Var,
+                   call_extern,
+                   call_intrin,
+                   cast,
+                   const,
+                   convert,
+                   select,
+)
+from .functor import Mutator, Visitor, assert_structural_equal, collect, post_order_visit, structural_equal, substitute
+from .printer import expr_str, func_str, stmt_str
+from .stmt import (
+                   Allocate,
+                   AttrStmt,
+                   Buffer,
+                   BufferStore,
+                   Evaluate,
+                   For,
+                   ForKind,
+                   IfThenElse,
+                   LetStmt,
+                   PrimFunc,
+                   SeqStmt,
+                   Stmt,
+                   seq,
+)

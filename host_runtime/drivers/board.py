@@ -36,9 +36,7 @@ import numpy as np
 
 from accel.isa import AccelConfig
 from accel.isa.isa import INSN_BYTES, Load, MemType, Store, elem_bytes, encode_program
-
-from sim.errors import ProgramFault
-from sim.errors import SimError
+from sim.errors import ProgramFault, SimError
 from sim.trace import Counters, TimingRun, program_at
 
 from ..device import Driver, RunResult, register_driver

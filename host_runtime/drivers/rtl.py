@@ -17,10 +17,10 @@ import time
 import numpy as np
 
 from sim.dram import DramModel
-from sim.verilator.build import BuildError, tools_available
-from sim.verilator.model import DEFAULT_MAX_CYCLES, VerilatorModel
 from sim.errors import ProgramFault
 from sim.trace import Counters, Timeline, TimingRun
+from sim.verilator.build import BuildError, tools_available
+from sim.verilator.model import DEFAULT_MAX_CYCLES, VerilatorModel
 
 from ..device import Driver, RunResult, register_driver
 from ..errors import DriverError

@@ -19,9 +19,8 @@ import numpy as np
 from accel.isa.isa import INSN_BYTES
 from sim.dram import DramModel
 from sim.fsim import Fsim
-from sim.tsim import Tsim
 from sim.trace import Counters, Timeline, TimingRun
-from sim.tsim import helper
+from sim.tsim import Tsim, helper
 
 from ..device import Driver, RunResult, register_driver
 from ..errors import DriverError

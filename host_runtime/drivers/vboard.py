@@ -25,15 +25,14 @@ import socket
 import struct
 import subprocess
 import sys
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
-from multiprocessing import resource_tracker
 
 import numpy as np
 
 from accel.isa import AccelConfig, resolve_config
-from sim.verilator import build as vb
 from sim.dram import DramModel
+from sim.verilator import build as vb
 
 from ..device import register_driver
 from .board import BoardBackend, BoardDriver, BoardError, DmaBuffer

@@ -6,8 +6,17 @@ from __future__ import annotations
 import numpy as np
 
 from accel.isa import Alu, AluOp
-from accel.isa.operands import (REQUANT_MIN_ACC_WIDTH, REQUANT_ROUND_BIT, REQUANT_SHIFT_BITS, REQUANT_SHIFT_LSB,
-                                SCALE_MUL_BITS, SCALE_SHIFT_BITS, decode_clamp, decode_flush, decode_requant)
+from accel.isa.operands import (
+    REQUANT_MIN_ACC_WIDTH,
+    REQUANT_ROUND_BIT,
+    REQUANT_SHIFT_BITS,
+    REQUANT_SHIFT_LSB,
+    SCALE_MUL_BITS,
+    SCALE_SHIFT_BITS,
+    decode_clamp,
+    decode_flush,
+    decode_requant,
+)
 
 from ..errors import SimError
 from . import loops

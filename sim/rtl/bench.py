@@ -11,7 +11,6 @@ import time
 from cocotb.triggers import ClockCycles
 
 from accel.hw.regs import COUNTER_BASE, COUNTERS
-
 from sim.dram import DramModel
 
 from .axi_model import AxiModel

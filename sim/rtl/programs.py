@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from accel.isa import (AccelConfig, Alu, AluOp, Finish, Gemm, Load, MemType, Program, Store, Uop, elem_bytes,
-                       encode_uops)
+from accel.isa import AccelConfig, Alu, AluOp, Finish, Gemm, Load, MemType, Program, Store, Uop, elem_bytes, encode_uops
 from accel.isa.operands import clamp_immediate
 
 

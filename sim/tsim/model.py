@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from accel.hw.params import ibuf_depth
 from accel.isa import AccelConfig, Alu, Finish, Gemm, Insn, Load, MemType, Stage, Store, elem_bytes
 from accel.isa.deps import POPS, PUSHES, QUEUE_NAMES
-from accel.hw.params import ibuf_depth
 from accel.isa.isa import INSN_BYTES
 
 from ..dram import DramModel

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from accel.isa import AccelConfig, resolve_config
 from accel.hw.params import ERROR_TEXT, ErrorCode
+from accel.isa import AccelConfig, resolve_config
 
 from ..dram import DramModel
 from ..errors import CycleLimitError, ProgramFault, SimError

@@ -6,7 +6,6 @@ import pytest
 from benchmod import load_bench
 
 
-
 @pytest.fixture(scope="module")
 def bench():
     return load_bench("accel_dense")

@@ -5,7 +5,6 @@ import pytest
 from benchmod import load_bench
 
 
-
 @pytest.fixture(scope="module")
 def e2e():
     return load_bench("e2e")

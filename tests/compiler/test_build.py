@@ -1,6 +1,6 @@
 """Target registry and build() argument handling."""
-import pytest
 import llvmlite.binding as llvm
+import pytest
 
 from compiler import TARGETS, build, parse_target, te
 from compiler.errors import TargetError

@@ -8,12 +8,19 @@ from accel.isa import INSN_BYTES, assemble_text, decode_program
 from compiler.emit import emit_sources
 from compiler.frontend import from_onnx, zoo
 from compiler.frontend.zoo import ModelBuilder
+from compiler.graph.errors import GraphPassError
 from compiler.graph.passes import infer_types, optimize
 from compiler.graph.passes.partition import decide, explain_table
-from compiler.graph.errors import GraphPassError
 from compiler.graph_build import BuildError, build_model
-from compiler.targets import (Decline, PlacementContext, Target, get_target, register_target, target_names,
-                              unregister_target)
+from compiler.targets import (
+    Decline,
+    PlacementContext,
+    Target,
+    get_target,
+    register_target,
+    target_names,
+    unregister_target,
+)
 from compiler.targets.accel import program_bytes
 
 

@@ -20,12 +20,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from accel.isa import (
+    PRESETS,
+    AccelConfig,
+    Alu,
+    AluOp,
+    Epilogue,
+    Finish,
+    Gemm,
+    Load,
+    MemType,
+    Store,
+    encode_uops,
+    flush_immediate,
+)
+from sim.fsim import Fsim
 from sim.fsim import alu as fsim_alu
 from sim.fsim import gemm as fsim_gemm
 from sim.fsim import loops as fsim_loops
-from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, Epilogue, Finish, Gemm, Load, MemType, Store, encode_uops,
-                       flush_immediate)
-from sim.fsim import Fsim
 from sim.reference import ReferenceMachine
 
 CONFIGS = {

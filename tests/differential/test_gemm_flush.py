@@ -9,9 +9,8 @@ import pytest
 
 from accel.isa import PRESETS, MemType, flush_immediate
 from host_runtime import Device, get_driver
-from sim.verilator.build import tools_available
-
 from sim.reference import run_reference
+from sim.verilator.build import tools_available
 
 TINY = PRESETS["tiny"]
 

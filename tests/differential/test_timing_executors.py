@@ -9,21 +9,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import compiler
 from accel.hw.params import ErrorCode
 from accel.hw.verilog import generate
-from accel.isa import PRESETS, Finish, Gemm, Load, MemType, Store, encode_program
-from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, run_conv2d, run_dense
-from host_runtime import Device, get_driver
-from sim.errors import SimError
-from sim.verilator.build import _BIT, _CONCAT, collapse_repeats, tools_available
-from accel.isa import Alu, AluOp, Uop, encode_insn, encode_uops
-from sim.errors import ProgramFault
+from accel.isa import (
+    PRESETS,
+    Alu,
+    AluOp,
+    Finish,
+    Gemm,
+    Load,
+    MemType,
+    Store,
+    Uop,
+    encode_insn,
+    encode_program,
+    encode_uops,
+)
+from compiler.accel.conv2d import Conv2dSpec, ConvTiling, Requant, conv2d_reference, run_conv2d, run_dense
 from compiler.accel.eltwise import add_reference
-from compiler.accel.conv2d import ConvTiling
-import compiler
 from compiler.frontend import zoo
+from host_runtime import Device, get_driver
 from host_runtime.executor import Executor
-from sim.verilator.build import BuildError, sim_wrapper
+from sim.errors import ProgramFault, SimError
+from sim.verilator.build import _BIT, _CONCAT, BuildError, collapse_repeats, sim_wrapper, tools_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from randprog import random_program  # noqa: E402

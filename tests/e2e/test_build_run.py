@@ -4,17 +4,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import numpy_helper
-from onnx import TensorProto
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 import compiler
 from compiler.frontend import zoo
 from compiler.graph import run as reference_run
 from compiler.graph_build import BuildError
 from compiler.module import CompiledModule, ModuleFormatError
-from host_runtime.executor import FORMAT_VERSION, MAGIC, Executor, ExecutorError, format_profile
 from host_runtime import Device
+from host_runtime.executor import FORMAT_VERSION, MAGIC, Executor, ExecutorError, format_profile
 
 NETS = sorted(zoo.MODELS)
 

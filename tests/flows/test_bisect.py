@@ -13,10 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from accel.cli import demo_model, main
 from compiler.frontend import zoo
+from compiler.frontend.zoo import ModelBuilder
 from flows.bisect import BisectError, Tolerance, bisect, build_accel, compare_float, parse_executors
 from host_runtime.device import _DRIVERS, register_driver
 from host_runtime.drivers.fsim import FsimDriver
-from compiler.frontend.zoo import ModelBuilder
 
 
 @pytest.fixture(scope="module")

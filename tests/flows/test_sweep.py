@@ -5,33 +5,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
-import re
 import tomllib
 import types
+from pathlib import Path
 
-import pytest
 import onnx
+import pytest
 from distributed import Client
 
-from flows import pareto
-from flows.errors import SweepError
-from flows.point import ENERGY_PJ, energy_pj
-from flows.space import load_space, model_layers, parse_space, resolve_point
-from flows.store import columns, read_csv
-from flows.sweep import kit_version, parse_strategy, run_sweep
-from compiler.frontend import zoo
-from flows.sweep import Plan, load_models, plan_points
-from accel.isa import PRESETS
 import accel.hw.fpga.rtl as rtl_mod
 import accel.hw.fpga.synth as synth_mod
-from accel.hw.boards import part
-from flows.point import resources
 from accel.cli import main
+from accel.hw.boards import part
+from accel.isa import PRESETS
+from compiler.frontend import zoo
+from flows import pareto
+from flows.errors import SweepError
+from flows.point import ENERGY_PJ, energy_pj, resources
+from flows.space import load_space, model_layers, parse_space, resolve_point
+from flows.store import columns, read_csv
+from flows.sweep import Plan, kit_version, load_models, parse_strategy, plan_points, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,10 +2,10 @@
 else the stand-in), tool availability marks."""
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
-import importlib.util
 
 import pytest
 from standin import standin_verilog
@@ -14,8 +14,8 @@ _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:
     sys.path.append(str(_HERE))
 
-from accel.isa import preset  # noqa: E402
 from accel.hw.fpga import make_rtl
+from accel.isa import preset  # noqa: E402
 
 STUB = _HERE / "vivado_stub.tcl"
 

@@ -147,6 +147,7 @@ def standin_verilog(cfg: AccelConfig, name: str = "accel_top") -> tuple[str, dic
 
 if __name__ == "__main__":
     import sys
+
     from accel.isa import resolve_config
     text, desc = standin_verilog(resolve_config(sys.argv[1] if len(sys.argv) > 1 else "tiny"))
     print(text)

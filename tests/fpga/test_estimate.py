@@ -5,20 +5,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import needs_yosys
 from memprobe import run_probe
-import numpy as np
 
-from accel.hw.fpga import calibrate
-from accel.hw.fpga.estimate import (Mul, current_source_key, dsp_count, estimate, memories, multipliers,
-                                     verilog_memories)
-from accel.hw.fpga.memmap import MemShape, map_memory
+from accel.hw.fpga import calibrate, rtl_for_config
 from accel.hw.fpga import synth as synth_mod
+from accel.hw.fpga.estimate import (
+    Mul,
+    current_source_key,
+    dsp_count,
+    estimate,
+    load_model,
+    memories,
+    multipliers,
+    verilog_memories,
+)
+from accel.hw.fpga.memmap import MemShape, map_memory
 from accel.hw.fpga.synth import utilization_from_cells
 from accel.isa import AccelConfig, preset
-from accel.hw.fpga import rtl_for_config
-from accel.hw.fpga.estimate import load_model
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -10,15 +10,20 @@ import subprocess
 import pytest
 from conftest import needs_nextpnr, needs_verilator, needs_yosys, standin_rtl
 
-from accel.hw.boards import Part, part
-from accel.hw.fpga import FpgaError, ToolError
-from accel.hw.fpga.synth import (HARNESS, ecp5_harness, fit_check, format_table, synthesize,
-                                 utilization_from_cells)
-from accel.isa import preset
-from accel.hw.fpga.synth import _nextpnr_log_utilization
-from accel.hw.fpga import rtl_for_config
-from accel.hw.fpga.estimate import estimate
 from accel.cli import main
+from accel.hw.boards import Part, part
+from accel.hw.fpga import FpgaError, ToolError, rtl_for_config
+from accel.hw.fpga.estimate import estimate
+from accel.hw.fpga.synth import (
+    HARNESS,
+    _nextpnr_log_utilization,
+    ecp5_harness,
+    fit_check,
+    format_table,
+    synthesize,
+    utilization_from_cells,
+)
+from accel.isa import preset
 
 
 # ---- accounting -------------------------------------------------------------------------------

@@ -10,10 +10,10 @@ import subprocess
 import pytest
 from conftest import STUB, needs_tclsh, needs_verilator
 
+from accel.cli import main
 from accel.hw.boards import BOARDS, PARTS, BoardError, board, default_part, part
 from accel.hw.fpga import PortError, lint_wrapper, make_rtl, read_top_ports, write_project
 from accel.isa import AccelConfig, preset
-from accel.cli import main
 
 BOARD_CONFIGS = [("pynq-z1", "pynq-z1"), ("ultra96", "ultra96"), ("zcu104", "default")]
 

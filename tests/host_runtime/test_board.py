@@ -3,27 +3,32 @@ in-process fake board (fsim behind the register map), the Linux back end's plumb
 sysfs/dev files, and the virtual board (the same driver against the Verilated shell) against fsim
 and the rtl driver on random programs and a compiled model (tiny config)."""
 import sys
+import types
 from contextlib import closing
 from pathlib import Path
-import types
 
 import numpy as np
 import pytest
 
-from accel.isa import PRESETS, Load, MemType, Store, decode_program
-from host_runtime import get_driver
-from host_runtime.drivers.board import BoardBackend, BoardDriver, BoardError, DmaBuffer, LinuxBackend, relocate
-from sim.verilator.build import tools_available
-from accel.isa.isa import elem_bytes
-from accel.hw.params import ErrorCode
-from host_runtime.drivers.board import BoardFault
-from sim.errors import ProgramFault
-from accel.isa import Finish, encode_program
 import compiler
-from compiler.frontend import zoo
-from host_runtime.executor import Executor
+from accel.hw.params import ErrorCode
+from accel.isa import PRESETS, Finish, Load, MemType, Store, decode_program, encode_program
+from accel.isa.isa import elem_bytes
 from compiler.accel.conv2d import Requant, run_dense
-from host_runtime import Device
+from compiler.frontend import zoo
+from host_runtime import Device, get_driver
+from host_runtime.drivers.board import (
+    BoardBackend,
+    BoardDriver,
+    BoardError,
+    BoardFault,
+    DmaBuffer,
+    LinuxBackend,
+    relocate,
+)
+from host_runtime.executor import Executor
+from sim.errors import ProgramFault
+from sim.verilator.build import tools_available
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from randprog import random_program  # noqa: E402

@@ -17,14 +17,14 @@ from hypothesis import strategies as st
 from onnx import TensorProto
 
 import compiler
+from accel.cli import main
+from accel.isa import resolve_config
 from accel.isa.errors import AccelError
 from compiler.frontend import zoo
 from compiler.module import CompiledModule
 from host_runtime import kernel_cache as kc
 from host_runtime.executor import FORMAT_VERSION, MAGIC, Executor, ExecutorError, ModuleFormatError, ModuleImage
 from host_runtime.kernel_cache import KernelCache, KernelCacheError, KernelIRError, verify_ir
-from accel.isa import resolve_config
-from accel.cli import main
 
 
 @pytest.fixture(autouse=True)

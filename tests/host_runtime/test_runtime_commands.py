@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Program, Stage, Store
-from host_runtime import CommandError, Device
 from compiler.accel.conv2d import Conv2dSpec, Requant, emit_conv2d, plan_conv2d
+from host_runtime import CommandError, Device
 
 TINY = PRESETS["tiny"]
 L, C, S = Stage.LOAD, Stage.COMPUTE, Stage.STORE

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from accel.isa import PRESETS, Finish, Gemm, Stage, encode_program
-from host_runtime import (Device, Driver, DriverError, RunResult, available_drivers, get_driver, register_driver)
+from host_runtime import Device, Driver, DriverError, RunResult, available_drivers, get_driver, register_driver
 from host_runtime.device import _DRIVERS
 from sim.errors import ExecError
 

@@ -2,12 +2,12 @@
 reference model (sim/reference.py), bit for bit over the whole DRAM."""
 import numpy as np
 import pytest
-
-from accel.isa import PRESETS, AccelConfig, Alu, Gemm, Load, MemType, Store
 from randprog import expected_outputs, random_program
-from sim.reference import run_reference
-from sim.fsim import Fsim
+
 import sim.fsim as fsim_mod
+from accel.isa import PRESETS, AccelConfig, Alu, Gemm, Load, MemType, Store
+from sim.fsim import Fsim
+from sim.reference import run_reference
 
 ODD = AccelConfig(batch=2, block_in=8, block_out=16)
 CONFIGS = {"tiny": PRESETS["tiny"], "default": PRESETS["default"], "odd": ODD}

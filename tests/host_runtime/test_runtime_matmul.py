@@ -1,7 +1,8 @@
 """host_runtime.matmul: blocked int8 matmul with bias, shift and clip on fsim equals numpy."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from accel.isa import PRESETS, AccelConfig
 from host_runtime import CommandError, Device

@@ -2,6 +2,7 @@
 tokens, oversized and malformed frames, random bytes, a client dropping mid-request, concurrent
 clients; after every hostile client the server still serves a good one. Every socket has a timeout."""
 import json
+import logging
 import os
 import socket
 import struct
@@ -11,21 +12,18 @@ import threading
 import time
 from contextlib import closing
 from pathlib import Path
-import logging
 
 import numpy as np
 import pytest
 
-from accel.isa import PRESETS
-from host_runtime import Device, get_driver
-from host_runtime.remote import (FRAME, MAGIC, ProtocolError, RemoteError, auth_proof, parse_url, recv_frame,
-                                 send_frame)
-from host_runtime.server import DeviceServer, ServerError
-from compiler.accel.conv2d import Requant, run_dense
 import compiler
+from accel.isa import PRESETS, Finish, encode_program
+from compiler.accel.conv2d import Requant, run_dense
 from compiler.frontend import zoo
+from host_runtime import Device, get_driver
 from host_runtime.executor import Executor
-from accel.isa import Finish, encode_program
+from host_runtime.remote import FRAME, MAGIC, ProtocolError, RemoteError, auth_proof, parse_url, recv_frame, send_frame
+from host_runtime.server import DeviceServer, ServerError
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from randprog import random_program  # noqa: E402

@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from accel.isa import AccelConfig
-from sim.rtl.programs import (Builder, alu_ops, every_kind, gemm_only, long_rows, padding,  # noqa: F401
-                              pipelined_matmul, uop_loops)
 from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, emit_conv2d, plan_conv2d
 from compiler.accel.layout import pack_activation, pack_bias, pack_weight, unpack_activation
 from host_runtime import Device
+from sim.rtl.programs import Builder, alu_ops, every_kind, gemm_only, long_rows, padding, pipelined_matmul, uop_loops  # noqa: F401
 
 
 def conv_layer(cfg: AccelConfig, seed: int = 0):

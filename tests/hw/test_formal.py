@@ -7,9 +7,9 @@ import pytest
 from amaranth.hdl import Assert, Module, Signal
 from amaranth.lib import wiring
 
+from accel.hw.axi import AXI4Signature
 from accel.isa import preset
 from sim import formal
-from accel.hw.axi import AXI4Signature
 
 pytestmark = pytest.mark.skipif(formal.tools_missing() is not None, reason=str(formal.tools_missing()))
 

@@ -8,21 +8,19 @@ from amaranth.hdl import Elaboratable, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.sim import Simulator
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from accel.isa import AccelConfig, AluOp, flush_immediate, preset
-from accel.isa.errors import ConfigError
 from accel.hw.alu import TensorAlu, alu_lane
-from accel.isa.config import ALU_OPCODE_BITS
+from accel.hw.axi import AxiMaster
 from accel.hw.dma import ReadDMA
-from accel.hw.gemm import GemmCore
+from accel.hw.gemm import DSP_A_BITS, GemmCore, packed_dots, packed_weights, packing_shift, split_packed, split_pair
 from accel.hw.queues import Queue
 from accel.hw.stage import POP_PREV, PUSH_NEXT, StageControl
+from accel.isa import AccelConfig, AluOp, flush_immediate, preset
+from accel.isa.config import ALU_OPCODE_BITS
+from accel.isa.errors import ConfigError
 from sim.fsim import alu_apply, flush_requant
-from accel.hw.gemm import DSP_A_BITS, packed_weights, packing_shift, split_packed
-from accel.hw.gemm import split_pair
-from accel.hw.axi import AxiMaster
-from accel.hw.gemm import packed_dots
 
 CFG = preset("tiny")
 BATCH2 = AccelConfig(batch=2, block_in=4, block_out=4, uop_buff_bytes=1024, inp_buff_bytes=1024, wgt_buff_bytes=2048,

@@ -2,18 +2,18 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
-import re
 from pathlib import Path
 
 import pytest
 
-from accel.isa import AccelConfig, preset
-from accel.isa.errors import ConfigError
+from accel.cli import main
 from accel.hw import verilog
 from accel.hw.regs import COUNTERS, register_map
-from accel.cli import main
+from accel.isa import AccelConfig, preset
+from accel.isa.errors import ConfigError
 
 
 @pytest.fixture()

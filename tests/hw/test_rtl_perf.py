@@ -2,11 +2,11 @@
 that docs/hardware.md derives (the contract the timing model reproduces)."""
 from __future__ import annotations
 
-import pytest
-
 import hw_programs as hp
-from accel.isa import Alu, Finish, Gemm, Load, MemType, Store
+import pytest
 from conftest import require
+
+from accel.isa import Alu, Finish, Gemm, Load, MemType, Store
 from sim.rtl import RtlProgram, run_programs
 
 pytestmark = pytest.mark.rtl

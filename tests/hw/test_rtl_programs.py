@@ -3,16 +3,15 @@ equals the functional simulator's. One simulator process runs all the programs i
 accelerator, as one Fsim instance does, so buffer contents carry over identically."""
 from __future__ import annotations
 
+import hw_programs as hp
 import numpy as np
 import pytest
-
-import hw_programs as hp
 from conftest import require
+
+from accel.hw.params import ErrorCode
+from accel.isa import Finish, Load, MemType
 from sim.fsim import Fsim
 from sim.rtl import RtlHang, RtlProgram, run_programs
-from accel.isa import Finish
-from accel.hw.params import ErrorCode
-from accel.isa import Load, MemType
 
 pytestmark = pytest.mark.rtl
 

@@ -6,10 +6,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from accel.isa import preset
 from conftest import require
 from randprog import random_program
+
+from accel.isa import preset
 from sim.fsim import Fsim
 from sim.rtl import RtlProgram, run_programs
 

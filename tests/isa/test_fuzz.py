@@ -13,13 +13,35 @@ import random
 import struct
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, AsmError, ConfigError, EncodingError, Epilogue,
-                       Finish, Gemm, Load, MemType, Program, ProgramFormatError, Store, Symbol, assemble_text,
-                       decode_insn, decode_program, disassemble, encode_insn, format_insn)
-from accel.isa import formats_for
 import accel.isa.asm as asm
+from accel.isa import (
+    PRESETS,
+    AccelConfig,
+    Alu,
+    AluOp,
+    AsmError,
+    ConfigError,
+    EncodingError,
+    Epilogue,
+    Finish,
+    Gemm,
+    Load,
+    MemType,
+    Program,
+    ProgramFormatError,
+    Store,
+    Symbol,
+    assemble_text,
+    decode_insn,
+    decode_program,
+    disassemble,
+    encode_insn,
+    format_insn,
+    formats_for,
+)
 
 CONFIGS = [PRESETS["tiny"], PRESETS["default"]]
 #: the suite's budget per test; ACCEL_FUZZ_EXAMPLES=5000 pytest tests/isa/test_fuzz.py digs deeper

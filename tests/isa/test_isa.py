@@ -3,12 +3,38 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, AsmError, ConfigError, EncodingError, Epilogue, Finish, Gemm,
-                       Load, MemType, Program, ProgramFormatError, Store, Uop, assemble_text, decode_insn,
-                       decode_program, decode_uops, disassemble, encode_insn, encode_program, encode_uops,
-                       flush_immediate, formats_for, preset)
+from accel.isa import (
+    PRESETS,
+    AccelConfig,
+    Alu,
+    AluOp,
+    AsmError,
+    ConfigError,
+    EncodingError,
+    Epilogue,
+    Finish,
+    Gemm,
+    Load,
+    MemType,
+    Program,
+    ProgramFormatError,
+    Store,
+    Uop,
+    assemble_text,
+    decode_insn,
+    decode_program,
+    decode_uops,
+    disassemble,
+    encode_insn,
+    encode_program,
+    encode_uops,
+    flush_immediate,
+    formats_for,
+    preset,
+)
 
 CONFIGS = [PRESETS["default"], PRESETS["tiny"], AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024,
                                                             out_buff_bytes=16 * 1024, dram_addr_width=24)]

@@ -3,19 +3,39 @@ line naming the field, the value and the allowed range; documented maxima hold b
 import json
 import struct
 
-import pytest
 import numpy as np
+import pytest
 
+import accel.isa.asm as asm
 from accel.cli import main
-from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, ConfigError, Finish, Gemm, Load, MemType, Program,
-                       ProgramFormatError, Store, Symbol, assemble_text, disassemble)
+from accel.isa import (
+    PRESETS,
+    AccelConfig,
+    Alu,
+    AluOp,
+    AsmError,
+    ConfigError,
+    EncodingError,
+    Finish,
+    Gemm,
+    Load,
+    MemType,
+    Program,
+    ProgramFormatError,
+    Store,
+    Symbol,
+    Uop,
+    assemble_file,
+    assemble_text,
+    disassemble,
+    encode_insn,
+    encode_program,
+    encode_uops,
+    resolve_config,
+)
 from accel.isa.config import MAX_BUFF_BYTES, MAX_ONCHIP_BYTES
 from accel.isa.program import MAX_DRAM_BYTES, MAX_INSNS
 from accel.isa.schema import Fields, json_depth, parse_json
-from accel.isa import resolve_config
-from accel.isa import AsmError, assemble_file
-import accel.isa.asm as asm
-from accel.isa import EncodingError, Uop, encode_insn, encode_program, encode_uops
 
 TINY = PRESETS["tiny"]
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from randprog import random_program
 
+from accel.cli import main
 from accel.isa import PRESETS
 from host_runtime import get_driver
 from sim.dram import DEFAULT_DRAM, DRAM_PRESETS, DramModel, dram_preset
 from sim.errors import SimError
-from accel.cli import main
 
 TINY = PRESETS["tiny"]
 

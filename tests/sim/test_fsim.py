@@ -1,27 +1,48 @@
 """Functional simulator: exactness of the float GEMM paths, ALU arithmetic, hazards, errors, deadlocks."""
-import dataclasses
 import builtins
+import dataclasses
 import io
-from dataclasses import asdict, fields
 import tracemalloc
+from dataclasses import asdict, fields
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from threadpoolctl import threadpool_info
 
-from accel.isa import (PRESETS, AccelConfig, Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program,
-                       encode_uops)
 from accel.hw.params import ErrorCode
+from accel.isa import (
+    PRESETS,
+    AccelConfig,
+    Alu,
+    AluOp,
+    Finish,
+    Gemm,
+    Load,
+    MemType,
+    Store,
+    Uop,
+    encode_program,
+    encode_uops,
+    flush_immediate,
+)
 from sim.errors import DeadlockError, ExecError, ProgramFault, SimError
-from sim.fsim import Fsim, FsimStats, alu_apply, alu_apply_int32, flush_requant, gemm_float_dtype
+from sim.fsim import (
+    IDLE_RECOUNT_S,
+    THREADED_MATMUL_MACS,
+    BlasThreads,
+    Fsim,
+    FsimStats,
+    alu_apply,
+    alu_apply_int32,
+    flush_requant,
+    gemm_float_dtype,
+    idle_cores,
+)
 from sim.fsim import blas as fsim_blas
 from sim.fsim import loops as fsim_loops
 from sim.reference import ReferenceMachine
-from sim.fsim import THREADED_MATMUL_MACS, BlasThreads
-from sim.fsim import IDLE_RECOUNT_S
-from sim.fsim import idle_cores
-from accel.isa import flush_immediate
 
 TINY = PRESETS["tiny"]
 TINY_ACC16 = dataclasses.replace(TINY, acc_width=16, out_buff_bytes=2048)

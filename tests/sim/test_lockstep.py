@@ -9,23 +9,20 @@ import json
 import numpy as np
 import pytest
 from benchmod import load_bench
+from randprog import random_program
 
 from accel.cli import main
 from accel.isa import PRESETS, Store, Uop, encode_program, encode_uops
 from accel.isa.asm import format_insn
-from host_runtime.device import _DRIVERS, register_driver
-from host_runtime.drivers.fsim import FsimDriver
-from randprog import random_program
-from sim.fsim import Fsim
-from sim.lockstep import LockstepError, RecordingFsim, dump_layout, lockstep, prefix_program
-from sim.verilator.build import tools_available
 from compiler.frontend import zoo
 from compiler.graph_build import build_model
-from flows.lockstep import lockstep_model
+from flows.lockstep import factory, lockstep_model
+from host_runtime.device import _DRIVERS, RunResult, register_driver
+from host_runtime.drivers.fsim import FsimDriver
 from sim.errors import ExecError
-from flows.lockstep import factory
-from sim.lockstep import _run_prefix
-from host_runtime.device import RunResult
+from sim.fsim import Fsim
+from sim.lockstep import LockstepError, RecordingFsim, _run_prefix, dump_layout, lockstep, prefix_program
+from sim.verilator.build import tools_available
 
 CONFIGS = ["tiny", "default"]
 

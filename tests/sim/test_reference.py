@@ -2,8 +2,21 @@
 import numpy as np
 import pytest
 
-from accel.isa import (PRESETS, Alu, Opcode, AluOp, Epilogue, Finish, Gemm, Load, MemType, Store, encode_program, encode_uops,
-                       operands)
+from accel.isa import (
+    PRESETS,
+    Alu,
+    AluOp,
+    Epilogue,
+    Finish,
+    Gemm,
+    Load,
+    MemType,
+    Opcode,
+    Store,
+    encode_program,
+    encode_uops,
+    operands,
+)
 from accel.isa.isa import INSN_CLASSES
 from sim.reference import ReferenceError, ReferenceMachine, alu_lane, flush_lane, run_reference, wrap
 

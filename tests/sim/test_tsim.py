@@ -1,10 +1,10 @@
 """Timing model without the RTL: the queue model against a literal SyncFIFOBuffered, cycle counts
 derived by hand from the RTL's documented timing, DRAM model checks, counters and exports."""
+import dataclasses
 import json
 import random
 import sys
 from pathlib import Path
-import dataclasses
 
 import numpy as np
 import pytest
@@ -12,18 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from randprog import random_program
 
+from accel.cli import main
+from accel.hw.params import ErrorCode
 from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Store
 from host_runtime import get_driver
 from sim.dram import DramModel
-from sim.errors import DeadlockError, SimError
+from sim.errors import DeadlockError, ProgramFault, SimError
 from sim.trace import Counters, Timeline, write_counters, write_perfetto, write_timeline_png
 from sim.tsim import Tsim
 from sim.tsim.bus import plan_bursts
 from sim.tsim.queues import TimedFifo
 from sim.tsim.store import store_cycles
-from accel.cli import main
-from accel.hw.params import ErrorCode
-from sim.errors import ProgramFault
 
 TINY = PRESETS["tiny"]
 

@@ -7,15 +7,14 @@ import time
 
 import numpy as np
 import pytest
+from randprog import random_program
 
 from accel.isa import PRESETS, Finish, Load, MemType, encode_program
 from host_runtime import get_driver
-from randprog import random_program
-from sim.errors import CycleLimitError, ExecError
-from sim.tsim import helper
 from host_runtime.errors import DriverError
-from sim.errors import SimError
 from sim.dram import DramModel
+from sim.errors import CycleLimitError, ExecError, SimError
+from sim.tsim import helper
 
 TINY = PRESETS["tiny"]
 

@@ -5,10 +5,10 @@ import pytest
 
 from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Store, encode_program
 from sim.dram import DramModel, dram_preset
+from sim.rtl import RtlProgram, run_programs
 from sim.tsim import Tsim, stage_of
 from sim.verilator.build import tools_available
 from sim.verilator.model import VerilatorModel
-from sim.rtl import RtlProgram, run_programs
 
 TINY = PRESETS["tiny"]
 pytestmark = [pytest.mark.rtl,

@@ -12,9 +12,9 @@ import importlib
 import inspect
 import json
 import logging
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-import tempfile
 
 from accel.isa import AccelConfig
 

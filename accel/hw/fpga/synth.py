@@ -19,6 +19,7 @@ and the numbers, not an exception.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import math
@@ -29,12 +30,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-import importlib.util
 
-from accel.hw.boards import Part, default_part, part as lookup_part
+from accel.hw.boards import Part, default_part
+from accel.hw.boards import part as lookup_part
 from accel.isa import AccelConfig
-from accel.progress import task
-from accel.progress import showing
+from accel.progress import showing, task
 
 from .errors import FpgaError, ToolError
 from .rtl import RtlSource

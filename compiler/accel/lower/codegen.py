@@ -15,9 +15,8 @@ from accel.isa import AluOp, MemType
 from ...tir import expr as E
 from ...tir.functor import post_order_visit
 from ...tir.printer import stmt_str
-from ...tir.stmt import (Allocate, AttrStmt, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt,
-                         PrimFunc, SeqStmt)
-from .env import (DEP_POP, DEP_PUSH, LOAD_2D, STORE_2D, UOP, UOP_KERNEL, UOP_LOOP, AccelEnv, LowerError, UopOp)
+from ...tir.stmt import Allocate, AttrStmt, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt
+from .env import DEP_POP, DEP_PUSH, LOAD_2D, STORE_2D, UOP, UOP_KERNEL, UOP_LOOP, AccelEnv, LowerError, UopOp
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,36 @@ from ...tir import expr as E
 from ...tir.arith import Analyzer, linear
 from ...tir.functor import Mutator, collect, post_order_visit, substitute
 from ...tir.passes import get_pass
-from ...tir.stmt import (Allocate, AttrStmt, Buffer, BufferStore, Evaluate, For, ForKind, IfThenElse, PrimFunc,
-                         SeqStmt, Stmt, seq)
-from .env import (ACC_SCOPE, DEP_POP, DEP_PUSH, GEMM, GEMM_RESET, LOAD_2D, SCOPES, STORE_2D, UOP, UOP_KERNEL,
-                  UOP_LOOP, AccelEnv, LowerError, UopOp)
+from ...tir.stmt import (
+    Allocate,
+    AttrStmt,
+    Buffer,
+    BufferStore,
+    Evaluate,
+    For,
+    ForKind,
+    IfThenElse,
+    PrimFunc,
+    SeqStmt,
+    Stmt,
+    seq,
+)
+from .env import (
+    ACC_SCOPE,
+    DEP_POP,
+    DEP_PUSH,
+    GEMM,
+    GEMM_RESET,
+    LOAD_2D,
+    SCOPES,
+    STORE_2D,
+    UOP,
+    UOP_KERNEL,
+    UOP_LOOP,
+    AccelEnv,
+    LowerError,
+    UopOp,
+)
 
 Pass = Callable[[PrimFunc], PrimFunc]
 

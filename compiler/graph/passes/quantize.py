@@ -24,11 +24,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..interpret import run
-from .eliminate_dead_code import eliminate_dead_code
 from ..errors import QuantizeError
+from ..interpret import run
 from ..ir import Graph, Node, rewrite
 from ..ops import INT8_MAX, fixed_multiplier, int8_min
+from .eliminate_dead_code import eliminate_dead_code
 
 SHIFT_RANGE = (-8, 24)  # activation/weight shifts outside this are clamped (and reported)
 #: per-channel affines (unfoldable batch norms) as int8 depthwise convs: off. Their int8 output

@@ -24,9 +24,9 @@ def register_pass(name: str):
     return deco
 
 
-from .simplify import Simplify, RemoveNoOp  # noqa: E402
 from .flatten import FlattenStorage  # noqa: E402
 from .loop_partition import PartitionLoops  # noqa: E402
+from .simplify import RemoveNoOp, Simplify  # noqa: E402
 from .unroll import UnrollLoops  # noqa: E402
 from .vectorize import VectorizeLoops  # noqa: E402
 from .vthread import LowerVirtualThread  # noqa: E402

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .. import expr as E
 from ..arith import Analyzer
 from ..functor import Mutator, substitute
-from ..stmt import (AttrStmt, Evaluate, For, ForKind, IfThenElse, PrimFunc, SeqStmt, seq)
+from ..stmt import AttrStmt, Evaluate, For, ForKind, IfThenElse, PrimFunc, SeqStmt, seq
 from . import register_pass
 
 

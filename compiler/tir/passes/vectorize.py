@@ -14,8 +14,7 @@ import logging
 from .. import dtype as dt
 from .. import expr as E
 from ..functor import Mutator, post_order_visit, uses_var
-from ..stmt import (Allocate, AttrStmt, BufferStore, Evaluate, For, ForKind, IfThenElse, LetStmt,
-                    PrimFunc, SeqStmt)
+from ..stmt import Allocate, AttrStmt, BufferStore, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, SeqStmt
 from . import register_pass
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,8 @@ import importlib
 import numpy as np
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import compiler
 from compiler.frontend.zoo import ModelBuilder, sample_inputs

@@ -1,18 +1,33 @@
 """conv2d / dense on the accelerator through the functional simulator, bit-exact against numpy."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from conv_cases import check_conv, rand_conv, resnet_layer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from accel.isa import PRESETS, AccelConfig, AluOp, Epilogue, Gemm, Load, MemType, Store, flush_immediate
 from compiler.accel import plan as conv_plan
-from compiler.accel.conv2d import (FILL_BANDS, Conv2dSpec, ConvTiling, Requant, TilingError, _ceil, _fits,
-                                   conv2d_candidates, conv2d_reference, dense_reference, flush_params,
-                                   input_resident, plan_conv2d, run_conv2d, run_dense)
+from compiler.accel.conv2d import (
+    FILL_BANDS,
+    Conv2dSpec,
+    ConvTiling,
+    Requant,
+    TilingError,
+    _ceil,
+    _fits,
+    conv2d_candidates,
+    conv2d_reference,
+    dense_reference,
+    flush_params,
+    input_resident,
+    plan_conv2d,
+    run_conv2d,
+    run_dense,
+)
 from compiler.accel.eltwise import add_reference
 from compiler.accel.layout import pack_activation, pack_weight, unpack_activation, unpack_weight
 from compiler.graph.ops import fixed_multiplier
 from host_runtime import Device
-from conv_cases import check_conv, rand_conv, resnet_layer
 
 ODD = AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024,
                   inp_buff_bytes=8 * 1024, wgt_buff_bytes=32 * 1024)

@@ -2,13 +2,24 @@
 candidate tiling and every epilogue form, with the weights loaded once per output-channel group."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from accel.isa import PRESETS, AccelConfig, MemType
 from compiler import build_model
-from compiler.accel.conv2d import (Conv2dSpec, ConvTiling, Requant, TilingError, conv2d_candidates,
-                                   conv2d_reference, dense_reference, estimate_cycles, plan_conv2d, run_conv2d,
-                                   run_dense)
+from compiler.accel.conv2d import (
+    Conv2dSpec,
+    ConvTiling,
+    Requant,
+    TilingError,
+    conv2d_candidates,
+    conv2d_reference,
+    dense_reference,
+    estimate_cycles,
+    plan_conv2d,
+    run_conv2d,
+    run_dense,
+)
 from compiler.accel.eltwise import add_reference
 from compiler.accel.spec import dense_view, is_dense
 from compiler.accel.tune import tune_conv2d

@@ -1,7 +1,8 @@
 """Residual add on the accelerator (GEMM against scaled identity tiles) against numpy."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from accel.isa import PRESETS, AccelConfig
 from compiler.accel.conv2d import Requant, TilingError

@@ -5,13 +5,22 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import compiler
 from accel.isa import PRESETS, AccelConfig
 from compiler.accel.conv2d import Conv2dSpec, Requant, TilingError
-from compiler.accel.grouped import (block_windows, expand_grouped_weight, group_blocks, grouped_layout,
-                                    grouped_reference, grouped_waste, merge_factor, run_grouped_conv2d)
+from compiler.accel.grouped import (
+    block_windows,
+    expand_grouped_weight,
+    group_blocks,
+    grouped_layout,
+    grouped_reference,
+    grouped_waste,
+    merge_factor,
+    run_grouped_conv2d,
+)
 from compiler.frontend import zoo
 from compiler.graph import run as reference_run
 from compiler.graph.ops import conv2d_ref

@@ -1,14 +1,15 @@
 """conv2d/dense through tensor expressions, a schedule and the accelerator passes, bit-exact on fsim."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from conv_cases import check_conv, rand_conv, resnet_layer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from accel.isa import PRESETS
 from compiler.accel import conv2d as template
 from compiler.accel.conv2d import Conv2dSpec, Requant, dense_reference
 from compiler.accel.lower import lower_conv2d, run_conv2d, run_dense
 from host_runtime import Device
-from conv_cases import check_conv, rand_conv, resnet_layer
 
 _rand = rand_conv
 _layer = resnet_layer

@@ -6,13 +6,11 @@ from accel.isa import PRESETS
 from compiler import lower, te, tir
 from compiler.accel.conv2d import Conv2dSpec, ConvTiling, Requant
 from compiler.accel.lower import lower_conv2d
-from compiler.accel.lower.env import (DEP_POP, DEP_PUSH, LOAD_2D, STORE_2D, UOP_KERNEL, UOP_LOOP, AccelEnv,
-                                      LowerError)
+from compiler.accel.lower.env import DEP_POP, DEP_PUSH, LOAD_2D, STORE_2D, UOP_KERNEL, UOP_LOOP, AccelEnv, LowerError
 from compiler.accel.lower.passes import InjectALU, InjectDMA, LiftGuards
 from compiler.tir import expr as E
 from compiler.tir.functor import assert_structural_equal, collect
-from compiler.tir.stmt import (Allocate, AttrStmt, Buffer, BufferStore, Evaluate, For, ForKind, IfThenElse,
-                               PrimFunc)
+from compiler.tir.stmt import Allocate, AttrStmt, Buffer, BufferStore, Evaluate, For, ForKind, IfThenElse, PrimFunc
 
 TINY = PRESETS["tiny"]          # 1x4x4: entries of 4 (inp, acc) and 16 (wgt) elements
 ENV = AccelEnv(TINY)

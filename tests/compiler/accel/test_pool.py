@@ -1,7 +1,8 @@
 """Max pooling on the accelerator's ALU against the graph's int8 max_pool2d (bit-exact)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import compiler
 from accel.isa import PRESETS, AccelConfig

@@ -9,8 +9,19 @@ import numpy as np
 import pytest
 
 from compiler import build_model
-from compiler.autotune import (CostModel, CpuTuner, TuneOptions, TuningBook, TuningLogError, default_log_path,
-                               extract_workload, features, host_isa, read_log, space)
+from compiler.autotune import (
+    CostModel,
+    CpuTuner,
+    TuneOptions,
+    TuningBook,
+    TuningLogError,
+    default_log_path,
+    extract_workload,
+    features,
+    host_isa,
+    read_log,
+    space,
+)
 from compiler.autotune import tuner as tuner_mod
 from compiler.autotune.space import Workload, check_config
 from compiler.autotune.tuning_log import append_records, make_record

@@ -8,13 +8,10 @@ import threading
 import numpy as np
 import pytest
 
-from compiler import build, te
-from compiler.codegen import register_extern
-from compiler.codegen import runtime
+from compiler import build, lower, te, tir
+from compiler.codegen import register_extern, runtime
 from compiler.errors import CodegenError
 from tests.compiler.conftest import run_schedule
-from compiler import tir
-from compiler import lower
 
 
 def vec_add(n=256, lanes=16):

@@ -6,8 +6,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from compiler.frontend import ConversionError, ModelLoadError, UnsupportedOpError, from_onnx, zoo
-from compiler.graph import run
-from compiler.graph import structural_equal
+from compiler.graph import run, structural_equal
 
 RNG = np.random.default_rng(0)
 

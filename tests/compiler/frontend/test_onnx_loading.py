@@ -2,8 +2,8 @@
 is size-checked, ONNX's full checker speaks first (one line naming the model), an initializer
 that a graph input also names is a default (constant unless asked for at run time), and no
 mutation of a model's bytes gives anything but the frontend's own error."""
-import os
 import hashlib
+import os
 
 import numpy as np
 import onnx
@@ -14,9 +14,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler.errors import CompilerError
-from compiler.frontend import ConversionError, ModelLoadError, UnsupportedOpError, from_onnx, load_model
+from compiler.frontend import ConversionError, ModelLoadError, UnsupportedOpError, from_onnx, load_model, zoo
 from compiler.graph import run
-from compiler.frontend import zoo
 
 
 def _matmul_model(w: np.ndarray, ir_version: int = 8, w_as_input: bool = False):

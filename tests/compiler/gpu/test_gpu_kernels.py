@@ -1,20 +1,17 @@
 """GPU schedules lowered to OpenCL C (run on PoCL) and PTX (ptxas), checked against numpy."""
 
 import re
+
 import numpy as np
 import pytest
 
 from compiler import te
 from compiler.codegen.opencl import build_gpu
-from compiler.errors import CodegenError
-from compiler.ops import gpu, nn
-
-from tests.compiler.gpu.gpu_helpers import opencl_or_skip, ptxas_check
-from host_runtime.gpu import run_kernel
-from compiler.ops import registry
-from compiler.errors import ScheduleError
-from host_runtime.gpu import check_gpu_attrs
+from compiler.errors import CodegenError, ScheduleError
 from compiler.ops import elemwise as ew
+from compiler.ops import gpu, nn, registry
+from host_runtime.gpu import check_gpu_attrs, run_kernel
+from tests.compiler.gpu.gpu_helpers import opencl_or_skip, ptxas_check
 
 
 def conv_ref(x, w, strides=(1, 1), pads=(0, 0, 0, 0), dil=(1, 1), groups=1):

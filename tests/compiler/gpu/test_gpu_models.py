@@ -4,17 +4,14 @@ import numpy as np
 import pytest
 
 import compiler
+from compiler.autotune import TuneOptions
 from compiler.frontend import zoo
 from compiler.module import CompiledModule
-from host_runtime.executor import ExecutorError, ModuleFormatError
-from tests.compiler.gpu.gpu_helpers import opencl_or_skip, ptxas_check
-from compiler.ops import gpu, registry  # noqa: F401 - gpu registers the GPU kernels
-from host_runtime.executor import TRUST_PTX_ENV
-from compiler.ops import gpu_tune
+from compiler.ops import gpu, gpu_tune, registry  # noqa: F401 - gpu registers the GPU kernels
 from compiler.ops.gpu_tune import GpuTuneError, GpuTuner
-from compiler.autotune import TuneOptions
-from host_runtime.executor import format_profile, profile_summary
+from host_runtime.executor import TRUST_PTX_ENV, ExecutorError, ModuleFormatError, format_profile, profile_summary
 from host_runtime.gpu import CudaDevice
+from tests.compiler.gpu.gpu_helpers import opencl_or_skip, ptxas_check
 
 # PoCL compiles each kernel at its first launch (seconds for a conv; cached in ~/.cache/pocl), so
 # two nets run by default and the rest under -m slow; every conv/dense variant runs in test_gpu_kernels.

@@ -2,8 +2,20 @@
 import numpy as np
 import pytest
 
-from compiler.graph import (REGISTRY, Graph, GraphError, Node, OpError, Pattern, TensorType, format_graph, get_op,
-                            rewrite, run, structural_equal)
+from compiler.graph import (
+    REGISTRY,
+    Graph,
+    GraphError,
+    Node,
+    OpError,
+    Pattern,
+    TensorType,
+    format_graph,
+    get_op,
+    rewrite,
+    run,
+    structural_equal,
+)
 from compiler.graph.ops import pack_ref, unpack_ref
 
 

@@ -5,9 +5,22 @@ import pytest
 from accel.isa.config import PRESETS
 from compiler.frontend import from_onnx, zoo
 from compiler.graph import Graph, GraphError, GraphPassError, Node, OpError, run, structural_equal
-from compiler.graph.passes import (PIPELINE, calibrate, eliminate_dead_code, fold_batchnorm, fold_constants, fuse_ops,
-                                   infer_types, optimize, pack_layout, partition, partition_table, plan_memory,
-                                   quantize, simplify)
+from compiler.graph.passes import (
+    PIPELINE,
+    calibrate,
+    eliminate_dead_code,
+    fold_batchnorm,
+    fold_constants,
+    fuse_ops,
+    infer_types,
+    optimize,
+    pack_layout,
+    partition,
+    partition_table,
+    plan_memory,
+    quantize,
+    simplify,
+)
 from compiler.graph.passes.partition import ACCEL_RULES, decide, gemm_waste
 
 RNG = np.random.default_rng(0)

@@ -2,7 +2,8 @@
 onnxruntime; integer results bit-exact."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from compiler import ops
 from compiler.graph.ops import clip_int8, get_op, shift_floor, shift_right_round, wrap_int32

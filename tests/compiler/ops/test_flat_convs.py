@@ -3,12 +3,14 @@ against numpy (float64) and onnxruntime, alone and with the epilogues graph_buil
 (bias, clip, residual add); and the index simplification they rely on."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from compiler import build, lower, te
-from compiler.tir import arith, expr as E
-from compiler.ops import cpu, elemwise as ew, nn, registry
-from compiler import ops
+from compiler import build, lower, ops, te
+from compiler.ops import cpu, nn, registry
+from compiler.ops import elemwise as ew
+from compiler.tir import arith
+from compiler.tir import expr as E
 from tests.compiler.ops.oracle import close, conv2d_ref, run_onnx
 
 SETTINGS = settings(max_examples=6, deadline=None, derandomize=True,

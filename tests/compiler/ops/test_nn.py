@@ -2,7 +2,8 @@
 softmax and norms against numpy (float64) and onnxruntime, on random shapes."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from compiler import ops
 from compiler.ops.nn import pack_kernel_np

@@ -4,11 +4,9 @@ import numpy as np
 import pytest
 
 from compiler import lower, te
-from compiler.errors import LowerError, ScheduleError
-from compiler.tir import For, ForKind, collect
+from compiler.errors import CodegenError, LowerError, ScheduleError
+from compiler.tir import Allocate, For, ForKind, collect
 from tests.compiler.conftest import run_schedule
-from compiler.tir import Allocate
-from compiler.errors import CodegenError
 
 
 def matmul(n=16, m=12, k=8, name="C"):

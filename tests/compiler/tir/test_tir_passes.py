@@ -4,8 +4,21 @@ import logging
 import pytest
 
 from compiler.errors import PassError
-from compiler.tir import (Allocate, Buffer, BufferStore, Evaluate, For, ForKind, IfThenElse,
-                          PrimFunc, SeqStmt, Var, assert_structural_equal, const, seq)
+from compiler.tir import (
+    Allocate,
+    Buffer,
+    BufferStore,
+    Evaluate,
+    For,
+    ForKind,
+    IfThenElse,
+    PrimFunc,
+    SeqStmt,
+    Var,
+    assert_structural_equal,
+    const,
+    seq,
+)
 from compiler.tir import expr as E
 from compiler.tir.passes import PIPELINES, get_pass, run_pipeline
 
