@@ -30,6 +30,7 @@ from accel.isa.asm import disassemble_bytes
 from accel.isa.errors import AccelError
 from host_runtime.executor import Step
 
+from ..accel.avgpool import avg_pool_spec, check_avg_pool, emit_avg_pool
 from ..accel.conv2d import (
     Conv2dSpec,
     Requant,
@@ -239,6 +240,9 @@ class AccelTarget(Target):
     # ---- placement -------------------------------------------------------------------------------
     def supports(self, n: Node, ctx: PlacementContext) -> str | None:
         rules = ctx.rules or ACCEL_RULES
+        if n.op == "qavg_pool2d":   # a layer of its own on the ALU (compiler.accel.avgpool), whatever feeds it
+            why = check_avg_pool(n, ctx.config)
+            return None if why is None else Decline(f"{_label(n)}: {why}", "shape")
         if is_channel_epilogue(n):   # before the waste rule: no ALU or CPU pass does it for less
             return check_gemm(n, ctx.config, replace(rules, max_grouped_waste=1.0, min_roofline_efficiency=0.0)) \
                 or check_epilogue_tiling(n, ctx.config)
@@ -267,7 +271,7 @@ class AccelTarget(Target):
         return Decline(f"{_label(n)}: no accelerator implementation of {n.op}", "unsupported")
 
     def placement_kind(self, n: Node, ctx: PlacementContext) -> str:
-        return "offload" if n.op in (ctx.rules or ACCEL_RULES).gemm_ops else "fused"
+        return "offload" if n.op in (ctx.rules or ACCEL_RULES).gemm_ops + ("qavg_pool2d",) else "fused"
 
     def estimate_cost(self, n: Node, ctx: PlacementContext) -> float | None:
         """Seconds at the roofline bound: MACs at the peak rate, slowed by the DRAM traffic."""
@@ -472,6 +476,17 @@ class AccelTarget(Target):
                 st["ident"] = b.weight_buf(identity_weights(cfg), cfg.wgt_elem_bytes, "identity")
             ident, x = st["ident"], b.buf(ins[0])
             addr, count = self.program(b, head.name, lambda s: emit_max_pool(s, spec, x, out, ident, lo, hi))
+        elif head.op == "qavg_pool2d":
+            if len(head.shape) != 6 or tuple(head.shape[-2:]) != (cfg.batch, cfg.block_out):
+                raise TilingError(f"{head.name}: average pooling on the accelerator needs the packed (batch, "
+                                  f"block_out) layout, got shape {list(head.shape)}")
+            spec = avg_pool_spec(head, head.inputs[0].shape)
+            st = b.state(self.name)
+            if st.get("ident") is None:
+                st["ident"] = b.weight_buf(identity_weights(cfg), cfg.wgt_elem_bytes, "identity")
+            ident, x = st["ident"], b.buf(ins[0])
+            addr, count = self.program(b, head.name, lambda s: emit_avg_pool(s, spec, head.attrs, x, out, ident, lo,
+                                                                             hi))
         elif head.op in ("qadd",) + CLAMP_OPS:
             if cfg.block_in != cfg.block_out:
                 raise TilingError(f"{head.name}: the accelerator adds packed tensors only when block_in == block_out "

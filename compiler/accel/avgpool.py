@@ -1,0 +1,356 @@
+"""Average pools whose divisor varies at the borders, in int8 on the accelerator's tensor ALU.
+
+An AveragePool with pads and count_include_pad=0, or with ceil_mode windows that overhang the
+input, divides its border windows by fewer taps than its interior ones, so it is no depthwise conv
+with one weight (compiler.graph.passes.quantize.affine_as_depthwise leaves it float, between a
+dequantize and a quantize). `int8_avg_pools` turns that dequantize -> avg_pool2d -> quantize chain
+into the int8 op `qavg_pool2d`, declared here with its reference semantics:
+
+    acc[p] = sum over the window of (x - in_zp), taps outside the input adding 0     (int32)
+    y[p]   = clamp(((acc[p] * M[cnt(p)] + 2^(k-1)) >> k) + out_zp)                  (int8)
+
+cnt(p) is the window's divisor (taps inside the input, or inside input and explicit pads with
+count_include_pad=1; it is rows(p) x cols(p), so positions group into rectangles: interior, edges,
+corners) and M[c] = round(ratio 2^k / c) with ratio = in_scale / out_scale; k is the largest shift
+(<= 15) that keeps every M in the ALU's signed 16-bit immediate and acc x M inside int32.
+
+On the accelerator (emit_avg_pool) the sum is max pooling's scheme (compiler.accel.pool) with ADD
+for MAX: input rows reach the accumulator by an identity GEMM into a window region pre-filled with
+in_zp, one ALU MOV takes each window's first tap and one ALU ADD the others; then one ALU MUL per
+rectangle of equal divisor (immediate M), ADD 2^(k-1), SHR k, ADD out_zp and the CLAMP (with a
+fused ReLU/clip). Bit-exact with the reference; run_avg_pool runs it on a device for tests.
+"""
+from __future__ import annotations
+
+import math
+from itertools import groupby
+
+import numpy as np
+
+from accel.isa import AccelConfig, AluOp, MemType, operands
+from accel.isa.widths import LOOP_ITER_BITS
+
+from ..graph.ir import Graph, Node, TensorType, rewrite
+from ..graph.ops import POOL_ATTRS, REQUIRED, Attr, Pattern, declare, fail, get_op, int8_min, one_of, pool_out_hw
+from .eltwise import identity_weights
+from .layout import pack_activation, unpack_activation
+from .pipeline import TokenPipeline
+from .pool import PoolSpec, PoolTiling, plan_pool
+from .spec import TilingError
+
+#: the largest rounding shift: ADD 2^(k-1) must fit the ALU's signed 16-bit immediate
+MAX_SHIFT = 15
+#: the largest multiplier: MUL's signed 16-bit immediate
+MAX_MUL = (1 << 15) - 1
+IMM_MAX = (1 << 15) - 1
+
+
+# ---- the arithmetic (shared by the reference and the emitter, so they cannot drift) -----------------
+def divisor_counts(hw, attrs) -> tuple[np.ndarray, np.ndarray]:
+    """(rows per output row, columns per output column) each window divides by: the taps inside
+    the input, or inside the input and its explicit pads with count_include_pad (never ceil_mode's
+    overhang, as ONNX and the float avg_pool2d count)."""
+    out = pool_out_hw(None, hw, attrs)
+    counts = []
+    for k in range(2):
+        lo, hi = (-attrs["pads"][k], hw[k] + attrs["pads"][k + 2]) if attrs["count_include_pad"] else (0, hw[k])
+        s, kk = attrs["strides"][k], attrs["kernel"][k]
+        start = np.arange(out[k]) * s - attrs["pads"][k]
+        counts.append(np.maximum(0, np.minimum(start + kk, hi) - np.maximum(start, lo)).astype(np.int64))
+    return counts[0], counts[1]
+
+
+def avg_multipliers(ratio: float, counts, taps: int, in_zp: int = 0, acc_bits: int = 32) -> tuple[int, dict[int, int]]:
+    """(k, {divisor: M}) with M ~ ratio 2^k / divisor: the finest shift <= MAX_SHIFT whose
+    multipliers fit MUL's immediate and whose products (|acc| <= (128 + |in_zp|) taps) and rounding
+    half stay inside acc_bits signed bits. ValueError when not even k = 0 fits."""
+    if not (ratio > 0 and math.isfinite(ratio)):
+        raise ValueError(f"scale ratio {ratio} must be positive and finite")
+    divs = sorted({int(c) for c in counts if c > 0})
+    if not divs:
+        raise ValueError("no window has a tap inside the input")
+    bound = (128 + abs(in_zp)) * taps
+    for k in range(MAX_SHIFT, -1, -1):
+        muls = {c: int(round(ratio * 2.0 ** k / c)) for c in divs}
+        top = max(muls.values())
+        if top <= MAX_MUL and bound * top + (1 << k >> 1) < 1 << (acc_bits - 1):
+            return k, muls
+    raise ValueError(f"scale ratio {ratio:.6g} over a {taps}-tap window does not fit a 16-bit multiplier "
+                     f"in {acc_bits}-bit accumulators")
+
+
+def _attrs_hw(a: dict, hw) -> tuple[int, dict[int, int], np.ndarray]:
+    """(k, multipliers, the divisor of every output position) of a qavg_pool2d over an hw input."""
+    cy, cx = divisor_counts(hw, a)
+    grid = np.outer(cy, cx)
+    k, muls = avg_multipliers(a["ratio"], grid.reshape(-1), a["kernel"][0] * a["kernel"][1], a["in_zp"])
+    return k, muls, grid
+
+
+def qavg_pool2d_ref(a: dict, x: np.ndarray) -> np.ndarray:
+    """The int8 semantics of qavg_pool2d (module doc), on N C H W or the packed N' C' H W n c."""
+    if x.ndim == 6:   # packed: the blocks' lanes as channels
+        p = x.transpose(0, 1, 4, 5, 2, 3)
+        y = qavg_pool2d_ref(a, p.reshape(p.shape[0] * p.shape[1], -1, *p.shape[4:]))
+        return y.reshape(*p.shape[:4], *y.shape[2:]).transpose(0, 1, 4, 5, 2, 3)
+    hw = x.shape[2:]
+    oh, ow = pool_out_hw(None, hw, a)
+    (kh, kw), (sh, sw), (pt, pl, _, _) = a["kernel"], a["strides"], a["pads"]
+    k, muls, grid = _attrs_hw(a, hw)
+    eh, ew = (oh - 1) * sh + kh, (ow - 1) * sw + kw
+    xp = np.zeros(x.shape[:2] + (eh, ew), np.int64)
+    rows, cols = min(hw[0], eh - pt), min(hw[1], ew - pl)
+    xp[:, :, pt:pt + rows, pl:pl + cols] = x[:, :, :rows, :cols].astype(np.int64) - a["in_zp"]
+    acc = np.zeros(x.shape[:2] + (oh, ow), np.int64)
+    for dy in range(kh):
+        for dx in range(kw):
+            acc += xp[:, :, dy:dy + (oh - 1) * sh + 1:sh, dx:dx + (ow - 1) * sw + 1:sw]
+    m = np.vectorize(muls.__getitem__, otypes=[np.int64])(grid)
+    y = (acc * m + (1 << k >> 1)) >> k
+    return np.clip(y + a["out_zp"], int8_min(a["out_zp"]), 127).astype(np.int8)
+
+
+def _infer(n: Node) -> TensorType:
+    x = n.inputs[0].type
+    if x.dtype != "int8":
+        fail(n, f"expects an int8 input, got {x.dtype}")
+    if x.rank == 6:
+        return TensorType((*x.shape[:2], *pool_out_hw(n, x.shape[2:4], n.attrs), *x.shape[4:]), "int8")
+    if x.rank != 4:
+        fail(n, f"expects an NCHW or packed input, got {x}")
+    return TensorType((*x.shape[:2], *pool_out_hw(n, x.shape[2:], n.attrs)), "int8")
+
+
+def _zp() -> Attr:
+    return Attr(0, "an int8 zero point in [-128, 127]", lambda v: isinstance(v, int) and -128 <= v <= 127)
+
+
+declare("qavg_pool2d", Pattern.OUT_ELEMWISE_FUSABLE, 1,
+        {**POOL_ATTRS, "count_include_pad": one_of(0, 0, 1),
+         "ratio": Attr(REQUIRED, "a positive finite float (in_scale / out_scale)",
+                       lambda v: float(v) > 0 and math.isfinite(float(v))),
+         "in_zp": _zp(), "out_zp": _zp()},
+        infer=_infer, reference=qavg_pool2d_ref,
+        doc="int8 average pooling with per-position divisors (border windows): window sum, a fixed-point "
+            "multiply per divisor, rounding shift (compiler.accel.avgpool)")
+
+
+# ---- the graph rewrite -----------------------------------------------------------------------------
+def _qparams(n: Node) -> tuple[float, int]:
+    a = n.attrs
+    return (float(a["scale"]) if a["scale"] else 2.0 ** -a["shift"]), int(a["zero_point"])
+
+
+def int8_avg_pools(graph: Graph) -> Graph:
+    """dequantize -> avg_pool2d -> quantize (an average pool the quantizer left in float: its
+    divisors vary) becomes one int8 qavg_pool2d, so the accelerator can take it (and the host
+    skips a float round trip). Pools on float tensors, or feeding only float consumers, stay.
+    The replaced nodes stay in the graph: run eliminate_dead_code after it."""
+    def fn(n: Node, old: Node):
+        if n.op != "quantize" or n.inputs[0].op != "avg_pool2d":
+            return None
+        pool = n.inputs[0]
+        deq = pool.inputs[0]
+        if deq.op != "dequantize" or deq.inputs[0].dtype != "int8" or pool.inputs[0].type.rank != 4:
+            return None
+        (sx, zx), (so, zo) = _qparams(deq), _qparams(n)
+        a = dict(pool.attrs)
+        a.update(ratio=sx / so, in_zp=zx, out_zp=zo)
+        try:
+            _attrs_hw({**get_op("avg_pool2d").normalize(pool.attrs), **a}, deq.shape[2:])
+        except ValueError:
+            return None   # a scale ratio no 16-bit multiplier holds: stays float
+        return Node("qavg_pool2d", [deq.inputs[0]], a, name=pool.name, origin=pool.origin)
+    return rewrite(graph, fn)
+
+
+# ---- the accelerator -------------------------------------------------------------------------------
+def avg_pool_spec(n: Node, x_shape) -> PoolSpec:
+    """The PoolSpec (window geometry) of a qavg_pool2d over x_shape (its first two dims: planes)."""
+    a = n.attrs
+    return PoolSpec(math.prod(x_shape[:2]), x_shape[2], x_shape[3], tuple(a["kernel"]), tuple(a["strides"]),
+                    tuple(a["pads"]), a["ceil_mode"], n.name)
+
+
+def check_avg_pool(n: Node, cfg: AccelConfig) -> str | None:
+    """None if the ALU takes this qavg_pool2d, else why not (a sentence without the node's label)."""
+    if cfg.block_in != cfg.block_out:
+        return f"ALU pooling needs block_in == block_out ({cfg.block_in} != {cfg.block_out})"
+    x = n.inputs[0].shape
+    if len(x) != 4:
+        return f"average pooling of a rank-{len(x)} tensor has no ALU lowering"
+    try:
+        _attrs_hw_acc(n.attrs, x[2:], cfg.acc_width)
+        plan_pool(avg_pool_spec(n, (-(-x[0] // cfg.batch), -(-x[1] // cfg.block_out), x[2], x[3])), cfg)
+    except (TilingError, ValueError) as e:
+        return str(e)
+    return None
+
+
+def _attrs_hw_acc(a: dict, hw, acc_width: int) -> tuple[int, dict[int, int], np.ndarray]:
+    """_attrs_hw, refused (ValueError) where the products overflow acc_width-bit accumulators."""
+    k, muls, grid = _attrs_hw(a, hw)
+    bound = (128 + abs(a["in_zp"])) * a["kernel"][0] * a["kernel"][1]
+    if acc_width < 32 and bound * max(muls.values()) + (1 << k >> 1) >= 1 << (acc_width - 1):
+        raise ValueError(f"window sums times the divisor multipliers overflow {acc_width}-bit accumulators")
+    return k, muls, grid
+
+
+def _runs(v) -> list[tuple[int, int, int]]:
+    """(start, stop, value) of the maximal runs of equal values in v."""
+    out, i = [], 0
+    for val, grp in groupby(v):
+        n = len(list(grp))
+        out.append((i, i + n, int(val)))
+        i += n
+    return out
+
+
+def _add_imm(stream, kern, value: int) -> None:
+    """ADD value (any int) as immediates of at most 16 signed bits."""
+    while value:
+        step = max(-IMM_MAX, min(IMM_MAX, value))
+        stream.push_alu(kern, AluOp.ADD, step)
+        value -= step
+
+
+def emit_avg_pool(stream, spec: PoolSpec, attrs: dict, x, out, ident, lo: int | None = None, hi: int = 127,
+                  vt: int = 2, tiling: PoolTiling | None = None) -> dict[str, int]:
+    """Append out = clamp(qavg_pool2d(x), lo, hi) for packed int8 x and out (planes of h x w and
+    oh x ow entries); attrs are the qavg_pool2d's; `ident` a DRAM buffer of identity_weights(cfg)."""
+    cfg = stream.cfg
+    if cfg.block_in != cfg.block_out:
+        raise TilingError(f"{spec.name}: needs block_in == block_out to pool packed activations "
+                          f"(config has {cfg.block_in} and {cfg.block_out})")
+    zx, zo = attrs["in_zp"], attrs["out_zp"]
+    lo = int8_min(zo) if lo is None else lo
+    if not -128 <= lo <= hi <= 127:
+        raise TilingError(f"{spec.name}: clamp [{lo}, {hi}] outside the int8 range")
+    try:
+        k, muls, grid = _attrs_hw_acc(attrs, (spec.h, spec.w), cfg.acc_width)
+    except ValueError as e:
+        raise TilingError(f"{spec.name}: {e}") from None
+    cy, cx = divisor_counts((spec.h, spec.w), attrs)
+    col_runs = _runs(cx)
+    t = tiling or plan_pool(spec, cfg, vt)
+    vt = t.vt
+    oh, ow = spec.out_hw
+    (kh, kw), (sh, sw) = spec.kernel, spec.strides
+    pt, pl = spec.pads[0], spec.pads[1]
+    wp = spec.padded_w
+    o_sz = t.planes * t.rows * ow
+    rin = spec.rows_in(t.rows)
+    p_sz = t.planes * rin * wp
+    inp_sz = t.planes * min(spec.h, rin) * spec.w
+    tiles = [(p0, r0) for p0 in range(0, spec.planes, t.planes) for r0 in range(0, oh, t.rows)]
+    pipe = TokenPipeline(stream, vt, len(tiles), len(tiles))
+    cols = min(spec.w, wp - pl)   # input columns some window reads
+    if t.planes * rin * wp >= 1 << LOOP_ITER_BITS:
+        raise TilingError(f"{spec.name}: window region of {t.planes * rin * wp} entries exceeds the loop extent")
+
+    for ti, (p0, r0) in enumerate(tiles):
+        g = min(t.planes, spec.planes - p0)
+        r = min(t.rows, oh - r0)
+        ri = spec.rows_in(r)
+        y_lo = r0 * sh - pt                        # the first input row the band's windows read
+        y0, y1 = max(0, y_lo), min(spec.h, y_lo + ri)
+        nr = y1 - y0
+        s = ti % vt
+        inp_base, o_base, p_base = s * inp_sz, s * o_sz, vt * o_sz + s * p_sz
+        padded = y_lo < 0 or y_lo + ri > spec.h or pl > 0 or wp > spec.w
+        pipe.before_load(ti)
+        if nr > 0:
+            stream.load_2d(MemType.INP, inp_base, x, p0 * spec.h * spec.w + y0 * spec.w, y_size=g,
+                           x_size=nr * spec.w, x_stride=spec.h * spec.w)
+        if ti == 0:
+            stream.load_2d(MemType.WGT, 0, ident, 0, x_size=1)
+        pipe.after_load()
+        pipe.before_compute()
+        pipe.before_tile(ti)
+        if padded:   # taps outside the input hold the input's zero point (they add 0 after the offset)
+            fill = stream.kernel(("avgpool.fill", p_base, g * ri * wp), lambda kk: _walk(kk, p_base, g * ri * wp))
+            stream.push_alu(fill, AluOp.MOV, zx)
+        if nr > 0 and cols > 0:
+            dst0 = p_base + (y0 - y_lo) * wp + pl
+            key = (p_base, inp_base, g, nr, cols, dst0, wp, spec.w, ri)
+
+            def copy(kk, src_on):
+                kk.loop_begin(nr, dst_factor=wp, src_factor=spec.w if src_on else 0)
+                kk.loop_begin(cols, dst_factor=1, src_factor=1 if src_on else 0)
+                for q in range(g):
+                    kk.push(dst0 + q * ri * wp, inp_base + q * nr * spec.w if src_on else 0)
+            stream.push_gemm(stream.kernel(("avgpool.reset",) + key, lambda kk: copy(kk, False)), reset=True)
+            stream.push_gemm(stream.kernel(("avgpool.copy",) + key, lambda kk: copy(kk, True)))
+        offsets = [(dy, dx) for dy in range(kh) for dx in range(kw)]
+
+        def window(kk, offs):
+            kk.loop_begin(r, dst_factor=ow, src_factor=sh * wp)
+            kk.loop_begin(ow, dst_factor=1, src_factor=sw)
+            for q in range(g):
+                for dy, dx in offs:
+                    kk.push(o_base + q * r * ow, p_base + q * ri * wp + dy * wp + dx)
+        wkey = (o_base, p_base, g, r, ow, ri, wp, sh, sw)
+        stream.push_alu(stream.kernel(("avgpool.first",) + wkey, lambda kk: window(kk, offsets[:1])), AluOp.MOV)
+        if len(offsets) > 1:
+            stream.push_alu(stream.kernel(("avgpool.sum", kh, kw) + wkey, lambda kk: window(kk, offsets[1:])),
+                            AluOp.ADD)
+        whole = stream.kernel(("avgpool.out", o_base, g * r * ow), lambda kk: _walk(kk, o_base, g * r * ow))
+        _add_imm(stream, whole, -zx * kh * kw)
+        for a0, a1, vy in _runs(cy[r0:r0 + r]):   # one MUL per rectangle of equal divisor
+            for c0, c1, vx in col_runs:
+                def rect(kk, a0=a0, a1=a1, c0=c0, c1=c1):
+                    kk.loop_begin(a1 - a0, dst_factor=ow, src_factor=0)
+                    kk.loop_begin(c1 - c0, dst_factor=1, src_factor=0)
+                    for q in range(g):
+                        kk.push(o_base + q * r * ow + a0 * ow + c0, 0)
+                rk = stream.kernel(("avgpool.rect", o_base, g, r, ow, a0, a1, c0, c1), rect)
+                stream.push_alu(rk, AluOp.MUL, muls[vy * vx])
+        if k > 0:
+            stream.push_alu(whole, AluOp.ADD, 1 << (k - 1))
+            stream.push_alu(whole, AluOp.SHR, operands.shr_immediate(k, cfg.acc_width))
+        _add_imm(stream, whole, zo)
+        stream.push_alu(whole, AluOp.CLAMP, operands.clamp_immediate(max(lo, int8_min(zo)), hi))
+        pipe.after_chunk(ti)
+        pipe.after_tile()
+        pipe.before_store()
+        stream.store_2d(o_base, out, p0 * oh * ow + r0 * ow, y_size=g, x_size=r * ow, x_stride=oh * ow)
+        pipe.after_store(ti)
+    return {"tiles": len(tiles), "planes_per_tile": t.planes, "rows_per_tile": t.rows,
+            "divisors": len(muls), "shift": k}
+
+
+def _walk(k, base: int, n: int) -> None:
+    """n consecutive accumulator entries from base."""
+    k.loop_begin(n, dst_factor=1, src_factor=0)
+    k.push(base, 0)
+
+
+def qavg_attrs(kernel, strides=(1, 1), pads=(0, 0, 0, 0), ceil_mode: int = 0, count_include_pad: int = 0,
+               ratio: float = 1.0, in_zp: int = 0, out_zp: int = 0) -> dict:
+    """The normalized attributes of a qavg_pool2d (tests and callers that build one by hand)."""
+    return get_op("qavg_pool2d").normalize(
+        {"kernel": tuple(kernel), "strides": tuple(strides), "pads": tuple(pads), "ceil_mode": ceil_mode,
+         "count_include_pad": count_include_pad, "ratio": float(ratio), "in_zp": in_zp, "out_zp": out_zp})
+
+
+def run_avg_pool(device, x: np.ndarray, attrs: dict, lo: int | None = None, hi: int = 127, vt: int = 2):
+    """int8 NCHW qavg_pool2d (attrs: qavg_attrs) on the device -> (int8 NCHW, RunResult)."""
+    cfg = device.cfg
+    px = pack_activation(x, cfg.batch, cfg.block_out)
+    spec = PoolSpec(px.shape[0] * px.shape[1], x.shape[2], x.shape[3], tuple(attrs["kernel"]),
+                    tuple(attrs["strides"]), tuple(attrs["pads"]), attrs["ceil_mode"], "qavg_pool2d")
+    oh, ow = spec.out_hw
+    oshape = px.shape[:2] + (oh, ow) + px.shape[4:]
+    mem = device.memory
+    bufs = [mem.alloc_array(px, align=cfg.inp_elem_bytes, name="avgpool.inp"),
+            mem.alloc_array(identity_weights(cfg), align=cfg.wgt_elem_bytes, name="avgpool.identity"),
+            mem.alloc(math.prod(oshape), align=cfg.out_elem_bytes, name="avgpool.out")]
+    try:
+        stream = device.stream()
+        stream.emit_preloaded(lambda st: emit_avg_pool(st, spec, attrs, bufs[0], bufs[2], bufs[1], lo, hi, vt))
+        result = stream.synchronize()
+        y = unpack_activation(bufs[2].read(np.int8, oshape), x.shape[0], x.shape[1])
+    finally:
+        for buf in bufs:
+            buf.free()
+    return y, result

@@ -1,0 +1,176 @@
+"""Average pools with border divisors (compiler.accel.avgpool): the int8 reference against the float
+pool, the ALU program against the reference (bit-exact), and crafted ONNX models built for the
+accelerator against the graph's int8 reference and onnxruntime."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import compiler
+from accel.isa import PRESETS, AccelConfig
+from compiler.accel.avgpool import (
+    avg_multipliers,
+    check_avg_pool,
+    divisor_counts,
+    int8_avg_pools,
+    qavg_attrs,
+    qavg_pool2d_ref,
+    run_avg_pool,
+)
+from compiler.accel.layout import pack_activation, unpack_activation
+from compiler.frontend.zoo import ModelBuilder, sample_inputs
+from compiler.graph import run as reference_run
+from compiler.graph.errors import GraphError
+from compiler.graph.ir import Graph, Node
+from compiler.graph.ops import get_op, normalize_attrs
+from host_runtime import Device
+from host_runtime.executor import Executor
+
+
+def float_pool(x, a):
+    """The float avg_pool2d of the dequantized input, at the output scale (ratio) plus its zero point."""
+    fa = normalize_attrs("avg_pool2d", {k: a[k] for k in ("kernel", "strides", "pads", "ceil_mode",
+                                                          "count_include_pad")})
+    return get_op("avg_pool2d").reference(fa, x.astype(np.float64) - a["in_zp"]) * a["ratio"] + a["out_zp"]
+
+
+@st.composite
+def pools(draw):
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    pads = (draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1)), draw(st.integers(0, kh - 1)),
+            draw(st.integers(0, kw - 1)))
+    h, w = draw(st.integers(kh, 11)), draw(st.integers(kw, 11))
+    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 20)), h, w)
+    zp = draw(st.sampled_from([(0, 0), (0, 0), (7, -5), (-128, 3)]))
+    return shape, qavg_attrs((kh, kw), (sh, sw), pads, draw(st.integers(0, 1)), draw(st.integers(0, 1)),
+                             draw(st.sampled_from([1.0, 0.75, 2.0, 1 / 3, 0.05])), *zp)
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=pools(), seed=st.integers(0, 99))
+def test_reference_within_one_step_of_the_float_pool(p, seed):
+    shape, a = p
+    x = np.random.default_rng(seed).integers(-128, 128, shape, dtype=np.int8)
+    want = np.clip(float_pool(x, a), -128 if a["out_zp"] else -127, 127)
+    got = qavg_pool2d_ref(a, x)
+    assert got.dtype == np.int8 and got.shape == want.shape
+    assert np.abs(got - want).max() <= 0.5 + 1e-3 + 128 * 9 * a["ratio"] * 2.0 ** -avg_multipliers(
+        a["ratio"], [1], 1)[0]
+
+
+@settings(max_examples=14, deadline=None)
+@given(p=pools(), relu=st.booleans(), vt=st.sampled_from([1, 2]),
+       cfg=st.sampled_from([PRESETS["tiny"], PRESETS["default"]]), seed=st.integers(0, 99))
+def test_alu_program_bit_exact(p, relu, vt, cfg, seed):
+    shape, a = p
+    x = np.random.default_rng(seed).integers(-128, 128, shape, dtype=np.int8)
+    lo = 0 if relu else None
+    y, _ = run_avg_pool(Device(cfg), x, a, lo, 127, vt)
+    want = qavg_pool2d_ref(a, x)
+    assert np.array_equal(y, np.maximum(want, 0) if relu else want)
+
+
+@pytest.mark.parametrize("cfg,hw", [("tiny", (30, 28)), ("default", (61, 60))])
+def test_row_bands_on_fsim_and_tsim(cfg, hw):
+    """A plane too large for one tile runs in bands of output rows; each band's divisor
+    rectangles start at its own first row."""
+    x = np.random.default_rng(1).integers(-127, 128, (1, 8, *hw), dtype=np.int8)
+    a = qavg_attrs((3, 3), (2, 2), (1, 1, 1, 1), 1, 0, 0.5)
+    want = qavg_pool2d_ref(a, x)
+    for driver in ("fsim", "tsim"):
+        y, res = run_avg_pool(Device(PRESETS[cfg], driver), x, a)
+        assert res is not None
+        assert np.array_equal(y, want), driver
+
+
+def test_divisors_interior_edges_corners():
+    a = qavg_attrs((3, 3), (1, 1), (1, 1, 1, 1), count_include_pad=0)
+    cy, cx = divisor_counts((5, 4), a)
+    assert cy.tolist() == [2, 3, 3, 3, 2] and cx.tolist() == [2, 3, 3, 2]
+    a = qavg_attrs((3, 3), (2, 2), (1, 1, 1, 1), ceil_mode=1, count_include_pad=1)
+    cy, _ = divisor_counts((6, 6), a)   # ceil_mode's last window overhangs the padding: not counted
+    assert cy.tolist() == [3, 3, 3, 2]
+    k, muls = avg_multipliers(1.0, [4, 6, 9], 9)
+    assert k == 15 and muls == {4: 8192, 6: 5461, 9: 3641}
+
+
+def test_packed_reference_matches_nchw():
+    x = np.random.default_rng(3).integers(-128, 128, (2, 20, 7, 6), dtype=np.int8)
+    a = qavg_attrs((3, 2), (2, 1), (1, 0, 1, 1), 1, 0, 0.8, 3, -2)
+    got = unpack_activation(qavg_pool2d_ref(a, pack_activation(x, 1, 16)), 2, 20)
+    assert np.array_equal(got, qavg_pool2d_ref(a, x))
+
+
+def test_errors_name_the_fault():
+    with pytest.raises(GraphError, match="ratio"):
+        Node("qavg_pool2d", [Node.input("x", (1, 4, 5, 5), "int8")], {"kernel": (2, 2), "ratio": -1.0})
+    with pytest.raises(GraphError, match="int8 input"):
+        Node("qavg_pool2d", [Node.input("x", (1, 4, 5, 5))], {"kernel": (2, 2), "ratio": 1.0})
+    with pytest.raises(ValueError, match="16-bit multiplier"):
+        avg_multipliers(1e6, [1], 9)
+    n = Node("qavg_pool2d", [Node.input("x", (1, 16, 5, 5), "int8")], {"kernel": (2, 2), "ratio": 1.0})
+    assert check_avg_pool(n, PRESETS["default"]) is None
+    cfg = AccelConfig(block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024)
+    assert "block_in == block_out" in check_avg_pool(n, cfg)
+    wide = Node("qavg_pool2d", [Node.input("x", (1, 16, 3, 5000), "int8")], {"kernel": (3, 3), "ratio": 1.0})
+    assert "does not fit" in check_avg_pool(wide, PRESETS["tiny"])
+
+
+def border_model(kernel, strides, pads, ceil_mode, cip, hw=(9, 11), seed=3):
+    """conv-relu, the border average pool, a 1x1 conv: the pool sits between accelerator layers."""
+    b = ModelBuilder("avgpool_border", seed=seed)
+    x = b.input("x", (1, 4, *hw))
+    y = b.op("Relu", [b.conv(x, 4, 8, 3)])
+    y = b.op("AveragePool", [y], name="pool", kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+             ceil_mode=ceil_mode, count_include_pad=cip)
+    return b.build([b.conv(y, 8, 8, 1)])
+
+
+CASES = [((3, 3), (1, 1), (1, 1, 1, 1), 0, 0),     # Inception's pool branch
+         ((3, 3), (2, 2), (1, 1, 1, 1), 1, 0),     # ceil_mode and pads
+         ((2, 2), (2, 2), (0, 0, 0, 0), 1, 0),     # ceil_mode overhang only
+         ((3, 2), (2, 1), (1, 0, 0, 1), 1, 1)]     # count_include_pad with overhang, kernel > stride
+
+
+@pytest.mark.parametrize("cfg", ["tiny", "default"])
+@pytest.mark.parametrize("case", CASES)
+def test_model_pool_on_the_accelerator(case, cfg):
+    m = border_model(*case)
+    feeds = sample_inputs(m, 5, seed=2)
+    mod = compiler.build_model(m, target="accel", config=cfg, calibration=feeds[:4])
+    pool = [s for s in mod.steps if s.name == "pool"]
+    assert [s.kind for s in pool] == ["accel"] and pool[0].op == "qavg_pool2d" and not mod.meta["fallbacks"]
+    assert not any(n.op in ("avg_pool2d", "dequantize") and n.name.startswith("pool") for n in mod.graph.nodes)
+    with Executor(mod, driver="fsim") as ex:
+        out = ex.run(feeds[4], keep=True)
+    _, env = reference_run(mod.graph, feeds[4], keep=True)
+    ints = {n.name: env[id(n)] for n in mod.graph.nodes if id(n) in env and env[id(n)].dtype == np.int8}
+    assert "pool" in ex.values
+    for k in ex.values:
+        if k in ints:
+            np.testing.assert_array_equal(ex.values[k], ints[k], err_msg=k)
+    want = ort.InferenceSession(m.SerializeToString()).run(None, feeds[4])[0]
+    got = next(iter(out.values())) if isinstance(out, dict) else out[0]
+    cos = float(np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got))
+    assert cos > 0.995 and np.abs(want - got).max() < 0.1 * np.abs(want).max()
+
+
+def test_rewrite_only_for_int8_chains():
+    """A float pool whose input is not dequantized int8 stays; the CPU target keeps its float pool."""
+    x = Node.input("x", (1, 4, 6, 6))
+    p = Node("avg_pool2d", [x], {"kernel": (3, 3), "pads": (1, 1, 1, 1)}, name="p")
+    q = Node("quantize", [p], {"shift": 4}, name="q")
+    g = Graph([x, p, q], [x], [q], ["q"], "g")
+    assert [n.op for n in int8_avg_pools(g).ops] == ["avg_pool2d", "quantize"]
+    xi = Node.input("x", (1, 4, 6, 6), "int8")
+    d = Node("dequantize", [xi], {"shift": 3}, name="d")
+    p = Node("avg_pool2d", [d], {"kernel": (3, 3), "pads": (1, 1, 1, 1)}, name="p")
+    q = Node("quantize", [p], {"shift": 4}, name="q")
+    g2 = int8_avg_pools(Graph([xi, d, p, q], [xi], [q], ["q"], "g"))
+    out = g2.outputs[0]
+    assert out.op == "qavg_pool2d" and out.attrs["ratio"] == 2.0 and out.name == "p"
+    m = border_model(*CASES[0])
+    mod = compiler.build_model(m, target="cpu")
+    assert not any(s.op == "qavg_pool2d" for s in mod.steps)
