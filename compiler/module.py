@@ -86,6 +86,8 @@ class CompiledModule(ModuleImage):
     def _summary(self) -> str:
         m = self.meta
         lines = [repr(self)]
+        if self.target_versions:
+            lines.append("plug-in targets: " + ", ".join(f"{t} {v}" for t, v in sorted(self.target_versions.items())))
         if self.config is not None:
             c = self.config
             lines.append(f"config {c.digest()}: {c.batch}x{c.block_in}x{c.block_out}, {c.macs_per_cycle} MACs/cycle "

@@ -9,7 +9,9 @@ in order and exchange tensors only through the arena:
           (host_runtime.kernel_cache), called with pointers into the arena and to its constants;
   native  a layout conversion the runtime does itself (pack/unpack at accelerator boundaries);
   numpy   a fallback for an op with no compiled kernel: a host op registered by name
-          (register_host_op; compiler.module registers the graph IR's NumPy references).
+          (register_host_op; compiler.module registers the graph IR's NumPy references);
+  plugin  a kernel of a plug-in target, symbol "target:kernel": the function the installed,
+          registered plug-in gave for that name (host_runtime.targets).
 Executor(module, driver="fsim").run(inputs) -> {output name: array}; `profile` then holds one row
 per step: name, op, target, impl, time_s, MACs, and for accelerator steps instructions, GEMM and ALU
 micro-ops, DRAM bytes read and written (fsim: the data moved; tsim and rtl: bus bytes, instruction
@@ -24,7 +26,9 @@ weights, micro-ops, instruction programs), const/<name> (.npy kernel constants),
 version, every hash, every header field's type and range, the config digest (and, when asked,
 that it is the config in use), verifies the kernel IR and checks each step against the buffers
 and its kernel's signature before anything runs; every refusal is one ModuleFormatError naming
-the field. Saving is atomic (temporary file + rename).
+the field. The header names the build's target and records each plug-in target's version; a
+target that is neither built in nor registered nor installed is refused (host_runtime.targets).
+Saving is atomic (temporary file + rename).
 This module never imports the compiler (arrows point down: compiler -> host_runtime).
 """
 from __future__ import annotations
@@ -52,14 +56,13 @@ from .device import Device
 from .errors import HostRuntimeError
 from .gpu import DeviceTensors, GpuError, check_gpu_attrs, open_device
 from .kernel_cache import KernelBuildError, KernelCacheError, KernelIRError, load_kernels, verify_ir
+from .targets import _VERSION, TargetError, check_versions, current_versions, plugin_kernel, resolve_target
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"ACCMODL\0"
 FORMAT_VERSION = 2
-KINDS = ("accel", "llvm", "native", "numpy", "gpu")
-#: module targets (gpu steps: kernel source in attrs, compiled by the device driver; host_runtime.gpu)
-MODULE_TARGETS = ("accel", "cpu", "opencl", "cuda")
+KINDS = ("accel", "llvm", "native", "numpy", "gpu", "plugin")
 #: bounds on what a module file may ask for (checked before anything is allocated)
 MAX_HEADER_BYTES = 64 << 20
 MAX_DRAM_BYTES = 1 << 32
@@ -272,17 +275,20 @@ class ModuleImage:
     [{"name", "tensor", "shift"}], steps [Step], consts {name: array} (kernel arguments bound at
     build time), kernels [KernelSource] (LLVM IR, compiled where the module runs), library_target
     {triple, cpu} (the build host's, informative), meta (build reports: memory plan, partition,
-    compile time)."""
+    compile time), target_versions {plug-in target: version built with} (default: the registered
+    versions of the build target and of the targets of its plugin steps)."""
 
     def __init__(self, name: str, target: str, config: AccelConfig | None, dram_bytes: int,
                  segments: list[tuple[int, bytes]], tensors: list[TensorSpec], inputs: list[dict],
                  outputs: list[dict], steps: list[Step], consts: dict[str, np.ndarray] | None = None,
                  kernels: list[KernelSource] | None = None, library_target: dict | None = None,
-                 meta: dict | None = None):
+                 meta: dict | None = None, target_versions: dict[str, str] | None = None):
         self.name, self.target, self.config, self.dram_bytes = name, target, config, int(dram_bytes)
         self.segments, self.tensors, self.inputs, self.outputs = segments, tensors, inputs, outputs
         self.steps, self.consts = steps, dict(consts or {})
         self.kernels, self.library_target, self.meta = list(kernels or []), dict(library_target or {}), dict(meta or {})
+        self.target_versions = dict(target_versions) if target_versions is not None else \
+            current_versions({target} | self.plugin_targets())
 
     # ---- queries ----------------------------------------------------------------------------
     @property
@@ -301,6 +307,17 @@ class ModuleImage:
 
     def count(self, kind: str) -> int:
         return sum(s.kind == kind for s in self.steps)
+
+    def plugin_targets(self) -> set[str]:
+        """The targets whose kernels the module's plugin steps call."""
+        out = set()
+        for s in self.steps:
+            if s.kind == "plugin":
+                try:
+                    out.add(plugin_kernel(s.symbol)[0])
+                except TargetError:
+                    pass   # validate() names the step
+        return out
 
     def __repr__(self):
         kinds = ", ".join(f"{self.count(k)} {k}" for k in KINDS if self.count(k))
@@ -323,6 +340,7 @@ class ModuleImage:
                 for sym, sig in ks.signatures.items()}})
         header = {
             "format": "accel-kit module", "version": FORMAT_VERSION, "name": self.name, "target": self.target,
+            "target_versions": self.target_versions,
             "config": None if self.config is None else self.config.to_dict(),
             "config_digest": None if self.config is None else self.config.digest(),
             "dram_bytes": self.dram_bytes, "segments": seg_hdr,
@@ -378,7 +396,7 @@ class ModuleImage:
             f.fail("version", f"= {_short(h['version'])} disagrees with the file's format version {FORMAT_VERSION}")
         blobs = cls._blobs(f, h, data, _PREAMBLE + hlen)
         name = f.str(f.get(h, "name", ""), "name")
-        target = f.choice(f.get(h, "target", ""), "target", MODULE_TARGETS)
+        target = cls._target(f, h)
         cfg = cls._config(f, h, config)
         dram = f.int(f.get(h, "dram_bytes", ""), "dram_bytes", 0, MAX_DRAM_BYTES)
         segments = []
@@ -445,14 +463,29 @@ class ModuleImage:
                     params.append((shape, f.choice(f.get(prm, "dtype", f"{ws}[{j}]"), f"{ws}[{j}].dtype", DTYPES)))
                 sigs[f.str(sym, ws)] = params
             kernels.append(KernelSource(ir, sigs))
+        versions = {}
+        for t, v in f.obj(h.get("target_versions") or {}, "target_versions").items():
+            if not isinstance(v, str) or not _VERSION.fullmatch(v):
+                f.fail(f"target_versions.{t[:40]}", f"= {_short(v)}; expected a version such as '1.0.0'")
+            versions[t] = v
         lt = f.obj(h.get("library_target") or {}, "library_target")
         meta = f.obj(h.get("meta") or {}, "meta")
         obj = cls.__new__(cls)
         ModuleImage.__init__(obj, name, target, cfg, dram, segments, tensors, ios["inputs"], ios["outputs"], steps,
-                             consts, kernels, lt, meta)
+                             consts, kernels, lt, meta, versions)
         obj.validate(source)
         _refuse_untrusted_ptx(obj, source)
         return obj
+
+    @staticmethod
+    def _target(f: _Fields, h: dict) -> str:
+        """The build target's name, resolved in the registry (an installed plug-in loads by its name)."""
+        target = f.str(f.get(h, "target", ""), "target", 64)
+        try:
+            resolve_target(target)
+        except TargetError as e:
+            f.fail("target", f"= {_short(target)}: {e}")
+        return target
 
     @staticmethod
     def _blobs(f: _Fields, h: dict, data: bytes, base: int) -> dict[str, bytes]:
@@ -557,8 +590,6 @@ class ModuleImage:
 
         def fail(msg):
             raise ModuleFormatError(f"{src}: {msg}")
-        if self.target not in MODULE_TARGETS:
-            fail(f"target {_short(self.target)}; allowed: {', '.join(MODULE_TARGETS)}")
         cfg = self.config
         limit = MAX_DRAM_BYTES if cfg is None else min(MAX_DRAM_BYTES, 1 << cfg.dram_addr_width)
         if not 0 <= self.dram_bytes <= limit:
@@ -605,6 +636,12 @@ class ModuleImage:
                 sigs[sym] = sig
         for k, s in enumerate(self.steps):
             self._check_step(k, s, sigs, exports, fail)
+        try:   # the build target and every plug-in the steps call: registered, of a version they accept
+            why = check_versions(self.target, self.target_versions, self.plugin_targets())
+        except TargetError as e:
+            fail(str(e))
+        if why:
+            fail(f"module {why}")
         return exports
 
     def _check_step(self, k: int, s: Step, sigs: dict, exports: dict, fail) -> None:
@@ -657,6 +694,15 @@ class ModuleImage:
             self._check_native(w, s, fail)
         elif s.kind == "gpu":
             self._check_gpu(w, s, fail)
+        elif s.kind == "plugin":
+            try:
+                t, kernel = plugin_kernel(s.symbol)
+                rt = resolve_target(t)
+            except TargetError as e:
+                fail(f"{w}: {e}")
+            if kernel not in rt.kernels:
+                fail(f"{w}: target {t!r} has no kernel {_short(kernel)}; its kernels are "
+                     f"{', '.join(rt.kernels) or 'none'}")
 
     def _check_gpu(self, w: str, s: Step, fail) -> None:
         """A GPU kernel step: well-formed launch attributes, arguments matching its parameters."""
@@ -832,6 +878,8 @@ class Executor:
         self.gpu = DeviceTensors(self.views, m.consts, [(t.addr, t.nbytes) for t in m.tensors]) \
             if m.count("gpu") else None
         self._calls = [self._prepare(s) for s in m.steps]
+        self._row_target = [plugin_kernel(s.symbol)[0] if s.kind == "plugin" else
+                            "accel" if s.kind == "accel" else "gpu" if s.kind == "gpu" else "cpu" for s in m.steps]
         if self.gpu is not None:
             self._calls = [c if s.kind == "gpu" else self.gpu.host_step(c, [a[1] for a in s.args if a[0] == "t"],
                                                                          s.output)
@@ -877,15 +925,20 @@ class Executor:
                 fn(*ptrs)
                 return keep
             return call
-        if s.kind in ("native", "numpy"):
-            table = NATIVE_OPS if s.kind == "native" else HOST_OPS
-            impl = table.get(s.op)
+        if s.kind in ("native", "numpy", "plugin"):
+            if s.kind == "plugin":   # validate() checked that the registered target has this kernel
+                t, kernel = plugin_kernel(s.symbol)
+                rt = resolve_target(t)
+                impl, check = rt.kernels[kernel], rt.checks.get(kernel)
+            else:
+                table = NATIVE_OPS if s.kind == "native" else HOST_OPS
+                impl = table.get(s.op)
+                check = HOST_OP_CHECKS.get(s.op) if s.kind == "numpy" else None
             if impl is None:
                 raise ExecutorError(f"step '{s.name}' needs host op {s.op!r}, which is not registered "
                                     f"({'import compiler.module, which registers the graph ops' if s.kind == 'numpy' else 'unknown native op'})")
             attrs = _decode_attrs(s.attrs)
             ins = [a for a in s.args]
-            check = HOST_OP_CHECKS.get(s.op) if s.kind == "numpy" else None
             if check is not None:
                 types = [self.module.consts[a[1]] if a[0] == "c" else self.module._arg_type(a) for a in ins]
                 try:
@@ -967,7 +1020,7 @@ class Executor:
                 self.values[m.tensors[s.output].name] = self.views[s.output].copy()
             results.append(r if s.kind == "accel" else None)
             row = {"name": s.name, "op": s.op, "impl": s.kind,
-                   "target": "accel" if s.kind == "accel" else "gpu" if s.kind == "gpu" else "cpu",
+                   "target": self._row_target[k],
                    "time_s": dt, "macs": s.macs}
             if s.note:
                 row["note"] = s.note
@@ -1019,6 +1072,12 @@ def profile_summary(rows: list[dict], config: AccelConfig | None = None) -> dict
     gpu = [r for r in rows if r["target"] == "gpu"]
     if gpu:   # --target opencl|cuda: kernel launches with their copies in and out
         out.update(gpu_time_s=sum(r["time_s"] for r in gpu), gpu_macs=sum(r["macs"] for r in gpu))
+    for r in rows:   # plug-in targets' kernels: plugin_time_s / plugin_macs by target name
+        if r.get("impl") == "plugin":
+            out.setdefault("plugin_time_s", {}).setdefault(r["target"], 0.0)
+            out["plugin_time_s"][r["target"]] += r["time_s"]
+            out.setdefault("plugin_macs", {}).setdefault(r["target"], 0)
+            out["plugin_macs"][r["target"]] += r["macs"]
     if have_cycles and config is not None:
         out["accel_latency_s"] = out["accel_cycles"] / (config.clock_mhz * 1e6)
         out["accel_utilization"] = out["accel_macs"] / (out["accel_cycles"] * config.macs_per_cycle)
@@ -1039,6 +1098,7 @@ def format_profile(rows: list[dict], config: AccelConfig | None = None) -> str:
     s = profile_summary(rows, config)
     tail = (f"total: {s['steps']} steps, CPU {s['cpu_time_s'] * 1e3:.3f} ms, "
             + (f"GPU {s['gpu_time_s'] * 1e3:.3f} ms for {s['gpu_macs']} MACs, " if "gpu_time_s" in s else "")
+            + "".join(f"{t} {ts * 1e3:.3f} ms, " for t, ts in s.get("plugin_time_s", {}).items())
             + f"accelerator {s['accel_insns']} instructions for {s['accel_macs']} MACs")
     if s.get("accel_cycles"):
         tail += f", {s['accel_cycles']} cycles"

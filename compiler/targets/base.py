@@ -2,8 +2,11 @@
 
 A target is one place code can run: "cpu" (LLVM kernels), "accel" (the accelerator's
 instruction stream), "opencl" and "cuda" (GPU kernels). The graph builder and the partition
-pass only talk to targets through `Target`; adding a target is one new module that subclasses
-it and calls `register_target`.
+pass only talk to targets through `Target`; adding a target is one new package that subclasses
+it and calls `register_target` (or is installed with an entry point in the group
+`accel_kit.targets`, found when its name is first asked for). The names live in one registry
+shared with the runtime (host_runtime.targets), so a module built for a plug-in target records
+the plug-in's name and version and runs through the same Executor, calling the plug-in's kernels.
 """
 from __future__ import annotations
 
@@ -11,6 +14,17 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from host_runtime.targets import (
+    BUILTIN_TARGETS,
+    RuntimeTarget,
+    TargetError,
+    UnknownTargetError,
+    installed_targets,
+    register_runtime_target,
+    resolve_target,
+    unregister_runtime_target,
+)
 
 from ..errors import CompilerError
 from ..graph.ir import Graph, Node
@@ -93,9 +107,17 @@ class Target:
     label: str = ""
     #: the module's DRAM is laid out for an AccelConfig (the default preset when none is given)
     needs_config: bool = False
-    #: the module target the host runtime knows (host_runtime.executor.MODULE_TARGETS) that a
-    #: module built for this target records; None: the target's own name
-    module_target: str | None = "cpu"
+    #: the target a module built for this one records; None: this target's own name (and, for a
+    #: plug-in, its version). Another name (say "cpu" for a target that emits only CPU kernels)
+    #: lets the module run where this plug-in is not installed.
+    module_target: str | None = None
+    #: a plug-in's version, recorded in the modules built for it (the runtime refuses a module of
+    #: another major version unless runtime().accepts says otherwise); the built-ins need none
+    version: str = ""
+    #: kernel name -> fn(attrs, *inputs) -> array: what this target's 'plugin' steps call at run time
+    #: (kernel_step appends one), and kernel name -> check(attrs, inputs, out) -> why refused or None
+    runtime_kernels: dict = {}
+    runtime_checks: dict = {}
     kinds: dict[str, str] = {}
 
     @property
@@ -151,6 +173,20 @@ class Target:
     def link(self, builder: Builder) -> None:
         """After every node lowered: hand finished kernels to the builder (builder.kernel_sources)."""
 
+    def kernel_step(self, builder: Builder, op: Node, outer: list, out_tid: int, kernel: str | None = None) -> None:
+        """Append a step that runs `op` (from the graph nodes or tensor ids `outer` into out_tid) with
+        this target's runtime kernel `kernel` (default: the op's name), its attributes as the kernel's."""
+        kernel = kernel or op.op
+        if kernel not in self.runtime_kernels:
+            raise BuildError(f"target {self.name!r} has no runtime kernel {kernel!r} for {op.op} '{op.name}'; "
+                             f"its kernels are {', '.join(self.runtime_kernels) or 'none'}")
+        builder.simple_step(op.name, op, outer, out_tid, "plugin", "")
+        builder.steps[-1].symbol = f"{self.name}:{kernel}"
+
+    def runtime(self) -> RuntimeTarget:
+        """What the runtime needs to run this target's modules (registered with the target)."""
+        return RuntimeTarget(self.name, self.version, dict(self.runtime_kernels), dict(self.runtime_checks))
+
     # ---- output --------------------------------------------------------------------------------
     def emit(self, module, out_dir: Path) -> list[Path]:
         """Write this target's generated sources of `module` under out_dir (accel compile --emit)."""
@@ -161,11 +197,17 @@ _REGISTRY: dict[str, Target] = {}
 
 
 def register_target(target: Target, replace: bool = False) -> Target:
-    """Make `target` available by its name (to --target, node.target and the partition)."""
+    """Make `target` available by its name (to --target, node.target and the partition) and its
+    runtime part (name, version, kernels) to the host runtime, so modules built for it load and run."""
     if not target.name or not target.name.isidentifier():
         raise BuildError(f"register_target: name {target.name!r} is not an identifier")
     if target.name in _REGISTRY and not replace and _REGISTRY[target.name] is not target:
         raise BuildError(f"register_target: target {target.name!r} is registered already (pass replace=True)")
+    if target.name not in BUILTIN_TARGETS:   # the runtime runs the built-ins' steps itself
+        try:
+            register_runtime_target(target.runtime(), replace=True)
+        except TargetError as e:
+            raise BuildError(str(e).replace("register_runtime_target", "register_target", 1)) from None
     _REGISTRY[target.name] = target
     return target
 
@@ -173,14 +215,24 @@ def register_target(target: Target, replace: bool = False) -> Target:
 def unregister_target(name: str) -> None:
     """Remove a target (tests that register toy targets clean up with this)."""
     _REGISTRY.pop(name, None)
+    unregister_runtime_target(name)
 
 
 def get_target(name: str) -> Target:
-    """The registered target `name`; BuildError lists the registered ones otherwise."""
+    """The registered target `name`, loading an installed plug-in of that name first if need be;
+    BuildError lists the registered and installed ones otherwise."""
+    if name not in _REGISTRY and isinstance(name, str) and name.isidentifier():
+        try:
+            resolve_target(name)   # imports an installed plug-in, which registers itself here
+        except UnknownTargetError:
+            pass
+        except TargetError as e:   # installed, but it does not load or register
+            raise BuildError(str(e)) from None
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise BuildError(f"unknown target {name!r}; targets are {', '.join(_REGISTRY)}") from None
+        names = list(_REGISTRY) + [n for n in installed_targets() if n not in _REGISTRY]
+        raise BuildError(f"unknown target {name!r}; targets are {', '.join(names)}") from None
 
 
 def target_names() -> tuple[str, ...]:

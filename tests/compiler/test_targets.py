@@ -1,9 +1,18 @@
 """Targets as plug-ins (compiler.targets): the registry, the interface the partition and the
-builder use, and a toy target registered from this file that builds and runs a model."""
+builder use, a toy target registered from this file that builds and runs a model, and the toy
+target package of tests/fixtures/toy_target installed by its entry point, run in fresh processes."""
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
 
+from accel.cli import main as cli_main
 from accel.isa import INSN_BYTES, assemble_text, decode_program
 from compiler.emit import emit_sources
 from compiler.frontend import from_onnx, zoo
@@ -12,6 +21,7 @@ from compiler.graph.errors import GraphPassError
 from compiler.graph.passes import infer_types, optimize
 from compiler.graph.passes.partition import decide, explain_table
 from compiler.graph_build import BuildError, build_model
+from compiler.module import CompiledModule, ModuleFormatError
 from compiler.targets import (
     Decline,
     PlacementContext,
@@ -29,6 +39,7 @@ class NumpyTarget(Target):
 
     name = "numpy_toy"
     label = "numpy_toy"
+    version = "0.1.0"
     title = "the NumPy toy"
     kinds = {"toy": "op the test's NumPy target runs"}
     OPS = ("relu", "add")
@@ -171,3 +182,171 @@ def test_force_reaches_a_plug_in_targets_partition(toy):
     rows = {r["name"]: r for r in mod.meta["partition"]}
     assert rows["sum"]["target"] == "cpu" and rows["sum"]["kind"] == "forced"
     assert rows["act"]["target"] == "numpy_toy" and sorted(toy.lowered) == ["act"]
+
+
+# ---- plug-in targets from their own package -------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+TOY_PACKAGE = ROOT / "tests" / "fixtures" / "toy_target"
+
+
+def make_dist(site: Path, dist: str, version: str, entry_points: dict[str, str], files: dict | None = None) -> None:
+    """What `pip install` leaves for importlib.metadata: a .dist-info folder with the entry points
+    (group accel_kit.targets), plus the given module files."""
+    d = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (d / "entry_points.txt").write_text("[accel_kit.targets]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items()))
+    for name, text in (files or {}).items():
+        (site / name).write_text(text)
+
+
+def install_toy_package(site: Path) -> dict:
+    """Install tests/fixtures/toy_target the way its pyproject.toml declares it (entry points
+    included), without pip; returns the environment of a process that has it installed."""
+    project = tomllib.loads((TOY_PACKAGE / "pyproject.toml").read_text())["project"]
+    make_dist(site, project["name"], project["version"], project["entry-points"]["accel_kit.targets"])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(TOY_PACKAGE), str(ROOT)])
+    return env
+
+
+def _python(env, *args, cwd=None):
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+RUN_WITH_THE_RUNTIME_API = """
+import json, sys
+import numpy as np
+from compiler.module import CompiledModule
+mod = CompiledModule.load(sys.argv[1])
+outs, profile = mod.run({"x": np.load(sys.argv[2])})
+import kit_toy_target
+print(json.dumps({"target": mod.target, "versions": mod.target_versions, "calls": kit_toy_target.CALLS,
+                  "rows": [[r["name"], r["target"], r["impl"]] for r in profile],
+                  "out": next(iter(outs.values())).tolist()}))
+"""
+
+
+def test_installed_plug_in_package_compiles_saves_and_runs_in_fresh_processes(tmp_path):
+    """The toy target's own package, installed by entry point: `accel compile --target toy`, then
+    `accel run` and the runtime API in fresh processes run its kernels; the module records toy
+    1.2.0. Here, where it is not installed, the same file is refused naming the target."""
+    env = install_toy_package(tmp_path / "site")
+    m = _model()
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    out = _python(env, "-m", "accel.cli", "compile", "m.onnx", "--target", "toy", "-o", "m.accm", "--explain",
+                  "--emit", "src", cwd=tmp_path)
+    assert "target=toy" in out and "plug-in targets: toy 1.2.0" in out and "3 on toy" in out
+    assert (tmp_path / "src" / "toy_steps.txt").read_text().split() == ["act", "toy:relu", "sum", "toy:add",
+                                                                          "out", "toy:sigmoid"]
+    out = _python(env, "-m", "accel.cli", "run", "m.accm", "--input", "x.npy", "--output", "y.npy", "--profile",
+                  cwd=tmp_path)
+    assert "m.accm: toy_net (toy) on the CPU" in out
+    assert [line.split()[2:4] for line in out.splitlines() if line.startswith(("act ", "sum ", "out "))] == \
+        [["toy", "plugin"]] * 3
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-5, atol=1e-6)
+
+    r = json.loads(_python(env, "-c", RUN_WITH_THE_RUNTIME_API, str(tmp_path / "m.accm"), str(tmp_path / "x.npy")))
+    assert r["target"] == "toy" and r["versions"] == {"toy": "1.2.0"}
+    assert r["calls"] == {"relu": 1, "add": 1, "sigmoid": 1}
+    assert ["act", "toy", "plugin"] in r["rows"] and ["mm1", "cpu", "llvm"] in r["rows"]
+    np.testing.assert_allclose(np.asarray(r["out"], np.float32), want, rtol=1e-5, atol=1e-6)
+
+    assert "toy" not in target_names()
+    with pytest.raises(ModuleFormatError, match=r"m\.accm: header field 'target' = 'toy': target 'toy' is not "
+                                                r"registered or installed here; targets are accel, cpu, opencl, cuda"):
+        CompiledModule.load(tmp_path / "m.accm")
+
+
+def test_cli_names_an_unknown_target_and_the_installed_ones(tmp_path, capsys, monkeypatch):
+    make_dist(tmp_path, "kit-other", "0.3", {"other_tgt": "other_tgt_mod:register"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "m.onnx").write_bytes(_model().SerializeToString())
+    assert cli_main(["compile", str(tmp_path / "m.onnx"), "--target", "tpu", "-o", str(tmp_path / "m.accm")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unknown target 'tpu'; targets are accel, cpu, opencl, cuda, other_tgt"
+
+
+SELF_REGISTERING = """
+from compiler.targets import Target, register_target
+
+class SelfReg(Target):
+    name = "selfreg"
+    version = "3.1"
+
+    def lower_body(self, b, name, body, outer, out_tid):
+        b.fallback_body(name, body, outer, out_tid)
+
+register_target(SelfReg())
+"""
+
+
+def test_installed_plug_in_forms_and_failures(tmp_path, monkeypatch):
+    """An entry point may name a module that registers on import; one that fails to import or
+    registers nothing is one BuildError naming the target and its entry point."""
+    make_dist(tmp_path, "kit-forms", "1.0", {"selfreg": "selfreg_mod", "broken_tgt": "broken_mod",
+                                              "silent_tgt": "silent_mod:setup"},
+              {"selfreg_mod.py": SELF_REGISTERING, "broken_mod.py": "raise RuntimeError('no device here')\n",
+               "silent_mod.py": "def setup():\n    pass\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert get_target("selfreg").version == "3.1"
+        mod = build_model(_model(), target="selfreg")
+        assert mod.target == "selfreg" and mod.target_versions == {"selfreg": "3.1"}
+        with pytest.raises(BuildError, match=r"^installed target 'broken_tgt' \(accel_kit.targets entry point "
+                                             r"broken_mod\) failed to load: RuntimeError: no device here$"):
+            build_model(_model(), target="broken_tgt")
+        with pytest.raises(BuildError, match="failed to load: RuntimeError: no device here"):
+            get_target("broken_tgt")   # asked again: the same error, not "not installed"
+        with pytest.raises(BuildError, match=r"^installed target 'silent_tgt' \(accel_kit.targets entry point "
+                                             r"silent_mod:setup\) loaded but registered no target of that name$"):
+            get_target("silent_tgt")
+    finally:
+        unregister_target("selfreg")
+
+
+def test_a_plug_in_declares_a_version_and_a_name_of_its_own(toy, tmp_path):
+    class NoVersion(Target):
+        name = "no_version"
+    with pytest.raises(BuildError, match="register_target: target 'no_version' has version ''; a plug-in declares"):
+        register_target(NoVersion())
+    assert "no_version" not in target_names()
+    for reserved in ("numpy", "plugin", "llvm"):
+        t = NoVersion()
+        t.name, t.version = reserved, "1.0"
+        with pytest.raises(BuildError, match=f"'{reserved}' is a built-in target or step kind"):
+            register_target(t)
+    mod = build_model(_model(), target="numpy_toy")
+    assert mod.target == "numpy_toy" and mod.target_versions == {"numpy_toy": "0.1.0"}
+    mod.save(tmp_path / "m.accm")
+    back = CompiledModule.load(tmp_path / "m.accm")
+    assert back.target == "numpy_toy" and back.target_versions == {"numpy_toy": "0.1.0"}
+    assert "plug-in targets: numpy_toy 0.1.0" in back.summary()
+
+
+def test_kernel_step_names_a_kernel_the_target_has(toy):
+    class Partial(NumpyTarget):
+        name, version = "partial_toy", "1.0"
+        runtime_kernels = {"relu": lambda attrs, x: np.maximum(x, 0)}
+
+        def lower_body(self, b, name, body, outer, out_tid):
+            self.kernel_step(b, body.ops[0], outer, out_tid)
+    register_target(Partial())
+    try:
+        with pytest.raises(BuildError, match="target 'partial_toy' has no runtime kernel 'add' for add 'sum'; its "
+                                             "kernels are relu"):
+            build_model(_model(), target="partial_toy", fuse=False)
+    finally:
+        unregister_target("partial_toy")
+
+
+def test_built_in_modules_still_record_their_own_target():
+    assert build_model(_model(), target="cpu").target == "cpu"
+    mod = build_model(zoo.mlp(), target="accel", config="tiny")
+    assert mod.target == "accel" and mod.target_versions == {}
