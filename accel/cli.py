@@ -530,8 +530,8 @@ def _model_timing_outputs(args, mod, ex) -> None:
 def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX model file")
     p.add_argument("--target", default="accel", metavar="TARGET",
-                   help="a registered target (compiler.targets; the build names them if TARGET is not one): accel "
-                        "(int8, CPU fallback), cpu, or a GPU: opencl (OpenCL C; PoCL runs it on the CPU where there "
+                   help="a registered or installed target (`accel targets` lists them; plug-ins: "
+                        "docs/compiler.md): accel (int8, CPU fallback), cpu, or a GPU: opencl (OpenCL C; PoCL runs it on the CPU where there "
                         "is no GPU) or cuda (PTX); ops without a GPU kernel run on the CPU (default: %(default)s)")
     _config_arg(p)
     p.add_argument("-o", "--output", required=True, help="compiled model file to write (.accm)")
@@ -563,6 +563,8 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
 def _compile(args) -> int:
     from compiler.frontend import from_onnx
     from compiler.graph_build import build_model
+    from compiler.targets import get_target
+    needs_config = get_target(args.target).needs_config   # an unknown TARGET: the registered ones, before any work
     shapes, force = shape_specs(args.shape), force_specs(args.force)
     t0 = time.perf_counter()
     with progress.task(f"compile import {Path(args.model).name}"):
@@ -570,7 +572,7 @@ def _compile(args) -> int:
     cal = _calibration(args.calibration, list(graph.inputs))
     bar = _Progress("compile" if not args.tune else "compile (tuning each accelerator layer on tsim)")
     try:
-        mod = build_model(graph, target=args.target, config=args.config if args.target == "accel" else None,
+        mod = build_model(graph, target=args.target, config=args.config if needs_config else None,
                           calibration=cal, force_target=force, tune=_cpu_tuning(args), progress=bar)
     finally:
         bar.close()
@@ -586,6 +588,36 @@ def _compile(args) -> int:
         from compiler.graph.passes.partition import explain_table
         print(explain_table(mod.meta.get("partition", []), mod.meta.get("folded")))
     print(f"wrote {args.output} ({Path(args.output).stat().st_size} bytes) in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+@command("targets", "list the compilation targets: built-in, registered and installed plug-ins, with versions")
+def _targets_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.set_defaults(func=_targets)
+
+
+def _targets(args) -> int:
+    """Each target's name, version and where it comes from; loads installed plug-ins (a plug-in
+    that fails to load is listed with its error)."""
+    from compiler.targets import BuildError, get_target, installed_targets, target_names
+    from host_runtime.targets import BUILTIN_TARGETS, ENTRY_POINT_GROUP
+    installed = installed_targets()
+    rows = []
+    for name in dict.fromkeys([*target_names(), *installed]):
+        row = {"name": name, "version": "", "from": "built-in" if name in BUILTIN_TARGETS else
+               f"{ENTRY_POINT_GROUP} entry point {installed[name]}" if name in installed else "registered"}
+        try:
+            t = get_target(name)
+            row.update(version=t.version, title=t.title)
+        except BuildError as e:
+            row["error"] = str(e)
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['name']:12} {r['version'] or '-':10} {r['from']}" + (f"  error: {r['error']}" if "error" in r else ""))
     return 0
 
 

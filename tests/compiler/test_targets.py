@@ -245,6 +245,8 @@ def test_installed_plug_in_package_compiles_saves_and_runs_in_fresh_processes(tm
     assert "target=toy" in out and "plug-in targets: toy 1.2.0" in out and "3 on toy" in out
     assert (tmp_path / "src" / "toy_steps.txt").read_text().split() == ["act", "toy:relu", "sum", "toy:add",
                                                                           "out", "toy:sigmoid"]
+    out = _python(env, "-m", "accel.cli", "targets")
+    assert "toy          1.2.0      accel_kit.targets entry point kit_toy_target:register" in out.splitlines()
     out = _python(env, "-m", "accel.cli", "run", "m.accm", "--input", "x.npy", "--output", "y.npy", "--profile",
                   cwd=tmp_path)
     assert "m.accm: toy_net (toy) on the CPU" in out
@@ -287,7 +289,7 @@ register_target(SelfReg())
 """
 
 
-def test_installed_plug_in_forms_and_failures(tmp_path, monkeypatch):
+def test_installed_plug_in_forms_and_failures(tmp_path, monkeypatch, capsys):
     """An entry point may name a module that registers on import; one that fails to import or
     registers nothing is one BuildError naming the target and its entry point."""
     make_dist(tmp_path, "kit-forms", "1.0", {"selfreg": "selfreg_mod", "broken_tgt": "broken_mod",
@@ -307,6 +309,10 @@ def test_installed_plug_in_forms_and_failures(tmp_path, monkeypatch):
         with pytest.raises(BuildError, match=r"^installed target 'silent_tgt' \(accel_kit.targets entry point "
                                              r"silent_mod:setup\) loaded but registered no target of that name$"):
             get_target("silent_tgt")
+        assert cli_main(["targets", "--json"]) == 0
+        rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+        assert rows["selfreg"]["version"] == "3.1" and rows["cpu"]["from"] == "built-in"
+        assert rows["silent_tgt"]["error"].endswith("registered no target of that name")
     finally:
         unregister_target("selfreg")
 
