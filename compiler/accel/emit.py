@@ -59,8 +59,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     S = t.vt
     rows_max = (t.h_t - 1) * sh + spec.kh
     cols_max = (t.w_t - 1) * sw + spec.kw
-    res_off = t.ic_t * rows_max * cols_max  # a fused residual's tile follows the input chunk
-    inp_slot, wgt_slot = res_off + (t.o_t * t.h_t * t.w_t if residual else 0), t.o_t * t.ic_t * khw
+    # input chunks rotate through S slots; a fused residual's tiles through S regions past them (one a
+    # tile slot), so that a tile's residual can come in pieces beside its chunks, not all at its end
+    inp_slot, wgt_slot = t.ic_t * rows_max * cols_max, t.o_t * t.ic_t * khw
+    res_slot = t.o_t * t.h_t * t.w_t
     ident_idx = cfg.wgt_depth - 1
     if channel_scales is not None and (residual is not None or requant.shift or requant.fixed_point):
         raise TilingError(f"{spec.name}: per-channel scales take the whole requantization (no fused residual, "
@@ -164,7 +166,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             islot = j % S
             wslot = (group % S) if resident else islot
             inp_base, wgt_base = (0 if inp_resident else islot * inp_slot), wslot * wgt_slot
-            res_base = islot * inp_slot + res_off   # a fused residual's tile, beside the last chunk
+            res_base = S * inp_slot + (ti % S) * res_slot   # a fused residual's tile
 
             def gemm_by_block(band=None):   # the chunk's GEMM over (block, pixel); band: pixels p0..p1-1
                 return stream.kernel(
@@ -218,16 +220,26 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 if residual is not None:
                     if j == 0:
                         stream.load_2d(MemType.WGT, ident_idx, residual.ident, 0, x_size=1)
-                    if last_chunk and blocks_in_one(h_a):
+                    if n_ic == 1 and blocks_in_one(h_a):
                         stream.load_2d(MemType.INP, res_base, residual.buf, ((n * g.ob + o0) * spec.oh + h0) * spec.ow,
                                        y_size=o_a, x_size=h_a * w_a, x_stride=spec.oh * spec.ow)
-                    elif last_chunk:
+                    elif n_ic == 1:
                         for o in range(o_a):
                             entry = ((n * g.ob + o0 + o) * spec.oh + h0) * spec.ow + w0
                             stream.load_2d(MemType.INP, res_base + o * h_a * w_a, residual.buf, entry,
                                            y_size=h_a, x_size=w_a, x_stride=spec.ow)
             new_group = False
             pipe.after_load()
+            if residual is not None and not last_chunk:
+                # with several chunks the residual comes in pieces (its rows, block by block), one after
+                # each chunk but the last: the load stage moves them while it waits for the next slot,
+                # and the last chunk's token covers them (one piece at the tile's end would stall compute)
+                u0, u1 = o_a * h_a * ci // (n_ic - 1), o_a * h_a * (ci + 1) // (n_ic - 1)
+                for o in range(u0 // h_a, _ceil(u1, h_a)):
+                    a, z = max(u0 - o * h_a, 0), min(u1 - o * h_a, h_a)
+                    entry = ((n * g.ob + o0 + o) * spec.oh + h0 + a) * spec.ow + w0
+                    stream.load_2d(MemType.INP, res_base + (o * h_a + a) * w_a, residual.buf, entry,
+                                   y_size=z - a, x_size=w_a, x_stride=spec.ow)
             # ---- compute stage: a tile's first chunk starts its sums (they need no input) while its loads run
             if ci == 0:
                 pipe.before_tile(ti)
