@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -113,15 +115,32 @@ def registered_targets() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+_EP_CACHE: list = [None, ()]   # [key, entry points]: the scan costs tens of ms, a refused file must not
+
+
+def _entry_points() -> tuple:
+    """The installed entry points of the group, rescanned when sys.path or a folder on it changes."""
+    key = []
+    for p in sys.path:
+        try:
+            key.append((p, os.stat(p or ".").st_mtime_ns))
+        except OSError:
+            key.append((p, None))
+    key = tuple(key)
+    if _EP_CACHE[0] != key:
+        try:
+            eps = tuple(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+        except Exception as e:  # noqa: BLE001 - a broken distribution's metadata must not stop the kit
+            log.warning("cannot read the installed %s entry points: %s", ENTRY_POINT_GROUP, e)
+            eps = ()
+        _EP_CACHE[:] = [key, eps]
+    return _EP_CACHE[1]
+
+
 def installed_targets() -> dict[str, str]:
     """Plug-in targets installed as entry points (group accel_kit.targets): name -> entry point value."""
-    try:
-        eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-    except Exception as e:  # noqa: BLE001 - a broken distribution's metadata must not stop the kit
-        log.warning("cannot read the installed %s entry points: %s", ENTRY_POINT_GROUP, e)
-        return {}
     out: dict[str, str] = {}
-    for ep in eps:
+    for ep in _entry_points():
         out.setdefault(ep.name, ep.value)
     return out
 
@@ -139,10 +158,7 @@ def _load_installed(name: str) -> None:
         if _LOADED[name] is not None:
             raise _LOADED[name]
         return
-    try:
-        eps = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    except Exception:  # noqa: BLE001 - unreadable metadata: the name is then simply not installed
-        return
+    eps = [ep for ep in _entry_points() if ep.name == name]
     if not eps:
         return
     values = sorted({ep.value for ep in eps})

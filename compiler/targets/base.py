@@ -221,7 +221,10 @@ def unregister_target(name: str) -> None:
 def get_target(name: str) -> Target:
     """The registered target `name`, loading an installed plug-in of that name first if need be;
     BuildError lists the registered and installed ones otherwise."""
-    if name not in _REGISTRY and isinstance(name, str) and name.isidentifier():
+    if not isinstance(name, str):
+        raise BuildError(f"target must be a name such as 'cpu', got {type(name).__name__}; targets are "
+                         f"{', '.join(_REGISTRY)}")
+    if name not in _REGISTRY and name.isidentifier():
         try:
             resolve_target(name)   # imports an installed plug-in, which registers itself here
         except UnknownTargetError:
