@@ -41,6 +41,7 @@ from ..accel.conv2d import (
     plan_conv2d,
     residual_identity,
 )
+from ..accel.depthwise_cost import accel_depthwise_seconds, is_depthwise
 from ..accel.eltwise import emit_add, identity_weights
 from ..accel.grouped import (
     emit_grouped_conv2d,
@@ -88,6 +89,10 @@ class AccelRules:
     #: MACs useful (15/16 wasted at block 16, 3/4 at block 4); offloading it would put a
     #: MobileNet's offloaded layers far above the ideal cycles.
     max_grouped_waste: float = 0.75
+    #: depthwise convolutions (one group per channel) go by the cost estimate instead: the diagonal
+    #: GEMM's cycles against the host's int8 kernel and the pack/unpack around it
+    #: (compiler.accel.depthwise_cost, through both targets' estimate_cost); False: the waste rule
+    depthwise_by_cost: bool = True
     #: int8 ops with an accelerator lowering: GEMM layers and ALU elementwise ops.
     gemm_ops: tuple[str, ...] = ("qconv2d", "qdense")
     alu_ops: tuple[str, ...] = ("relu", "clip", "qadd", "max_pool2d")
@@ -128,10 +133,11 @@ def check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> Decline | None:
     groups = n.attrs.get("groups", 1) if n.op == "qconv2d" else 1
     if n.op == "qconv2d" and tuple(n.attrs["dilations"]) != (1, 1):
         return Decline(f"{_label(n)}: dilated convolution is not supported by the accelerator lowering", "dilated")
+    by_cost = rules.depthwise_by_cost and is_depthwise(n)   # the partition weighs both targets' estimates
     if groups != 1:   # GEMMs on merged channel slices (compiler.accel.grouped)
         kind = "depthwise" if groups == _channels(n.inputs[0]) else "grouped"
         w = grouped_waste(groups, cin, cout, cfg.block_in, cfg.block_out)
-        if w > rules.max_grouped_waste:
+        if w > rules.max_grouped_waste and not by_cost:
             return Decline(f"{_label(n)}: {kind} convolution (groups={groups}) as GEMMs on channel slices wastes "
                            f"{w:.0%} of the GEMM core (max_grouped_waste {rules.max_grouped_waste:.0%})", kind,
                            hard=False)
@@ -142,7 +148,7 @@ def check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> Decline | None:
             return Decline(f"{_label(n)}: {c} {what} {'<' if c < block else 'padded to'} {key} {block} wastes "
                            f"{w:.0%} of the GEMM core", "shape", hard=False)
     eff, macs, nbytes = roofline_efficiency(n, cfg)
-    if eff < rules.min_roofline_efficiency:
+    if eff < rules.min_roofline_efficiency and not by_cost:   # (the cost estimate counts the DRAM traffic)
         return Decline(f"{_label(n)}: memory-bound, {macs / nbytes:.1f} MACs per DRAM byte keep the GEMM core at most "
                        f"{eff:.0%} busy ({cfg.macs_per_cycle / cfg.bus_bytes:.0f} needed on the {cfg.bus_bytes}-byte "
                        f"bus)", "cost", hard=False)
@@ -278,6 +284,8 @@ class AccelTarget(Target):
         cfg = ctx.config
         if n.op not in (ctx.rules or ACCEL_RULES).gemm_ops:
             return 0.0   # elementwise ops ride in the producer's program
+        if (ctx.rules or ACCEL_RULES).depthwise_by_cost and is_depthwise(n):
+            return accel_depthwise_seconds(n, cfg)   # the planner's cycles of the diagonal GEMM
         eff, macs, _ = roofline_efficiency(n, cfg)
         if n.op == "qconv2d" and n.attrs.get("groups", 1) != 1:   # the MACs the merged slices execute
             macs /= 1.0 - grouped_waste(n.attrs["groups"], n.inputs[0].shape[1], n.shape[1], cfg.block_in,

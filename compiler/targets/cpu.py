@@ -21,6 +21,7 @@ from host_runtime.executor import KernelSource, Step
 from host_runtime.kernel_cache import compile_ir, verify_ir
 
 from .. import te
+from ..accel.depthwise_cost import cpu_depthwise_seconds, is_depthwise
 from ..autotune import CpuTuner
 from ..build import build, parse_target
 from ..errors import CompilerError
@@ -195,6 +196,14 @@ class CpuTarget(Target):
 
     def placement_kind(self, node: Node, ctx: PlacementContext) -> str:
         return "target"
+
+    def estimate_cost(self, node: Node, ctx: PlacementContext) -> float | None:
+        """Seconds of an int8 depthwise conv (compiler.accel.depthwise_cost: the kernel, and the
+        unpack/pack when its producer runs elsewhere); no model (None) for other nodes."""
+        if not is_depthwise(node):
+            return None
+        beside = any(ctx.where.get(id(i), self.name) != self.name for i in node.inputs if not i.is_const)
+        return cpu_depthwise_seconds(node, beside_accel=beside)
 
     def kernels(self, b: Builder) -> Kernels:
         """This build's LLVM kernels (made on first use: other targets fall back to the CPU too)."""

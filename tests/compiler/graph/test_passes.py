@@ -1,4 +1,6 @@
 """One focused test (or a few) per graph pass: Before/Expected structure and numerics."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -168,7 +170,8 @@ def test_partition_declines_with_reasons_from_one_rule_table():
     g = partition(q, PRESETS["default"])
     assert g.find("conv2").target == "accel" and g.find("conv1").target == "cpu"
     assert "Conv 'conv1': 3 input channels" in partition_table(g)
-    dw = {d.name: d for d in decide(quantized(zoo.depthwise_separable()), PRESETS["default"])}
+    dw = {d.name: d for d in decide(quantized(zoo.depthwise_separable()), PRESETS["default"],
+                                    rules=replace(ACCEL_RULES, depthwise_by_cost=False))}   # the waste rule
     assert dw["dw"].reason == ("Conv 'dw': depthwise convolution (groups=16) as GEMMs on channel slices wastes 94% "
                                "of the GEMM core (max_grouped_waste 75%)") and dw["dw"].kind == "depthwise"
 

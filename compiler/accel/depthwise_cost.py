@@ -1,0 +1,125 @@
+"""Where a depthwise convolution runs: the host CPU's int8 kernel or the accelerator's diagonal GEMM,
+by a cost estimate of each (seconds), which the targets' estimate_cost report to the partition.
+
+A depthwise conv (one group per channel) goes onto the GEMM core as channel slices of block_in
+groups with diagonal weights (compiler.accel.grouped): one GEMM micro-op per pixel, tap and channel
+block, 1/block_in of its MACs useful. On the CPU it is the int8 qconv2d kernel, at the host's
+depthwise throughput, plus what leaving the accelerator costs: the runtime unpacks its input from
+and packs its output back to the blocked layout (a read and a write of each tensor) and runs two
+more host steps. No quantize/dequantize: both sides compute int8 and exchange int8 tensors.
+
+The host's figures are a HostModel: measured ones for the machine that runs the module (the
+default, HOST_MODELS["x86-dev"], this project's 2-core build machine) or modelled ones for a
+board's own CPU (HOST_MODELS["pynq-z1"], a Cortex-A9). The accelerator's side is the planner's
+cycle estimate of the grouped lowering (compiler.accel.plan), at the config's clock.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from accel.isa import AccelConfig
+
+from ..graph.ir import Node
+from .conv2d import Conv2dSpec, TilingError
+from .grouped import group_spec, grouped_layout
+from .plan import estimate_cycles, plan_conv2d
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """The host CPU as the partition sees it. macs_per_s: the cpu target's int8 depthwise kernel
+    (MACs per second) at stride 1, strided_macs_per_s at larger strides (its schedule runs them far
+    slower); bytes_per_s: tensor bytes the runtime's pack/unpack convert per second; step_s: the
+    fixed cost of one host step (dispatch, threads)."""
+    name: str
+    macs_per_s: float
+    strided_macs_per_s: float
+    bytes_per_s: float
+    step_s: float
+
+
+HOST_MODELS = {
+    # measured: best of 6 runs of MobileNetV2's (bench/e2e.py) depthwise layers and their
+    # pack/unpack steps on the fsim driver, 2-core x86 build machine shared with other jobs:
+    # stride 1 at 3.2-4.0 GMAC/s (the best layers), stride 2 at 0.2-1.1, pack/unpack 2.2-3.5 GB/s,
+    # the smallest step 27 us
+    "x86-dev": HostModel("x86-dev", macs_per_s=3.5e9, strided_macs_per_s=0.8e9, bytes_per_s=3.0e9, step_s=30e-6),
+    # modelled: a 650 MHz Cortex-A9 with NEON, 8 int8 MACs per cycle at best, a quarter of that
+    # reached on a 3x3 window (strided: half again); 32-bit DDR3, about 0.5 GB/s for copies
+    "pynq-z1": HostModel("pynq-z1", macs_per_s=1.3e9, strided_macs_per_s=0.65e9, bytes_per_s=0.5e9, step_s=50e-6),
+}
+DEFAULT_HOST = "x86-dev"
+
+
+def host_model(name: str | None = None) -> HostModel:
+    """The HostModel `name` (default DEFAULT_HOST); ValueError names the known ones."""
+    try:
+        return HOST_MODELS[name or DEFAULT_HOST]
+    except KeyError:
+        raise ValueError(f"unknown host model {name!r}; models are {', '.join(HOST_MODELS)}") from None
+
+
+def _channels(t: Node) -> int:
+    return t.shape[1] * t.shape[-1] if len(t.shape) == 6 else t.shape[1]
+
+
+def is_depthwise(n: Node) -> bool:
+    """An int8 conv with one group per channel (input channels == groups) whose weights vary over
+    the window: not a channel epilogue (a batch norm or average pool as a depthwise conv, one weight
+    per channel), which the accelerator takes by its own rule."""
+    if n.op != "qconv2d" or n.attrs.get("groups", 1) == 1 or n.attrs["groups"] != _channels(n.inputs[0]):
+        return False
+    w = n.inputs[1]
+    return not (w.is_const and w.value.ndim == 4 and bool(np.all(w.value == w.value[:, :, :1, :1])))
+
+
+def _spec(n: Node) -> Conv2dSpec:
+    """The layer as the accelerator lowering sees it (NCHW shapes, before packing)."""
+    x, w = n.inputs[0].shape, n.inputs[1].shape
+    pt, pl, pb, pr = n.attrs["pads"]
+    return Conv2dSpec(x[0], x[1], x[2], x[3], n.shape[1], w[2], w[3], (pt, pb, pl, pr), tuple(n.attrs["strides"]),
+                      n.name)
+
+
+def accel_depthwise_cycles(n: Node, cfg: AccelConfig) -> float:
+    """Cycles of the diagonal-GEMM lowering (compiler.accel.grouped): the planner's estimate of one
+    channel slice's program times the slices and batch blocks; where no tiling fits, the GEMM
+    micro-ops alone (one per output pixel, tap and channel block)."""
+    spec = _spec(n)
+    groups = n.attrs["groups"]
+    k, _ = grouped_layout(groups, spec.c, spec.o, cfg.block_in, cfg.block_out)
+    batches = -(-spec.n // cfg.batch)
+    slices = -(-groups // k)
+    try:
+        gs = group_spec(spec, slices, cfg.batch) if k < groups else spec
+        cyc = estimate_cycles(gs, cfg, plan_conv2d(gs, cfg, 2, False))["cycles"]
+        return cyc * (slices if k < groups else 1) * batches
+    except (TilingError, ValueError):
+        oh, ow = n.shape[2:]
+        return batches * oh * ow * spec.kh * spec.kw * -(-spec.o // cfg.block_out)
+
+
+def accel_depthwise_seconds(n: Node, cfg: AccelConfig) -> float:
+    return accel_depthwise_cycles(n, cfg) / (cfg.clock_mhz * 1e6)
+
+
+def cpu_depthwise_seconds(n: Node, host: HostModel | None = None, beside_accel: bool = True) -> float:
+    """The int8 kernel's MACs at the host's rate; beside_accel: the input is unpacked from and the
+    output packed back to the accelerator's layout (two more host steps, each tensor converted once)."""
+    host = host or host_model()
+    w = n.inputs[1].shape
+    macs = math.prod(n.shape) * math.prod(w[1:])
+    rate = host.macs_per_s if tuple(n.attrs["strides"]) == (1, 1) else host.strided_macs_per_s
+    t = macs / rate   # its own step is not counted: running it on the accelerator is one host step too
+    if beside_accel:
+        nbytes = math.prod(n.inputs[0].shape) + math.prod(n.shape)   # int8, unpacked once and packed once
+        t += nbytes / host.bytes_per_s + 2 * host.step_s
+    return t
+
+
+def depthwise_costs(n: Node, cfg: AccelConfig, host: HostModel | None = None) -> dict[str, float]:
+    """Both estimates of a depthwise layer (seconds), for reports and --explain."""
+    return {"cpu_s": cpu_depthwise_seconds(n, host), "accel_s": accel_depthwise_seconds(n, cfg)}
