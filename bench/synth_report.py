@@ -36,7 +36,7 @@ from accel.hw.fpga.calibrate import cached_synthesize  # noqa: E402
 from accel.hw.fpga.errors import FpgaError  # noqa: E402
 from accel.hw.fpga.estimate import estimate  # noqa: E402
 from accel.hw.fpga.estimate_timing import path_estimate  # noqa: E402
-from accel.hw.fpga.rtl import rtl_for_config  # noqa: E402
+from accel.hw.fpga.rtl import family_config, rtl_for_config  # noqa: E402
 from accel.isa import PRESETS, AccelConfig, ConfigError, resolve_config  # noqa: E402
 
 KiB = 1024
@@ -186,7 +186,8 @@ def main(argv=None) -> int:
     if not args.no_ecp5:
         cands = [(args.ecp5_config, resolve_config(args.ecp5_config))] if args.ecp5_config else ecp5_candidates()
         tried = []
-        for name, cfg in cands:
+        for name, asked in cands:
+            cfg = family_config(asked, "ecp5")   # as the ECP5 flow builds it: no DSP packing
             print(f"ecp5: {name} ({cfg.digest()}) synthesis + place and route ...", flush=True)
             rep = cached_synthesize(cfg, "ecp5", part=part(ECP5_PART), pnr=True, timeout=args.timeout)
             s = summary(name, cfg, rep)

@@ -118,7 +118,7 @@ def resources(cfg, part, synth: str, work_dir: str | None, board_max_mhz: float 
     est = estimate(cfg, part.family, part)
     util, fit, fmax, basis = est.utilization, est.fit, est.fmax_mhz, est.fmax_basis
     if synth == "yosys":
-        rep = fpga_synth.synthesize(fpga_rtl.rtl_for_config(cfg), part.family, work_dir, part=part, config=cfg,
+        rep = fpga_synth.synthesize(fpga_rtl.rtl_for_config(fpga_rtl.family_config(cfg, part.family)), part.family, work_dir, part=part, config=cfg,
                          pnr=part.family == "ecp5", bitstream=False)
         util, fit = rep.utilization, rep.fit
         if rep.timing and rep.timing.get("fmax_mhz"):

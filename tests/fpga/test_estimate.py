@@ -2,6 +2,7 @@
 model's error on configurations left out of its calibration."""
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 from conftest import needs_yosys
 from memprobe import run_probe
 
-from accel.hw.fpga import calibrate, rtl_for_config
+from accel.hw.fpga import FpgaError, calibrate, family_config, rtl_for_config
+from accel.hw.fpga import cli as cli_mod
 from accel.hw.fpga import synth as synth_mod
 from accel.hw.fpga.estimate import (
     Mul,
@@ -91,6 +93,37 @@ def test_default_core_fits_the_xc7z020_dsps_and_block_rams():
     assert u["dsp"] == 128 + 16 * 4 + 2 + 2 <= 220 and u["bram"] <= 140   # yosys: 196 DSP, 137 BRAM
     # without packing every GEMM product takes a DSP: the part's 220 are not enough
     assert estimate(preset("default").replace(dsp_packing=False), "xc7").utilization["dsp"] == 256 + 64 + 2 + 2
+
+
+def test_ecp5_builds_without_dsp_packing(monkeypatch, caplog, tmp_path):
+    """A MULT18X18D cannot hold two int8 products: the ECP5 flow and estimate build the GEMM
+    unpacked (one log line; the config's key stays), Xilinx keeps packing."""
+    cfg = preset("default")
+    assert cfg.dsp_packing
+    with caplog.at_level("INFO", logger="accel.hw.fpga.rtl"):
+        built = family_config(cfg, "ecp5")
+    assert not built.dsp_packing and "without dsp_packing" in caplog.text
+    assert built.replace(dsp_packing=True) == cfg and family_config(cfg, "xc7") is cfg
+    assert family_config(built, "ecp5") is built
+    assert AccelConfig.from_dict(built.to_dict()).dsp_packing is False
+    # the estimate is the unpacked build's on ECP5, the packed one's on xc7
+    unpacked = cfg.replace(dsp_packing=False)
+    assert estimate(cfg, "ecp5").utilization == estimate(unpacked, "ecp5").utilization
+    gemm = [m for m in multipliers(built) if m.module == "compute.gemm"]
+    assert gemm[0].count == cfg.macs_per_cycle
+    assert estimate(cfg, "xc7").utilization["dsp"] < estimate(unpacked, "xc7").utilization["dsp"]
+    # `accel synth --family ecp5` generates and reports the unpacked config; xc7 the packed one
+    seen = []
+
+    def fake_rtl(c, *a, **k):
+        seen.append(c)
+        raise FpgaError("stop here")
+    monkeypatch.setattr(cli_mod, "rtl_for_config", fake_rtl)
+    for fam, packing in (("ecp5", False), ("xc7", True)):
+        with pytest.raises(FpgaError, match="stop here"):
+            cli_mod.synth_run(argparse.Namespace(config="default", family=fam, part=None, output=str(tmp_path),
+                                                 verilog=None))
+        assert seen[-1].dsp_packing is packing
 
 
 # ---- inventory against the RTL -------------------------------------------------------------------

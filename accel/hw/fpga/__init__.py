@@ -6,5 +6,5 @@ reports; estimate.py models resources per module, calibrated by calibrate.py.
 """
 from .errors import FpgaError, PortError, RtlUnavailableError, ToolError
 from .ports import AxiInterface, Port, TopPorts, read_top_ports
-from .rtl import RtlSource, make_rtl, rtl_for_config, rtl_from_files
+from .rtl import RtlSource, family_config, make_rtl, rtl_for_config, rtl_from_files
 from .vivado import BuildResult, lint_wrapper, write_project

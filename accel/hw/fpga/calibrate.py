@@ -31,7 +31,7 @@ from accel.isa import PRESETS, AccelConfig
 from . import estimate as est
 from .estimate_timing import path_estimate
 from .memmap import map_memory
-from .rtl import rtl_for_config
+from .rtl import family_config, rtl_for_config
 from .synth import synthesize
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ def cached_synthesize(cfg: AccelConfig, family: str, *, part=None, pnr: bool = F
                       timeout: float | None = None) -> dict:
     """The report dict of synthesizing `cfg` for `family`, from the cache when the same Verilog,
     family, part and options were synthesized before. Adds "cached" and "out_dir"."""
+    cfg = family_config(cfg, family)    # ECP5: no DSP packing; a passed `rtl` must be of this config
     rtl = rtl or rtl_for_config(cfg)
     p = part or default_part(family)
     pname = p if isinstance(p, str) else p.name
@@ -128,9 +129,10 @@ def record_of(name: str, cfg: AccelConfig, rep: dict, rtl_sha: str) -> dict:
 
 def run(names: list[str], families: list[str], pnr: bool, path: Path = DATA_PATH) -> None:
     for name in names:
-        cfg = ALL[name]
-        rtl = rtl_for_config(cfg)
+        rtls = {}
         for fam in families:
+            cfg = family_config(ALL[name], fam)
+            rtl = rtls.get(cfg) or rtls.setdefault(cfg, rtl_for_config(cfg))
             t0 = time.monotonic()
             rep = cached_synthesize(cfg, fam, pnr=pnr and fam == "ecp5", rtl=rtl)
             rec = record_of(name, cfg, rep, rtl.sha256)

@@ -22,7 +22,7 @@ from accel.isa import resolve_config
 from . import synth
 from .errors import FpgaError
 from .estimate import estimate, model_is_current
-from .rtl import rtl_for_config, rtl_from_files
+from .rtl import family_config, rtl_for_config, rtl_from_files
 from .synth import format_table, over_limits, write_report
 from .vivado import write_project
 
@@ -116,7 +116,11 @@ def synth_add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def synth_run(args) -> int:
-    cfg = resolve_config(args.config)
+    asked = resolve_config(args.config)
+    cfg = family_config(asked, args.family)
+    if cfg != asked and not getattr(args, "verilog", None):
+        print(f"note: {args.family}: building without dsp_packing (no DSP saved on this family, only LUTs "
+              f"spent); config {asked.digest()} as built is {cfg.digest()}", file=sys.stderr)
     p = part(args.part) if args.part else default_part(args.family)
     out = Path(args.output or f"synth-{args.family}-{cfg.digest()}")
     rtl = _rtl(args, cfg)

@@ -35,6 +35,7 @@ from accel.isa.config import INSN_BITS, SIZE_BITS
 
 from .errors import FpgaError
 from .memmap import MemShape, map_memory
+from .rtl import family_config
 from .synth import fit_check
 
 MODEL_PATH = Path(__file__).resolve().parent / "estimate_model.json"
@@ -253,6 +254,7 @@ def estimate(cfg: AccelConfig, family: str = "xc7", part: Part | None = None,
         raise FpgaError(f"unknown FPGA family {family!r}; families are {', '.join(_DSP)}")
     part = part or default_part(family)
     model = model or load_model()
+    cfg = family_config(cfg, family)     # what the flow builds for the family (ECP5: no DSP packing)
     base = "xc7"  # LUT/FF groups are fitted on 7-series results
     groups = model["families"][base]["groups"]
     feats = features(cfg)

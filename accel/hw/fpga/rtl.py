@@ -1,7 +1,8 @@
 """The accelerator's Verilog as the FPGA flow consumes it: one source file, its top module, the
 grouped top-level ports and the generator's description (register map).
 
-`rtl_for_config` asks the kit's generator (accel.hw.verilog) for a config; `rtl_from_files` reads a
+`rtl_for_config` asks the kit's generator (accel.hw.verilog) for a config (`family_config` first
+adapts it to the FPGA family: no DSP packing on ECP5); `rtl_from_files` reads a
 Verilog file (and optionally its description JSON) written elsewhere, which is also how tests feed
 the flow a stand-in core.
 """
@@ -22,6 +23,18 @@ from .errors import FpgaError, RtlUnavailableError
 from .ports import TopPorts, read_top_ports
 
 log = logging.getLogger(__name__)
+
+
+def family_config(cfg: AccelConfig, family: str | None) -> AccelConfig:
+    """The config as built for `family`. ECP5: dsp_packing off, because a MULT18X18D cannot hold
+    the two int8 products of the Xilinx packing (no 25x18 multiplier with a wide enough output),
+    so packing saves no DSP there and only adds the split's LUTs. The JSON key is kept; the
+    change is logged. Other families: unchanged."""
+    if family == "ecp5" and cfg.dsp_packing:
+        log.info("ecp5: building config %s without dsp_packing (a MULT18X18D holds one int8 product; "
+                 "packing would add LUTs, save no DSP)", cfg.digest())
+        return cfg.replace(dsp_packing=False)
+    return cfg
 
 
 @dataclass
@@ -133,8 +146,10 @@ def _normalize_result(result, out_dir: Path):
     return verilog, (desc if isinstance(desc, dict) else {})
 
 
-def rtl_for_config(cfg: AccelConfig, work_dir: str | Path | None = None) -> RtlSource:
-    """Generate the accelerator's Verilog for `cfg` with the kit's generator."""
+def rtl_for_config(cfg: AccelConfig, work_dir: str | Path | None = None, *, family: str | None = None) -> RtlSource:
+    """Generate the accelerator's Verilog for `cfg` with the kit's generator (as built for
+    `family`, when given: `family_config`)."""
+    cfg = family_config(cfg, family)
     with tempfile.TemporaryDirectory(prefix="accel-rtl-") as tmp:
         out = Path(work_dir) if work_dir is not None else Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
