@@ -70,6 +70,7 @@ MAX_RANK = 8
 MAX_ITEMS = 1 << 20          # steps, tensors, segments, constants, blobs, kernels
 MAX_NAME = 4096              # characters of a name, op, symbol or note
 MAX_INSNS = 1 << 24          # instructions of one accelerator step
+MAX_TARGETS = 64             # plug-in targets one module may record
 #: element types a tensor or constant may have
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
           "float64")
@@ -464,7 +465,10 @@ class ModuleImage:
                 sigs[f.str(sym, ws)] = params
             kernels.append(KernelSource(ir, sigs))
         versions = {}
-        for t, v in f.obj(h.get("target_versions") or {}, "target_versions").items():
+        tv = f.obj(h.get("target_versions") or {}, "target_versions")
+        if len(tv) > MAX_TARGETS:
+            f.fail("target_versions", f"names {len(tv)} targets, at most {MAX_TARGETS} allowed")
+        for t, v in tv.items():
             if not isinstance(v, str) or not _VERSION.fullmatch(v):
                 f.fail(f"target_versions.{t[:40]}", f"= {_short(v)}; expected a version such as '1.0.0'")
             versions[t] = v

@@ -100,6 +100,8 @@ CASES = [
     (lambda h: h["target_versions"].__setitem__("cpu", "1.0"), r"records a version for the built-in target 'cpu'"),
     (lambda h: h.__setitem__("target_versions", ["toy"]), r"'target_versions' must be an object"),
     (lambda h: h["target_versions"].__setitem__(EVIL, "1.0"), f"target '{EVIL}' is not registered or installed"),
+    (lambda h: h.__setitem__("target_versions", {f"t{k}": "1.0" for k in range(10000)}),
+     r"'target_versions' names 10000 targets, at most 64 allowed"),
 ]
 
 
