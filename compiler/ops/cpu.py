@@ -222,11 +222,31 @@ def _begin(outs, *tags):
 
 
 def _schedule_rest(s, keep, **flat):
-    """Every stage but `keep` (pack, pad, unpack, epilogues) at root, flat: parallel, vectorized."""
+    """Every stage but `keep` (pack, pad, unpack, epilogues) at root, flat: parallel, vectorized;
+    an NCHW -> NCHWc input pack as a row transpose (schedule_pack_nchwc)."""
     for st in s.stages:
         if st.is_placeholder or st.attach_type == "inline" or any(st is k for k in keep):
             continue
-        schedule_flat(s, st.op.output(0), **flat)
+        if not schedule_pack_nchwc(st, parallel=flat.get("parallel", True)):
+            schedule_flat(s, st.op.output(0), **flat)
+
+
+def schedule_pack_nchwc(st, parallel: bool = True) -> bool:
+    """NCHW -> NCHW[bn]c (nn.pack_nchwc): per (n, channel block, row) parallel, pixels in order and
+    the bn channel lanes unrolled inside, so every source plane is read as a stream and each
+    packed pixel written whole; flat vectorization over the lanes would gather from bn planes
+    with a division per element. False (nothing done) for any other stage."""
+    op = st.op
+    if (not isinstance(op, ComputeOp) or op.reduce_axis or "pack" not in op.tag.split(",")
+            or len(op.axis) != 5 or not 1 < op.shape[4] <= 64 or len(op.input_tensors()) != 1
+            or len(op.input_tensors()[0].shape) != 4):
+        return False
+    n, co, y, x, ci = op.axis
+    outer = st.fuse(n, co, y)
+    st.unroll(ci)
+    if parallel and math.prod(op.shape) >= PARALLEL_MIN:
+        st.parallel(outer)
+    return True
 
 
 def conv_blocks(C: int, O: int, dtype: str = "float32", oc_bn: int | None = None, ic_bn: int | None = None):
@@ -237,12 +257,29 @@ def conv_blocks(C: int, O: int, dtype: str = "float32", oc_bn: int | None = None
     return ic, oc
 
 
+def _nchw_consumer(s, outs, conv):
+    """The stage of the single NCHW output that is the only reader of the NCHWc conv (the unpack,
+    with any elementwise epilogue inlined into it), else None."""
+    if len(outs) != 1:
+        return None
+    out = outs[0]
+    N, OCO, OH, OW, ocb = conv.op.output(0).shape
+    if (out.op is conv.op or not isinstance(out.op, ComputeOp) or out.op.reduce_axis
+            or tuple(out.shape) != (N, OCO * ocb, OH, OW)):
+        return None
+    ost = s[out]
+    return ost if s._consumers(conv) == [ost] else None
+
+
 def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
     outs, s, conv = _begin(outs, "conv2d_NCHWc")
-    _schedule_rest(s, (conv,))
     C = conv.op.output(0)
     N, OCO, OH, OW, ocb = C.shape
     rn = largest_divisor(OW, reg_n or knob("reg_n", TILES.conv_reg_n))
+    ost = _nchw_consumer(s, outs, conv) if knob("fuse_unpack", True) else None
+    if ost is not None:
+        return _conv_NCHWc_to_nchw(s, conv, ost, rn)
+    _schedule_rest(s, (conv,))
     CC = s.cache_write(C, "local")
     st = s[C]
     n, oc, oh, ow, ob = st.op.axis
@@ -265,6 +302,36 @@ def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
         cst.unroll(rx)
     cst.unroll(owi2)
     cst.vectorize(ob)
+    return s
+
+
+def _conv_NCHWc_to_nchw(s, conv, ost, rn: int):
+    """The NCHWc accumulator tile (rn pixels x oc block, in registers) written straight to the
+    NCHW output with the epilogue applied, instead of a whole NCHWc tensor unpacked afterwards
+    with strided gathers (a full pass over memory, and over cache lines re-read per channel)."""
+    _schedule_rest(s, (conv, ost))
+    ocb = conv.op.output(0).shape[4]
+    n, c, y, x = ost.op.axis
+    co, ci = ost.split(c, ocb)
+    xo, xi = ost.split(x, rn)
+    ost.reorder(n, co, y, xo, ci, xi)
+    fused = ost.fuse(n, co, y)
+    if parallel_knob(True):
+        ost.parallel(fused)
+    ost.unroll(ci)
+    ost.unroll(xi)
+    conv.set_scope("local")
+    conv.compute_at(ost, xo)
+    n, oc, oh, ow, ob = conv.op.axis
+    ico, ry, rx, ici = conv.op.reduce_axis
+    if knob("order", "ic_outer") == "kernel_outer":
+        conv.reorder(n, oc, oh, ry, rx, ico, ici, ow, ob)
+    else:
+        conv.reorder(n, oc, oh, ico, ry, rx, ici, ow, ob)
+    if knob("unroll_kw", False):
+        conv.unroll(rx)
+    conv.unroll(ow)
+    conv.vectorize(ob)
     return s
 
 
