@@ -141,11 +141,12 @@ def _qparams(n: Node) -> tuple[float, int]:
     return (float(a["scale"]) if a["scale"] else 2.0 ** -a["shift"]), int(a["zero_point"])
 
 
-def int8_avg_pools(graph: Graph) -> Graph:
+def int8_avg_pools(graph: Graph, cfg: AccelConfig | None = None) -> Graph:
     """dequantize -> avg_pool2d -> quantize (an average pool the quantizer left in float: its
     divisors vary) becomes one int8 qavg_pool2d, so the accelerator can take it (and the host
-    skips a float round trip). Pools on float tensors, or feeding only float consumers, stay.
-    The replaced nodes stay in the graph: run eliminate_dead_code after it."""
+    skips a float round trip). Pools on float tensors, or feeding only float consumers, stay; with
+    a cfg, so do those the accelerator would decline (the host's float kernel beats the int8 op's
+    NumPy reference). The replaced nodes stay in the graph: run eliminate_dead_code after it."""
     def fn(n: Node, old: Node):
         if n.op != "quantize" or n.inputs[0].op != "avg_pool2d":
             return None
@@ -160,7 +161,8 @@ def int8_avg_pools(graph: Graph) -> Graph:
             _attrs_hw({**get_op("avg_pool2d").normalize(pool.attrs), **a}, deq.shape[2:])
         except ValueError:
             return None   # a scale ratio no 16-bit multiplier holds: stays float
-        return Node("qavg_pool2d", [deq.inputs[0]], a, name=pool.name, origin=pool.origin)
+        q = Node("qavg_pool2d", [deq.inputs[0]], a, name=pool.name, origin=pool.origin)
+        return q if cfg is None or check_avg_pool(q, cfg) is None else None
     return rewrite(graph, fn)
 
 

@@ -82,8 +82,9 @@ PIPELINE: list[Step] = [
     Step("eliminate_dead_code", lambda g, o: eliminate_dead_code(g), "drop what the rewrites orphaned, so calibration runs only live ops"),
     Step("quantize", _quantize_step, "int8 with power-of-two scales, before partitioning decides by dtype",
          lambda g, o: o.quantize),
-    Step("int8_avg_pools", lambda g, o: eliminate_dead_code(int8_avg_pools(g)), "average pools with border divisors in int8, so the "
-         "accelerator can take them (compiler.accel.avgpool)", lambda g, o: o.quantize and o.accel is not None),
+    Step("int8_avg_pools", lambda g, o: eliminate_dead_code(int8_avg_pools(g, o.config())),
+         "average pools with border divisors in int8 where the accelerator takes them (compiler.accel.avgpool)",
+         lambda g, o: o.quantize and o.accel is not None),
     Step("partition", lambda g, o: partition(g, o.config(), o.force_target, o.rules,
                                              default_targets(o.targets or TARGETS)),
          "targets decide layouts and fusion boundaries", lambda g, o: o.accel is not None or bool(o.targets)),

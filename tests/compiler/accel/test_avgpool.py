@@ -19,7 +19,7 @@ from compiler.accel.avgpool import (
     run_avg_pool,
 )
 from compiler.accel.layout import pack_activation, unpack_activation
-from compiler.frontend.zoo import ModelBuilder, sample_inputs
+from compiler.frontend.zoo import ModelBuilder, ort_quantize, sample_inputs
 from compiler.graph import run as reference_run
 from compiler.graph.errors import GraphError
 from compiler.graph.ir import Graph, Node
@@ -171,6 +171,34 @@ def test_rewrite_only_for_int8_chains():
     g2 = int8_avg_pools(Graph([xi, d, p, q], [xi], [q], ["q"], "g"))
     out = g2.outputs[0]
     assert out.op == "qavg_pool2d" and out.attrs["ratio"] == 2.0 and out.name == "p"
+    # a config whose ALU cannot pool keeps the float pool (its CPU kernel, not the int8 op's NumPy one)
+    odd = AccelConfig(block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024)
+    g3 = int8_avg_pools(Graph([xi, d, p, q], [xi], [q], ["q"], "g"), odd)
+    assert g3.outputs[0].op == "quantize"
+    assert int8_avg_pools(Graph([xi, d, p, q], [xi], [q], ["q"], "g"), PRESETS["tiny"]).outputs[0].op == "qavg_pool2d"
     m = border_model(*CASES[0])
     mod = compiler.build_model(m, target="cpu")
     assert not any(s.op == "qavg_pool2d" for s in mod.steps)
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_onnxruntime_quantized_model_with_zero_points(fmt):
+    """onnxruntime's quantized export (asymmetric activations: zero point -128, scales that are not
+    powers of two): the pool runs on the accelerator with both zero points, bit-exact with the
+    reference and within onnxruntime's own int8 result."""
+    m = border_model(*CASES[1])
+    feeds = sample_inputs(m, 5, seed=2)
+    q = ort_quantize(m, feeds[:4], quant_format=fmt)
+    mod = compiler.build_model(q, target="accel", config="tiny")
+    pool = [n for n in mod.graph.nodes if n.op == "qavg_pool2d"]
+    assert len(pool) == 1 and pool[0].attrs["in_zp"] != 0 and not mod.meta["fallbacks"]
+    assert [s.kind for s in mod.steps if s.op == "qavg_pool2d"] == ["accel"]
+    with Executor(mod, driver="fsim") as ex:
+        out = ex.run(feeds[4], keep=True)
+    _, env = reference_run(mod.graph, feeds[4], keep=True)
+    for n in mod.graph.nodes:
+        if n.name in ex.values and id(n) in env and env[id(n)].dtype == np.int8:
+            np.testing.assert_array_equal(ex.values[n.name], env[id(n)], err_msg=n.name)
+    want = ort.InferenceSession(q.SerializeToString()).run(None, feeds[4])[0]
+    got = next(iter(out.values()))
+    assert np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got) > 0.999
