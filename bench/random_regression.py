@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from randprog import random_program
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))
+
+from randprog import random_program  # noqa: E402 - tests/ is on sys.path only from here
 
 from accel.isa import resolve_config  # noqa: E402
 from accel.isa.errors import AccelError  # noqa: E402

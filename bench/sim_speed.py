@@ -25,11 +25,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from randprog import random_program
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))
+
+from randprog import random_program  # noqa: E402 - tests/ is on sys.path only from here
 
 from accel.isa import resolve_config  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
