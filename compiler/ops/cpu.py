@@ -436,6 +436,35 @@ def schedule_matmul(outs):
     return s
 
 
+def schedule_lrn(outs):
+    """LRN over NCHW: per (n, channel), the parallel loop, the window's sum of squares over the
+    plane into a local buffer (one plane, L1/L2), then the normalization; both vectorized over
+    the flat pixels, the window unrolled."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    out, sq = _find(s, "lrn"), _find(s, "lrn_sqsum")
+    if out is None or sq is None or len(outs) != 1 or out.op is not outs[0].op or len(out.op.axis) != 4:
+        return schedule_reduce(outs)
+    _schedule_rest(s, (out, sq))
+    vl = lanes(out.op.output(0).dtype)
+    n, c, y, x = out.op.axis
+    outer = out.fuse(n, c)
+    po, pi = out.split(out.fuse(y, x), vl)
+    out.vectorize(pi)
+    if math.prod(out.op.shape) >= PARALLEL_MIN:
+        out.parallel(outer)
+    sq.set_scope("local")
+    sq.compute_at(out, outer)
+    n, c, y, x = sq.op.axis
+    (rc,) = sq.op.reduce_axis
+    qo, qi = sq.split(sq.fuse(y, x), vl)
+    sq.reorder(n, c, qo, rc, qi)
+    sq.unroll(rc)
+    sq.vectorize(qi)
+    return s
+
+
 def schedule_pool(outs):
     """Pooling: every reduction stage root, parallel over (n, c, oh) fused."""
     return schedule_reduce(outs)

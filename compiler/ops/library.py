@@ -161,7 +161,7 @@ add_impl("global_max_pool", "llvm", "global_max_pool.generic", lambda x: nn.glob
 add_impl("softmax", "llvm", "softmax.generic", lambda x, *, axis: nn.softmax(x, axis), cpu.schedule_reduce)
 add_impl("layer_norm", "llvm", "layer_norm.generic",
          lambda x, s, b=None, *, axis, epsilon: nn.layer_norm(x, s, b, axis, epsilon), cpu.schedule_reduce)
-add_impl("lrn", "llvm", "lrn.generic", lambda x, **a: nn.lrn(x, **a), cpu.schedule_reduce)
+add_impl("lrn", "llvm", "lrn.generic", lambda x, **a: nn.lrn(x, **a), cpu.schedule_lrn)
 for _kind in ("sum", "mean", "max"):
     add_impl(f"reduce_{_kind}", "llvm", f"reduce_{_kind}.generic",
              lambda x, *, axes, keepdims, kind=_kind: nn.reduce(x, axes, keepdims, kind), cpu.schedule_reduce)
