@@ -1,16 +1,23 @@
-"""TensorAlu: element-wise ALU over accumulator entries, every AluOp of the ISA, one micro-op per cycle.
+"""TensorAlu: element-wise ALU over accumulator entries, every AluOp of the ISA, pipelined.
 
 Stages (S1 = cycle of the micro-op's resolved indices): S1 presents dst and src addresses to the
-two acc read ports; S2 computes op(acc[dst], acc[src] or sign-extended imm) on every lane and
-writes back at the end of S2 (wb_*). The micro-op right behind reads in S1 while S2 writes, so
-the read ports' write-transparency resolves back-to-back dependencies; no stall, no bypass.
+two acc read ports; S2 takes the read entries, selects the operands and multiplies (a x M, below)
+into registers; S3 computes the rest (add, shift, saturate or clamp) and writes back at its end
+(wb_*). A micro-op two behind reads in S1 while S3 writes, which the read ports'
+write-transparency covers; the micro-op right behind (in S2 while its predecessor is in S3) takes
+the S3 result through a bypass into its operand registers. The multiplier works on the entries as
+read in S2, before that bypass, so MUL and SCALE are not accepted in S1 while a micro-op is in S2
+(in_ready low): they issue every other cycle, whatever the indices. The split keeps the acc read,
+the multiply and the add/shift/saturate of one micro-op in different cycles (the single-cycle
+path was 13.9 ns by yosys' estimate of the default core; 10 ns is the goal).
 Lane semantics (acc_width w, wrapping): MIN, MAX signed; ADD, MUL low w bits; SHR by
 s = signed low log2(w)+1 bits of b (arithmetic right by s, or left by -s when s < 0);
 CLIP min(max(a, -b), b); MOV b; CLAMP min(max(a, lo), hi), lo/hi = b's bytes 0/1 as signed;
 REQUANT the CLAMP of (a + r) >> s, s = b[20:16], r = 2^(s-1) when b[21] (neither when w < 22);
 SCALE sat((a * M + 2^(k-1)) >> k), M = b[23:0], k = b[29:24] (b unsigned; a w+24-bit product).
 FLUSH gives the output buffer the clamp of (a + r) >> s with s, r, lo, hi from the immediate (its
-lanes' result) and the accumulator the source entry (the compute stage's write mux; wb_flush).
+lanes' result) and the accumulator the source entry (wb_data: the entry written; wb_out: the
+output buffer's narrowed lanes).
 """
 from __future__ import annotations
 
@@ -22,16 +29,31 @@ from accel.isa import AccelConfig, AluOp
 from accel.isa.config import ALU_IMM_BITS, ALU_OPCODE_BITS
 
 from .layouts import lanes, read_signature
+from .params import MUL_OPS
 
 IDLE_OP = (1 << ALU_OPCODE_BITS) - 1   # an op code the ISA leaves undefined (idle S2; see TensorAlu)
 if IDLE_OP in set(AluOp):
     raise RuntimeError(f"ALU op code {IDLE_OP} is defined by the ISA; the ALU needs an undefined one to idle on")
 
 
-def alu_lane(m: Module, op, a, b, width: int, imm=None):
+def lane_product(a, b, width: int):
+    """The multiplier's part of a lane (S2): (a x M, M = b[23:0] unsigned, signed(width + 24) or
+    narrower; MUL's correction term, the low bits of a x b[w-1:24] above bit 24, or None where
+    width <= 24). a, b: signed(width)."""
+    mbits = min(24, width)
+    prod = a * b.as_unsigned()[:mbits]
+    if width <= mbits:
+        return prod, None
+    nb = width - mbits       # a * b mod 2^w = a * M + (a[:w-24] * b[24:w] mod 2^(w-24)) << 24
+    b_hi = b.as_unsigned()[mbits:width]
+    return prod, tree_sum([Mux(b_hi[i], a.as_unsigned()[:nb - i] << i, 0) for i in range(nb)])[:nb]
+
+
+def alu_lane(m: Module, op, a, b, width: int, imm=None, product=None):
     """One lane of the ALU: returns a signed(width) signal = op(a, b), for FLUSH its requantized
     value (what the output buffer gets; the accumulator gets the source entry). a, b, imm:
-    signed(width), imm FLUSH's parameters.
+    signed(width), imm FLUSH's parameters. product: lane_product(a, b)'s pair, registered by the
+    caller (TensorAlu's S2), or None to multiply here.
 
     The ops share one datapath, since no two of them run in the same cycle: one a x M multiplier
     (SCALE's product, M = b[23:0]; MUL's low bits are that product plus a narrow correction), one
@@ -56,13 +78,11 @@ def alu_lane(m: Module, op, a, b, width: int, imm=None):
     # ---- the multiplier: a * M, M = b[23:0] unsigned (SCALE), whose low bits MUL also uses ----------
     mbits = min(24, width)
     p_bits = width + mbits                 # |a * M| < 2^(p_bits - 1)
+    prod_v, corr = lane_product(a, b, width) if product is None else product
     prod = Signal(signed(p_bits))
-    m.d.comb += prod.eq(a * b.as_unsigned()[:mbits])
+    m.d.comb += prod.eq(prod_v)
     mul = Signal(signed(width))
-    if width > mbits:    # a * b mod 2^w = a * M + (a[:w-24] * b[24:w] mod 2^(w-24)) << 24
-        nb = width - mbits
-        b_hi = b.as_unsigned()[mbits:width]
-        corr = tree_sum([Mux(b_hi[i], a.as_unsigned()[:nb - i] << i, 0) for i in range(nb)])
+    if corr is not None:
         m.d.comb += mul.eq(Cat(prod[:mbits], prod[mbits:width] + corr))
     else:                # b mod 2^w = M
         m.d.comb += mul.eq(prod[:width])
@@ -166,11 +186,12 @@ def flush_lane(a, imm):
 
 
 class TensorAlu(wiring.Component):
-    """in_valid / in_dst / in_src / in_op / in_use_imm / in_imm (In): a micro-op in S1.
-    acc_rd_a (dst) and acc_rd_b (src): acc read ports driven by the ALU. wb_valid / wb_idx /
-    wb_data (Out): the lanes' results written this cycle (the accumulator's entry, and narrowed the
-    output buffer's); wb_flush (Out): they are a FLUSH's, whose accumulator entry is instead the
-    source entry read on acc_rd_b. busy (Out): a micro-op is in S2.
+    """in_valid / in_dst / in_src / in_op / in_use_imm / in_imm (In): a micro-op in S1, taken when
+    in_ready (Out: low for a MUL or SCALE while a micro-op is in S2; the op held constant by the
+    caller is what decides it). acc_rd_a (dst) and acc_rd_b (src): acc read ports driven by the
+    ALU, write-transparent. wb_valid / wb_idx / wb_data (Out): the accumulator entry written this
+    cycle (a FLUSH's: its source entry); wb_out (Out): the output buffer's entry, the lanes'
+    results narrowed to out_width. busy (Out): a micro-op is in S2 or S3.
     """
 
     def __init__(self, cfg: AccelConfig):
@@ -178,34 +199,62 @@ class TensorAlu(wiring.Component):
         self.acc_bits = cfg.batch * cfg.block_out * cfg.acc_width
         rs = read_signature(cfg.acc_idx_bits, self.acc_bits)
         super().__init__({
-            "in_valid": In(1), "in_dst": In(cfg.acc_idx_bits), "in_src": In(cfg.acc_idx_bits),
+            "in_valid": In(1), "in_ready": Out(1), "in_dst": In(cfg.acc_idx_bits), "in_src": In(cfg.acc_idx_bits),
             "in_op": In(ALU_OPCODE_BITS), "in_use_imm": In(1), "in_imm": In(signed(ALU_IMM_BITS)),
             "acc_rd_a": In(rs), "acc_rd_b": In(rs),
             "wb_valid": Out(1), "wb_idx": Out(cfg.acc_idx_bits), "wb_data": Out(self.acc_bits),
-            "wb_flush": Out(1), "busy": Out(1)})
+            "wb_out": Out(cfg.batch * cfg.block_out * cfg.out_width), "busy": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
         cfg = self.cfg
-        n, w = cfg.batch * cfg.block_out, cfg.acc_width
+        n, w, ow = cfg.batch * cfg.block_out, cfg.acc_width, cfg.out_width
+        # ---- S1: addresses; a multiplying op waits until S2 is empty --------------------------------
+        p2_valid = Signal()
+        in_mul = Signal()
+        m.d.comb += in_mul.eq(self.in_op.matches(*MUL_OPS))
         m.d.comb += [self.acc_rd_a.addr.eq(self.in_dst), self.acc_rd_b.addr.eq(self.in_src),
-                     self.acc_rd_a.en.eq(1), self.acc_rd_b.en.eq(1)]
-        p2_valid, p2_dst = Signal(), Signal(cfg.acc_idx_bits)
-        p2_op, p2_use_imm, p2_imm = Signal(ALU_OPCODE_BITS, init=IDLE_OP), Signal(), Signal(signed(w))
-        # an idle S2 holds an undefined op (dst unchanged): a simulator then evaluates no lane arithmetic
-        m.d.sync += [p2_valid.eq(self.in_valid), p2_dst.eq(self.in_dst),
-                     p2_op.eq(Mux(self.in_valid, self.in_op, IDLE_OP)),
-                     p2_use_imm.eq(self.in_use_imm), p2_imm.eq(self.in_imm)]
+                     self.acc_rd_a.en.eq(1), self.acc_rd_b.en.eq(1), self.in_ready.eq(~(in_mul & p2_valid))]
+        take = self.in_valid & self.in_ready
+        p2_dst, p2_src = Signal(cfg.acc_idx_bits), Signal(cfg.acc_idx_bits)
+        # an idle stage holds an undefined op (dst unchanged): a simulator then evaluates no lane arithmetic
+        p2_op, p2_imm_b, p2_imm = Signal(ALU_OPCODE_BITS, init=IDLE_OP), Signal(), Signal(signed(w))
+        m.d.sync += [p2_valid.eq(take), p2_dst.eq(self.in_dst), p2_src.eq(self.in_src),
+                     p2_op.eq(Mux(take, self.in_op, IDLE_OP)), p2_imm.eq(self.in_imm),
+                     # b is the immediate, except FLUSH's (its immediate holds parameters; b the source entry)
+                     p2_imm_b.eq(self.in_use_imm & (self.in_op != AluOp.FLUSH))]
 
-        a = lanes(self.acc_rd_a.data, n, w)
-        b = lanes(self.acc_rd_b.data, n, w)
+        # ---- S3 registers and results (declared first: S2 forwards the S3 write) --------------------
+        p3_valid, p3_dst = Signal(), Signal(cfg.acc_idx_bits)
+        p3_op, p3_imm = Signal(ALU_OPCODE_BITS, init=IDLE_OP), Signal(signed(w))
+        mbits = min(24, w)
+        p3_a = [Signal(signed(w), name=f"a_{k}") for k in range(n)]
+        p3_b = [Signal(signed(w), name=f"b_{k}") for k in range(n)]
+        p3_prod = [Signal(signed(w + mbits), name=f"prod_{k}") for k in range(n)]
+        p3_corr = [Signal(w - mbits, name=f"corr_{k}") if w > mbits else None for k in range(n)]
+        written = []
+        is_flush = p3_op == AluOp.FLUSH
         for k in range(n):
-            bk = Signal(signed(w), name=f"b_{k}")
-            m.d.comb += bk.eq(Mux(p2_use_imm, p2_imm, b[k]))
-            m.d.comb += self.wb_data[k * w:(k + 1) * w].eq(alu_lane(m, p2_op, a[k], bk, w, p2_imm))
-        # FLUSH: the lanes' results go to the output buffer, the source entry to the accumulator (the
-        # compute stage picks it from acc_rd_b); one result per lane, so a simulator evaluates
-        # FLUSH's arithmetic only when it runs
-        m.d.comb += [self.wb_valid.eq(p2_valid), self.wb_idx.eq(p2_dst), self.busy.eq(p2_valid),
-                     self.wb_flush.eq(p2_valid & (p2_op == AluOp.FLUSH))]
+            r = alu_lane(m, p3_op, p3_a[k], p3_b[k], w, p3_imm, (p3_prod[k], p3_corr[k]))
+            wk = Signal(signed(w), name=f"wb_{k}")
+            m.d.comb += [wk.eq(Mux(is_flush, p3_b[k], r)), self.wb_data[k * w:(k + 1) * w].eq(wk),
+                         self.wb_out[k * ow:(k + 1) * ow].eq(r[:ow])]
+            written.append(wk)
+        m.d.comb += [self.wb_valid.eq(p3_valid), self.wb_idx.eq(p3_dst), self.busy.eq(p2_valid | p3_valid)]
+
+        # ---- S2: operands (the S3 result bypassed where S3 writes what S2 read) and the multiply ----
+        fwd_a, fwd_b = p3_valid & (p3_dst == p2_dst), p3_valid & (p3_dst == p2_src)
+        a_rd, b_rd = lanes(self.acc_rd_a.data, n, w), lanes(self.acc_rd_b.data, n, w)
+        m.d.sync += [p3_valid.eq(p2_valid), p3_dst.eq(p2_dst), p3_op.eq(p2_op), p3_imm.eq(p2_imm)]
+        for k in range(n):
+            # the multiplier reads the entries as read: no micro-op is in S3 behind a MUL or SCALE in S2
+            b_mul = Signal(signed(w), name=f"bm_{k}")
+            m.d.comb += b_mul.eq(Mux(p2_imm_b, p2_imm, b_rd[k]))
+            prod, corr = lane_product(a_rd[k], b_mul, w)
+            m.d.sync += [p3_a[k].eq(Mux(fwd_a, written[k], a_rd[k])),
+                         p3_b[k].eq(Mux(p2_imm_b, p2_imm, Mux(fwd_b, written[k], b_rd[k])))]
+            with m.If(p2_valid):   # (only a micro-op's product is kept: an idle cycle multiplies nothing)
+                m.d.sync += p3_prod[k].eq(prod)
+                if corr is not None:
+                    m.d.sync += p3_corr[k].eq(corr)
         return m

@@ -2,10 +2,13 @@
 
 A GEMM/ALU instruction runs the loop i0 < iter_out, i1 < iter_in, u in [uop_bgn, uop_end):
 the cycle after `start` (S0) the first micro-op address goes to the uop buffer, then one per
-cycle with no gaps; S1 adds the loop offsets (kept as running sums, no multipliers) and hands
-the indices to GemmCore (write-back 2 cycles after S1) or TensorAlu (1 cycle after S1). The
-instruction ends when the pipeline has drained: with n micro-ops the unit is busy for n + 3
-cycles after `start` for GEMM and n + 2 for ALU (none when n = 0). LOADs of UOP/ACC tiles use
+cycle; S1 adds the loop offsets (kept as running sums, no multipliers) and hands the indices to
+GemmCore or TensorAlu, both written back 2 cycles after S1. TensorAlu takes a MUL or SCALE
+micro-op only with its S2 empty (in_ready): S1 and S0 then hold for a cycle (the uop buffer's
+read port keeps its data), so those ops issue every other cycle; the cycles depend on the op,
+never on the indices. The instruction ends when the pipeline has drained: with n micro-ops the
+unit is busy for n + 3 cycles after `start` for GEMM and for ALU, 2n + 2 for an ALU MUL or
+SCALE (none when n = 0). LOADs of UOP/ACC tiles use
 a TileLoader (see load.py). FINISH does nothing but raise `finished` when it retires, after which no more
 instructions are taken. Other opcodes and LOADs of other buffers retire as no-ops.
 Every GEMM/ALU write-back also writes the narrowed value (low out_width bits of each lane)
@@ -30,7 +33,7 @@ from accel.isa.config import INSN_BITS, LOOP_ITER_BITS, OPCODE_BITS
 from .alu import TensorAlu
 from .axi import ReadClientSignature
 from .gemm import GemmCore
-from .layouts import decode, lanes, read_signature, uop_layout
+from .layouts import decode, read_signature, uop_layout
 from .load import TileLoader, buffer_write_signature, port_name
 from .params import INDEX_BITS
 from .queues import QueueReadSignature, QueueWriteSignature
@@ -110,11 +113,12 @@ class ComputeStage(wiring.Component):
         dfo, dfi = pick("dst_factor_out"), pick("dst_factor_in")
         sfo, sfi = pick("src_factor_out"), pick("src_factor_in")
 
+        hold = Signal()   # S1 holds its micro-op (TensorAlu not ready): S0 and the uop read wait too
         with m.If(ctrl.start & (is_gemm | is_alu)):
             m.d.sync += [active.eq((end > bgn) & (iter_out != 0) & (iter_in != 0)), u.eq(bgn), i0.eq(0), i1.eq(0),
                          d_out.eq(0), d_in.eq(0), s_out.eq(0), s_in.eq(0), w_out.eq(0), w_in.eq(0),
                          e_out.eq(0), e_in.eq(0)]
-        with m.Elif(active):
+        with m.Elif(active & ~hold):
             with m.If(u + 1 == end):
                 m.d.sync += u.eq(bgn)
                 with m.If(i1 + 1 == iter_in):
@@ -131,14 +135,15 @@ class ComputeStage(wiring.Component):
                                  w_in.eq(w_in + g.wgt_factor_in), e_in.eq(e_in + epi_fi)]
             with m.Else():
                 m.d.sync += u.eq(u + 1)
-        m.d.comb += [self.uop_rd.addr.eq(u), self.uop_rd.en.eq(1),
-                     self.gemm_uop.eq(active & is_gemm), self.alu_uop.eq(active & is_alu)]
+        m.d.comb += [self.uop_rd.addr.eq(u), self.uop_rd.en.eq(~hold),
+                     self.gemm_uop.eq(active & is_gemm), self.alu_uop.eq(active & is_alu & ~hold)]
 
         # ---- S1: resolve indices -----------------------------------------------------------
         p1_valid, p1_last = Signal(), Signal()
         p1_d, p1_s, p1_w, p1_e = Signal.like(d_in), Signal.like(s_in), Signal.like(w_in), Signal.like(e_in)
-        m.d.sync += [p1_valid.eq(active), p1_d.eq(d_in), p1_s.eq(s_in), p1_w.eq(w_in), p1_e.eq(e_in),
-                     p1_last.eq(u + 1 == end)]
+        with m.If(~hold):
+            m.d.sync += [p1_valid.eq(active), p1_d.eq(d_in), p1_s.eq(s_in), p1_w.eq(w_in), p1_e.eq(e_in),
+                         p1_last.eq(u + 1 == end)]
         ul = uop_layout(cfg)
         uop = data.View(ul, self.uop_rd.data[:ul.size])
         dst_full, src_full = Signal(len(p1_d) + 1), Signal(len(p1_s) + 1)
@@ -154,7 +159,8 @@ class ComputeStage(wiring.Component):
                                (is_gemm & ~g.reset & (wgt_full >= cfg.wgt_depth)) |
                                (is_gemm & g.flush & p1_last & ~epi_to_acc & (seed_full >= cfg.acc_depth)))
         faulted = Signal()
-        issue = p1_valid & ~faulted & ~bad_idx
+        m.d.comb += hold.eq(p1_valid & is_alu & ~alu.in_ready)
+        issue = p1_valid & ~faulted & ~bad_idx & ~hold
         with m.If(p1_valid & ~faulted & bad_idx):
             m.d.comb += [self.fault.eq(1), self.fault_index.eq(ctrl.insn[INSN_BITS:])]
             m.d.sync += [faulted.eq(1), active.eq(0)]
@@ -181,14 +187,9 @@ class ComputeStage(wiring.Component):
         wb_data = Mux(gemm.wb_valid, gemm.wb_data, alu.wb_data)
         m.d.comb += [self.wr_acc.en.eq(ld_acc.en | wb_valid),
                      self.wr_acc.addr.eq(Mux(ld_acc.en, ld_acc.addr, wb_idx)),
-                     self.wr_acc.data.eq(Mux(ld_acc.en, ld_acc.data, Mux(alu.wb_flush, self.acc_rd_b.data, wb_data)))]
-        n, aw, ow = cfg.batch * cfg.block_out, cfg.acc_width, cfg.out_width
-        acc_lanes = lanes(alu.wb_data, n, aw, sign=False)
-        m.d.comb += [self.wr_out.en.eq(wb_valid), self.wr_out.addr.eq(wb_idx)]
-        alu_out = Signal(n * ow)
-        for k in range(n):
-            m.d.comb += alu_out[k * ow:(k + 1) * ow].eq(acc_lanes[k][:ow])
-        m.d.comb += self.wr_out.data.eq(Mux(gemm.wb_valid, gemm.wb_out, alu_out))
+                     self.wr_acc.data.eq(Mux(ld_acc.en, ld_acc.data, wb_data)),
+                     self.wr_out.en.eq(wb_valid), self.wr_out.addr.eq(wb_idx),
+                     self.wr_out.data.eq(Mux(gemm.wb_valid, gemm.wb_out, alu.wb_out))]
 
         # ---- sequencing ----------------------------------------------------------------------
         finished = Signal()

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from accel.isa import AccelConfig, Alu, Gemm, Insn, Load, MemType, Stage, Store, buffer_depth
+from accel.isa import AccelConfig, Alu, AluOp, Gemm, Insn, Load, MemType, Stage, Store, buffer_depth
 from accel.isa.deps import dead_flags
 
 CODE_BITS = 3         # ERROR code field
+# ALU ops on the lanes' multiplier: TensorAlu issues them every other cycle (accel/hw/alu.py), the
+# timing model times them so
+MUL_OPS = frozenset((AluOp.MUL, AluOp.SCALE))
 INDEX_BITS = 32       # instruction indices (INSN_COUNT is 32 bits)
 
 

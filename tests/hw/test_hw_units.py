@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from amaranth.hdl import Elaboratable, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Elaboratable, Module, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.sim import Simulator
@@ -338,8 +338,8 @@ def test_gemm_core_default_shape_packed_equals_plain_products_at_the_extremes():
 
 # ---- tensor ALU --------------------------------------------------------------------------------
 class _AluHarness(Elaboratable):
-    """TensorAlu on an accumulator memory, written as the compute stage writes it (a FLUSH: the
-    source entry), and an output memory of the results' low bytes (FLUSH: its requantized value)."""
+    """TensorAlu on an accumulator memory (write-transparent read ports, as the compute stage's) and
+    an output memory of what it writes there (FLUSH: its requantized value)."""
     def __init__(self, cfg, acc):
         self.cfg, self.alu = cfg, TensorAlu(cfg)
         self.acc = Memory(shape=unsigned(cfg.acc_elem_bytes * 8), depth=cfg.acc_depth,
@@ -351,15 +351,10 @@ class _AluHarness(Elaboratable):
         alu = m.submodules.alu = self.alu
         m.submodules.acc, m.submodules.out = self.acc, self.out
         wp, op = self.acc.write_port(), self.out.write_port()
-        rb = self.acc.read_port(transparent_for=(wp,))
         wiring.connect(m, alu.acc_rd_a, self.acc.read_port(transparent_for=(wp,)))
-        wiring.connect(m, alu.acc_rd_b, rb)
-        m.d.comb += [wp.en.eq(alu.wb_valid), wp.addr.eq(alu.wb_idx),
-                     wp.data.eq(Mux(alu.wb_flush, rb.data, alu.wb_data)),
-                     op.en.eq(alu.wb_valid), op.addr.eq(alu.wb_idx)]
-        w = self.cfg.acc_width
-        for k in range(self.cfg.batch * self.cfg.block_out):
-            m.d.comb += op.data[8 * k:8 * k + 8].eq(alu.wb_data[w * k:w * k + 8])
+        wiring.connect(m, alu.acc_rd_b, self.acc.read_port(transparent_for=(wp,)))
+        m.d.comb += [wp.en.eq(alu.wb_valid), wp.addr.eq(alu.wb_idx), wp.data.eq(alu.wb_data),
+                     op.en.eq(alu.wb_valid), op.addr.eq(alu.wb_idx), op.data.eq(alu.wb_out)]
         return m
 
 
@@ -382,12 +377,16 @@ def test_tensor_alu_matches_the_isa_definition(op):
             flush_immediate(31, 100), flush_immediate(7, 127, symmetric=True), flush_immediate(2, -3, symmetric=True)]
     acc0 = np.concatenate([a, b])                 # acc[i] = a_i, acc[pairs + i] = b_i
     # micro-ops: register operand for each pair (with an immediate too: FLUSH's parameters), then
-    # immediates; then a dependent chain on acc[0]
+    # immediates; then dependent chains: on acc[0], then dst of each the src of the next, then one
+    # and two apart (the S3 -> S2 bypass and the read ports' transparency)
     ops = [(i, pairs + i, False, imms[-1 - i % len(imms)]) for i in range(pairs)]
     ops += [(i, 0, True, imms[i % len(imms)]) for i in range(pairs)]
     ops += [(0, 0, False, 0), (0, 0, False, 0), (1, 0, False, 0)]   # back to back on the same entries
+    ops += [(i + 1, i, False, imms[i % len(imms)]) for i in range(2, 8)]
+    ops += [(9, 30, False, 3), (10, 9, False, 4), (9, 10, False, 5), (11, 31, False, 6), (9, 11, False, 7)]
     h = _AluHarness(c, acc0)
     final = {}
+    taken = []
 
     async def tb(ctx):
         alu = h.alu
@@ -398,14 +397,20 @@ def test_tensor_alu_matches_the_isa_definition(op):
             ctx.set(alu.in_src, s)
             ctx.set(alu.in_use_imm, use_imm)
             ctx.set(alu.in_imm, imm)
-            await ctx.tick()
+            while True:        # held until in_ready (MUL, SCALE: every other cycle)
+                ready = ctx.get(alu.in_ready)
+                taken.append(ready)
+                await ctx.tick()
+                if ready:
+                    break
         ctx.set(alu.in_valid, 0)
-        for _ in range(3):
+        for _ in range(4):
             await ctx.tick()
         for i in range(2 * pairs):
             final[i] = ctx.get(h.acc.data[i]), ctx.get(h.out.data[i])
 
     simulate(h, tb)
+    assert len(taken) == (2 * len(ops) - 1 if op in (AluOp.MUL, AluOp.SCALE) else len(ops))
     ref = acc0.astype(np.int64).copy()
     out = {}
     for d, s, use_imm, imm in ops:

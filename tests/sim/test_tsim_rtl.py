@@ -3,9 +3,12 @@ per-instruction spans too. Each instruction kind alone, token chains, full queue
 import numpy as np
 import pytest
 
-from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Store, encode_program
+from accel.isa import PRESETS, Alu, AluOp, Finish, Gemm, Load, MemType, Store, Uop, encode_program, flush_immediate
 from sim.dram import DramModel, dram_preset
+from sim.fsim import Fsim
+from sim.reference import run_reference
 from sim.rtl import RtlProgram, run_programs
+from sim.rtl.programs import Builder
 from sim.tsim import Tsim, stage_of
 from sim.verilator.build import tools_available
 from sim.verilator.model import VerilatorModel
@@ -151,3 +154,71 @@ def test_tsim_cocotb_bench_throttled_overlapping_reads():
     assert run.status == "done" and not run.bus_error
     want = Tsim(TINY, dram).run_insns(insns, 0x1000).counters()
     assert {k: run.counters[k] for k in want} == want
+
+
+# ALU loops whose micro-ops read what the one right before (or two before) wrote: (uops, loop)
+HAZARD_LOOPS = [
+    ([Uop(acc=1, src=0)], dict(iter_out=7, dst_factor_out=1, src_factor_out=1)),      # src(i+1) = dst(i)
+    ([Uop(acc=8, src=9)], dict(iter_out=6, src_factor_out=1)),                         # dst read every op
+    ([Uop(acc=16, src=17), Uop(acc=17, src=16)], dict(iter_out=3, iter_in=2)),         # ping-pong: 1 and 2 apart
+    ([Uop(acc=20, src=20)], dict(iter_out=2, iter_in=3)),                              # a and b: the last write
+    ([Uop(acc=21, src=21), Uop(acc=22, src=23), Uop(acc=23, src=21)], dict(iter_out=2, dst_factor_out=0)),
+]
+HAZARD_IMM = {AluOp.SHR: 3, AluOp.ADD: -77, AluOp.FLUSH: flush_immediate(4, 100, False, True),
+              AluOp.CLAMP: (5 << 8) | 0xF6, AluOp.MIN: 1000}
+
+
+def _hazard_program(cfg, ops, seed: int = 0):
+    """Per op: a fresh accumulator tile, the HAZARD_LOOPS on it (register operand; with an immediate
+    too where HAZARD_IMM has one), then each entry shown in full in the output buffer: its low byte
+    (the loops' writes) and copies shifted right by 8, 16 and 24, stored."""
+    b = Builder(cfg, seed, dram_bytes=1 << 17)
+    n = 24
+    hazard = [u for uops, _ in HAZARD_LOOPS for u in uops]
+    show = len(hazard)                      # slot of the copy acc[s*n + i] = acc[i], s = 1, 2, 3
+    b.uops(hazard + [Uop(acc=s * n, src=0) for s in (1, 2, 3)], 0)
+    walk = dict(iter_out=n, dst_factor_out=1, src_factor_out=1)
+    for k, op in enumerate(ops):
+        tile = b.random_tile(MemType.ACC, n) if op == AluOp.SCALE else b.random_tile(MemType.ACC, n, -3000, 3000)
+        addr = b.put(tile, align=cfg.acc_elem_bytes)
+        b.emit(Load(mem_type=MemType.ACC, sram_base=0, dram_base=b.ent(addr, MemType.ACC), y_size=1, x_size=n,
+                    x_stride=n, pop_next=k > 0))
+        slot = 0
+        for uops, loop in HAZARD_LOOPS:
+            b.emit(Alu(uop_bgn=slot, uop_end=slot + len(uops), alu_op=op, **loop))
+            if op in HAZARD_IMM:
+                b.emit(Alu(uop_bgn=slot, uop_end=slot + len(uops), alu_op=op, use_imm=True, imm=HAZARD_IMM[op],
+                           **loop))
+            slot += len(uops)
+        for s in (1, 2, 3):
+            b.emit(Alu(uop_bgn=show + s - 1, uop_end=show + s, alu_op=AluOp.MOV, **walk),
+                   Alu(uop_bgn=show + s - 1, uop_end=show + s, alu_op=AluOp.SHR, use_imm=True, imm=8 * s,
+                       push_next=s == 3, **walk))
+        addr = b.noise(4 * n * cfg.out_elem_bytes)
+        b.emit(Store(sram_base=0, dram_base=b.ent(addr, MemType.OUT), y_size=1, x_size=4 * n, x_stride=4 * n,
+                     pop_prev=True, push_prev=True))
+    b.emit(Finish(pop_next=True))
+    return b.program()
+
+
+@pytest.mark.parametrize("ops", [(AluOp.MUL, AluOp.SCALE), (AluOp.ADD, AluOp.SHR, AluOp.FLUSH),
+                                 (AluOp.MIN, AluOp.CLAMP, AluOp.MOV, AluOp.REQUANT)], ids=["mul", "add", "clamp"])
+def test_tsim_rtl_alu_read_after_write_in_flight(ops):
+    """Back-to-back dependent ALU micro-ops (an operand written by the micro-op right before, in S3,
+    or two before): the RTL's DRAM equals fsim's and the plain reference machine's, and its counters
+    and spans tsim's (MUL and SCALE every other cycle, the others every cycle, whatever the indices)."""
+    prog = _hazard_program(TINY, ops)
+    image = prog.dram_image()
+    want = image.copy()
+    Fsim(TINY).run(want, prog.insn_addr, len(prog.insns))
+    ref = run_reference(TINY, prog.insns, image.copy())
+    assert np.array_equal(ref, want)
+    got = image.copy()
+    rtl = VerilatorModel(TINY, probes=True).run(got, prog.insn_addr, len(prog.insns))
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} DRAM bytes differ from fsim's, first at 0x{bad[0]:x}"
+    ts = Tsim(TINY).run_insns(prog.insns, prog.insn_addr, trace=True)
+    assert ts.counters() == rtl.counters
+    per = [i for i, insn in enumerate(prog.insns) if int(stage_of(insn)) == 1]
+    got_spans = sorted((i, a, b) for s, i, a, b in ts.spans if s == 1)
+    assert got_spans == [(per[j], a, b) for j, (a, b) in enumerate((a, b) for s, a, b in rtl.stage_spans if s == 1)]
