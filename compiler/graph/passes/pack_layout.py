@@ -55,14 +55,18 @@ def pack_layout(graph: Graph, cfg: AccelConfig) -> Graph:
 
     def packed_concat(old: Node, ins: list) -> Node | None:
         """A channel concat of accelerator outputs, kept packed (each input whole blocks of one
-        blocking, one batch block): plan_memory then places the inputs inside its buffer."""
+        blocking, one batch block): plan_memory then places the inputs inside its buffer. An input
+        the CPU computes (a stem's pooling) is packed into its slice, once, instead of the whole
+        concat being copied on the CPU and packed again for its accelerator readers."""
         srcs = [packed_of.get(id(i)) for i in ins]
-        if old.op != "concat" or old.attrs["axis"] != 1 or len(old.shape) != 4 or None in srcs:
+        if old.op != "concat" or old.attrs["axis"] != 1 or len(old.shape) != 4 or all(s is None for s in srcs) \
+                or any(i.is_const for i in ins):
             return None
-        blk = tuple(srcs[0].shape[-2:])
-        if any(tuple(s.shape[-2:]) != blk or i.shape[1] % blk[1] for s, i in zip(srcs, old.inputs)) \
+        blk = tuple(next(s for s in srcs if s is not None).shape[-2:])
+        if any((s is not None and tuple(s.shape[-2:]) != blk) or i.shape[1] % blk[1] for s, i in zip(srcs, old.inputs)) \
                 or old.shape[0] > blk[0]:
             return None
+        srcs = [s if s is not None else packed(i, blk) for s, i in zip(srcs, ins)]
         y = emit(Node("concat", srcs, dict(old.attrs), name=old.name, origin=old.origin, target=CPU))
         return unpacked(y, old.shape)
 

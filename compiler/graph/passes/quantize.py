@@ -13,9 +13,11 @@ zx), adds the output's before saturating to [-128, 127] (attr out_zp); ReLU beco
 zero point; adds and concats of asymmetric tensors run in float, from the model's rounded inputs.
 conv2d/dense with constant weights become qconv2d/qdense; add of activations becomes qadd; ops
 exact on int8 with an unchanged scale (relu, clip, max pooling, reshape, transpose, slice, pad by
-zero, concat) stay int8; an average pool with one divisor becomes an int8 depthwise conv, as can a
-per-channel multiply-add (a batch norm that could not fold; off by default, INT8_AFFINES says
-why) (affine_as_depthwise); everything else runs in float between dequantize/quantize nodes.
+zero, concat) stay int8; an average pool with one divisor becomes an int8 depthwise conv, as does a
+per-channel multiply-add (a batch norm that could not fold, INT8_AFFINES) (affine_as_depthwise);
+a channel concat read only by such depthwise convs keeps each input at its own scale, a scale per
+channel that their multipliers absorb (channel_scaled_concats); everything else runs in float
+between dequantize/quantize nodes.
 """
 from __future__ import annotations
 
@@ -31,11 +33,13 @@ from ..ops import INT8_MAX, fixed_multiplier, int8_min
 from .eliminate_dead_code import eliminate_dead_code
 
 SHIFT_RANGE = (-8, 24)  # activation/weight shifts outside this are clamped (and reported)
-#: per-channel affines (unfoldable batch norms) as int8 depthwise convs: off. Their int8 output
-#: makes the concats after them int8, and an int8 concat requantizes its inputs to the coarsest
-#: input scale, a loss the next batch norm's gain amplifies: DenseNet-121 (random weights) falls
-#: from cosine 0.99 to 0.78 against onnxruntime. On once concat keeps per-input scales.
-INT8_AFFINES = False
+#: per-channel affines (unfoldable batch norms) as int8 depthwise convs. Their int8 output makes
+#: the concats after them int8; a concat read only by depthwise convs (the affines) and other such
+#: concats keeps each input at its own scale (a scale per channel, channel_scaled_concats), which the
+#: depthwise conv's per-channel multipliers absorb. A concat requantized to its coarsest input's
+#: scale lost so much that the next batch norm's gain amplified it (DenseNet-121, random weights:
+#: cosine 0.78 against onnxruntime instead of 0.99).
+INT8_AFFINES = True
 #: the most of an output step an int8 affine (a batch norm as a depthwise conv) may lose to its
 #: bias's rounding; coarser ones stay float (_Quantizer.affine_precise)
 AFFINE_BIAS_ERROR = 1 / 16
@@ -149,6 +153,7 @@ class _Quantizer:
         self.q: dict[int, Node] = {}
         self.layers: list[dict] = []
         self.affine: set[str] = set()   # weights of affine_as_depthwise's convs (float where they cannot be int8)
+        self.channel_concats: set[str] = set()   # concats whose int8 has a scale per channel (channel_scaled_concats)
 
     def qparams_for(self, old: Node, why: str) -> tuple[float, int]:
         """(scale, zero point) to quantize tensor `old` at."""
@@ -213,12 +218,26 @@ class _Quantizer:
         if id(n) not in self.scale:
             return n
         if id(n) not in self.deq:
-            attrs = _qparam_attrs(self.scale[id(n)], self.zp.get(id(n), 0))
-            self.deq[id(n)] = Node("dequantize", [n], attrs, name=f"{n.name}/dequantize")
+            s = self.scale[id(n)]
+            if isinstance(s, np.ndarray):   # a scale per channel: the int8 values times each channel's step
+                deq = Node("dequantize", [n], {"shift": 0}, name=f"{n.name}/dequantize")
+                step = Node.const(s.reshape(1, -1, 1, 1).astype(np.float32), name=f"{n.name}/steps")
+                self.deq[id(n)] = Node("mul", [deq, step], name=f"{n.name}/dequantize_channels")
+            else:
+                attrs = _qparam_attrs(s, self.zp.get(id(n), 0))
+                self.deq[id(n)] = Node("dequantize", [n], attrs, name=f"{n.name}/dequantize")
         return self.deq[id(n)]
 
-    def as_int8(self, n: Node, old: Node, consumer: Node) -> tuple[Node, float, int]:
-        """(int8 node, scale, zero point) of consumer input n (old: the float graph's node)."""
+    def channel_scaled(self, n: Node) -> bool:
+        """Whether int8 node n carries a scale per channel (a channel_scaled_concats concat)."""
+        return isinstance(self.scale.get(id(n)), np.ndarray)
+
+    def as_int8(self, n: Node, old: Node, consumer: Node, channels: bool = False) -> tuple[Node, float, int]:
+        """(int8 node, scale, zero point) of consumer input n (old: the float graph's node). The scale
+        is an array (one per channel) only where `channels` says the consumer takes that; else such
+        an input is requantized to one scale (through float)."""
+        if self.channel_scaled(n) and not channels:
+            n = self.as_float(n)
         if id(n) in self.scale:
             return n, self.scale[id(n)], self.zp.get(id(n), 0)
         if n.is_const:
@@ -275,8 +294,10 @@ class _Quantizer:
     # ---- per-op rules ------------------------------------------------------------------------
     def gemm(self, ins: list[Node], old: Node) -> Node:
         n = old
-        x, sx, zx = self.as_int8(ins[0], old.inputs[0], n)
+        x, sx, zx = self.as_int8(ins[0], old.inputs[0], n, channels=is_depthwise(old))
         wq, sw = self.weights(n)
+        if isinstance(sx, np.ndarray):   # one input channel per output channel: its step joins the weight's
+            sw, sx = np.broadcast_to(np.asarray(sw, np.float64).reshape(-1), sx.shape) * sx, 1.0
         so, zo = self.out_qparams(old)
         b = n.inputs[2].value.astype(np.float64) if len(n.inputs) == 3 else np.zeros(wq.shape[0])
         attrs = {k: v for k, v in n.attrs.items()}
@@ -316,7 +337,7 @@ class _Quantizer:
             raise QuantizeError(f"quantize: {n.op} '{n.name}': bias does not fit int32 at {at_scale}")
         q = Node("q" + n.op, [x, Node.const(wq, name=f"{n.name}/wq"), Node.const(bq.astype(np.int32), name=f"{n.name}/bq"),
                               *extra], attrs, name=n.name, origin=n.origin)
-        self.layers.append({"name": n.name, "op": q.op, "in_scale": sx, "w_scale": float(np.max(sw)), "out_scale": so,
+        self.layers.append({"name": n.name, "op": q.op, "in_scale": float(np.max(sx)), "w_scale": float(np.max(sw)), "out_scale": so,
                             "shr": s, "mul": mul, "w_absmax": float(np.max(np.abs(n.inputs[1].value))),
                             "w_use": float(np.max(np.abs(wq))) / INT8_MAX, "in_zp": zx, "out_zp": zo})
         return self.mark(q, so, zo)
@@ -373,9 +394,16 @@ class _Quantizer:
         return {"in_shift": sh, "out_shift": 0, "mul": mul}
 
     def concat(self, ins: list[Node], n: Node) -> Node:
+        if n.name in self.channel_concats and not any(self.zp.get(id(i), 0) for i in ins):
+            # each input at its own scale: a scale per channel (one scalar when they all agree)
+            ins = [self.as_int8(i, o, n, channels=True)[0] for i, o in zip(ins, n.inputs)]
+            steps = np.concatenate([np.broadcast_to(np.asarray(self.scale[id(i)], np.float64).reshape(-1), (i.shape[1],))
+                                    for i in ins])
+            return self.mark(n.with_inputs(ins), float(steps[0]) if np.all(steps == steps[0]) else steps)
         if any(self.zp.get(id(i), 0) for i in ins):
             qp = {(self.scale[id(i)], self.zp.get(id(i), 0)) for i in ins}
             return self.mark(n.with_inputs(ins), *qp.pop()) if len(qp) == 1 else self.floating(ins, n)
+        ins = [self.as_int8(i, o, n)[0] for i, o in zip(ins, n.inputs)]   # one scale per input
         s = max(self.scale[id(i)] for i in ins)  # the coarsest scale holds every input's range
         out = []
         for i in ins:
@@ -394,6 +422,7 @@ class _Quantizer:
         error a deep stack of such layers (DenseNet's) compounds; those stay float."""
         try:
             sx = self.scale[id(ins[0])] if id(ins[0]) in self.scale else self.qparams_for(old.inputs[0], "")[0]
+            sx = sx if isinstance(sx, np.ndarray) and is_depthwise(old) else float(np.max(sx))
             so = self.out_qparams(old)[0]
         except QuantizeError:
             return False
@@ -417,6 +446,8 @@ class _Quantizer:
         n = old
         if n.op in ("input", "const"):
             return n
+        if any(self.channel_scaled(i) for i in ins) and n.op != "concat" and not is_depthwise(old):
+            return self.floating(ins, n)   # only those two read a scale per channel
         if n.op in ("conv2d", "dense") and n.inputs[1].is_const and all(i.is_const for i in n.inputs[2:]) \
                 and n.dtype == "float32" and self.has_scales(old, ins):
             if old.inputs[1].name in self.affine and not self.affine_precise(ins, old):
@@ -431,7 +462,7 @@ class _Quantizer:
             return self.add(ins, old)
         if n.op in SCALE_PRESERVING and id(ins[0]) in self.scale and (n.op != "pad" or n.attrs["mode"] == "constant"):
             return self.preserving(ins, n)
-        if n.op == "concat" and all(id(i) in self.scale for i in ins):
+        if n.op == "concat" and (all(id(i) in self.scale for i in ins) or n.name in self.channel_concats):
             return self.concat(ins, n)
         return self.floating(ins, n)
 
@@ -530,13 +561,47 @@ def affine_as_depthwise(graph: Graph, pools: bool = True, affines: bool = True) 
     return eliminate_dead_code(rewrite(graph, fn)), scales
 
 
-def shared_concat_shifts(graph: Graph, cal: Calibration) -> Calibration:
+def is_depthwise(n: Node) -> bool:
+    """A float conv2d with constant weights, one group per channel and as many outputs as inputs
+    (an affine or average pool of affine_as_depthwise, or the model's own): each output channel
+    reads one input channel, so its per-channel multipliers can absorb a per-channel input scale."""
+    return (n.op == "conv2d" and n.dtype == "float32" and n.inputs[1].is_const and n.inputs[0].type.rank == 4
+            and n.attrs.get("groups", 1) == n.inputs[0].shape[1] == n.shape[1] and n.inputs[1].shape[1] == 1)
+
+
+def channel_scaled_concats(graph: Graph, cal: Calibration) -> set[str]:
+    """Names of the channel concats whose inputs keep their own scales (the concat's int8 carries a
+    scale per channel): those read only by depthwise convs (as input 0) and by other such concats,
+    none a graph output, none holding a QDQ model's scale (its concat requantizes as the model
+    says). Their producers write their own int8 straight into their slice; no input is rounded to
+    the coarsest one's step."""
+    users = graph.users()
+    cands = {id(n): n for n in graph.nodes if n.op == "concat" and n.dtype == "float32" and n.type.rank == 4
+             and n.attrs.get("axis") in (1, -3) and cal.source.get(n.name) != "qdq"
+             and not any(cal.source.get(i.name) == "qdq" for i in n.inputs)
+             and not any(n is o for o in graph.outputs)}
+    changed = True
+    while changed:
+        changed = False
+        for k, n in list(cands.items()):
+            ok = all((u.op == "concat" and id(u) in cands) or (is_depthwise(u) and u.inputs[0] is n
+                                                             and all(i is not n for i in u.inputs[1:]))
+                     for u in users[id(n)])
+            if not ok or not users[id(n)]:
+                del cands[k]
+                changed = True
+    return {n.name for n in cands.values()}
+
+
+def shared_concat_shifts(graph: Graph, cal: Calibration, keep: set[str] = frozenset()) -> Calibration:
     """Calibrated concat inputs take the concat's coarsest shift (as TFLite shares a concat's
     quantization), so that their producers write the concat's scale directly: no requantize
     between, and the accelerator build can place them inside the concat's buffer (plan_memory).
-    Nested concats settle to one shift. A QDQ model's own scales are kept."""
+    Nested concats settle to one shift. A QDQ model's own scales are kept, as are the inputs of
+    the concats in `keep` (channel_scaled_concats: each input at its own scale)."""
     shifts = dict(cal.shifts)
-    concats = [n for n in graph.nodes if n.op == "concat" and n.name in shifts and cal.source.get(n.name) != "qdq"]
+    concats = [n for n in graph.nodes if n.op == "concat" and n.name in shifts and cal.source.get(n.name) != "qdq"
+               and n.name not in keep]
     changed = True
     while changed:
         changed = False
@@ -553,9 +618,11 @@ def shared_concat_shifts(graph: Graph, cal: Calibration) -> Calibration:
 
 def quantize(graph: Graph, calibration: Calibration) -> Graph:
     """Rewrite the float graph into shift-quantized int8 ops (see module doc)."""
-    calibration = shared_concat_shifts(graph, calibration)
     graph, affine_scales = affine_as_depthwise(graph, affines=INT8_AFFINES)
+    channel_concats = channel_scaled_concats(graph, calibration)
+    calibration = shared_concat_shifts(graph, calibration, channel_concats)
     qz = _Quantizer(graph, calibration)
+    qz.channel_concats = channel_concats
     qz.weight_scales = {**qz.weight_scales, **affine_scales}
     qz.affine = set(affine_scales)
     mapping: dict[int, Node] = {}

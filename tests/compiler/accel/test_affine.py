@@ -23,7 +23,7 @@ quantize_pass = importlib.import_module("compiler.graph.passes.quantize")
 
 @pytest.fixture
 def int8_affines(monkeypatch):
-    """Batch norms as int8 depthwise convs (quantize.INT8_AFFINES, off by default)."""
+    """Batch norms as int8 depthwise convs (quantize.INT8_AFFINES, the default: kept on here)."""
     monkeypatch.setattr(quantize_pass, "INT8_AFFINES", True)
 
 
@@ -196,7 +196,7 @@ def test_affine_with_a_large_gain_stays_float(int8_affines):
         np.testing.assert_allclose(reference_run(q, samples[0])[0], reference_run(graph, samples[0])[0], atol=0.2)
 
 
-def test_batch_norms_stay_float_by_default():
+def test_batch_norms_are_int8_by_default():
     mod, _ = _build(dense_block())
-    assert quantize_pass.INT8_AFFINES is False
-    assert not any(s.name == "bn" and s.op.startswith("qconv2d") for s in mod.steps)
+    assert quantize_pass.INT8_AFFINES is True
+    assert any(s.name == "bn" and s.op.startswith("qconv2d") for s in mod.steps)
