@@ -466,6 +466,49 @@ def schedule_lrn(outs):
 
 
 def schedule_pool(outs):
+    """Stride-1 pooling over NCHW: per (n, c) plane, the parallel loop, rows, then a vector of
+    output pixels whose window max or sum accumulates in registers (a local tile computed at that
+    vector, the epilogue - the mean's division, a ReLU - applied on the way out). Global and
+    strided pools, and shapes this does not cover: schedule_pool_generic."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    red = [st for st in s.stages if not st.is_placeholder and st.attach_type != "inline" and st.op.reduce_axis]
+    out = outs[0]
+    if (len(outs) != 1 or len(red) != 1 or len(out.shape) != 4 or out.shape[3] < 4
+            or tuple(red[0].op.output(0).shape) != tuple(out.shape)):
+        return schedule_pool_generic(outs)
+    r = red[0]
+    ost = s[out]
+    src = r.op.input_tensors()
+    OW = out.shape[3]
+    # measured: 4- and 8-lane tiles beat the generic nest on stride-1 windows; strided windows
+    # (per-lane gathers) and 16-lane or ragged tiles were slower than it
+    width = 8 if OW % 8 == 0 else 4 if OW % 4 == 0 else None
+    if (width is None or len(src) != 1 or len(src[0].shape) != 4 or 2 * OW <= src[0].shape[3] + 2):
+        return schedule_pool_generic(outs)
+    if r is ost:
+        r = s[s.cache_write(out, "local")]
+    elif not isinstance(out.op, ComputeOp) or out.op.reduce_axis or s._consumers(r) != [ost]:
+        return schedule_pool_generic(outs)
+    else:
+        r.set_scope("local")
+    _schedule_rest(s, (r, ost))
+    n, c, y, x = ost.op.axis
+    outer = ost.fuse(n, c)
+    xo, xi = ost.split(x, knob("pool_lanes", width))
+    ost.vectorize(xi)
+    if math.prod(out.shape) >= PARALLEL_MIN // 4:
+        ost.parallel(outer)
+    r.compute_at(ost, xo)
+    n, c, y, x = r.op.axis
+    ry, rx = r.op.reduce_axis
+    r.reorder(n, c, y, ry, rx, x)
+    r.vectorize(x)
+    return s
+
+
+def schedule_pool_generic(outs):
     """Pooling: every reduction stage root, parallel over (n, c, oh) fused."""
     return schedule_reduce(outs)
 
