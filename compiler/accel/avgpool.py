@@ -17,8 +17,9 @@ corners) and M[c] = round(ratio 2^k / c) with ratio = in_scale / out_scale; k is
 On the accelerator (emit_avg_pool) the sum is max pooling's scheme (compiler.accel.pool) with ADD
 for MAX: input rows reach the accumulator by an identity GEMM into a window region pre-filled with
 in_zp, one ALU MOV takes each window's first tap and one ALU ADD the others; then one ALU MUL per
-rectangle of equal divisor (immediate M), ADD 2^(k-1), SHR k, ADD out_zp and the CLAMP (with a
-fused ReLU/clip). Bit-exact with the reference; run_avg_pool runs it on a device for tests.
+rectangle of equal divisor (immediate M), and the rounding shift and clamp (with a fused ReLU/clip)
+as one FLUSH, or where FLUSH cannot say the clamp or there is an output zero point, ADD 2^(k-1),
+SHR k, ADD out_zp and CLAMP. Bit-exact with the reference; run_avg_pool runs it on a device for tests.
 """
 from __future__ import annotations
 
@@ -234,6 +235,8 @@ def emit_avg_pool(stream, spec: PoolSpec, attrs: dict, x, out, ident, lo: int | 
         raise TilingError(f"{spec.name}: {e}") from None
     cy, cx = divisor_counts((spec.h, spec.w), attrs)
     col_runs = _runs(cx)
+    lo = max(lo, int8_min(zo))
+    flush = _flush_form(k, zo, lo, hi)
     t = tiling or plan_pool(spec, cfg, vt)
     vt = t.vt
     oh, ow = spec.out_hw
@@ -307,11 +310,15 @@ def emit_avg_pool(stream, spec: PoolSpec, attrs: dict, x, out, ident, lo: int | 
                         kk.push(o_base + q * r * ow + a0 * ow + c0, 0)
                 rk = stream.kernel(("avgpool.rect", o_base, g, r, ow, a0, a1, c0, c1), rect)
                 stream.push_alu(rk, AluOp.MUL, muls[vy * vx])
-        if k > 0:
-            stream.push_alu(whole, AluOp.ADD, 1 << (k - 1))
-            stream.push_alu(whole, AluOp.SHR, operands.shr_immediate(k, cfg.acc_width))
-        _add_imm(stream, whole, zo)
-        stream.push_alu(whole, AluOp.CLAMP, operands.clamp_immediate(max(lo, int8_min(zo)), hi))
+        if flush is not None:   # round, shift and clamp in one pass (acc copies itself: src = dst)
+            fk = stream.kernel(("avgpool.flush", o_base, g * r * ow), lambda kk: _walk(kk, o_base, g * r * ow, 1))
+            stream.push_alu(fk, AluOp.FLUSH, flush, use_imm=False)
+        else:
+            if k > 0:
+                stream.push_alu(whole, AluOp.ADD, 1 << (k - 1))
+                stream.push_alu(whole, AluOp.SHR, operands.shr_immediate(k, cfg.acc_width))
+            _add_imm(stream, whole, zo)
+            stream.push_alu(whole, AluOp.CLAMP, operands.clamp_immediate(lo, hi))
         pipe.after_chunk(ti)
         pipe.after_tile()
         pipe.before_store()
@@ -321,10 +328,21 @@ def emit_avg_pool(stream, spec: PoolSpec, attrs: dict, x, out, ident, lo: int | 
             "divisors": len(muls), "shift": k}
 
 
-def _walk(k, base: int, n: int) -> None:
-    """n consecutive accumulator entries from base."""
-    k.loop_begin(n, dst_factor=1, src_factor=0)
-    k.push(base, 0)
+def _flush_form(k: int, zo: int, lo: int, hi: int) -> int | None:
+    """The FLUSH immediate doing ADD 2^(k-1), SHR k and the clamp to [lo, hi] in one pass, where
+    FLUSH can say it (no output zero point; lo 0, -hi or -hi - 1), else None."""
+    if zo or k > 31:
+        return None
+    for lo_zero, symmetric in ((True, False), (False, True), (False, False)):
+        if lo == (0 if lo_zero else -hi if symmetric else -hi - 1):
+            return operands.flush_immediate(k, hi, lo_zero, k > 0, symmetric)
+    return None
+
+
+def _walk(k, base: int, n: int, src_on: int = 0) -> None:
+    """n consecutive accumulator entries from base (src_on: each reading itself)."""
+    k.loop_begin(n, dst_factor=1, src_factor=src_on)
+    k.push(base, base if src_on else 0)
 
 
 def qavg_attrs(kernel, strides=(1, 1), pads=(0, 0, 0, 0), ceil_mode: int = 0, count_include_pad: int = 0,

@@ -26,6 +26,7 @@ from compiler.graph.ir import Graph, Node
 from compiler.graph.ops import get_op, normalize_attrs
 from host_runtime import Device
 from host_runtime.executor import Executor
+from sim.verilator.build import tools_available
 
 
 def float_pool(x, a):
@@ -202,3 +203,18 @@ def test_onnxruntime_quantized_model_with_zero_points(fmt):
     want = ort.InferenceSession(q.SerializeToString()).run(None, feeds[4])[0]
     got = next(iter(out.values()))
     assert np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got) > 0.999
+
+
+@pytest.mark.rtl
+@pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")
+@pytest.mark.parametrize("attrs,lo", [(qavg_attrs((3, 3), (2, 2), (1, 1, 1, 1), 1, 0, 0.7), None),     # FLUSH
+                                      (qavg_attrs((3, 2), (1, 2), (1, 0, 1, 1), 0, 1, 1.3, 4, -3), None),  # zero points
+                                      (qavg_attrs((3, 3), (1, 1), (1, 1, 1, 1), 0, 0, 0.9), 0)])          # fused ReLU
+def test_rtl_matches_reference_and_tsim_cycles(attrs, lo):
+    """The Verilated RTL leaves the reference's bytes, in exactly tsim's cycles (tiny config)."""
+    x = np.random.default_rng(3).integers(-127, 128, (1, 8, 7, 6), dtype=np.int8)
+    y, res = run_avg_pool(Device(PRESETS["tiny"], "rtl"), x, attrs, lo)
+    _, ts = run_avg_pool(Device(PRESETS["tiny"], "tsim"), x, attrs, lo)
+    want = qavg_pool2d_ref(attrs, x)
+    assert np.array_equal(y, np.maximum(want, 0) if lo == 0 else want)
+    assert res.cycles == ts.cycles
