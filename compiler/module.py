@@ -28,6 +28,7 @@ from host_runtime.executor import (
     register_host_op,
 )
 
+from .accel import avgpool as _avgpool  # noqa: F401 - declares qavg_pool2d, which saved modules may name
 from .graph.ir import Node
 from .graph.ops import OpDef, on_declare
 

@@ -1,6 +1,10 @@
 """Average pools with border divisors (compiler.accel.avgpool): the int8 reference against the float
 pool, the ALU program against the reference (bit-exact), and crafted ONNX models built for the
 accelerator against the graph's int8 reference and onnxruntime."""
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -218,3 +222,23 @@ def test_rtl_matches_reference_and_tsim_cycles(attrs, lo):
     want = qavg_pool2d_ref(attrs, x)
     assert np.array_equal(y, np.maximum(want, 0) if lo == 0 else want)
     assert res.cycles == ts.cycles
+
+
+def test_pool_forced_to_the_cpu_saves_and_runs_in_a_fresh_process(tmp_path):
+    """Forced off the accelerator, qavg_pool2d is a host step (its NumPy reference); a module that
+    names it loads and runs where only compiler.module was imported."""
+    m = border_model(*CASES[0])
+    feeds = sample_inputs(m, 3, seed=2)
+    mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:2],
+                               force_target={"AveragePool": "cpu"})
+    assert [s.kind for s in mod.steps if s.op == "qavg_pool2d"] == ["numpy"]
+    want, _ = mod.run(feeds[2])
+    path = tmp_path / "pool.accm"
+    mod.save(path)
+    np.save(tmp_path / "x.npy", feeds[2]["x"])
+    code = ("import sys, numpy as np; from compiler.module import CompiledModule; "
+            f"m = CompiledModule.load({str(path)!r}, config='tiny'); "
+            f"outs, _ = m.run({{'x': np.load({str(tmp_path / 'x.npy')!r})}}); "
+            f"np.save({str(tmp_path / 'y.npy')!r}, next(iter(outs.values())))")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(compiler.__file__).parent.parent)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), next(iter(want.values())))
