@@ -142,20 +142,29 @@ def _qparams(n: Node) -> tuple[float, int]:
     return (float(a["scale"]) if a["scale"] else 2.0 ** -a["shift"]), int(a["zero_point"])
 
 
+def _dequantize_attrs(scale: float, zero_point: int) -> dict:
+    m, e = math.frexp(scale)
+    attrs = {"shift": 1 - e} if m == 0.5 else {"scale": scale}
+    return {**attrs, "zero_point": zero_point} if zero_point else attrs
+
+
 def int8_avg_pools(graph: Graph, cfg: AccelConfig | None = None) -> Graph:
     """dequantize -> avg_pool2d -> quantize (an average pool the quantizer left in float: its
     divisors vary) becomes one int8 qavg_pool2d, so the accelerator can take it (and the host
-    skips a float round trip). Pools on float tensors, or feeding only float consumers, stay; with
-    a cfg, so do those the accelerator would decline (the host's float kernel beats the int8 op's
-    NumPy reference). The replaced nodes stay in the graph: run eliminate_dead_code after it."""
-    def fn(n: Node, old: Node):
-        if n.op != "quantize" or n.inputs[0].op != "avg_pool2d":
-            return None
-        pool = n.inputs[0]
+    skips a float round trip). A pool of dequantized int8 whose consumers stay float (a concat with
+    other float inputs, ShuffleNet's) becomes qavg_pool2d at the pool's calibrated scale and a
+    dequantize: the window sums leave the host, a rounding to that scale is the price. Pools on
+    float tensors stay; with a cfg, so do those the accelerator would decline (the host's float
+    kernel beats the int8 op's NumPy reference). The replaced nodes stay in the graph: run
+    eliminate_dead_code after it."""
+    users = graph.users()
+    cal = graph.meta.get("quantize", {}).get("calibration")
+
+    def qpool(pool: Node, so: float, zo: int) -> Node | None:
         deq = pool.inputs[0]
-        if deq.op != "dequantize" or deq.inputs[0].dtype != "int8" or pool.inputs[0].type.rank != 4:
+        if deq.op != "dequantize" or deq.inputs[0].dtype != "int8" or deq.type.rank != 4 or not so > 0:
             return None
-        (sx, zx), (so, zo) = _qparams(deq), _qparams(n)
+        sx, zx = _qparams(deq)
         a = dict(pool.attrs)
         a.update(ratio=sx / so, in_zp=zx, out_zp=zo)
         try:
@@ -164,6 +173,18 @@ def int8_avg_pools(graph: Graph, cfg: AccelConfig | None = None) -> Graph:
             return None   # a scale ratio no 16-bit multiplier holds: stays float
         q = Node("qavg_pool2d", [deq.inputs[0]], a, name=pool.name, origin=pool.origin)
         return q if cfg is None or check_avg_pool(q, cfg) is None else None
+
+    def fn(n: Node, old: Node):
+        if n.op == "quantize" and n.inputs[0].op == "avg_pool2d":
+            return qpool(n.inputs[0], *_qparams(n))
+        if n.op != "avg_pool2d" or cal is None or all(u.op == "quantize" for u in users[id(old)]):
+            return None   # (a pool that only quantizes: the first rule, at its consumers' scale)
+        so = cal.scale(old.name)
+        if so is None:
+            return None
+        zo = cal.zero_points.get(old.name, 0)
+        q = qpool(n, so, zo)
+        return None if q is None else Node("dequantize", [q], _dequantize_attrs(so, zo), name=f"{old.name}/dequantize")
     return rewrite(graph, fn)
 
 
