@@ -4,7 +4,8 @@ An AveragePool with pads and count_include_pad=0, or with ceil_mode windows that
 input, divides its border windows by fewer taps than its interior ones, so it is no depthwise conv
 with one weight (compiler.graph.passes.quantize.affine_as_depthwise leaves it float, between a
 dequantize and a quantize). `int8_avg_pools` turns that dequantize -> avg_pool2d -> quantize chain
-into the int8 op `qavg_pool2d`, declared here with its reference semantics:
+(or, where the pool's consumers stay float, the pool alone, at its calibrated scale, then a
+dequantize) into the int8 op `qavg_pool2d`, declared here with its reference semantics:
 
     acc[p] = sum over the window of (x - in_zp), taps outside the input adding 0     (int32)
     y[p]   = clamp(((acc[p] * M[cnt(p)] + 2^(k-1)) >> k) + out_zp)                  (int8)
