@@ -172,7 +172,7 @@ def test_conv2d_whole_row_tiles_load_their_channel_blocks_in_one_load(vt):
     per block. Bit-exact."""
     cfg = PRESETS["tiny"]
     for spec, t, want in ((Conv2dSpec(1, 3 * cfg.block_in, 6, 5, 2 * cfg.block_out, 1, 1, name="rows"),
-                           ConvTiling(2, 2, 5, 3, vt), 3 * FILL_BANDS + 2),   # 3 row tiles, tile 0 banded
+                           ConvTiling(2, 2, 5, 3, vt), 3 * min(FILL_BANDS, 2) + 2),   # 3 row tiles, tile 0 banded
                           (Conv2dSpec(1, 3 * cfg.block_in, 6, 5, 2 * cfg.block_out, 3, 3, (1, 1, 1, 1), name="pad"),
                            ConvTiling(2, 2, 5, 3, vt), 3 * 3)):
         x, w, b = _rand(np.random.default_rng(3), spec)
@@ -182,7 +182,7 @@ def test_conv2d_whole_row_tiles_load_their_channel_blocks_in_one_load(vt):
         loads = [i for i in stream.last_insns if isinstance(i, Load) and i.mem_type == MemType.INP]
         assert len(loads) == want, spec.name
         if spec.kh == 1:   # 3 row tiles of 2 output blocks: one STORE each but the banded last
-            assert sum(isinstance(i, Store) for i in stream.last_insns) == 2 + FILL_BANDS * 2
+            assert sum(isinstance(i, Store) for i in stream.last_insns) == 2 + min(FILL_BANDS, 2) * 2
 
 
 @pytest.mark.parametrize("vt", [1, 2])
