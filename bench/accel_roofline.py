@@ -6,7 +6,14 @@ Cycles come from a timing driver (tsim, or rtl) when one is registered; otherwis
 compiler's analytical estimate, and the JSON says which ("cycles_source"). Every layer is also
 run on the functional simulator and checked bit-exact against numpy.
 
+With --net NAME (a net of bench/e2e.py: tiny_cnn, resnet18, mobilenetv2, light:<model>, ...) it
+instead breaks a whole network down by offloaded layer on tsim: cycles against the ideal (MACs /
+peak) and against the floor of any layer-by-layer mapping (the ideal, or the layer's activations in
+and out once on the bus, whichever is larger), each stage's busy and token/queue stall cycles,
+micro-ops and DRAM bytes: where the cycles beyond the ideal go (accel_layers_<net>.json).
+
     python bench/accel_roofline.py [--config default] [--driver tsim] [--out bench/results]
+    python bench/accel_roofline.py --net mobilenetv2 [--config default]
 """
 from __future__ import annotations
 
@@ -22,12 +29,19 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from e2e import load_net  # noqa: E402
 
 from accel.isa import resolve_config  # noqa: E402
+from compiler import build_model  # noqa: E402
 from compiler.accel.conv2d import Conv2dSpec, Requant, conv2d_reference, estimate_cycles, plan_conv2d, run_conv2d  # noqa: E402
 from compiler.accel.tune import tune_conv2d  # noqa: E402
 from compiler.accel.workloads import RESNET18_CONV as WORKLOADS  # noqa: E402
+from compiler.frontend import from_onnx  # noqa: E402
+from compiler.frontend.zoo import sample_inputs  # noqa: E402
 from host_runtime import Device, available_drivers  # noqa: E402
+from host_runtime.executor import Executor  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -39,9 +53,14 @@ def main(argv=None) -> int:
                     help="use the analytical tiling only (default: measure the top candidates on the timing driver)")
     ap.add_argument("--top", type=int, default=8, help="candidates measured per layer when tuning")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--net", default=None, help="break this bench/e2e.py net down by offloaded layer instead")
     args = ap.parse_args(argv)
     cfg = resolve_config(args.config)
     timing = args.driver or ("tsim" if "tsim" in available_drivers() else None)
+    if args.net:
+        if timing is None:
+            raise SystemExit("--net needs a timing driver (tsim)")
+        return net_layers(args.net, cfg, timing, Path(args.out))
     layers = json.loads(Path(args.workloads).read_text())["layers"]
     out_dir = Path(args.out)
     rng = np.random.default_rng(0)
@@ -100,6 +119,51 @@ def main(argv=None) -> int:
     print(f"mean GEMM utilization vt=1 {summary['mean_util_vt1']:.1%}, vt=2 {summary['mean_util_vt2']:.1%}; "
           f"min on compute-bound layers (vt=2) {summary['min_util_compute_bound_vt2']:.1%} "
           f"[{summary['cycles_source']}]; wrote {out / 'accel_roofline.json'}")
+    return 0
+
+
+def net_layers(name: str, cfg, driver: str, out_dir: Path) -> int:
+    """Per offloaded layer of net `name` on `driver`: cycles, ideal, floor, stage busy/stalls."""
+    model = load_net(name)
+    feeds = sample_inputs(model, 3, seed=5)
+    mod = build_model(from_onnx(model), target="accel", config=cfg, calibration=feeds[:2])
+    steps = {s.name: s for s in mod.steps if s.kind == "accel"}
+    with Executor(mod, driver=driver) as ex:
+        ex.run(feeds[2])
+        pairs = [(row, res) for row, res in zip(ex.profile, ex.results) if row["target"] == "accel"]
+    rows = []
+    print(f"{'layer':28s} {'op':18s} {'cycles':>9s} {'ideal':>9s} {'x ideal':>7s} {'x floor':>7s} "
+          f"{'load busy/stall':>16s} {'compute busy/stall':>18s} {'store busy/stall':>17s} {'gemm':>8s} {'alu':>6s}")
+    for row, res in pairs:
+        st, step = res.stats, steps[row["name"]]
+        ideal = row["macs"] / cfg.macs_per_cycle
+        floor = max(ideal, sum(mod.tensors[t].nbytes for t in step.inputs) / cfg.bus_bytes,
+                    mod.tensors[step.output].nbytes / cfg.bus_bytes)
+        stages = {k: {"busy": v["busy"], "stall": v["stall_token"] + v["stall_queue"]}
+                  for k, v in st.get("stages", {}).items()}
+        r = {"layer": row["name"], "op": row["op"], "cycles": row["cycles"], "ideal_cycles": ideal,
+             "floor_cycles": floor, "vs_ideal": row["cycles"] / ideal if ideal else None,
+             "vs_floor": row["cycles"] / floor if floor else None, "stages": stages,
+             "gemm_uops": st.get("gemm_uops"), "alu_uops": st.get("alu_uops"),
+             "bytes_read": st.get("dram_bytes", {}).get("read"), "bytes_written": st.get("dram_bytes", {}).get("written")}
+        rows.append(r)
+
+        def bs(k):
+            return f"{stages[k]['busy']}/{stages[k]['stall']}" if k in stages else "-"
+        print(f"{r['layer'][:28]:28s} {r['op'][:18]:18s} {r['cycles']:9d} {ideal:9.0f} "
+              f"{r['vs_ideal'] or 0:7.3f} {r['vs_floor'] or 0:7.3f} {bs('load'):>16s} {bs('compute'):>18s} "
+              f"{bs('store'):>17s} {r['gemm_uops'] or 0:8d} {r['alu_uops'] or 0:6d}")
+    total = {k: sum(r[k] for r in rows) for k in ("cycles", "ideal_cycles", "floor_cycles")}
+    summary = {"net": name, "config": cfg.to_dict(), "driver": driver, **total,
+               "vs_ideal": total["cycles"] / total["ideal_cycles"] if total["ideal_cycles"] else None,
+               "floor_vs_ideal": total["floor_cycles"] / total["ideal_cycles"] if total["ideal_cycles"] else None,
+               "layers": rows}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"accel_layers_{name.replace(':', '_')}.json"
+    path.write_text(json.dumps(summary, indent=2))
+    print(f"{name}: {total['cycles']} cycles, ideal {total['ideal_cycles']:.0f} -> "
+          f"{summary['vs_ideal'] or 0:.3f}x; floor of a layer-by-layer mapping {summary['floor_vs_ideal'] or 0:.3f}x "
+          f"[{driver}]; wrote {path}")
     return 0
 
 
