@@ -46,8 +46,9 @@ def fold_batchnorm(graph: Graph) -> Graph:
         if n.op in ("mul", "add") and n.dtype == "float32" and n.type.rank == 4:
             for k in (0, 1):
                 p, c = n.inputs[k], n.inputs[1 - k]
-                if p.op != "conv2d" or p.shape != n.shape or not _foldable(p, users, old.inputs[k], graph):
-                    continue
+                if p.op != "conv2d" or p.shape != n.shape or not _foldable(p, users, old.inputs[k], graph) \
+                        or p.inputs[1].name in graph.meta.get("weight_scales", {}):
+                    continue   # (a QDQ model's int8 weights stay as the model rounds them)
                 v = _per_channel(c, n.shape[1])
                 if v is None:
                     continue

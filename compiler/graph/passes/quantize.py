@@ -40,6 +40,11 @@ SHIFT_RANGE = (-8, 24)  # activation/weight shifts outside this are clamped (and
 #: scale lost so much that the next batch norm's gain amplified it (DenseNet-121, random weights:
 #: cosine 0.78 against onnxruntime instead of 0.99).
 INT8_AFFINES = True
+#: GEMM layers read only by channel concats and depthwise convs write a scale per output channel
+#: (channel_scaled_outputs)
+CHANNEL_OUTPUTS = True
+#: a channel's step is at most 2^this finer than the layer's coarsest one
+CHANNEL_STEP_SPREAD = 12
 #: the most of an output step an int8 affine (a batch norm as a depthwise conv) may lose to its
 #: bias's rounding; coarser ones stay float (_Quantizer.affine_precise)
 AFFINE_BIAS_ERROR = 1 / 16
@@ -47,6 +52,8 @@ SHR_RANGE = (-32, 31)  # what one SHR of a 32-bit accumulator can do (AluOp.SHR,
 
 #: ops whose int8 result is exact at the input's scale (attrs adjusted by _int8_attrs).
 SCALE_PRESERVING = ("relu", "clip", "max_pool2d", "reshape", "transpose", "slice", "take", "pad")
+#: ops that keep a scale per channel (channel_scaled_concats, channel_scaled_outputs) as it is
+CHANNEL_OPS = ("concat", "relu", "max_pool2d")
 #: ops whose output values are a subset of their input's (a missing range is the input's).
 RANGE_PRESERVING = ("reshape", "transpose", "slice", "take", "max_pool2d")
 #: consumers whose range, not the producer's, sets a conv/dense/add output shift (saturating
@@ -79,6 +86,8 @@ class Calibration:
     scales: dict[str, float] = field(default_factory=dict)
     #: a QDQ model's zero points of asymmetric activations, as int8 (a uint8 one minus 128)
     zero_points: dict[str, int] = field(default_factory=dict)
+    #: per-channel max |value| of calibrated N C H W tensors (for channel_scaled_outputs)
+    channel_absmax: dict[str, np.ndarray] = field(default_factory=dict)
 
     def scale(self, name: str) -> float | None:
         if name in self.scales:
@@ -105,6 +114,7 @@ class Calibration:
         c.source.update(self.source)
         c.scales.update(self.scales)
         c.zero_points.update(self.zero_points)
+        c.channel_absmax = {**other.channel_absmax, **self.channel_absmax}
         return c
 
 
@@ -119,8 +129,13 @@ def calibrate(graph: Graph, samples) -> Calibration:
         for n in graph.nodes:
             if n.op == "const" or not n.dtype.startswith("float"):
                 continue
-            a = float(np.max(np.abs(env[id(n)]))) if n.type.size else 0.0
+            v = env[id(n)]
+            a = float(np.max(np.abs(v))) if n.type.size else 0.0
             cal.absmax[n.name] = max(cal.absmax.get(n.name, 0.0), a)
+            if v.ndim == 4 and v.size:
+                ca = np.max(np.abs(v), axis=(0, 2, 3)).astype(np.float64)
+                prev = cal.channel_absmax.get(n.name)
+                cal.channel_absmax[n.name] = ca if prev is None else np.maximum(prev, ca)
     for name, a in cal.absmax.items():
         cal.shifts[name] = pow2_shift(a)
         cal.source[name] = "calibration"
@@ -154,6 +169,7 @@ class _Quantizer:
         self.layers: list[dict] = []
         self.affine: set[str] = set()   # weights of affine_as_depthwise's convs (float where they cannot be int8)
         self.channel_concats: set[str] = set()   # concats whose int8 has a scale per channel (channel_scaled_concats)
+        self.channel_out: set[str] = set()   # GEMM layers writing a scale per channel (channel_scaled_outputs)
 
     def qparams_for(self, old: Node, why: str) -> tuple[float, int]:
         """(scale, zero point) to quantize tensor `old` at."""
@@ -281,15 +297,31 @@ class _Quantizer:
         k = pow2_shift(float(np.max(np.abs(w))))
         return np.clip(np.rint(w * 2.0 ** k), -INT8_MAX, INT8_MAX).astype(np.int8), np.array(2.0 ** -k)
 
-    def per_channel(self, n: Node, sx: float, sw: np.ndarray, so: float) -> tuple[int, np.ndarray]:
-        """(shift k, int64 multipliers M_c) with M_c 2^-k ~ sx sw_c / so for each output channel:
-        each channel's own 24-bit multiplier, aligned to the largest shift the int64 product
-        allows (channels whose scale is over 2^7 times smaller keep fewer bits)."""
-        pairs = [_fixed(sx * float(c) / so, f"{n.op} '{n.name}' channel {i}") for i, c in enumerate(sw)]
+    def per_channel(self, n: Node, sx: float, sw: np.ndarray, so) -> tuple[int, np.ndarray]:
+        """(shift k, int64 multipliers M_c) with M_c 2^-k ~ sx sw_c / so_c for each output channel
+        (so: one output scale, or one per channel): each channel's own 24-bit multiplier, aligned to
+        the largest shift the int64 product allows (channels whose scale is over 2^7 times smaller
+        keep fewer bits)."""
+        real = [sx * float(c) / float(o) for c, o in zip(sw, np.broadcast_to(np.asarray(so, np.float64), sw.shape))]
+        pairs = [_fixed(r, f"{n.op} '{n.name}' channel {i}") for i, r in enumerate(real)]
         k = min(max(kc for _, kc in pairs), min(kc for _, kc in pairs) + 7)
-        muls = [m << (k - kc) if kc <= k else max(1, round(sx * float(c) / so * 2.0 ** k))
-                for (m, kc), c in zip(pairs, sw)]
+        muls = [m << (k - kc) if kc <= k else max(1, round(r * 2.0 ** k)) for (m, kc), r in zip(pairs, real)]
         return k, np.array(muls, np.int64)
+
+    def channel_steps(self, old: Node) -> np.ndarray | None:
+        """Per-channel output steps of GEMM layer `old` (channel_scaled_outputs), from the
+        per-channel range of the tensor whose scale it takes (its ReLU's, else its own)."""
+        if old.name not in self.channel_out:
+            return None
+        us = self.users[id(old)]
+        name = us[0].name if len(us) == 1 and us[0].op == "relu" else old.name
+        a = self.cal.channel_absmax.get(name)
+        if a is None or a.shape != (old.shape[1],):
+            return None
+        top = 2.0 ** -pow2_shift(float(a.max()))   # the tensor's own step: no channel is coarser
+        steps = np.array([2.0 ** -pow2_shift(float(v)) if v > 0 else top for v in a])
+        steps = np.clip(steps, top * 2.0 ** -CHANNEL_STEP_SPREAD, top)   # multipliers stay in range
+        return None if np.all(steps == steps[0]) else steps
 
     # ---- per-op rules ------------------------------------------------------------------------
     def gemm(self, ins: list[Node], old: Node) -> Node:
@@ -299,6 +331,9 @@ class _Quantizer:
         if isinstance(sx, np.ndarray):   # one input channel per output channel: its step joins the weight's
             sw, sx = np.broadcast_to(np.asarray(sw, np.float64).reshape(-1), sx.shape) * sx, 1.0
         so, zo = self.out_qparams(old)
+        steps = self.channel_steps(old) if not zo else None
+        if steps is not None:   # a scale per output channel (its readers take one): per-channel multipliers
+            so, sw = steps, np.broadcast_to(np.asarray(sw, np.float64).reshape(-1), steps.shape)
         b = n.inputs[2].value.astype(np.float64) if len(n.inputs) == 3 else np.zeros(wq.shape[0])
         attrs = {k: v for k, v in n.attrs.items()}
         if zx and n.op == "conv2d" and any(attrs["pads"]):
@@ -337,7 +372,8 @@ class _Quantizer:
             raise QuantizeError(f"quantize: {n.op} '{n.name}': bias does not fit int32 at {at_scale}")
         q = Node("q" + n.op, [x, Node.const(wq, name=f"{n.name}/wq"), Node.const(bq.astype(np.int32), name=f"{n.name}/bq"),
                               *extra], attrs, name=n.name, origin=n.origin)
-        self.layers.append({"name": n.name, "op": q.op, "in_scale": float(np.max(sx)), "w_scale": float(np.max(sw)), "out_scale": so,
+        self.layers.append({"name": n.name, "op": q.op, "in_scale": float(np.max(sx)), "w_scale": float(np.max(sw)),
+                            "out_scale": float(np.max(so)),
                             "shr": s, "mul": mul, "w_absmax": float(np.max(np.abs(n.inputs[1].value))),
                             "w_use": float(np.max(np.abs(wq))) / INT8_MAX, "in_zp": zx, "out_zp": zo})
         return self.mark(q, so, zo)
@@ -446,8 +482,8 @@ class _Quantizer:
         n = old
         if n.op in ("input", "const"):
             return n
-        if any(self.channel_scaled(i) for i in ins) and n.op != "concat" and not is_depthwise(old):
-            return self.floating(ins, n)   # only those two read a scale per channel
+        if any(self.channel_scaled(i) for i in ins) and n.op not in CHANNEL_OPS and not is_depthwise(old):
+            return self.floating(ins, n)   # only these read a scale per channel
         if n.op in ("conv2d", "dense") and n.inputs[1].is_const and all(i.is_const for i in n.inputs[2:]) \
                 and n.dtype == "float32" and self.has_scales(old, ins):
             if old.inputs[1].name in self.affine and not self.affine_precise(ins, old):
@@ -593,6 +629,28 @@ def channel_scaled_concats(graph: Graph, cal: Calibration) -> set[str]:
     return {n.name for n in cands.values()}
 
 
+def channel_scaled_outputs(graph: Graph, cal: Calibration, concats: set[str]) -> set[str]:
+    """Names of the conv layers whose int8 result may carry a scale per output channel (each from
+    its channel's calibrated range): those whose readers, through ReLUs and max pools, are only
+    channel_scaled_concats concats and depthwise convs, which absorb such scales. A DenseNet
+    layer's new channels then keep their own precision into every later batch norm, whose gain
+    would amplify a channel quantized at the tensor's coarsest step."""
+    users = graph.users()
+    outputs = {id(o) for o in graph.outputs}
+    memo: dict[int, bool] = {}
+
+    def takes_channels(t: Node) -> bool:
+        if id(t) not in memo:
+            memo[id(t)] = bool(users[id(t)]) and id(t) not in outputs and all(
+                (u.op == "concat" and u.name in concats)
+                or (is_depthwise(u) and u.inputs[0] is t and all(i is not t for i in u.inputs[1:]))
+                or (u.op in ("relu", "max_pool2d") and takes_channels(u)) for u in users[id(t)])
+        return memo[id(t)]
+    return {n.name for n in graph.nodes
+            if n.op == "conv2d" and n.dtype == "float32" and n.inputs[1].is_const and n.type.rank == 4
+            and n.name in cal.channel_absmax and cal.source.get(n.name) != "qdq" and takes_channels(n)}
+
+
 def shared_concat_shifts(graph: Graph, cal: Calibration, keep: set[str] = frozenset()) -> Calibration:
     """Calibrated concat inputs take the concat's coarsest shift (as TFLite shares a concat's
     quantization), so that their producers write the concat's scale directly: no requantize
@@ -623,6 +681,7 @@ def quantize(graph: Graph, calibration: Calibration) -> Graph:
     calibration = shared_concat_shifts(graph, calibration, channel_concats)
     qz = _Quantizer(graph, calibration)
     qz.channel_concats = channel_concats
+    qz.channel_out = channel_scaled_outputs(graph, calibration, channel_concats) if CHANNEL_OUTPUTS else set()
     qz.weight_scales = {**qz.weight_scales, **affine_scales}
     qz.affine = set(affine_scales)
     mapping: dict[int, Node] = {}

@@ -195,3 +195,39 @@ def test_concat_of_a_cpu_result_and_an_accelerator_result_is_planned_in_place():
             np.testing.assert_array_equal(np.asarray(ex.values[name]).reshape(env[id(node)].shape), env[id(node)])
     np.testing.assert_allclose(next(iter(outs.values())), reference_run(g, feeds[3])[0], rtol=0, atol=0)
     assert _cos(next(iter(outs.values())), _ort(m, feeds[3])[0]) >= 0.99
+
+
+def _uneven_block(seed=4, c=8, hw=6):
+    """A conv whose output channels span ranges 1 .. 1/300, concatenated with another conv, then a
+    batch norm that normalizes every channel (as training leaves it), ReLU and a 1x1 conv."""
+    b = ModelBuilder("uneven", seed)
+    x = b.input("image", (1, 3, hw, hw))
+    gains = np.geomspace(1.0, 1 / 300, c)
+    w = (b.rng.standard_normal((c, 3, 3, 3)) * 0.4 * gains.reshape(-1, 1, 1, 1)).astype(np.float32)
+    u = b.op("Conv", [x, b.init(w)], name="conv_u", kernel_shape=[3, 3], pads=[1] * 4)
+    v = b.op("Relu", [b.conv(x, 3, c, name="conv_v")], name="relu_v")
+    cat = b.op("Concat", [u, v], name="cat", axis=1)
+    y = b.op("Relu", [_bn(b, cat, list(gains * 1.2) + [0.6] * c, "bn")], name="bn_relu")
+    return b.build([b.conv(y, 2 * c, c, k=1, name="head")])
+
+
+def test_conv_read_by_a_channel_concat_writes_a_scale_per_channel(monkeypatch):
+    """conv_u's channels differ 300x in range; it writes each at its own step (per-channel
+    multipliers), so the batch norm after the concat sees every channel at full precision."""
+    m = _uneven_block()
+    feeds = sample_inputs(m, 4, seed=3)
+    want = _ort(m, feeds[3])[0]
+    g = optimize(from_onnx(m), quantize=True, calibration_samples=feeds[:3])
+    assert len(g.find("conv_u").inputs) == 4, "per-channel multipliers expected"
+    fine = _cos(reference_run(g, feeds[3])[0], want)
+    monkeypatch.setattr(quantize_pass, "CHANNEL_OUTPUTS", False)
+    coarse = optimize(from_onnx(m), quantize=True, calibration_samples=feeds[:3])
+    assert len(coarse.find("conv_u").inputs) == 3
+    assert fine >= 0.98 and _cos(reference_run(coarse, feeds[3])[0], want) < fine - 0.01
+    monkeypatch.undo()
+    mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:3])
+    steps = {s.name: s for s in mod.steps}
+    assert steps["conv_u"].kind == "accel" and not mod.meta["fallbacks"]
+    with Executor(mod, driver="fsim") as ex:
+        got = next(iter(ex.run(feeds[3]).values()))
+    np.testing.assert_array_equal(got, reference_run(mod.graph, feeds[3])[0])
