@@ -43,7 +43,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     GEMM requantizes into the accumulator instead (EPILOGUE to_acc) and the identity GEMM that adds
     the residual flushes.
     Every output-channel block's bias is loaded into the accumulator once, past the slots, when it
-    fits (MOVs and seeds read it there). A tile starts its sums before it waits for its loads. On 1x1
+    fits (MOVs and seeds read it there), and so are channel_scales (SCALE reads them there). A tile starts its sums before it waits for its loads. On 1x1
     stride-1 layers the layer's first chunk and its last tile go in FILL_BANDS row bands with a token
     per band, so compute starts on the first band's input and the store drains the last tile band by
     band (the pipeline's fill and drain). A tile of whole unpadded rows moves all its channel blocks
@@ -82,8 +82,11 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     # every output-channel block's bias stays in the accumulator past the slots (one LOAD for the
     # layer) when there is room: seeds and bias MOVs read it there, so no tile waits on a DRAM read
     # in the compute stage for its bias
-    bias_all = (S * acc_slot if bias is not None and channel_scales is None and S * acc_slot + g.ob <= cfg.acc_depth
-                else None)
+    bias_all = S * acc_slot if bias is not None and S * acc_slot + g.ob <= cfg.acc_depth else None
+    # per-channel SCALE operands likewise, past the biases: else each tile loads its own into its bias
+    # entries, a compute-stage read that waits behind the load stage's bursts
+    scales_end = S * acc_slot + (g.ob if bias_all is not None else 0)
+    scales_all = scales_end if channel_scales is not None and scales_end + g.ob <= cfg.acc_depth else None
     # a fused residual's conv requantization into the accumulator on the last GEMM (EPILOGUE to_acc)
     conv_to_acc = flush_params(requant) if residual is not None else None
     if flush is None:
@@ -110,6 +113,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     pipe = TokenPipeline(stream, S, n_loads, len(tiles))
     if bias_all is not None:
         stream.load_2d(MemType.ACC, bias_all, bias, 0, y_size=1, x_size=g.ob)
+    if scales_all is not None:
+        stream.load_2d(MemType.ACC, scales_all, channel_scales, 0, y_size=1, x_size=g.ob)
     j = 0  # load/compute iteration (one input-channel chunk of one tile)
     group, last_group = -1, None
     for ti, (n, o0, h0, w0) in enumerate(tiles):
@@ -297,10 +302,11 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
         # ---- epilogue on the accumulator tile (a banded tile's was its GEMMs)
         if not tail_banded and (flush is None or residual is not None):
             ew = _tile_kernel(stream, "ew", acc_base, o_a, h_a, w_a)
-            if channel_scales is not None:  # the bias entries are free again: one SCALE operand per channel block
-                stream.load_2d(MemType.ACC, bias_base, channel_scales, o0, y_size=1, x_size=o_a)
-                stream.push_alu(_bias_kernel(stream, acc_base, bias_base, o_a, h_a * w_a),
-                                AluOp.SCALE)
+            if channel_scales is not None:  # one SCALE operand per channel block
+                if scales_all is None:   # into the bias entries, free again
+                    stream.load_2d(MemType.ACC, bias_base, channel_scales, o0, y_size=1, x_size=o_a)
+                src = bias_base if scales_all is None else scales_all + o0
+                stream.push_alu(_bias_kernel(stream, acc_base, src, o_a, h_a * w_a), AluOp.SCALE)
             if not conv_in_gemm:   # else the last GEMM did it
                 emit_requant(stream, ew, requant,
                              lambda: _operand_kernel(stream, acc_base, o_a * h_a * w_a, param_base))
