@@ -61,8 +61,11 @@ def test_reference_within_one_step_of_the_float_pool(p, seed):
     want = np.clip(float_pool(x, a), -128 if a["out_zp"] else -127, 127)
     got = qavg_pool2d_ref(a, x)
     assert got.dtype == np.int8 and got.shape == want.shape
-    assert np.abs(got - want).max() <= 0.5 + 1e-3 + 128 * 9 * a["ratio"] * 2.0 ** -avg_multipliers(
-        a["ratio"], [1], 1)[0]
+    # the rounding's half step, plus each multiplier's own rounding (half a unit of 2^-k) times |sum|
+    taps = a["kernel"][0] * a["kernel"][1]
+    cy, cx = divisor_counts(shape[2:], a)
+    k = avg_multipliers(a["ratio"], np.outer(cy, cx).reshape(-1), taps, a["in_zp"])[0]
+    assert np.abs(got - want).max() <= 0.5 + 1e-9 + (128 + abs(a["in_zp"])) * taps * 0.5 * 2.0 ** -k
 
 
 @settings(max_examples=14, deadline=None)
