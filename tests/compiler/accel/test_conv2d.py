@@ -26,6 +26,7 @@ from compiler.accel.conv2d import (
 )
 from compiler.accel.eltwise import add_reference
 from compiler.accel.layout import pack_activation, pack_weight, unpack_activation, unpack_weight
+from compiler.accel.tune import measure_conv2d
 from compiler.graph.ops import fixed_multiplier
 from host_runtime import Device
 
@@ -257,8 +258,9 @@ def test_fixed_point_requantization_matches_reference(cfg_name, relu):
 
 @pytest.mark.parametrize("cfg_name", ["tiny", "default"])
 def test_per_channel_scales_match_reference(cfg_name):
-    """One SCALE operand per output channel (loaded into the bias entries after the MOV), then the
-    clamp; multipliers spanning 2^7 with a shared shift, some with low zero bits to strip."""
+    """One SCALE operand per output channel, then the clamp; multipliers spanning 2^7 with a shared
+    shift, some with low zero bits to strip. The biases and the SCALE operands load once for the
+    layer into the accumulator past the slots (two ACC loads), not per tile."""
     cfg = PRESETS[cfg_name]
     spec = Conv2dSpec(1, 2 * cfg.block_in, 8, 6, 3 * cfg.block_out - 3, 3, 3, (1, 1, 1, 1), name="pc")
     x, w, b = rand_conv(np.random.default_rng(8), spec, True)
@@ -268,6 +270,7 @@ def test_per_channel_scales_match_reference(cfg_name):
     y, _, stream = run_conv2d(Device(cfg, dram_bytes=32 << 20), x, w, b, spec, rq, channel_muls=(muls, 38))
     ref = conv2d_reference(x, w, b, spec, rq, channel_muls=(muls, 38))
     assert np.array_equal(y, ref) and 0 < np.count_nonzero(ref) and np.count_nonzero(ref == 100) < ref.size
+    assert sum(isinstance(i, Load) and i.mem_type == MemType.ACC for i in stream.last_insns) == 2
     with pytest.raises(TilingError, match="no 24-bit SCALE form"):
         run_conv2d(Device(cfg), x, w, b, spec, rq, channel_muls=(muls | 1 | (1 << 30), 38))
 
@@ -341,3 +344,45 @@ def test_flush_params_takes_only_what_one_flush_can_do():
     for r in (Requant(8, mul=3), Requant(8, zero_point=5), Requant(-2), Requant(32), Requant(8, -100, 90),
               Requant(8, 0, 200)):
         assert flush_params(r) is None, r
+
+
+@pytest.mark.parametrize("vt", [1, 2])
+@pytest.mark.parametrize("k", [1, 3])
+def test_conv2d_residual_comes_in_pieces_beside_the_chunks(vt, k):
+    """With several input chunks a fused residual is loaded in row pieces after each chunk but the
+    last (into its own region past the chunk slots), not all beside the last chunk: no chunk's
+    loads carry more than their share, every residual entry comes in once, and the result is
+    bit-exact (the last chunk's token covers the pieces; the region is free once its slot's
+    previous tile added its residual)."""
+    cfg = PRESETS["tiny"]
+    spec = Conv2dSpec(1, 4 * cfg.block_in, 6, 5, 3 * cfg.block_out, k, k, (k // 2,) * 4, name="res")
+    t = ConvTiling(3, 2, 5, 1, vt)   # 3 row tiles, 4 chunks each
+    x, w, b = _rand(np.random.default_rng(11), spec)
+    r = np.random.default_rng(12).integers(-127, 128, (1, spec.o, spec.oh, spec.ow), dtype=np.int8)
+    rq1, rq2 = Requant(9, -127, 127), Requant(1, -127, 127, True)
+    y, _, stream = run_conv2d(Device(cfg), x, w, b, spec, rq1, vt, t, residual=(r, 0, 1, rq2))
+    assert np.array_equal(y, add_reference(conv2d_reference(x, w, b, spec, rq1), r, 0, 1, rq2))
+    region = vt * t.ic_t * (t.h_t - 1 + k) * (t.w_t - 1 + k)   # the residual regions start past the chunk slots
+    pieces, entries = [0], 0
+    for i in stream.last_insns:
+        if isinstance(i, Load) and i.mem_type == MemType.INP and i.sram_base >= region:
+            pieces[-1] += i.y_size * i.x_size
+            entries += i.y_size * i.x_size
+        if isinstance(i, Load) and i.push_next:   # a chunk's loads end: the next ones are the next chunk's
+            pieces.append(0)
+    assert entries == spec.o // cfg.block_out * spec.oh * spec.ow
+    tile_rows = 3 * t.h_t   # blocks x rows of a tile, spread over its 3 chunks after the first
+    assert max(pieces) <= _ceil(tile_rows, 3) * t.w_t
+
+
+def test_plan_costs_short_transfers_with_their_bursts_in_flight():
+    """The estimate lets a transfer's short bursts wait their latency read_outstanding at a time (the
+    AXI master keeps them in flight), so a strided 1x1 layer (ResNet-18's last downsample) is not
+    planned as one weight-heavy chunk a group loaded before any compute: its pick is faster on the
+    timing model than that tiling (which serial per-row latencies used to rank first)."""
+    cfg = PRESETS["default"]
+    spec = Conv2dSpec(1, 256, 14, 14, 512, 1, 1, strides=(2, 2), name="down")
+    pick, heavy = plan_conv2d(spec, cfg), ConvTiling(11, 1, 7, 16, 2)
+    assert pick.ic_t < 16
+    rq = Requant(9, -127, 127)
+    assert measure_conv2d(spec, cfg, pick, requant=rq) < 0.9 * measure_conv2d(spec, cfg, heavy, requant=rq)
