@@ -42,11 +42,11 @@ class HostModel:
 
 
 HOST_MODELS = {
-    # measured: best of 6 runs of MobileNetV2's (bench/e2e.py) depthwise layers and their
-    # pack/unpack steps on the fsim driver, 2-core x86 build machine shared with other jobs:
-    # stride 1 at 3.2-4.0 GMAC/s (the best layers), stride 2 at 0.2-1.1, pack/unpack 2.2-3.5 GB/s,
-    # the smallest step 27 us
-    "x86-dev": HostModel("x86-dev", macs_per_s=3.5e9, strided_macs_per_s=0.8e9, bytes_per_s=3.0e9, step_s=30e-6),
+    # measured (bench/depthwise_host.py measures these): best of 6 runs of MobileNetV2's
+    # (bench/e2e.py) depthwise layers and their pack/unpack steps on the fsim driver, 2-core x86
+    # build machine shared with other jobs: stride 1 at 3.2-4.0 GMAC/s (the best layers), stride 2
+    # at 0.2-1.1, pack/unpack 1.1-1.75 GB/s of tensor, the smallest step 27 us
+    "x86-dev": HostModel("x86-dev", macs_per_s=3.5e9, strided_macs_per_s=0.8e9, bytes_per_s=1.5e9, step_s=30e-6),
     # modelled: a 650 MHz Cortex-A9 with NEON, 8 int8 MACs per cycle at best, a quarter of that
     # reached on a 3x3 window (strided: half again); 32-bit DDR3, about 0.5 GB/s for copies
     "pynq-z1": HostModel("pynq-z1", macs_per_s=1.3e9, strided_macs_per_s=0.65e9, bytes_per_s=0.5e9, step_s=50e-6),
