@@ -9,19 +9,22 @@ and packs its output back to the blocked layout (a read and a write of each tens
 more host steps. No quantize/dequantize: both sides compute int8 and exchange int8 tensors.
 
 The host's figures are a HostModel: measured ones for the machine that runs the module (the
-default, HOST_MODELS["x86-dev"], this project's 2-core build machine) or modelled ones for a
-board's own CPU (HOST_MODELS["pynq-z1"], a Cortex-A9). The accelerator's side is the planner's
-cycle estimate of the grouped lowering (compiler.accel.plan), at the config's clock.
+default, HOST_MODELS["x86-dev"], this project's 2-core build machine; bench/depthwise_host.py
+measures another) or modelled ones for a board's own CPU (HOST_MODELS["pynq-z1"], a Cortex-A9);
+$ACCEL_HOST_MODEL names the one builds use. The accelerator's side is the planner's cycle
+estimate of the grouped lowering (compiler.accel.plan), at the config's clock.
 """
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from accel.isa import AccelConfig
 
+from ..errors import TargetError
 from ..graph.ir import Node
 from .conv2d import Conv2dSpec, TilingError
 from .grouped import group_spec, grouped_layout
@@ -54,12 +57,20 @@ HOST_MODELS = {
 DEFAULT_HOST = "x86-dev"
 
 
+#: names the host model builds use instead of DEFAULT_HOST (a board's CPU when compiling for it)
+HOST_ENV = "ACCEL_HOST_MODEL"
+
+
 def host_model(name: str | None = None) -> HostModel:
-    """The HostModel `name` (default DEFAULT_HOST); ValueError names the known ones."""
+    """The HostModel `name` (default: $ACCEL_HOST_MODEL, else DEFAULT_HOST); TargetError (a
+    ValueError) names the known ones."""
+    env = os.environ.get(HOST_ENV) if name is None else None
+    key = name or env or DEFAULT_HOST
     try:
-        return HOST_MODELS[name or DEFAULT_HOST]
+        return HOST_MODELS[key]
     except KeyError:
-        raise ValueError(f"unknown host model {name!r}; models are {', '.join(HOST_MODELS)}") from None
+        where = f"${HOST_ENV}={env!r}" if env else f"host model {key!r}"
+        raise TargetError(f"{where}: unknown host model; models are {', '.join(HOST_MODELS)}") from None
 
 
 def _channels(t: Node) -> int:

@@ -8,6 +8,7 @@ import pytest
 import compiler
 from accel.isa import PRESETS
 from compiler.accel import depthwise_cost as dc
+from compiler.errors import TargetError
 from compiler.frontend import from_onnx, zoo
 from compiler.graph import run as reference_run
 from compiler.graph.ir import Node
@@ -42,8 +43,23 @@ def test_cpu_estimate_terms():
     assert dc.cpu_depthwise_seconds(n, host) == pytest.approx(macs / 1e9 + 2 * 32 * 14 * 14 / 1e9 + 2e-5)
     s2 = dw_node(32, 14, 2)
     assert dc.cpu_depthwise_seconds(s2, host, beside_accel=False) == pytest.approx(32 * 7 * 7 * 9 / 0.5e9)
-    with pytest.raises(ValueError, match="unknown host model 'vax'.*x86-dev"):
+    with pytest.raises(TargetError, match="host model 'vax': unknown host model; models are x86-dev"):
         dc.host_model("vax")
+
+
+def test_host_model_from_the_environment(monkeypatch):
+    monkeypatch.setenv(dc.HOST_ENV, "pynq-z1")
+    assert dc.host_model() is dc.HOST_MODELS["pynq-z1"]
+    assert dc.host_model("x86-dev").name == "x86-dev"
+    monkeypatch.setenv(dc.HOST_ENV, "z80")
+    with pytest.raises(TargetError, match=r"\$ACCEL_HOST_MODEL='z80': unknown host model"):
+        dc.host_model()
+    # a slower host moves more of MobileNet's depthwise layers onto the accelerator
+    n = dw_node(144, 56, 1)
+    monkeypatch.setenv(dc.HOST_ENV, "pynq-z1")
+    slow = dc.cpu_depthwise_seconds(n)
+    monkeypatch.delenv(dc.HOST_ENV)
+    assert slow > dc.cpu_depthwise_seconds(n)
 
 
 @pytest.mark.parametrize("cfg", ["default", "tiny"])
@@ -76,6 +92,8 @@ def quantized(model):
 @pytest.fixture
 def host(monkeypatch):
     """Select a host model by name for the partition (the targets read the default)."""
+    monkeypatch.delenv(dc.HOST_ENV, raising=False)
+
     def use(model: dc.HostModel):
         monkeypatch.setitem(dc.HOST_MODELS, model.name, model)
         monkeypatch.setattr(dc, "DEFAULT_HOST", model.name)
