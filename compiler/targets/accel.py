@@ -238,7 +238,7 @@ class AccelTarget(Target):
         "depthwise": "depthwise convolution (one group per channel) as a diagonal GEMM wastes too much of the core",
         "dilated": "dilated convolution has no accelerator lowering",
         "shape": "shape the accelerator lowering cannot take or would waste most of the GEMM core on",
-        "cost": "slower on the accelerator by the cost estimate (memory-bound)",
+        "cost": "slower on the accelerator by the cost estimate (memory-bound, or a depthwise conv the CPU runs faster)",
         "placement": "elementwise op whose producer runs on the CPU stays beside it",
         "lowering": "the accelerator lowering failed at build time (the reason says why); runs on the CPU",
     }
