@@ -11,6 +11,10 @@ from ..ir import Graph, Node, rewrite
 from .import_qdq import rename_range
 
 
+#: fold a per-channel constant mul/add after a conv into it (off: affine_as_depthwise takes it)
+FOLD_SCALES = True
+
+
 def _per_channel(c: Node, channels: int) -> np.ndarray | None:
     """The values of constant c if it broadcasts over axis 1 of a rank-4 N C H W result only."""
     if not c.is_const or not c.dtype.startswith("float") or c.value.ndim > 4 or c.value.size not in (1, channels):
@@ -43,7 +47,7 @@ def fold_batchnorm(graph: Graph) -> Graph:
     users = graph.users()
 
     def fn(n: Node, old: Node):
-        if n.op in ("mul", "add") and n.dtype == "float32" and n.type.rank == 4:
+        if n.op in ("mul", "add") and n.dtype == "float32" and n.type.rank == 4 and FOLD_SCALES:
             for k in (0, 1):
                 p, c = n.inputs[k], n.inputs[1 - k]
                 if p.op != "conv2d" or p.shape != n.shape or not _foldable(p, users, old.inputs[k], graph) \

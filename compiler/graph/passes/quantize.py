@@ -297,6 +297,15 @@ class _Quantizer:
         k = pow2_shift(float(np.max(np.abs(w))))
         return np.clip(np.rint(w * 2.0 ** k), -INT8_MAX, INT8_MAX).astype(np.int8), np.array(2.0 ** -k)
 
+    def channel_weights(self, n: Node) -> tuple[np.ndarray, np.ndarray]:
+        """(int8 weights, scale per output channel): each output channel's weights at the finest
+        power of two that holds them (a layer with per-channel multipliers loses nothing by it,
+        and a batch norm or Scale folded into the weights leaves their channels far apart)."""
+        w = n.inputs[1].value.astype(np.float64)
+        ks = np.array([pow2_shift(float(np.max(np.abs(c)))) for c in w.reshape(w.shape[0], -1)])
+        q = np.rint(w * (2.0 ** ks).reshape((-1,) + (1,) * (w.ndim - 1)))
+        return np.clip(q, -INT8_MAX, INT8_MAX).astype(np.int8), 2.0 ** -ks.astype(np.float64)
+
     def per_channel(self, n: Node, sx: float, sw: np.ndarray, so) -> tuple[int, np.ndarray]:
         """(shift k, int64 multipliers M_c) with M_c 2^-k ~ sx sw_c / so_c for each output channel
         (so: one output scale, or one per channel): each channel's own 24-bit multiplier, aligned to
@@ -333,7 +342,10 @@ class _Quantizer:
         so, zo = self.out_qparams(old)
         steps = self.channel_steps(old) if not zo else None
         if steps is not None:   # a scale per output channel (its readers take one): per-channel multipliers
-            so, sw = steps, np.broadcast_to(np.asarray(sw, np.float64).reshape(-1), steps.shape)
+            so = steps
+            if n.inputs[1].name not in self.weight_scales:   # so each output channel's weights at its own step
+                wq, sw = self.channel_weights(n)
+            sw = np.broadcast_to(np.asarray(sw, np.float64).reshape(-1), steps.shape)
         b = n.inputs[2].value.astype(np.float64) if len(n.inputs) == 3 else np.zeros(wq.shape[0])
         attrs = {k: v for k, v in n.attrs.items()}
         if zx and n.op == "conv2d" and any(attrs["pads"]):
