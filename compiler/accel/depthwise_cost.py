@@ -113,22 +113,31 @@ def accel_depthwise_cycles(n: Node, cfg: AccelConfig) -> float:
         return batches * oh * ow * spec.kh * spec.kw * -(-spec.o // cfg.block_out)
 
 
-def accel_depthwise_seconds(n: Node, cfg: AccelConfig) -> float:
-    return accel_depthwise_cycles(n, cfg) / (cfg.clock_mhz * 1e6)
+def accel_depthwise_seconds(n: Node, cfg: AccelConfig, beside_cpu: bool = False,
+                            host: HostModel | None = None) -> float:
+    """accel_depthwise_cycles at the config's clock; beside_cpu (its producer on the CPU): plus
+    boundary_seconds, the pack of its input and the unpack of its output."""
+    t = accel_depthwise_cycles(n, cfg) / (cfg.clock_mhz * 1e6)
+    return t + (boundary_seconds(n, host) if beside_cpu else 0.0)
+
+
+def boundary_seconds(n: Node, host: HostModel | None = None) -> float:
+    """Host time to cross the accelerator boundary around n: its input converted to one layout and
+    its output back (two host steps, each int8 tensor converted once)."""
+    host = host or host_model()
+    nbytes = math.prod(n.inputs[0].shape) + math.prod(n.shape)
+    return nbytes / host.bytes_per_s + 2 * host.step_s
 
 
 def cpu_depthwise_seconds(n: Node, host: HostModel | None = None, beside_accel: bool = True) -> float:
-    """The int8 kernel's MACs at the host's rate; beside_accel: the input is unpacked from and the
-    output packed back to the accelerator's layout (two more host steps, each tensor converted once)."""
+    """The int8 kernel's MACs at the host's rate; beside_accel (its producer on the accelerator):
+    plus boundary_seconds, the unpack of its input and the pack of its output."""
     host = host or host_model()
     w = n.inputs[1].shape
     macs = math.prod(n.shape) * math.prod(w[1:])
     rate = host.macs_per_s if tuple(n.attrs["strides"]) == (1, 1) else host.strided_macs_per_s
     t = macs / rate   # its own step is not counted: running it on the accelerator is one host step too
-    if beside_accel:
-        nbytes = math.prod(n.inputs[0].shape) + math.prod(n.shape)   # int8, unpacked once and packed once
-        t += nbytes / host.bytes_per_s + 2 * host.step_s
-    return t
+    return t + (boundary_seconds(n, host) if beside_accel else 0.0)
 
 
 def depthwise_costs(n: Node, cfg: AccelConfig, host: HostModel | None = None) -> dict[str, float]:

@@ -284,8 +284,9 @@ class AccelTarget(Target):
         cfg = ctx.config
         if n.op not in (ctx.rules or ACCEL_RULES).gemm_ops:
             return 0.0   # elementwise ops ride in the producer's program
-        if (ctx.rules or ACCEL_RULES).depthwise_by_cost and is_depthwise(n):
-            return accel_depthwise_seconds(n, cfg)   # the planner's cycles of the diagonal GEMM
+        if (ctx.rules or ACCEL_RULES).depthwise_by_cost and is_depthwise(n):   # the diagonal GEMM's cycles
+            beside_cpu = any(ctx.where.get(id(i), self.name) != self.name for i in n.inputs if not i.is_const)
+            return accel_depthwise_seconds(n, cfg, beside_cpu)
         eff, macs, _ = roofline_efficiency(n, cfg)
         if n.op == "qconv2d" and n.attrs.get("groups", 1) != 1:   # the MACs the merged slices execute
             macs /= 1.0 - grouped_waste(n.attrs["groups"], n.inputs[0].shape[1], n.shape[1], cfg.block_in,

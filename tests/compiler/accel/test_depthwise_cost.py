@@ -43,6 +43,10 @@ def test_cpu_estimate_terms():
     assert dc.cpu_depthwise_seconds(n, host) == pytest.approx(macs / 1e9 + 2 * 32 * 14 * 14 / 1e9 + 2e-5)
     s2 = dw_node(32, 14, 2)
     assert dc.cpu_depthwise_seconds(s2, host, beside_accel=False) == pytest.approx(32 * 7 * 7 * 9 / 0.5e9)
+    # the accelerator side pays the same boundary when its producer runs on the CPU
+    cfg = PRESETS["default"]
+    assert dc.accel_depthwise_seconds(n, cfg, True, host) - dc.accel_depthwise_seconds(n, cfg, False, host) == \
+        pytest.approx(dc.boundary_seconds(n, host)) == pytest.approx(2 * 32 * 14 * 14 / 1e9 + 2e-5)
     with pytest.raises(TargetError, match="host model 'vax': unknown host model; models are x86-dev"):
         dc.host_model("vax")
 
