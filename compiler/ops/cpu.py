@@ -200,6 +200,43 @@ def schedule_reduce(outs):
     return s
 
 
+def schedule_concat(outs):
+    """Concatenation (with any elementwise epilogue inlined): the axes before the concat axis,
+    the concat axis as its own loop - split at the input boundaries by loop partitioning, so each
+    part copies from one input with no per-element select - and the axes after it fused into one
+    contiguous, vectorized run. Parallel over the outer axes, else over the concat axis."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    cat = next((st.op for st in s.stages if not st.is_placeholder and "concat" in st.op.tag.split(",")), None)
+    out = outs[0]
+    if (len(outs) != 1 or cat is None or "axis" not in (cat.attrs or {}) or not isinstance(out.op, ComputeOp)
+            or out.op.reduce_axis or tuple(out.shape) != tuple(cat.output(0).shape)
+            or any(not st.is_placeholder and st.attach_type != "inline" and st.op is not out.op for st in s.stages)):
+        return schedule_injective(outs)
+    ax = cat.attrs["axis"]
+    st = s[out]
+    axes = list(st.op.axis)
+    outer_axes, cax, rest = axes[:ax], axes[ax], axes[ax + 1:]
+    inner = math.prod(out.shape[ax + 1:])
+    if rest:
+        r = st.fuse(*rest) if len(rest) > 1 else rest[0]
+        vl = lanes(out.dtype)
+        v = next((w for w in (vl, vl // 2, vl // 4) if w >= 4 and inner % w == 0), None)
+        if v is not None:
+            _, ri = st.split(r, v)
+            st.vectorize(ri)
+    big = math.prod(out.shape) >= PARALLEL_MIN
+    if outer_axes:
+        o = st.fuse(*outer_axes) if len(outer_axes) > 1 else outer_axes[0]
+        if big and math.prod(out.shape[:ax]) > 1:
+            st.parallel(o)
+            return s
+    if big:
+        st.parallel(cax)
+    return s
+
+
 def _find(s, tag_head: str):
     for st in s.stages:
         if not st.is_placeholder and st.op.tag.split(",")[0] == tag_head:

@@ -236,7 +236,7 @@ add_impl("qdense", "llvm", "qdense.pack", _qdense, cpu.schedule_dense_pack, chec
 # ---------------------------------------------------------------- data movement
 add_impl("reshape", "llvm", "reshape.injective", tf.reshape, cpu.schedule_injective)
 add_impl("transpose", "llvm", "transpose.injective", tf.transpose, cpu.schedule_injective)
-add_impl("concat", "llvm", "concat.injective", tf.concat, cpu.schedule_injective)
+add_impl("concat", "llvm", "concat.injective", tf.concat, cpu.schedule_concat)
 add_impl("pad", "llvm", "pad.injective", tf.pad, cpu.schedule_injective)
 add_impl("slice", "llvm", "slice.injective", tf.strided_slice, cpu.schedule_injective)
 add_impl("layout_transform", "llvm", "layout_transform.injective",

@@ -68,7 +68,7 @@ def concat(*xs, axis=0):
         for k in range(len(xs) - 2, -1, -1):
             v = te.select(i[ax] < offs[k + 1], read(k), v)
         return v
-    return te.compute(tuple(shape), f, name="concat", tag="injective,concat")
+    return te.compute(tuple(shape), f, name="concat", tag="injective,concat", attrs={"axis": ax})
 
 
 def pad(x, pads, mode="constant", value=0.0):
