@@ -3,11 +3,11 @@
 A GEMM/ALU instruction runs the loop i0 < iter_out, i1 < iter_in, u in [uop_bgn, uop_end):
 the cycle after `start` (S0) the first micro-op address goes to the uop buffer, then one per
 cycle; S1 adds the loop offsets (kept as running sums, no multipliers) and hands the indices to
-GemmCore or TensorAlu, both written back 2 cycles after S1. TensorAlu takes a MUL or SCALE
+GemmCore (written back 3 cycles after S1) or TensorAlu (2 cycles). TensorAlu takes a MUL or SCALE
 micro-op only with its S2 empty (in_ready): S1 and S0 then hold for a cycle (the uop buffer's
 read port keeps its data), so those ops issue every other cycle; the cycles depend on the op,
 never on the indices. The instruction ends when the pipeline has drained: with n micro-ops the
-unit is busy for n + 3 cycles after `start` for GEMM and for ALU, 2n + 2 for an ALU MUL or
+unit is busy for n + 4 cycles after `start` for GEMM, n + 3 for ALU, 2n + 2 for an ALU MUL or
 SCALE (none when n = 0). LOADs of UOP/ACC tiles use
 a TileLoader (see load.py). FINISH does nothing but raise `finished` when it retires, after which no more
 instructions are taken. Other opcodes and LOADs of other buffers retire as no-ops.

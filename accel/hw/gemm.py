@@ -1,14 +1,18 @@
 """GemmCore: the BATCH x BLOCK_IN x BLOCK_OUT multiply-accumulate pipeline, one micro-op per cycle.
 
-Stages (cycle of the micro-op's indices = S1): S1 presents inp/wgt/acc addresses to the buffers'
-synchronous read ports; S2 multiplies and reduces each dot product (registered) and takes the
-old accumulator value; S3 adds and writes back (wb_*: written at the end of S3, to acc and, by
-compute, narrowed to out). Read-after-write on the same accumulator index: the micro-op right
-behind (in S2 while its predecessor is in S3) takes the S3 result through a bypass; the one two
-behind reads in S1 while S3 writes, which the acc read port's write-transparency covers. So the
-core never stalls; a micro-op whose indices arrive in cycle t is written back in cycle t+2.
+Stages (cycle of the micro-op's indices = S1): S1 presents inp/wgt addresses to the buffers'
+synchronous read ports; S2 multiplies (registered: the products, or the packed pair sums below,
+which a DSP48E1 holds in its P register) and presents the accumulator address; S3 reduces each dot
+product (registered) and takes the old accumulator value; S4 adds and writes back (wb_*: written
+at the end of S4, to acc and, by compute, narrowed to out). Three cycles between the buffers and
+the write keep the read, the multiply, the adder tree and the accumulate in different cycles (in
+two, the wgt read -> packed multiply -> split -> adder tree path was the longest by yosys' estimate
+once the ALU was pipelined). Read-after-write on the same accumulator index: the micro-op right
+behind (in S3 while its predecessor is in S4) takes the S4 result through a bypass; the one two
+behind reads in S2 while S4 writes, which the acc read port's write-transparency covers. So the
+core never stalls; a micro-op whose indices arrive in cycle t is written back in cycle t+3.
 A flushing micro-op (in_flush: the last of a pass of a GEMM with flush) reads its seed entry on
-the second acc port in S1 (with the same S3 bypass) and writes the seed to the accumulator and
+the second acc port in S2 (with the same S4 bypass) and writes the seed to the accumulator and
 the FLUSH requantization of its sum (flush_imm) to the output buffer (with flush_to_acc, to the
 accumulator too, sign-extended, instead of the seed); other micro-ops give the
 output buffer their narrowed sum. The bypass forwards what was written to the accumulator.
@@ -75,25 +79,36 @@ def packed_operand(w_hi, w_lo, shift: int):
     return Cat(w_lo, w_lo[-1].replicate(shift - len(w_lo)), top).as_signed()
 
 
-def packed_dots(inp: list, w_lo: list, w_hi: list, shift: int) -> tuple:
-    """Amaranth: (sum inp*w_hi, sum inp*w_lo) with one multiply per element pair. Products are
-    summed two by two before the split (split_pair; an add a DSP's post-adder can take), which
-    halves the inputs of the two adder trees and of the borrow count."""
+def packed_pairs(inp: list, w_lo: list, w_hi: list, shift: int) -> list:
+    """Amaranth: the products a * ((w_hi << S) + w_lo), one multiply per element pair, summed two by
+    two (an add a DSP's post-adder can take): the terms split_sums splits."""
     prods = [a * packed_operand(wh, wl, shift) for a, wl, wh in zip(inp, w_lo, w_hi)]
+    return [prods[i] + prods[i + 1] if i + 1 < len(prods) else prods[i] for i in range(0, len(prods), 2)]
+
+
+def split_sums(qs: list, shift: int, n: int) -> tuple:
+    """Amaranth: (sum inp*w_hi, sum inp*w_lo) from packed_pairs' terms over n elements (the last term
+    a single product when n is odd): each split (split_pair) before the two adder trees, the borrows
+    counted once."""
     lo, hi, borrows = [], [], []
-    for i in range(0, len(prods), 2):
-        if i + 1 < len(prods):
-            q = prods[i] + prods[i + 1]
+    for j, q in enumerate(qs):
+        if 2 * j + 1 < n:
             low = q[:shift]
             borrow = low[shift - 1] & (low[:shift - 1] != 0)     # 100...0 is +2^(shift-1)
             lo.append(Cat(low, borrow).as_signed())
         else:
-            q = prods[i]
             borrow = q[shift - 1]
             lo.append(q[:shift].as_signed())
         hi.append(q[shift:].as_signed())
         borrows.append(borrow.as_unsigned())
     return tree_sum(hi) + tree_sum(borrows), tree_sum(lo)
+
+
+def packed_dots(inp: list, w_lo: list, w_hi: list, shift: int) -> tuple:
+    """Amaranth: (sum inp*w_hi, sum inp*w_lo) with one multiply per element pair, combinationally
+    (packed_pairs then split_sums; GemmCore registers between the two). Summing two products before
+    the split halves the inputs of the two adder trees and of the borrow count."""
+    return split_sums(packed_pairs(inp, w_lo, w_hi, shift), shift, len(inp))
 
 
 class GemmCore(wiring.Component):
@@ -131,24 +146,28 @@ class GemmCore(wiring.Component):
         cfg = self.cfg
         nb, ni, no, aw = cfg.batch, cfg.block_in, cfg.block_out, cfg.acc_width
 
-        # S1: addresses
-        m.d.comb += [self.inp_rd.addr.eq(self.in_inp), self.wgt_rd.addr.eq(self.in_wgt),
-                     self.acc_rd.addr.eq(self.in_acc), self.seed_rd.addr.eq(self.in_seed),
-                     self.inp_rd.en.eq(1), self.wgt_rd.en.eq(1), self.acc_rd.en.eq(1), self.seed_rd.en.eq(1)]
+        # S1: inp/wgt addresses; S2: acc and seed addresses (read in S3, beside the S4 write)
         p2_valid, p2_idx, p2_reset, p2_flush = Signal(), Signal(cfg.acc_idx_bits), Signal(), Signal()
         p2_seed = Signal(cfg.acc_idx_bits)
+        m.d.comb += [self.inp_rd.addr.eq(self.in_inp), self.wgt_rd.addr.eq(self.in_wgt),
+                     self.acc_rd.addr.eq(p2_idx), self.seed_rd.addr.eq(p2_seed),
+                     self.inp_rd.en.eq(1), self.wgt_rd.en.eq(1), self.acc_rd.en.eq(1), self.seed_rd.en.eq(1)]
         m.d.sync += [p2_valid.eq(self.in_valid), p2_idx.eq(self.in_acc), p2_reset.eq(self.in_reset),
                      p2_flush.eq(self.in_valid & self.in_flush), p2_seed.eq(self.in_seed)]
-
-        # S3 registers and result (declared first: S2 bypasses from the S3 write)
         p3_valid, p3_idx, p3_reset, p3_flush = Signal(), Signal(cfg.acc_idx_bits), Signal(), Signal()
+        p3_seed = Signal(cfg.acc_idx_bits)
+        m.d.sync += [p3_valid.eq(p2_valid), p3_idx.eq(p2_idx), p3_reset.eq(p2_reset), p3_flush.eq(p2_flush),
+                     p3_seed.eq(p2_seed)]
+
+        # S4 registers and result (declared first: S3 bypasses from the S4 write)
+        p4_valid, p4_idx, p4_reset, p4_flush = Signal(), Signal(cfg.acc_idx_bits), Signal(), Signal()
         dot_w = cfg.inp_width + cfg.wgt_width + max(1, (ni - 1).bit_length())
-        p3_dot = [Signal(signed(dot_w), name=f"dot_{k}") for k in range(nb * no)]
-        p3_acc, p3_seed = Signal(self.acc_bits), Signal(self.acc_bits)
+        p4_dot = [Signal(signed(dot_w), name=f"dot_{k}") for k in range(nb * no)]
+        p4_acc, p4_seed = Signal(self.acc_bits), Signal(self.acc_bits)
         result = Signal(self.acc_bits)
-        old = lanes(p3_acc, nb * no, aw)
+        old = lanes(p4_acc, nb * no, aw)
         for k in range(nb * no):
-            m.d.comb += result[k * aw:(k + 1) * aw].eq(Mux(p3_reset, 0, old[k] + p3_dot[k]))
+            m.d.comb += result[k * aw:(k + 1) * aw].eq(Mux(p4_reset, 0, old[k] + p4_dot[k]))
         # the output buffer: the narrowed sum, or a flushing micro-op's requantized sum; with
         # flush_to_acc the accumulator gets that sign-extended (an int8 clamp fits any out_width).
         # Each lane's requantization sits in a narrow select that Verilator evaluates only for
@@ -156,15 +175,15 @@ class GemmCore(wiring.Component):
         # (the rtl model ran ResNet-18's C2 layer at 1.50 M cycles/s, 1.61 M this way)
         ow = cfg.out_width
         for k, lane in enumerate(lanes(result, nb * no, aw)):
-            m.d.comb += self.wb_out[k * ow:(k + 1) * ow].eq(Mux(p3_flush, flush_lane(lane, self.flush_imm), lane)[:ow])
+            m.d.comb += self.wb_out[k * ow:(k + 1) * ow].eq(Mux(p4_flush, flush_lane(lane, self.flush_imm), lane)[:ow])
         # lane by lane, so that each select stays narrow (a simulator evaluates a wide one's operands whole)
-        seeds, sums = lanes(p3_seed, nb * no, aw, sign=False), lanes(result, nb * no, aw, sign=False)
+        seeds, sums = lanes(p4_seed, nb * no, aw, sign=False), lanes(result, nb * no, aw, sign=False)
         outs = lanes(self.wb_out, nb * no, ow, sign=False)
-        written = Cat(*[Mux(p3_flush, Mux(self.flush_to_acc, Cat(q, q[-1].replicate(aw - ow)), seeds[k]), sums[k])
+        written = Cat(*[Mux(p4_flush, Mux(self.flush_to_acc, Cat(q, q[-1].replicate(aw - ow)), seeds[k]), sums[k])
                         for k, q in enumerate(outs)])
-        m.d.comb += [self.wb_valid.eq(p3_valid), self.wb_idx.eq(p3_idx), self.wb_data.eq(written)]
+        m.d.comb += [self.wb_valid.eq(p4_valid), self.wb_idx.eq(p4_idx), self.wb_data.eq(written)]
 
-        # S2: products and dot products; accumulator value with the S3 -> S2 bypass
+        # S2: products (packed: pair sums), registered; S3: dot products, registered
         inp = lanes(self.inp_rd.data, nb * ni, cfg.inp_width)
         wgt = lanes(self.wgt_rd.data, no * ni, cfg.wgt_width)
         shift = self.pack_shift
@@ -172,16 +191,21 @@ class GemmCore(wiring.Component):
             row = inp[b * ni:(b + 1) * ni]
             for o in range(no):
                 if shift is not None and o % 2 == 0 and o + 1 < no:
-                    hi, lo = packed_dots(row, wgt[o * ni:(o + 1) * ni], wgt[(o + 1) * ni:(o + 2) * ni], shift)
-                    m.d.sync += [p3_dot[b * no + o].eq(lo), p3_dot[b * no + o + 1].eq(hi)]
+                    qs = packed_pairs(row, wgt[o * ni:(o + 1) * ni], wgt[(o + 1) * ni:(o + 2) * ni], shift)
+                    regs = [Signal(signed(len(q)), name=f"pq_{b}_{o}_{j}") for j, q in enumerate(qs)]
+                    m.d.sync += [r.eq(q) for r, q in zip(regs, qs)]
+                    hi, lo = split_sums(regs, shift, ni)
+                    m.d.sync += [p4_dot[b * no + o].eq(lo), p4_dot[b * no + o + 1].eq(hi)]
                 elif shift is None or o % 2 == 0:    # (odd lanes of a pair are written with the even one)
                     prods = [row[i] * wgt[o * ni + i] for i in range(ni)]
-                    m.d.sync += p3_dot[b * no + o].eq(tree_sum(prods))
-        bypass = p3_valid & (p3_idx == p2_idx)
-        seed_bypass = p3_valid & (p3_idx == p2_seed)
-        m.d.sync += [p3_valid.eq(p2_valid), p3_idx.eq(p2_idx), p3_reset.eq(p2_reset), p3_flush.eq(p2_flush),
-                     p3_acc.eq(Mux(bypass, written, self.acc_rd.data))]
-        with m.If(p2_flush):   # (only a flushing micro-op reads its seed)
-            m.d.sync += p3_seed.eq(Mux(seed_bypass, written, self.seed_rd.data))
-        m.d.comb += self.busy.eq(p2_valid | p3_valid)
+                    regs = [Signal(signed(len(q)), name=f"p_{b}_{o}_{i}") for i, q in enumerate(prods)]
+                    m.d.sync += [r.eq(q) for r, q in zip(regs, prods)]
+                    m.d.sync += p4_dot[b * no + o].eq(tree_sum(regs))
+        bypass = p4_valid & (p4_idx == p3_idx)
+        seed_bypass = p4_valid & (p4_idx == p3_seed)
+        m.d.sync += [p4_valid.eq(p3_valid), p4_idx.eq(p3_idx), p4_reset.eq(p3_reset), p4_flush.eq(p3_flush),
+                     p4_acc.eq(Mux(bypass, written, self.acc_rd.data))]
+        with m.If(p3_flush):   # (only a flushing micro-op reads its seed)
+            m.d.sync += p4_seed.eq(Mux(seed_bypass, written, self.seed_rd.data))
+        m.d.comb += self.busy.eq(p2_valid | p3_valid | p4_valid)
         return m

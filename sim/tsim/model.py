@@ -5,7 +5,7 @@ Components and the RTL they stand for (each module's docstring gives the timing 
     one instruction per cycle into the load/compute/store command queues;
   stages (stage.py): WAIT (pop instruction + tokens) -> EXEC (unit) -> PUSH (tokens), with the
     token queues l2c, c2l, c2s, s2c (queues.py timing, sim/tsim/queues.py);
-  units: TileLoader (load.py, sim/tsim/load.py) on the read bus, GEMM and ALU n+4 cycles from the
+  units: TileLoader (load.py, sim/tsim/load.py) on the read bus, GEMM n+5 and ALU n+4 cycles from the
     loop bounds, ALU MUL and SCALE 2n+3 (compute.py), the store unit from sim/tsim/store.py;
   the read bus and DRAM (axi.py, dma.py, sim/dram.py) in sim/tsim/bus.py.
 Cycle 0 is the start pulse (the first cycle the `cycles` counter counts); the run ends in the
@@ -97,7 +97,7 @@ class _Stage:
     def _unit(self, insn: Insn) -> tuple[int | None, int, int, int]:
         """What EXEC does for an instruction, known before the run: (cycles the unit is busy, or None
         for a load the tile loader times on the bus; GEMM micro-ops, ALU micro-ops, bytes written).
-        GEMM and ALU take n + 4 cycles for n micro-op iterations, an ALU MUL or SCALE 2n + 3 (its
+        GEMM takes n + 5 cycles for n micro-op iterations, ALU n + 4, an ALU MUL or SCALE 2n + 3 (its
         micro-ops issue every other cycle: accel/hw/alu.py); a STORE's time depends on
         its shape only (store.py); FINISH, EPILOGUE and LOADs of buffers this stage does not serve, 1."""
         m = self.m
@@ -106,7 +106,7 @@ class _Stage:
             if insn.uop_end > insn.uop_bgn and insn.iter_out and insn.iter_in:
                 n = (insn.uop_end - insn.uop_bgn) * insn.iter_out * insn.iter_in
             if isinstance(insn, Gemm):
-                return (n + 4 if n else 1), n, 0, 0
+                return (n + 5 if n else 1), n, 0, 0
             return ((2 * n + 3 if insn.alu_op in MUL_OPS else n + 4) if n else 1), 0, n, 0
         if isinstance(insn, Load) and self.loader is not None and insn.mem_type in m.loader_types[self.sid]:
             return None, 0, 0, 0

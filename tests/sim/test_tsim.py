@@ -72,12 +72,12 @@ def test_tsim_finish_alone(latency):
 
 @pytest.mark.parametrize("n_uops,iters,extra", [(1, (1, 1), 4), (3, (2, 5), 4), (0, (1, 1), 1)])
 def test_tsim_gemm_alu_duration_from_loop_bounds(n_uops, iters, extra):
-    """A GEMM's or ALU's EXEC lasts n + 4 cycles after start (an ALU MUL or SCALE 2n + 3: its
+    """A GEMM's EXEC lasts n + 5 cycles after start, an ALU's n + 4 (a MUL or SCALE 2n + 3: its
     micro-ops issue every other cycle): busy = that + 3 for the stage."""
     n = n_uops * iters[0] * iters[1]
     g = Gemm(uop_bgn=0, uop_end=n_uops, iter_out=iters[0], iter_in=iters[1])
     base = _cycles([Finish()]).busy[1]
-    assert _cycles([g, Finish()]).busy[1] - base == n + (extra if n else 1) + 3
+    assert _cycles([g, Finish()]).busy[1] - base == (n + extra + 1 if n else 1) + 3
     for op in AluOp:
         a = Alu(uop_bgn=0, uop_end=n_uops, iter_out=iters[0], iter_in=iters[1], alu_op=op)
         mul = op in (AluOp.MUL, AluOp.SCALE)
