@@ -152,7 +152,8 @@ def _dequantize_attrs(scale: float, zero_point: int) -> dict:
 def int8_avg_pools(graph: Graph, cfg: AccelConfig | None = None) -> Graph:
     """dequantize -> avg_pool2d -> quantize (an average pool the quantizer left in float: its
     divisors vary) becomes one int8 qavg_pool2d, so the accelerator can take it (and the host
-    skips a float round trip). A pool of dequantized int8 whose consumers stay float (a concat with
+    skips a float round trip), likewise with a ReLU or clip before the quantize (int8 after the pool,
+    fused into its program). A pool of dequantized int8 whose consumers stay float (a concat with
     other float inputs, ShuffleNet's) becomes qavg_pool2d at the pool's calibrated scale and a
     dequantize: the window sums leave the host, a rounding to that scale is the price. Pools on
     float tensors stay; with a cfg, so do those the accelerator would decline (the host's float
@@ -175,11 +176,25 @@ def int8_avg_pools(graph: Graph, cfg: AccelConfig | None = None) -> Graph:
         q = Node("qavg_pool2d", [deq.inputs[0]], a, name=pool.name, origin=pool.origin)
         return q if cfg is None or check_avg_pool(q, cfg) is None else None
 
+    def quantized(old: Node) -> bool:
+        """Whether every reader of `old` quantizes it, directly or after a ReLU/clip (rules 1, 2)."""
+        return all(u.op == "quantize" or (u.op in ("relu", "clip") and users[id(u)]
+                                          and all(v.op == "quantize" for v in users[id(u)])) for u in users[id(old)])
+
     def fn(n: Node, old: Node):
         if n.op == "quantize" and n.inputs[0].op == "avg_pool2d":
             return qpool(n.inputs[0], *_qparams(n))
-        if n.op != "avg_pool2d" or cal is None or all(u.op == "quantize" for u in users[id(old)]):
-            return None   # (a pool that only quantizes: the first rule, at its consumers' scale)
+        if n.op == "quantize" and n.inputs[0].op in ("relu", "clip") and n.inputs[0].inputs[0].op == "avg_pool2d":
+            c = n.inputs[0]    # a ReLU/clip between: int8 at the quantize's scale (the accelerator fuses it)
+            so, zo = _qparams(n)
+            q = None if zo else qpool(c.inputs[0], so, 0)
+            if q is None:
+                return None
+            attrs = {} if c.op == "relu" else {k: None if c.attrs[k] is None else
+                                               float(max(-127, min(127, round(c.attrs[k] / so)))) for k in ("min", "max")}
+            return Node(c.op, [q], attrs, name=c.name, origin=c.origin)
+        if n.op != "avg_pool2d" or cal is None or quantized(old):
+            return None   # (a pool that only quantizes: the rules above, at its consumers' scale)
         so = cal.scale(old.name)
         if so is None:
             return None

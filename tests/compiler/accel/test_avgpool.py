@@ -271,3 +271,30 @@ def test_pool_feeding_a_float_concat_runs_on_the_accelerator():
     want = ort.InferenceSession(m.SerializeToString()).run(None, feeds[3])[0]
     got = next(iter(out.values()))
     assert np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got) > 0.995
+
+
+@pytest.mark.parametrize("clamp", ["Relu", "Clip"])
+def test_pool_then_relu_fuses_into_one_program(clamp):
+    """AveragePool -> ReLU (or ReLU6 as Clip) -> conv: the clamp is int8 after the pool and rides in
+    its ALU program (one step), bit-exact with the reference."""
+    b = ModelBuilder("pool_relu", seed=4)
+    x = b.input("x", (1, 4, 9, 9))
+    y = b.op("AveragePool", [b.conv(x, 4, 8, 3)], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    if clamp == "Relu":
+        y = b.op("Relu", [y], name="act")
+    else:
+        y = b.op("Clip", [y, b.init(np.float32(0.0)), b.init(np.float32(0.5))], name="act")
+    m = b.build([b.conv(y, 8, 8, 1)])
+    feeds = sample_inputs(m, 4, seed=2)
+    mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:3])
+    assert [(s.op, s.kind) for s in mod.steps if s.name == "pool"] == [(f"qavg_pool2d+{clamp.lower()}", "accel")]
+    assert not any(s.name.startswith("act") for s in mod.steps) and not mod.meta["fallbacks"]
+    with Executor(mod, driver="fsim") as ex:
+        out = ex.run(feeds[3], keep=True)
+    _, env = reference_run(mod.graph, feeds[3], keep=True)
+    for n in mod.graph.nodes:
+        if n.name in ex.values and id(n) in env and env[id(n)].dtype == np.int8:
+            np.testing.assert_array_equal(ex.values[n.name], env[id(n)], err_msg=n.name)
+    want = ort.InferenceSession(m.SerializeToString()).run(None, feeds[3])[0]
+    got = next(iter(out.values()))
+    assert np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got) > 0.995
