@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -21,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from ..graph.errors import GraphError
 from ..graph.interpret import run
-from ..graph.ir import Graph, Node, topo_order
+from ..graph.ir import MAX_TENSOR_BYTES, Graph, Node, topo_order
 from .errors import ConversionError, ModelLoadError, UnsupportedOpError
 
 if TYPE_CHECKING:   # annotations only: onnx loads when a model is read
@@ -84,8 +85,9 @@ def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | Non
             except Exception:   # malformed beyond what the scan reads: the checker's message says why
                 pass
         msg = " ".join(str(e).split()) or type(e).__name__
-        raise ModelLoadError(f"{src}: malformed ONNX model (possibly truncated): ONNX checker: "
-                             f"{msg[:2000]}") from None
+        # an attribute or shape the checker's inference refuses is the model's error, not a cut file
+        why = "" if "InferenceError" in msg else " (possibly truncated)"
+        raise ModelLoadError(f"{src}: malformed ONNX model{why}: ONNX checker: {msg[:2000]}") from None
     model = fold_constant_nodes(model)
     if check_ops:
         check_supported(model)
@@ -554,7 +556,17 @@ def _constant_of_shape(c):
     v = np.zeros(1, np.float32) if v is None else np.asarray(v)
     if v.size != 1:
         c.fail(f"value must hold one element, got shape {list(v.shape)}")
+    _check_size(c, shape, v.dtype)
     return c.const(np.full(shape, v.reshape(-1)[0], v.dtype), "value")
+
+
+def _check_size(c, shape, dtype):
+    """Refuse a tensor above MAX_TENSOR_BYTES before a converter allocates it (Node types check
+    the same bound, but only once the array exists)."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes > MAX_TENSOR_BYTES:
+        c.fail(f"shape {list(shape)} of {np.dtype(dtype)} holds {nbytes} bytes, above the limit of "
+               f"{MAX_TENSOR_BYTES} bytes for one tensor")
 
 
 @converter("Gelu")
@@ -631,11 +643,21 @@ def _window_attrs(c, x: Node, k_hw):
     return strides, pads, dilations
 
 
+def _check_kernel_shape(c, w: Node):
+    """ONNX's kernel_shape is optional but, when given, must be the weight's spatial dims: a model
+    that says otherwise is malformed (onnxruntime refuses it), not a hint to compute another conv."""
+    ks = c.attr("kernel_shape")
+    if ks is not None and [int(k) for k in ks] != list(w.shape[2:]):
+        c.fail(f"attribute kernel_shape {[int(k) for k in ks]} does not match the weight's spatial dims "
+               f"{list(w.shape[2:])}")
+
+
 @converter("Conv")
 def _conv(c):
     x, w, b = c.input(0), c.input(1), c.input(2)
     if x.type.rank != 4 or w.type.rank != 4:
         c.fail(f"only 2-D convolution (NCHW input, OIHW weight) is supported, got {x.type} and {w.type}")
+    _check_kernel_shape(c, w)
     strides, pads, dilations = _window_attrs(c, x, w.shape[2:])
     attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": int(c.attr("group", 1))}
     return c.add("conv2d", [x, w] + ([b] if b is not None else []), attrs)
@@ -646,6 +668,7 @@ def _conv_transpose(c):
     x, w, b = c.input(0), c.input(1), c.input(2)
     if x.type.rank != 4 or w.type.rank != 4:
         c.fail("only 2-D transposed convolution is supported")
+    _check_kernel_shape(c, w)
     strides = list(c.attr("strides", [1, 1]))
     dilations = list(c.attr("dilations", [1, 1]))
     out_pad = list(c.attr("output_padding", [0, 0]))
@@ -1076,6 +1099,7 @@ def _expand(c):
         c.fail(f"shape {shape} does not broadcast with the input {list(x.shape)}")
     if tuple(out) == tuple(x.shape):
         return x
+    _check_size(c, out, x.dtype)
     return c.add("add", [x, c.const(np.zeros(shape, x.dtype), "zeros")])
 
 
@@ -1237,7 +1261,10 @@ def from_onnx(model, shapes: dict | None = None, name: str | None = None, runtim
         if vi.name in inits:
             continue
         shape, dtype = _input_shape(vi, shapes)
-        node = Node.input(vi.name, shape, dtype)
+        try:
+            node = Node.input(vi.name, shape, dtype)
+        except GraphError as e:
+            raise ConversionError(f"input '{vi.name}': {e}") from None
         inputs.append(node)
         ctx.nodes.append(node)
         ctx.env[vi.name] = node

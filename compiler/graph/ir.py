@@ -9,6 +9,7 @@ form, which is also the structural-equality key of the Before/Expected tests.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -18,6 +19,9 @@ from .errors import GraphError
 
 #: dtypes a graph tensor can have (names as numpy spells them).
 DTYPES = ("float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
+#: the largest one graph tensor may be (the DRAM a build reserves, compiler.graph_build): checked
+#: when a type is made, before any pass or constant folding allocates it (docs/limits.md)
+MAX_TENSOR_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,10 @@ class TensorType:
             raise GraphError(f"unknown dtype {self.dtype!r}; graph dtypes are {', '.join(DTYPES)}")
         if any(d < 0 for d in self.shape):
             raise GraphError(f"negative dimension in shape {list(self.shape)}")
+        nbytes = math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        if nbytes > MAX_TENSOR_BYTES:
+            raise GraphError(f"tensor {self} holds {nbytes} bytes, above the limit of {MAX_TENSOR_BYTES} bytes "
+                             f"for one tensor")
 
     @property
     def size(self) -> int:

@@ -4,11 +4,20 @@ Fixed ones pass; ones in areas owned by another engineer are xfail with the reas
 """
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import compiler
+from compiler.errors import CompilerError
+from compiler.frontend.errors import ConversionError, ModelLoadError
+from compiler.frontend.onnx_import import from_onnx
+from compiler.graph.ir import MAX_TENSOR_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,3 +30,66 @@ def test_bench_script_starts_outside_pytest(script):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "usage:" in r.stdout
+
+
+# ---- ONNX frontend: bounded memory and malformed attributes -----------------------------------
+def _model(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _i64(name, values):
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+W3 = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+Y4 = [_vi("y", ["a", "b", "c", "d"])]
+
+
+@pytest.mark.parametrize("model, where", [
+    # a declared input of 120 GB: the accel target's default calibration allocated it (numpy MemoryError)
+    (_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, 3, 100000, 100000])], Y4), "input 'x'"),
+    # 8 GiB of ConstantOfShape: allocated by np.full at import whenever the machine had the memory
+    (_model([helper.make_node("ConstantOfShape", ["s"], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+             helper.make_node("Add", ["x", "c"], ["y"])], [_vi("x", [1])], [_vi("y", ["a", "b", "c"])],
+            [_i64("s", [4096, 4096, 128])]), "ConstantOfShape 'ConstantOfShape_0'"),
+    (_model([helper.make_node("Expand", ["x", "s"], ["y"])], [_vi("x", [1, 1])], [_vi("y", ["a", "b"])],
+            [_i64("s", [1 << 15, 1 << 15])]), "Expand 'Expand_0'"),
+    (_model([helper.make_node("Tile", ["x", "s"], ["y"])], [_vi("x", [1, 3, 8, 8])], Y4,
+            [_i64("s", [1 << 12, 1 << 12, 1, 1])]), "Tile 'Tile_0'"),
+    (_model([helper.make_node("Pad", ["x", "p"], ["y"])], [_vi("x", [1, 3, 8, 8])], Y4,
+            [_i64("p", [0, 0, 1 << 15, 1 << 15, 0, 0, 0, 0])]), "Pad 'Pad_0'"),
+], ids=["input", "constant_of_shape", "expand", "tile", "pad"])
+def test_huge_declared_tensor_is_one_error_before_any_allocation(model, where):
+    """A tensor above MAX_TENSOR_BYTES is refused by name when its type is made, before numpy
+    allocates it; the address space is capped so that an allocation would fail the test."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (min(hard, 8 << 30) if hard > 0 else 8 << 30, hard))
+    try:
+        with pytest.raises(CompilerError) as e:
+            compiler.build_model(model, target="accel", config="tiny")
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    msg = str(e.value)
+    assert where in msg and f"limit of {MAX_TENSOR_BYTES} bytes" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("op, w", [("Conv", W3),
+                                   ("ConvTranspose", numpy_helper.from_array(np.ones((3, 4, 3, 3), np.float32), "w"))])
+def test_kernel_shape_that_contradicts_the_weight_is_refused(op, w):
+    """Conv with kernel_shape [5, 5] on a 3x3 weight compiled silently (onnxruntime refuses it)."""
+    m = _model([helper.make_node(op, ["x", "w"], ["y"], kernel_shape=[5, 5])], [_vi("x", [1, 3, 8, 8])], Y4, [w])
+    with pytest.raises(ConversionError, match=rf"{op} '{op}_0': attribute kernel_shape \[5, 5\] does not match"):
+        from_onnx(m)
+
+
+def test_checker_inference_error_does_not_say_truncated():
+    """An out-of-range attribute is the model's error; the message said '(possibly truncated)'."""
+    m = _model([helper.make_node("Softmax", ["x"], ["y"], axis=9)], [_vi("x", [1, 10])], [_vi("y", ["a", "b"])])
+    with pytest.raises(ModelLoadError) as e:
+        from_onnx(m.SerializeToString())
+    assert "'axis' must be in" in str(e.value) and "truncated" not in str(e.value)
