@@ -290,6 +290,12 @@ def conv_blocks(C: int, O: int, dtype: str = "float32", oc_bn: int | None = None
     """(ic_bn, oc_bn) for an NCHWc conv: oc_bn a multiple of the vector width when possible."""
     ob = oc_bn or knob("oc_bn", TILES.conv_oc_bn)
     oc = largest_divisor(O, ob)
+    if oc & (oc - 1):
+        # the block is the vector axis: 24 or 12 lanes compile to shuffles across registers
+        # (a 3->24 conv ran 6x slower than with 8 lanes); the largest power of two instead
+        p2 = min(O & -O, 1 << (ob.bit_length() - 1))
+        if p2 >= 4:
+            oc = p2
     ic = largest_divisor(C, ic_bn or knob("ic_bn", TILES.conv_ic_bn))
     return ic, oc
 
@@ -586,7 +592,8 @@ def schedule_conv2d_pointwise(outs):
     C = flat.op.reduce_axis[0].dom.extent.value
     vl = lanes(F.dtype)
     pw_oc, pw_vecs = knob("pw_oc", TILES.pointwise[0]), knob("pw_vecs", TILES.pointwise[1])
-    ob = largest_divisor(O, pw_oc)
+    # a tile of output channels stays inside one group: its input channels are then one range
+    ob = largest_divisor(O // (flat.op.attrs or {}).get("groups", 1), pw_oc)
     pt = _pixel_tile(P, vl, pw_vecs)
     work = N * O * P * C
     if ost is None:     # unknown consumer: the flat result at root, tiled the same way

@@ -66,13 +66,16 @@ def _float_check(dtypes):
 
 
 def _conv_pw(data, weight, bias=None, *, strides, pads, dilations, groups, out_dtype=None, kernel_packed=False):
-    return _bias_nchw(nn.conv2d_pointwise(data, weight, strides, out_dtype), bias)
+    return _bias_nchw(nn.conv2d_pointwise(data, weight, strides, out_dtype, groups), bias)
 
 
 def _conv_pw_check(shapes, dtypes, attrs):
     w = shapes[1]
-    if attrs["groups"] != 1 or tuple(w[2:]) != (1, 1) or any(attrs["pads"]):
-        return "not a 1x1, unpadded, groups=1 conv"
+    g = attrs["groups"]
+    if tuple(w[2:]) != (1, 1) or any(attrs["pads"]):
+        return "not a 1x1, unpadded conv"
+    if g != 1 and (w[1] < 2 or shapes[0][1] % g or w[0] % g):
+        return f"groups={g} with {w[1]} input channel(s) per group (depthwise takes 1)"
     return _float_check(dtypes)
 
 

@@ -409,16 +409,21 @@ def batch_norm(x, scale, bias, mean, var, epsilon=1e-5):
 
 # ---------------------------------------------------------------- pointwise / depthwise (NCHW, flat pixels)
 
-def conv2d_pointwise(data, weight, strides=(1, 1), out_dtype=None):
-    """1x1 conv as a dense over pixels: data (N, C, H, W) x weight (O, C) (or OIHW with 1x1)
-    -> (N, O, OH, OW). The reduction runs over a flat pixel axis p = y * OW + x ("conv2d_pointwise",
-    (N, O, OH*OW)), so a schedule vectorizes contiguous pixels whatever the width; a strided conv
-    first subsamples the input ("injective,pack")."""
+def conv2d_pointwise(data, weight, strides=(1, 1), out_dtype=None, groups=1):
+    """1x1 conv as a dense over pixels: data (N, C, H, W) x weight (O, C/groups) (or OIHW with
+    1x1) -> (N, O, OH, OW). The reduction runs over a flat pixel axis p = y * OW + x
+    ("conv2d_pointwise", (N, O, OH*OW)), so a schedule vectorizes contiguous pixels whatever the
+    width; a strided conv first subsamples the input ("injective,pack"). With groups, output
+    channel o reads input channels of group o // (O/groups) (attrs["groups"] tells the schedule
+    to keep a tile of output channels inside one group)."""
     N, C, H, W = data.shape
     w2 = weight if weight.ndim == 2 else None
     O = weight.shape[0]
-    if weight.shape[1] != C or (weight.ndim == 4 and tuple(weight.shape[2:]) != (1, 1)):
-        raise OpError(f"conv2d_pointwise: weight {list(weight.shape)} does not match {C} input channels, 1x1")
+    if (groups < 1 or C % groups or O % groups or weight.shape[1] != C // groups
+            or (weight.ndim == 4 and tuple(weight.shape[2:]) != (1, 1))):
+        raise OpError(f"conv2d_pointwise: weight {list(weight.shape)} does not match {C} input channels "
+                      f"in {groups} group(s), 1x1")
+    Cg, Og = C // groups, O // groups
     sh, sw = strides
     if (sh, sw) != (1, 1):
         OH, OW = (H - 1) // sh + 1, (W - 1) // sw + 1
@@ -427,13 +432,16 @@ def conv2d_pointwise(data, weight, strides=(1, 1), out_dtype=None):
     else:
         OH, OW = H, W
     acc = acc_dtype(data.dtype, out_dtype)
-    rc = te.reduce_axis(C, "rc")
+    rc = te.reduce_axis(Cg, "rc")
 
     def wt(o, c):
         return w2[o, c] if w2 is not None else weight[o, c, 0, 0]
+
+    def cin(o):
+        return rc if groups == 1 else o // Og * Cg + rc
     flat = te.compute((N, O, OH * OW), lambda n, o, p: te.sum(
-        _c(data[n, rc, p // OW, p % OW], acc) * _c(wt(o, rc), acc), axis=rc),
-        name="conv2d_pw", tag="conv2d_pointwise")
+        _c(data[n, cin(o), p // OW, p % OW], acc) * _c(wt(o, rc), acc), axis=rc),
+        name="conv2d_pw", tag="conv2d_pointwise", attrs={"groups": groups})
     return te.compute((N, O, OH, OW), lambda n, o, y, x: flat[n, o, y * OW + x],
                       name="conv2d", tag="injective,unflatten")
 
