@@ -114,6 +114,13 @@ def _probe_header(verilog: str) -> str:
         if f"module \\{module} " not in verilog:
             raise BuildError(f"probe build: module {module} not found in the generated Verilog")
         lines.append(f"#define ACCEL_PROBE_STATE_{i} (r->{SIM_TOP}__DOT__dut__DOT__{stage}__DOT__ctrl__DOT__{PROBE_SIGNAL})")
+    # every read carries ARID 0: the client of an AR comes from the AXI master's `held` register
+    # (the grant, registered every cycle), read in the cycle after the handshake
+    start = verilog.find(f"module \\{TOP}.axi ")
+    body = verilog[start:verilog.find("endmodule", start)] if start >= 0 else ""
+    if not re.search(r"\breg\b[^;]*\bheld\b", body):
+        raise BuildError(f"probe build: register `held` of module {TOP}.axi not found in the generated Verilog")
+    lines.append(f"#define ACCEL_PROBE_AR_CLIENT (r->{SIM_TOP}__DOT__dut__DOT__axi__DOT__held)")
     return "\n".join(lines) + "\n"
 
 

@@ -83,7 +83,8 @@ struct WriteBurst {
 struct Probe {            // stage instruction boundaries (trace builds only)
     uint64_t cycle;
     uint32_t stage, kind;  // kind 0 = taken (WAIT -> EXEC), 1 = retired (PUSH -> WAIT); read bursts:
-                           // 2 = AR handshake, 3 = RLAST beat, `stage` = ARID (client)
+                           // 2 = AR handshake, 3 = RLAST beat, `stage` = the read client (every
+                           // ARID is 0: read after the edge from the AXI master's registered grant)
 };
 
 struct Harness {
@@ -192,7 +193,15 @@ struct Harness {
     }
 
     // Sample handshakes (after the clk-low eval) and advance the DRAM model.
+    long ar_probe_open = -1;   // the last AR probe, its client still to be read
     void step_memory() {
+#ifdef ACCEL_PROBES
+        if (ar_probe_open >= 0) {  // registers hold the values of the AR handshake's edge now
+            auto* r = top->rootp;
+            probes[ar_probe_open].stage = (uint32_t)ACCEL_PROBE_AR_CLIENT;
+            ar_probe_open = -1;
+        }
+#endif
         if (top->m_axi_rvalid && top->m_axi_rready) {
             ReadBurst& b = rq.front();
             if (r_err) axi_error = true;
@@ -215,7 +224,10 @@ struct Harness {
                 r_data_end = b.start + beat_offset(b.beats);
             }
             rq.push_back(b);
-            if (probing) probes.push_back({cycle, b.id, 2});
+            if (probing) {
+                probes.push_back({cycle, b.id, 2});
+                ar_probe_open = (long)probes.size() - 1;
+            }
         }
         if (top->m_axi_bvalid && top->m_axi_bready) {
             bq.pop_front();
