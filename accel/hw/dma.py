@@ -69,7 +69,8 @@ class ReadDMA(wiring.Component):
         return first_pos
 
     def _row_beats(self, m, row_addr, count, sel):
-        """Beats covering count entries from row_addr."""
+        """Beats covering count (> 0) entries from row_addr: (offset in the first beat + bytes
+        + B - 1) / B, which needs only the address's low bits (a narrow adder: this feeds ARLEN)."""
         B, lb = self.cfg.bus_bytes, log2(self.cfg.bus_bytes)
         sizes = self.elem_sizes
         nbytes = Signal(self.count_width + log2(max(sizes)) + 1)
@@ -77,10 +78,10 @@ class ReadDMA(wiring.Component):
             for i, e in enumerate(sizes):
                 with m.Case(i):
                     m.d.comb += nbytes.eq(count << log2(e))
-        end = Signal(len(row_addr) + len(nbytes) + 1)
-        m.d.comb += end.eq(row_addr + nbytes - 1)
+        span = Signal(len(nbytes) + 1)
+        m.d.comb += span.eq(row_addr[:lb] + nbytes + (B - 1))
         beats = Signal(range(((1 << self.count_width) * max(sizes)) // B + 3))
-        m.d.comb += beats.eq((end >> lb) - (row_addr >> lb) + 1)
+        m.d.comb += beats.eq(span >> lb)
         return beats
 
     def elaborate(self, platform):
@@ -135,6 +136,7 @@ class ReadDMA(wiring.Component):
         rx_row = Signal(aw)                     # byte address of the row being received
         rx_rows_left = Signal(rw)
         entries_left = Signal(self.count_width)  # of the row being received
+        one_left = Signal()                     # entries_left == 1, kept as a register: it drives RREADY
         pos = Signal(range(max(2, B)))          # entry index within the current beat (E < B)
         k = Signal(range(max(2, max(sizes) // B + 1)))  # beat index within the entry (E >= B)
         sr = Signal(max(1, sr_bits))
@@ -144,26 +146,26 @@ class ReadDMA(wiring.Component):
         first_pos_next = self._first_pos(m, next_rx_row, sel)
         with m.If(accept):
             m.d.sync += [rx_active.eq(1), rx_row.eq(self.addr), rx_rows_left.eq(self.rows_minus1),
-                         entries_left.eq(self.count), pos.eq(first_pos_cmd), k.eq(0)]
+                         entries_left.eq(self.count), one_left.eq(self.count == 1), pos.eq(first_pos_cmd), k.eq(0)]
         with m.If(rx_active):
             with m.Switch(sel):
                 for i, e in enumerate(sizes):
                     with m.Case(i):
-                        self._unpack(m, e, B, sr, sr_bits, k, pos, entries_left)
-        row_end = self.out_valid & (entries_left == 1)
+                        self._unpack(m, e, B, sr, sr_bits, k, pos, one_left)
+        row_end = self.out_valid & one_left
         m.d.comb += [self.out_row_last.eq(row_end), self.out_last.eq(row_end & (rx_rows_left == 0))]
         with m.If(self.out_valid):
-            m.d.sync += entries_left.eq(entries_left - 1)
+            m.d.sync += [entries_left.eq(entries_left - 1), one_left.eq(entries_left == 2)]
         with m.If(row_end):
             with m.If(rx_rows_left == 0):
                 m.d.sync += rx_active.eq(0)
             with m.Else():
                 m.d.sync += [rx_row.eq(next_rx_row), rx_rows_left.eq(rx_rows_left - 1),
-                             entries_left.eq(count), pos.eq(first_pos_next), k.eq(0)]
+                             entries_left.eq(count), one_left.eq(count == 1), pos.eq(first_pos_next), k.eq(0)]
         m.d.comb += self.busy.eq(ar_active | rx_active)
         return m
 
-    def _unpack(self, m, e, B, sr, sr_bits, k, pos, entries_left):
+    def _unpack(self, m, e, B, sr, sr_bits, k, pos, one_left):
         bus, eb, bb = self.bus, e * 8, B * 8
         if e >= B:
             per = e // B
@@ -174,7 +176,7 @@ class ReadDMA(wiring.Component):
                 m.d.comb += self.out_valid.eq(k == per - 1)
         else:
             per = B // e
-            m.d.comb += [bus.r_ready.eq((pos == per - 1) | (entries_left == 1)),
+            m.d.comb += [bus.r_ready.eq((pos == per - 1) | one_left),
                          self.out_data.eq(bus.r_data.word_select(pos[:(per - 1).bit_length()], eb)),
                          self.out_valid.eq(bus.r_valid)]
             with m.If(bus.r_valid):

@@ -16,15 +16,18 @@ has space, up to and including the first FINISH: instructions after it are never
 Routing: LOAD of INP/WGT -> load; STORE -> store; everything else (GEMM, ALU, FINISH, LOAD of
 UOP/ACC) -> compute; compute's command queue entries carry the instruction's index above its
 128 bits (INDEX_BITS), for the faults compute reports.
-Faults (accel/hw/params.py): each instruction is checked as it enters the buffer (the code is
-stored beside it, so the check is off the dispatch path); a faulting instruction at the head is
+Faults (accel/hw/params.py): each instruction is checked in the cycle after it enters the
+buffer, from a register copy (the check's adders and multiply start at a flip-flop, for Fmax),
+and its code goes into a small register FIFO beside the buffer, in step with it: an entry
+reaches the buffer's head two cycles after its write at the earliest, its code one cycle after,
+so the head's code is always there and the check is off the dispatch path; a faulting instruction at the head is
 not dispatched: fetch raises `fault` with its code and index and dispatches nothing more. So
 does reaching INSN_COUNT without a FINISH (NO_FINISH, index INSN_COUNT). halt (In) stops
 dispatch and refill (another unit's fault).
 """
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -41,19 +44,29 @@ from .stage import POP_NEXT, POP_PREV, PUSH_NEXT, PUSH_PREV
 INSN_BYTES = INSN_BITS // 8
 
 
-def static_check(m: Module, cfg: AccelConfig, word):
+def tile_dims(m: Module, cfg: AccelConfig, word):
+    """(rows, cols) of a LOAD's or STORE's padded tile (a STORE's pads are zero unless BAD_FIELD):
+    static_check's adders, which fetch computes a cycle ahead of the rest."""
+    ld = decode(cfg, "LOAD", word)
+    rows, cols = Signal(len(ld.y_size) + 2), Signal(len(ld.y_size) + 2)
+    m.d.comb += [rows.eq(ld.y_pad0 + ld.y_size + ld.y_pad1), cols.eq(ld.x_pad0 + ld.x_size + ld.x_pad1)]
+    return rows, cols
+
+
+def static_check(m: Module, cfg: AccelConfig, word, dims=None):
     """The ErrorCode (CODE_BITS) of an instruction word as fetch sees it: accel.hw.params.
-    static_fault's checks, with decoding's (ILLEGAL_INSN) first and BAD_FIELD before SRAM_RANGE."""
+    static_fault's checks, with decoding's (ILLEGAL_INSN) first and BAD_FIELD before SRAM_RANGE.
+    dims: the word's tile_dims, when computed elsewhere (a pipeline register)."""
     code = Signal(CODE_BITS)
     opcode = word[:OPCODE_BITS]
     fmts = formats_for(cfg)
     ld, st, g = decode(cfg, "LOAD", word), decode(cfg, "STORE", word), decode(cfg, "GEMM", word)
     a = decode(cfg, "ALU", word)
     illegal, bad, over = Signal(), Signal(), Signal()
-    rows, cols = Signal(SIZE_W := len(ld.y_size) + 2), Signal(SIZE_W)
-    n = Signal(2 * SIZE_W)
-    m.d.comb += [rows.eq(ld.y_pad0 + ld.y_size + ld.y_pad1), cols.eq(ld.x_pad0 + ld.x_size + ld.x_pad1),
-                 n.eq(rows * cols)]     # (a STORE's pads are zero unless BAD_FIELD)
+    rows, cols = dims if dims is not None else tile_dims(m, cfg, word)
+    n = Signal(2 * len(rows))
+    nz = Signal()
+    m.d.comb += [n.eq(rows * cols), nz.eq((rows != 0) & (cols != 0))]
     m.d.comb += illegal.eq(1)
     with m.Switch(opcode):
         for op in Opcode:
@@ -69,13 +82,13 @@ def static_check(m: Module, cfg: AccelConfig, word):
                     with m.Switch(mem):
                         for t in (MemType.UOP, MemType.WGT, MemType.INP, MemType.ACC):
                             with m.Case(t):
-                                m.d.comb += over.eq((n != 0) & (ld.sram_base + n > buffer_depth(cfg, t)))
+                                m.d.comb += over.eq(nz & _beyond(ld.sram_base, n, buffer_depth(cfg, t)))
                 elif op == Opcode.STORE:
                     with m.If(st.mem_type > max(MemType)):
                         m.d.comb += illegal.eq(1)
                     m.d.comb += [bad.eq(word[POP_NEXT] | word[PUSH_NEXT] | (st.mem_type != MemType.OUT) |
                                         (st.y_pad0 != 0) | (st.y_pad1 != 0) | (st.x_pad0 != 0) | (st.x_pad1 != 0)),
-                                 over.eq((n != 0) & (st.sram_base + n > cfg.out_depth))]
+                                 over.eq(nz & _beyond(st.sram_base, n, cfg.out_depth))]
                 elif op in (Opcode.GEMM, Opcode.ALU):
                     f = g if op == Opcode.GEMM else a
                     if op == Opcode.ALU:
@@ -89,6 +102,12 @@ def static_check(m: Module, cfg: AccelConfig, word):
     with m.Elif(over):
         m.d.comb += code.eq(ErrorCode.SRAM_RANGE)
     return code
+
+
+def _beyond(base, n, depth: int):
+    """base + n > depth without an adder after the multiply: n > depth - base (a narrow
+    subtract beside it), or base alone beyond the buffer."""
+    return (base > depth) | (n > Mux(base > depth, 0, depth - base))
 
 
 class Fetch(wiring.Component):
@@ -115,37 +134,62 @@ class Fetch(wiring.Component):
         cfg = self.cfg
         depth = ibuf_depth(cfg)
         m.submodules.dma = dma = ReadDMA(cfg, (INSN_BYTES,), count_width=depth.bit_length())
-        m.submodules.ibuf = ibuf = Queue(INSN_BITS + CODE_BITS, depth)
+        m.submodules.ibuf = ibuf = Queue(INSN_BITS, depth)
         wiring.connect(m, wiring.flipped(self.dma), dma.bus)
-        m.d.comb += [ibuf.w.en.eq(dma.out_valid), ibuf.w.data.eq(Cat(dma.out_data, static_check(m, cfg, dma.out_data))),
+        m.d.comb += [ibuf.w.en.eq(dma.out_valid), ibuf.w.data.eq(dma.out_data[:INSN_BITS]),
                      self.dma_idle.eq(~dma.busy)]
+        # the fault codes of the buffered instructions, checked a cycle after the write (see above)
+        # (the tile's rows and columns, adders, from the DMA's entry; the multiply and compares from
+        # those registers in the next cycle)
+        chk_valid, chk_word = Signal(), Signal(INSN_BITS)
+        dims_now = tile_dims(m, cfg, dma.out_data[:INSN_BITS])
+        chk_dims = tuple(Signal.like(d, name=f"chk_{n}") for d, n in zip(dims_now, ("rows", "cols")))
+        m.d.sync += chk_valid.eq(dma.out_valid)
+        with m.If(dma.out_valid):
+            m.d.sync += [chk_word.eq(dma.out_data[:INSN_BITS]), *(r.eq(d) for r, d in zip(chk_dims, dims_now))]
+        codes = Array(Signal(CODE_BITS, name=f"code{i}") for i in range(depth))
+        c_wr, c_rd = Signal(range(depth)), Signal(range(depth))
+        with m.If(chk_valid):
+            m.d.sync += [codes[c_wr].eq(static_check(m, cfg, chk_word, chk_dims)),
+                         c_wr.eq(Mux(c_wr == depth - 1, 0, c_wr + 1))]
+        with m.If(ibuf.r.en & ibuf.r.rdy):
+            m.d.sync += c_rd.eq(Mux(c_rd == depth - 1, 0, c_rd + 1))
 
         addr = Signal(cfg.dram_addr_width)
         remaining = Signal(32)
         free = Signal(range(depth + 1))
         n = Signal(range(depth + 1))
         threshold = Signal(range(depth + 1))
+        # rem_sat = min(remaining, depth), kept beside the 32-bit count: the refill decision then
+        # compares narrow values only (for Fmax)
+        rem_sat = Signal(range(depth + 1))
+
+        def sat(v):
+            return Mux(v > depth, depth, v)
         m.d.comb += [free.eq(depth - ibuf.level),
-                     n.eq(Mux(remaining < free, remaining, free)),
-                     threshold.eq(Mux(remaining < depth // 2, remaining, depth // 2))]
+                     n.eq(Mux(rem_sat < free, rem_sat, free)),
+                     threshold.eq(Mux(rem_sat < depth // 2, rem_sat, depth // 2))]
         stopped = Signal()
         count, index = Signal(32), Signal(INDEX_BITS)     # INSN_COUNT; index of the next dispatch
         with m.FSM():
             with m.State("INIT"):
                 with m.If(self.run):
-                    m.d.sync += [addr.eq(self.insn_addr), remaining.eq(self.insn_count), count.eq(self.insn_count)]
+                    m.d.sync += [addr.eq(self.insn_addr), remaining.eq(self.insn_count), count.eq(self.insn_count),
+                                 rem_sat.eq(sat(self.insn_count))]
                     m.next = "FETCH"
             with m.State("FETCH"):
-                with m.If((remaining == 0) | stopped | self.halt):
+                with m.If((rem_sat == 0) | stopped | self.halt):
                     m.next = "DONE"
                 with m.Elif(~dma.busy & (free >= threshold)):
                     m.d.comb += [dma.start.eq(1), dma.addr.eq(addr), dma.count.eq(n)]
-                    m.d.sync += [addr.eq(addr + n * INSN_BYTES), remaining.eq(remaining - n)]
+                    m.d.sync += [addr.eq(addr + n * INSN_BYTES), remaining.eq(remaining - n),
+                                 rem_sat.eq(sat(remaining - n))]
             with m.State("DONE"):
                 pass
 
         # ---- dispatch ----------------------------------------------------------------------------
-        word, code = ibuf.r.data[:INSN_BITS], ibuf.r.data[INSN_BITS:]
+        word, code = ibuf.r.data, Signal(CODE_BITS)
+        m.d.comb += code.eq(codes[c_rd])
         opcode = word[:OPCODE_BITS]
         mem = mem_type_of(cfg, word)
         to_load = (opcode == Opcode.LOAD) & ((mem == MemType.INP) | (mem == MemType.WGT))

@@ -77,11 +77,28 @@ class TileLoader(wiring.Component):
         go = Signal()
         has_data = Signal()
         any_pad = Signal()
-        m.d.comb += [go.eq(self.start & served & (n_rows != 0) & (n_cols != 0)),
+        # n_rows, n_cols: sums of non-negative fields in a width that holds them, so non-zero iff
+        # a field is (no adder on `go`'s path, which starts the DMA)
+        rows_nz = (ld.y_pad0 != 0) | (ld.y_size != 0) | (ld.y_pad1 != 0)
+        cols_nz = (ld.x_pad0 != 0) | (ld.x_size != 0) | (ld.x_pad1 != 0)
+        m.d.comb += [go.eq(self.start & served & rows_nz & cols_nz),
                      has_data.eq((ld.y_size != 0) & (ld.x_size != 0)),
                      any_pad.eq((ld.y_pad0 != 0) | (ld.y_pad1 != 0) | (ld.x_pad0 != 0) | (ld.x_pad1 != 0))]
         with m.If(go):
             m.d.sync += sel.eq(sel_now)
+        # the tile's geometry, latched at `go` (the instruction is stable, but its sums are a chain of
+        # adders from the instruction register: off the walker's and write port's paths, for Fmax)
+        geo_now = (n_rows, n_cols, data_y_end, data_x_end, ld.y_pad0, ld.x_pad0)
+        geo = tuple(Signal.like(v, name=f"geo_{n}") for v, n in
+                    zip(geo_now, ("n_rows", "n_cols", "data_y_end", "data_x_end", "y_pad0", "x_pad0")))
+        # and the walker's compares as constants: wx + 1 == x_pad0 is wx == x_pad0 - 1 (all ones for
+        # x_pad0 = 0: wx never gets there), wx + 1 == n_cols is wx == n_cols - 1, and a data row
+        # ends at n_cols after its right padding iff x_pad1 == 0
+        pad0_m1, cols_m1, no_right = Signal(dim + 1), Signal(dim + 1), Signal()
+        with m.If(go):
+            m.d.sync += [r.eq(v) for r, v in zip(geo, geo_now)]
+            m.d.sync += [pad0_m1.eq(ld.x_pad0 - 1), cols_m1.eq(n_cols - 1), no_right.eq(ld.x_pad1 == 0)]
+        r_rows, r_cols, r_y_end, r_x_end, r_y_pad0, r_x_pad0 = geo
 
         # ---- data: one DMA command for every row; each entry written in the cycle it arrives -------
         m.d.comb += [dma.start.eq(go & has_data), dma.addr.eq(dram_base_bytes), dma.count.eq(ld.x_size),
@@ -92,37 +109,40 @@ class TileLoader(wiring.Component):
         m.d.comb += first_data.eq(ld.sram_base + ld.y_pad0 * n_cols + ld.x_pad0)
         with m.If(go):
             m.d.sync += [dptr.eq(first_data), drow.eq(first_data)]
-        with m.Elif(dma.out_valid & dma.out_row_last):
-            m.d.sync += [dptr.eq(drow + n_cols), drow.eq(drow + n_cols)]
+        with m.Elif(dma.out_valid & dma.out_row_last):     # (data comes from cycle s+2 on: geo is set)
+            m.d.sync += [dptr.eq(drow + r_cols), drow.eq(drow + r_cols)]
         with m.Elif(dma.out_valid):
             m.d.sync += dptr.eq(dptr + 1)
 
         # ---- padding: zeros, row-major, in the cycles the data leaves the write port free ----------
         # (wy, wx): the next padding entry; wx == n_cols marks a data row without padding columns,
         # passed in one cycle. Padding rows: columns 0..n_cols-1; data rows: 0..x_pad0-1, then
-        # data_x_end..n_cols-1.
+        # data_x_end..n_cols-1. From s+1 on it reads the latched geometry.
         w_active = Signal()
         wy, wx = Signal(dim + 1), Signal(dim + 1)
         prow = Signal(ib)                     # address of row wy's first entry
 
-        def is_data_row(y):
-            return (y >= ld.y_pad0) & (y < data_y_end)
+        def is_data_row(y, g):
+            return (y >= g[4]) & (y < g[2])
 
-        def first_col(y):
-            return Mux(is_data_row(y) & (ld.x_pad0 == 0), data_x_end, 0)
+        def first_col(y, g):
+            return Mux(is_data_row(y, g) & (g[5] == 0), g[3], 0)
 
         pad_here = Signal()
-        m.d.comb += pad_here.eq(w_active & (wx != n_cols))
+        m.d.comb += pad_here.eq(w_active & (wx != r_cols))
         write_pad = Signal()
         m.d.comb += write_pad.eq(pad_here & ~dma.out_valid)
-        nx = Signal(dim + 1)
-        m.d.comb += nx.eq(Mux(is_data_row(wy) & (wx + 1 == ld.x_pad0), data_x_end, wx + 1))
+        nx, nx_end, hit_pad0 = Signal(dim + 1), Signal(), Signal()
+        m.d.comb += [hit_pad0.eq(is_data_row(wy, geo) & (wx == pad0_m1)),
+                     nx.eq(Mux(hit_pad0, r_x_end, wx + 1)),
+                     nx_end.eq(Mux(hit_pad0, no_right, wx == cols_m1))]      # nx == n_cols
         with m.If(go):
-            m.d.sync += [w_active.eq(any_pad | ~has_data), wy.eq(0), wx.eq(first_col(0)), prow.eq(ld.sram_base)]
+            m.d.sync += [w_active.eq(any_pad | ~has_data), wy.eq(0), wx.eq(first_col(0, geo_now)),
+                         prow.eq(ld.sram_base)]
         with m.Elif(w_active & (~pad_here | write_pad)):
-            with m.If((wx == n_cols) | (nx == n_cols)):
-                m.d.sync += [wy.eq(wy + 1), wx.eq(first_col(wy + 1)), prow.eq(prow + n_cols)]
-                with m.If(wy + 1 == n_rows):
+            with m.If((wx == r_cols) | nx_end):
+                m.d.sync += [wy.eq(wy + 1), wx.eq(first_col(wy + 1, geo)), prow.eq(prow + r_cols)]
+                with m.If(wy + 1 == r_rows):
                     m.d.sync += w_active.eq(0)
             with m.Else():
                 m.d.sync += wx.eq(nx)

@@ -11,6 +11,11 @@ busy falls and done rises in the cycle after the one where finish is seen (that 
 irq = done & CTRL.irq_enable.
 Errors (params.ErrorCode): a fault (In) latches its code and instruction index into ERROR /
 ERROR_INSN unless one of a lower index is latched; STATUS.error is set while a code is latched.
+(Which is lower needs no comparator: the only faults that can follow a latched one are compute's
+INDEX_RANGE after one of fetch's, and compute's are in dispatched instructions, below fetch's
+index; the top level gives compute's fault priority in a cycle with both. So an INDEX_RANGE
+replaces a latched code other than INDEX_RANGE; this keeps the late fault strobe off a carry
+chain, for Fmax.)
 The run then ends (busy falls, done and error rise) once the core is quiet (`quiet` In high for
 QUIET_CYCLES cycles in a row: no stage executing or taking an instruction, no fetch DMA, no
 read burst), or at once for the watchdog: with WATCHDOG = N > 0, N cycles in a row while busy
@@ -185,7 +190,8 @@ class ControlRegs(wiring.Component):
             m.d.sync += quiet_run.eq(0)
         watchdog = (wd_limit != 0) & (wd_count >= wd_limit)
         with m.If(busy & ~start_req):
-            with m.If(self.fault & ((err_code == 0) | (self.fault_index < err_index))):
+            with m.If(self.fault & ((err_code == 0) | ((self.fault_code == ErrorCode.INDEX_RANGE) &
+                                                       (err_code != ErrorCode.INDEX_RANGE)))):
                 m.d.sync += [err_code.eq(self.fault_code), err_index.eq(self.fault_index)]
             with m.If(self.finish):
                 m.d.sync += [busy.eq(0), done.eq(1)]

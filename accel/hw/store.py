@@ -133,10 +133,12 @@ class StoreUnit(wiring.Component):
         outstanding = Signal(OUTSTANDING_BITS)
         row_bytes = Signal(aw)
         m.d.comb += row_bytes.eq(b_row_ent << le)
-        row_end_byte = Signal(aw + beats_bits)
-        m.d.comb += row_end_byte.eq(row_bytes + (st.x_size << le) - 1)
+        # a row's beats: (its offset in the first beat + its bytes + B - 1) / B, a narrow adder on
+        # the address's low bits (it feeds AWLEN; x_size > 0: a STORE of nothing never starts)
+        row_span = Signal(beats_bits + 1)
+        m.d.comb += row_span.eq(row_bytes[:lb] + (st.x_size << le) + (B - 1))
         beats_eff, addr_eff = Signal.like(beats_left), Signal(aw)
-        m.d.comb += [beats_eff.eq(Mux(new_row, (row_end_byte >> lb) - (row_bytes >> lb) + 1, beats_left)),
+        m.d.comb += [beats_eff.eq(Mux(new_row, row_span >> lb, beats_left)),
                      addr_eff.eq(Mux(new_row, Cat(Const(0, lb), row_bytes[lb:]), next_addr))]
         to_boundary = Signal(range(BOUNDARY_BYTES // B + 1))
         m.d.comb += to_boundary.eq((BOUNDARY_BYTES // B) - addr_eff[lb:log2(BOUNDARY_BYTES)])
