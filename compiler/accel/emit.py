@@ -102,6 +102,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     resident = n_ic == 1  # weights of an output-channel tile stay for all its row/column tiles
     # one spatial tile and one input chunk: every tile reads the same input, loaded once into slot 0
     inp_resident = resident and input_resident(spec, cfg, t)
+    # a kernel taller than one row with one chunk keeps its weights kernel row by kernel row ([y][o][ic][x]:
+    # one LOAD a row, the chunk's rows at one stride), so that the layer's first chunk goes in kh pieces,
+    # a GEMM and a token each: compute starts on the first kernel row's weights (the pipeline's fill)
+    by_rows = spec.kh > 1 and n_ic == 1 and spec.kh <= cfg.dep_queue_depth - 2
 
     tiles = [(n, o0, h0, w0) for n in range(g.nb) for o0 in range(0, g.ob, t.o_t)
              for h0 in range(0, spec.oh, t.h_t) for w0 in range(0, spec.ow, t.w_t)]
@@ -173,12 +177,12 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             inp_base, wgt_base = (0 if inp_resident else islot * inp_slot), wslot * wgt_slot
             res_base = S * inp_slot + (ti % S) * res_slot   # a fused residual's tile
 
-            def gemm_by_block(band=None):   # the chunk's GEMM over (block, pixel); band: pixels p0..p1-1
+            def gemm_by_block(band=None, taps=None):   # the chunk's GEMM over (block, pixel); band: pixels p0..p1-1
                 return stream.kernel(
                     ("conv.gemm_by_block", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a * w_a, sw, inp_base,
-                     wgt_base, acc_base, band),
+                     wgt_base, acc_base, band, by_rows, taps),
                     lambda k: _build_gemm_by_block(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a * w_a, sw,
-                                                   inp_base, wgt_base, acc_base, band))
+                                                   inp_base, wgt_base, acc_base, band, by_rows, taps))
 
             def residual_by_block(band=None):   # the residual's identity GEMM over (block, pixel)
                 return stream.kernel(("conv.residual_by_block", acc_base, res_base, ident_idx, o_a, h_a * w_a, band),
@@ -219,7 +223,14 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                         stream.load_2d(MemType.INP, inp_base + ic * rows * cols, inp, entry,
                                        y_size=max(0, y1 - y0), x_size=max(0, x1 - x0), x_stride=spec.w,
                                        y_pad0=yp0, y_pad1=yp1, x_pad0=xp0, x_pad1=xp1)
-                if new_group or not resident:
+                if (new_group or not resident) and by_rows:   # kernel row by kernel row; the first chunk's
+                    for y in range(spec.kh):                 # rows each with a token (split_taps)
+                        stream.load_2d(MemType.WGT, wgt_base + y * o_a * ic_a * spec.kw, wgt,
+                                       (o0 * g.cb + ic0) * khw + y * spec.kw, y_size=o_a * ic_a, x_size=spec.kw,
+                                       x_stride=khw)
+                        if j == 0 and y < spec.kh - 1:
+                            stream.dep_push(Stage.LOAD, Stage.COMPUTE)
+                elif new_group or not resident:
                     stream.load_2d(MemType.WGT, wgt_base, wgt, (o0 * g.cb + ic0) * khw,
                                    y_size=o_a, x_size=ic_a * khw, x_stride=g.cb * khw)
                 if residual is not None:
@@ -284,18 +295,24 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 pipe.after_chunk(j)
                 j += 1
                 continue
-            if fused or conv_in_gemm:
-                if last_chunk and fused:
-                    stream.push_epilogue(flush, seed_next(), seed_factor_out=1)
-                elif last_chunk:
-                    stream.push_epilogue(conv_to_acc, to_acc=True)
-                stream.push_gemm(gemm_by_block(), flush=last_chunk)
-            else:
-                stream.push_gemm(stream.kernel(
-                    ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base,
-                     acc_base),
-                    lambda k: _build_gemm(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw,
-                                          inp_base, wgt_base, acc_base)))
+            # the layer's first chunk with weights by kernel row: a GEMM per row, each on its own token
+            split_taps = [(y, y + 1) for y in range(spec.kh)] if by_rows and j == 0 else [None]
+            for p, taps in enumerate(split_taps):
+                final = p == len(split_taps) - 1
+                if p:
+                    stream.dep_pop(Stage.LOAD, Stage.COMPUTE)
+                if fused or conv_in_gemm:
+                    if final and last_chunk and fused:
+                        stream.push_epilogue(flush, seed_next(), seed_factor_out=1)
+                    elif final and last_chunk:
+                        stream.push_epilogue(conv_to_acc, to_acc=True)
+                    stream.push_gemm(gemm_by_block(taps=taps), flush=last_chunk and final)
+                else:
+                    stream.push_gemm(stream.kernel(
+                        ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base,
+                         acc_base, by_rows, taps),
+                        lambda k, taps=taps: _build_gemm(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw,
+                                                         inp_base, wgt_base, acc_base, by_rows, taps)))
             if not (residual is not None and last_chunk):
                 pipe.after_chunk(j)  # with a residual, the slot is released after the residual GEMM
             j += 1
@@ -364,15 +381,23 @@ def _tile_kernel(stream, kind, acc_base, o_a, h_a, w_a):
     return stream.kernel(("conv.tile", acc_base, n), build)
 
 
-def _build_gemm(k, o_a, ic_a, kh, kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base, acc_base):
+def _wgt_index(o, ic, y, x, o_a, ic_a, kh, kw, by_rows):
+    """A weight's buffer entry in a chunk's slot: [o][ic][y][x], or with by_rows [y][o][ic][x]."""
+    return ((y * o_a + o) * ic_a + ic) * kw + x if by_rows else ((o * ic_a + ic) * kh + y) * kw + x
+
+
+def _build_gemm(k, o_a, ic_a, kh, kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base, acc_base, by_rows=False,
+                taps=None):
+    """The chunk's GEMM: loops over output rows and columns, micro-ops over (o, ic, kernel row, x);
+    taps=(y0, y1): only kernel rows y0..y1-1 (the first chunk's pieces)."""
     k.loop_begin(h_a, dst_factor=w_a, src_factor=sh * cols)
     k.loop_begin(w_a, dst_factor=1, src_factor=sw)
     for o in range(o_a):
         for ic in range(ic_a):
-            for y in range(kh):
+            for y in range(*(taps or (0, kh))):
                 for x in range(kw):
                     k.push(acc_base + o * h_a * w_a, inp_base + ic * rows * cols + y * cols + x,
-                           wgt_base + ((o * ic_a + ic) * kh + y) * kw + x)
+                           wgt_base + _wgt_index(o, ic, y, x, o_a, ic_a, kh, kw, by_rows))
     k.loop_end()
     k.loop_end()
 
@@ -391,19 +416,19 @@ def _row_bands(h: int, n: int) -> list[tuple[int, int]]:
 
 
 def _build_gemm_by_block(k, o_a, ic_a, kh, kw, rows, cols, pixels, sw, inp_base, wgt_base, acc_base,
-                         band=None):
+                         band=None, by_rows=False, taps=None):
     """GEMM loops over (output-channel block, pixel), micro-ops over (input channel, tap): each pass
     is one output entry's whole sum (what a flushing GEMM needs). Pixels at one input stride only.
     band=(p0, p1): only the tile's pixels p0..p1-1 (a band of a tile split for the pipeline's fill
     and drain)."""
     p0, p1 = band or (0, pixels)
-    k.loop_begin(o_a, dst_factor=pixels, src_factor=0, wgt_factor=ic_a * kh * kw)
+    k.loop_begin(o_a, dst_factor=pixels, src_factor=0, wgt_factor=ic_a * (kw if by_rows else kh * kw))
     k.loop_begin(p1 - p0, dst_factor=1, src_factor=sw)
     for ic in range(ic_a):
-        for y in range(kh):
+        for y in range(*(taps or (0, kh))):
             for x in range(kw):
                 k.push(acc_base + p0, inp_base + p0 * sw + ic * rows * cols + y * cols + x,
-                       wgt_base + (ic * kh + y) * kw + x)
+                       wgt_base + _wgt_index(0, ic, y, x, o_a, ic_a, kh, kw, by_rows))
     k.loop_end()
     k.loop_end()
 

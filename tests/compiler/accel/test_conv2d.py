@@ -386,3 +386,33 @@ def test_plan_costs_short_transfers_with_their_bursts_in_flight():
     assert pick.ic_t < 16
     rq = Requant(9, -127, 127)
     assert measure_conv2d(spec, cfg, pick, requant=rq) < 0.9 * measure_conv2d(spec, cfg, heavy, requant=rq)
+
+
+@pytest.mark.parametrize("vt", [1, 2])
+@pytest.mark.parametrize("h_t", [1, 3])
+@pytest.mark.parametrize("residual", [False, True])
+def test_conv2d_first_chunk_goes_by_kernel_row(vt, h_t, residual):
+    """A 3x3 conv with one input chunk keeps its weights kernel row by kernel row (one LOAD a row per
+    group) and runs the layer's first chunk as one GEMM per kernel row on its own token, so compute
+    starts on the first row's weights; one-row tiles (GEMMs that flush) and fused residuals too.
+    Bit-exact."""
+    cfg = PRESETS["tiny"]
+    spec = Conv2dSpec(1, 2 * cfg.block_in, 6, 5, 2 * cfg.block_out, 3, 3, (1, 1, 1, 1), name="rows3")
+    t = ConvTiling(1, h_t, 5, 2, vt)
+    x, w, b = _rand(np.random.default_rng(21), spec)
+    rq = Requant(9, -127, 127)
+    if residual:
+        r = np.random.default_rng(22).integers(-127, 128, (1, spec.o, spec.oh, spec.ow), dtype=np.int8)
+        rq2 = Requant(1, -127, 127, True)
+        y, _, stream = run_conv2d(Device(cfg), x, w, b, spec, rq, vt, t, residual=(r, 0, 1, rq2))
+        ref = add_reference(conv2d_reference(x, w, b, spec, rq), r, 0, 1, rq2)
+    else:
+        y, _, stream = run_conv2d(Device(cfg), x, w, b, spec, rq, vt, t)
+        ref = conv2d_reference(x, w, b, spec, rq)
+    assert np.array_equal(y, ref)
+    insns = stream.last_insns
+    wloads = [i for i in insns if isinstance(i, Load) and i.mem_type == MemType.WGT and i.x_size == spec.kw]
+    assert len(wloads) == 2 * spec.kh   # two output-channel groups, a LOAD per kernel row each
+    gemms = [i for i in insns if isinstance(i, Gemm) and not getattr(i, "reset", False)]
+    tiles = 2 * _ceil(spec.oh, h_t)
+    assert len(gemms) == tiles - 1 + spec.kh + (tiles if residual else 0)
