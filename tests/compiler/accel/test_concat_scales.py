@@ -234,3 +234,25 @@ def test_conv_read_by_a_channel_concat_writes_a_scale_per_channel(monkeypatch):
     with Executor(mod, driver="fsim") as ex:
         got = next(iter(ex.run(feeds[3]).values()))
     np.testing.assert_array_equal(got, reference_run(mod.graph, feeds[3])[0])
+
+
+def test_batch_norm_after_a_residual_add_runs_int8_on_the_accelerator():
+    """Pre-activation residual block (add -> BN -> ReLU -> conv): the batch norm is an int8
+    depthwise conv after the add, on the accelerator, bit-exact, near onnxruntime."""
+    b = ModelBuilder("preact", 3)
+    x = b.input("image", (1, 3, 8, 8))
+    a = b.op("Relu", [b.conv(x, 3, 16, name="conv_a")], name="relu_a")
+    r = b.conv(b.op("Relu", [b.conv(a, 16, 16, name="conv_b")], name="relu_b"), 16, 16, name="conv_c")
+    s = b.op("Add", [a, r], name="res")
+    y = b.op("Relu", [_bn(b, s, list(np.linspace(0.3, 1.5, 16)), "bn")], name="bn_relu")
+    m = b.build([b.conv(y, 16, 16, k=1, name="head")])
+    feeds = sample_inputs(m, 5, seed=2)
+    mod = compiler.build_model(m, target="accel", config="default", calibration=feeds[:3])
+    steps = {s.name: s for s in mod.steps}
+    assert steps["bn"].kind == "accel" and steps["bn"].op == "qconv2d+relu", steps.get("bn")
+    assert not mod.meta["fallbacks"], mod.meta["fallbacks"]
+    for feed in feeds[3:]:
+        with Executor(mod, driver="fsim") as ex:
+            got = next(iter(ex.run(feed).values()))
+        np.testing.assert_array_equal(got, reference_run(mod.graph, feed)[0])
+        assert _cos(got, _ort(m, feed)[0]) >= 0.99
