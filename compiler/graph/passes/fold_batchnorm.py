@@ -10,7 +10,6 @@ import numpy as np
 from ..ir import Graph, Node, rewrite
 from .import_qdq import rename_range
 
-
 #: fold a per-channel constant mul/add after a conv into it (off: affine_as_depthwise takes it)
 FOLD_SCALES = True
 
