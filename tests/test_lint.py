@@ -36,6 +36,8 @@ EXEMPT = frozenset({
     "4baef7149b773eded32e5ec831c8a601e88ceb41",
     "0e24a15bf2f6f7a83c0aa7d55b3fc2d6dbee82b5",
     "281be0faec45a2e20e8717bcdec129699b7dc8ed",
+    "c331653615125747246a0435b3fe887900c746af",
+    "d6e221ac8c752be51852c48b798ecfdcbb6788ad",
 })
 
 
