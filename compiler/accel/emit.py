@@ -105,7 +105,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     # a kernel taller than one row with one chunk keeps its weights kernel row by kernel row ([y][o][ic][x]:
     # one LOAD a row, the chunk's rows at one stride), so that the layer's first chunk goes in kh pieces,
     # a GEMM and a token each: compute starts on the first kernel row's weights (the pipeline's fill)
-    by_rows = spec.kh > 1 and n_ic == 1 and spec.kh <= cfg.dep_queue_depth - 2
+    # (only where a kernel row's GEMM is long enough to pay for its instructions: not a global pool's
+    # one pixel a window)
+    by_rows = (spec.kh > 1 and n_ic == 1 and spec.kh <= cfg.dep_queue_depth - 2
+               and t.o_t * t.ic_t * spec.kw * min(t.h_t, spec.oh) * min(t.w_t, spec.ow) >= BY_ROWS_MIN_UOPS)
 
     tiles = [(n, o0, h0, w0) for n in range(g.nb) for o0 in range(0, g.ob, t.o_t)
              for h0 in range(0, spec.oh, t.h_t) for w0 in range(0, spec.ow, t.w_t)]
@@ -400,6 +403,10 @@ def _build_gemm(k, o_a, ic_a, kh, kw, rows, cols, h_a, w_a, sh, sw, inp_base, wg
                            wgt_base + _wgt_index(o, ic, y, x, o_a, ic_a, kh, kw, by_rows))
     k.loop_end()
     k.loop_end()
+
+
+#: micro-ops a kernel row's GEMM of the first tile needs for the first chunk to go kernel row by row
+BY_ROWS_MIN_UOPS = 64
 
 
 #: row bands the first and last tiles of a layer split into (where every step of theirs is a GEMM),
