@@ -6,7 +6,7 @@ import hw_programs as hp
 import pytest
 from conftest import require
 
-from accel.isa import Alu, Finish, Gemm, Load, MemType, Store
+from accel.isa import Alu, AluOp, Finish, Gemm, Load, MemType, Store
 from sim.rtl import RtlProgram, run_programs
 
 pytestmark = pytest.mark.rtl
@@ -47,10 +47,14 @@ def _micro(cfg, insns):
 MICRO = {
     "finish": ([Finish()], (21, 0, 4, 0)),
     "alu_zero_iterations": ([Alu(iter_out=0), Finish()], (25, 0, 8, 0)),
-    "gemm_1": ([Gemm(uop_bgn=0, uop_end=1), Finish()], (29, 0, 12, 0)),
-    "gemm_10": ([Gemm(uop_bgn=0, uop_end=10), Finish()], (38, 0, 21, 0)),
-    "gemm_2x3x2": ([Gemm(uop_bgn=0, uop_end=2, iter_out=2, iter_in=3), Finish()], (40, 0, 23, 0)),
-    "alu_10": ([Alu(uop_bgn=0, uop_end=10), Finish()], (37, 0, 20, 0)),
+    "gemm_1": ([Gemm(uop_bgn=0, uop_end=1), Finish()], (30, 0, 13, 0)),
+    "gemm_10": ([Gemm(uop_bgn=0, uop_end=10), Finish()], (39, 0, 22, 0)),
+    "gemm_2x3x2": ([Gemm(uop_bgn=0, uop_end=2, iter_out=2, iter_in=3), Finish()], (41, 0, 24, 0)),
+    "alu_10": ([Alu(uop_bgn=0, uop_end=10), Finish()], (38, 0, 21, 0)),
+    # MUL and SCALE micro-ops issue every other cycle: 9 more cycles for 10 of them
+    "alu_mul_10": ([Alu(uop_bgn=0, uop_end=10, alu_op=AluOp.MUL), Finish()], (47, 0, 30, 0)),
+    "alu_scale_2x3": ([Alu(uop_bgn=0, uop_end=2, iter_out=3, alu_op=AluOp.SCALE, use_imm=True, imm=5), Finish()],
+                      (39, 0, 22, 0)),
     "load_inp_4": ([Load(mem_type=MemType.INP, y_size=1, x_size=4, x_stride=4, push_next=True),
                     Finish(pop_prev=True)], (38, 16, 4, 0)),
     "load_inp_2x4": ([Load(mem_type=MemType.INP, y_size=2, x_size=4, x_stride=4, push_next=True),
