@@ -156,8 +156,9 @@ def space(wl: Workload) -> list[dict]:
     vl = cpu.lanes(wl.dtypes[0] if wl.dtypes[0].startswith("float") else "float32")
     regs = t.registers
     if fam in ("conv_nchwc", "conv_blocked"):
-        if fam == "conv_nchwc":
-            (_, C, _, _), (O, _, KH, KW) = wl.shapes[0], wl.shapes[1]
+        if fam == "conv_nchwc":   # blocks divide one group's channels: C and O per group
+            (_, Call, _, _), (O, C, KH, KW) = wl.shapes[0], wl.shapes[1]
+            O //= Call // C
             OW = wl.out_shape[3]
         else:   # already blocked: data (N, C/ic, H, W, ic), kernel (O/oc, C/ic, KH, KW, ic, oc)
             C, O = wl.shapes[0][1] * wl.shapes[0][4], wl.shapes[1][0] * wl.shapes[1][5]

@@ -29,33 +29,34 @@ def _conv_direct(data, weight, bias=None, *, strides, pads, dilations, groups, o
     return _bias_nchw(nn.conv2d(data, weight, strides, pads, dilations, groups, out_dtype), bias)
 
 
-def _conv_nchwc_blocks(shapes, dtypes):
-    """(ic_bn, oc_bn) from the unpacked signature: data NCHW, weight OIHW."""
-    return cpu.conv_blocks(shapes[0][1], shapes[1][0], dtypes[0])
+def _conv_nchwc_blocks(shapes, dtypes, groups=1):
+    """(ic_bn, oc_bn) from the unpacked signature: data NCHW, weight OIHW (I = C / groups); the
+    blocks divide one group's channels."""
+    return cpu.conv_blocks(shapes[1][1], shapes[1][0] // groups, dtypes[0])
 
 
 def _conv_nchwc(data, weight, bias=None, *, strides, pads, dilations, groups, out_dtype=None, kernel_packed=False):
-    C = data.shape[1]
     if kernel_packed:
         ic_bn, oc_bn = weight.shape[4], weight.shape[5]
     else:
-        ic_bn, oc_bn = cpu.conv_blocks(C, weight.shape[0], data.dtype)
+        ic_bn, oc_bn = cpu.conv_blocks(weight.shape[1], weight.shape[0] // groups, data.dtype)
     out = nn.conv2d_via_nchwc(data, weight, strides, pads, dilations, groups, out_dtype, ic_bn, oc_bn,
                               kernel_packed=kernel_packed)
     return _bias_nchw(out, bias)
 
 
 def _conv_nchwc_check(shapes, dtypes, attrs):
-    if attrs["groups"] != 1:
-        return f"groups={attrs['groups']} (the blocked layout needs groups == 1; the direct schedule handles groups)"
-    ic, oc = _conv_nchwc_blocks(shapes, dtypes)
+    g = attrs["groups"]
+    if g != 1 and (shapes[1][1] < 2 or shapes[0][1] % g or shapes[1][0] % g):
+        return f"groups={g} with {shapes[1][1]} input channel(s) per group (depthwise/direct take those)"
+    ic, oc = _conv_nchwc_blocks(shapes, dtypes, g)
     if oc < 4:
         return f"output channels {shapes[1][0]} have no block of 4 or more lanes"
     return None
 
 
 def _conv_prepack(w, shapes, dtypes, attrs):
-    ic, oc = _conv_nchwc_blocks(shapes, dtypes)
+    ic, oc = _conv_nchwc_blocks(shapes, dtypes, attrs["groups"])
     return nn.pack_kernel_np(w, ic, oc), {"kernel_packed": True}
 
 

@@ -94,27 +94,33 @@ def conv2d(data, weight, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), gr
                       attrs={"groups": groups, "depthwise": groups == C == O and Cg == 1})
 
 
-def conv2d_NCHWc(data, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), out_dtype=None):
-    """Blocked conv: data (N, C/ic_bn, H, W, ic_bn) x kernel (O/oc_bn, C/ic_bn, KH, KW, ic_bn, oc_bn)
-    -> (N, O/oc_bn, OH, OW, oc_bn). The reduction over input channels is split into the block
-    index and the lane, so no index needs a division."""
+def conv2d_NCHWc(data, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), out_dtype=None, groups=1):
+    """Blocked conv: data (N, C/ic_bn, H, W, ic_bn) x kernel (O/oc_bn, C/groups/ic_bn, KH, KW, ic_bn,
+    oc_bn) -> (N, O/oc_bn, OH, OW, oc_bn). The reduction over input channels is split into the block
+    index and the lane, so no index needs a division. With groups (blocks inside groups), output
+    block oc reads the input blocks of its group, oc // (output blocks per group)."""
     N, CO, H, W, icb = data.shape
     OCO, CO2, KH, KW, icb2, ocb = kernel.shape
-    if CO != CO2 or icb != icb2:
-        raise OpError(f"conv2d_NCHWc: data channel blocks {CO}x{icb} != kernel's {CO2}x{icb2}")
+    if CO != CO2 * groups or icb != icb2 or OCO % groups:
+        raise OpError(f"conv2d_NCHWc: data channel blocks {CO}x{icb} != kernel's {CO2}x{icb2} x {groups} "
+                      f"group(s) (or {OCO} output blocks do not split into the groups)")
+    ob_per_g = OCO // groups
     sh, sw = strides
     dh, dw = dilations
     OH = conv_out_size(H, KH, sh, pads[0], pads[2], dh)
     OW = conv_out_size(W, KW, sw, pads[1], pads[3], dw)
     acc = acc_dtype(data.dtype, out_dtype)
     dp = pad_nchw(data, pads, axes=(2, 3))
-    ico = te.reduce_axis(CO, "ico")
+    ico = te.reduce_axis(CO2, "ico")
     ici = te.reduce_axis(icb, "ici")
     ry = te.reduce_axis(KH, "ry")
     rx = te.reduce_axis(KW, "rx")
+
+    def cblock(oc):
+        return ico if groups == 1 else oc // ob_per_g * CO2 + ico
     return te.compute(
         (N, OCO, OH, OW, ocb),
-        lambda n, oc, y, x, ob: te.sum(_c(dp[n, ico, y * sh + ry * dh, x * sw + rx * dw, ici], acc)
+        lambda n, oc, y, x, ob: te.sum(_c(dp[n, cblock(oc), y * sh + ry * dh, x * sw + rx * dw, ici], acc)
                                        * _c(kernel[oc, ico, ry, rx, ici, ob], acc), axis=[ico, ry, rx, ici]),
         name="conv2d_NCHWc", tag="conv2d_NCHWc")
 
@@ -166,16 +172,17 @@ def conv2d_via_nchwc(data, weight, strides=(1, 1), pads=(0, 0, 0, 0), dilations=
                      out_dtype=None, ic_bn=16, oc_bn=16, kernel_packed=False):
     """NCHW conv2d computed in NCHW[x]c as TVM's x86 conv2d: pack the (padded) input, the kernel
     unless it comes packed (kernel_packed: weight is already OIHW[i]i[o]o), convolve, unpack."""
-    if groups != 1:
-        raise OpError("conv2d_via_nchwc: groups must be 1")
+    if groups < 1 or data.shape[1] % groups or (data.shape[1] // groups) % ic_bn:
+        raise OpError(f"conv2d_via_nchwc: {data.shape[1]} channels in {groups} group(s) do not split into "
+                      f"blocks of {ic_bn}")
     kv = weight if kernel_packed else pack_kernel_oihwio(weight, ic_bn, oc_bn)
     if kv.shape[2:4] == (1, 1) and not any(pads) and tuple(strides) != (1, 1):
         # 1x1 strided: subsample while packing, then a stride-1 conv over 1/(sh*sw) of the input
         dv = pack_nchwc(data, ic_bn, strides=tuple(strides))
-        conv = conv2d_NCHWc(dv, kv, (1, 1), (0, 0, 0, 0), dilations, out_dtype)
+        conv = conv2d_NCHWc(dv, kv, (1, 1), (0, 0, 0, 0), dilations, out_dtype, groups)
     else:
         dv = pack_nchwc(data, ic_bn, pads)
-        conv = conv2d_NCHWc(dv, kv, strides, (0, 0, 0, 0), dilations, out_dtype)
+        conv = conv2d_NCHWc(dv, kv, strides, (0, 0, 0, 0), dilations, out_dtype, groups)
     return unpack_nchwc(conv, name="conv2d")
 
 

@@ -73,7 +73,9 @@ def _matmul_body(m=6, k=16, n=24):
 BODIES = {
     "conv_nchwc": lambda: _conv_body(),
     "conv_nchwc_stride": lambda: _conv_body(c=6, o=12, hw=9, stride=2, relu=False),
+    "conv_nchwc_grouped": lambda: _conv_body(c=16, o=24, hw=9, groups=2),
     "pointwise": lambda: _conv_body(c=8, o=12, hw=7, k=1),
+    "pointwise_grouped": lambda: _conv_body(c=8, o=12, hw=7, k=1, groups=4),
     "depthwise": lambda: _conv_body(c=8, o=8, hw=9, groups=8),
     "dense": lambda: _dense_body(),
     "dense_row": lambda: _dense_body(m=1, k=32, n=300),
@@ -86,7 +88,7 @@ def test_space_points_match_reference(name):
     """The heuristic point first, then a few random points: each builds and equals the reference."""
     body, consts = BODIES[name]()
     wl = extract_workload(body, consts)
-    assert wl is not None and wl.family == name.split("_stride")[0].split("_row")[0]
+    assert wl is not None and wl.family == name.split("_stride")[0].split("_row")[0].split("_grouped")[0]
     pts = space(wl)
     assert len(pts) >= 2 and len({json.dumps(p, sort_keys=True) for p in pts}) == len(pts)
     assert all(check_config(p) is None for p in pts)
@@ -97,7 +99,8 @@ def test_space_points_match_reference(name):
         assert m.measure(cfg) > 0    # CandidateError if the result differs from the reference
 
 
-@pytest.mark.parametrize("name", ["conv_nchwc", "pointwise", "dense", "matmul"])
+@pytest.mark.parametrize("name", ["conv_nchwc", "conv_nchwc_grouped", "pointwise", "pointwise_grouped", "dense",
+                                  "matmul"])
 def test_heuristic_is_the_default_point(name):
     """space()[0] spells out today's heuristics: the same kernel as no configuration at all."""
     body, consts = BODIES[name]()
