@@ -686,6 +686,10 @@ def _conv_transpose(c):
                 pads[i], pads[i + 2] = total // 2, total - total // 2
             else:
                 pads[i], pads[i + 2] = total - total // 2, total // 2
+    for i in range(2):
+        if not 0 <= out_pad[i] < max(strides[i], dilations[i]):   # the ONNX rule onnxruntime enforces
+            c.fail(f"output_padding {out_pad} must be non-negative and below max(stride, dilation) "
+                   f"{[max(s, d) for s, d in zip(strides, dilations)]}")
     attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": groups, "output_padding": out_pad}
     return c.add("conv2d_transpose", [x, w] + ([b] if b is not None else []), attrs)
 
@@ -744,7 +748,13 @@ def _bn(c):
     for k in (1, 2):
         if len(c.onnx_node.output) > k and c.onnx_node.output[k]:
             c.used_extra_output(k, "running statistics (training only)")
-    return c.add("batch_norm", [c.input(k) for k in range(5)], {"epsilon": float(c.attr("epsilon", 1e-5))})
+    eps = float(c.attr("epsilon", 1e-5))
+    var = c.input(4)
+    if var is not None and var.is_const and np.any(np.asarray(var.value, np.float64) + eps <= 0):
+        # sqrt(var + epsilon) would be NaN or a division by zero: every output of the channel NaN
+        c.fail(f"variance + epsilon ({eps}) must be positive, but it is not for "
+               f"{int(np.sum(np.asarray(var.value, np.float64) + eps <= 0))} channel(s)")
+    return c.add("batch_norm", [c.input(k) for k in range(5)], {"epsilon": eps})
 
 
 def _pool_attrs(c, x):

@@ -93,3 +93,30 @@ def test_checker_inference_error_does_not_say_truncated():
     with pytest.raises(ModelLoadError) as e:
         from_onnx(m.SerializeToString())
     assert "'axis' must be in" in str(e.value) and "truncated" not in str(e.value)
+
+
+def test_resize_to_a_huge_shape_fails_at_once():
+    """Resize by scales 1e6 on 8x8: `accel compile` ran past 180 s (killed) instead of one error."""
+    m = _model([helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="nearest")], [_vi("x", [1, 3, 8, 8])], Y4,
+               [numpy_helper.from_array(np.array([1, 1, 1e6, 1e6], np.float32), "sc")])
+    with pytest.raises(ConversionError, match=r"Resize 'Resize_0': .*above the limit"):
+        from_onnx(m)
+
+
+def test_batch_norm_whose_variance_plus_epsilon_is_not_positive_is_refused():
+    """epsilon=-1 on a zero variance compiled with a RuntimeWarning into NaN outputs."""
+    inits = [numpy_helper.from_array(np.ones(3, np.float32), n) for n in "sbm"] + \
+        [numpy_helper.from_array(np.zeros(3, np.float32), "v")]
+    m = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=-1.0)],
+               [_vi("x", [1, 3, 8, 8])], Y4, inits)
+    with pytest.raises(ConversionError, match=r"BatchNormalization 'BatchNormalization_0': variance \+ epsilon"):
+        from_onnx(m)
+
+
+def test_conv_transpose_output_padding_beyond_the_stride_is_refused():
+    """output_padding [5, 5] with stride 2 compiled (onnxruntime refuses it: it must be < stride)."""
+    m = _model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                 output_padding=[5, 5])], [_vi("x", [1, 3, 8, 8])], Y4,
+               [numpy_helper.from_array(np.ones((3, 4, 3, 3), np.float32), "w")])
+    with pytest.raises(ConversionError, match=r"ConvTranspose 'ConvTranspose_0': output_padding \[5, 5\]"):
+        from_onnx(m)
