@@ -5,12 +5,16 @@
   there is enough work (a launch costs tens of microseconds).
 - conv2d NCHW[x]c: accumulators for a (reg_n x oc_bn) output tile in a local buffer (cache_write)
   that unrolling + vectorization turn into registers; loops oc, oh, ow-tile outer (fused and
-  parallel), then ic-block, kh, kw, ic-lane, ow-lane (unrolled), oc-lane (vectorized).
-- conv2d NCHW direct (groups, depthwise, dilation): padded input materialized, an ow-tile of
-  accumulators vectorized over ow.
+  parallel), then ic-block, kh, kw, ic-lane, ow-lane (unrolled), oc-lane (vectorized); the tile
+  is stored straight into the NCHW output (epilogue applied) when that is the only reader.
+  Grouped convs (two or more input channels per group) take the same kernel.
+- conv2d NCHW direct (depthwise with dilation, one-channel groups): padded input materialized,
+  an ow-tile of accumulators vectorized over ow.
 - dense with a packed weight (N/bn, K, bn): a (mi x bn) tile of accumulators, vectorized over bn.
 - matmul / batch_matmul: (mi x nj) register tiles, vectorized over j.
-- pooling, softmax, norms: one stage per reduction, parallel over the outer axes.
+- stride-1 pooling, LRN: per (n, c) plane, vectorized over pixels with a local accumulator;
+  concat: the concat axis split at input boundaries, the rest one vector run.
+- strided/global pooling, softmax, norms: one stage per reduction, parallel over the outer axes.
 
 The sizes above are the default point of a schedule space (compiler.autotune): a tuned
 configuration, active through `schedule_config`, overrides them per knob (`knob`); with none
