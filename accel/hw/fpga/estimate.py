@@ -28,7 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from accel.hw.boards import Part, default_part
-from accel.hw.params import CODE_BITS, INDEX_BITS, ibuf_depth
+from accel.hw.params import INDEX_BITS, ibuf_depth
 from accel.hw.verilog import source_key
 from accel.isa import PRESETS, AccelConfig, formats_for
 from accel.isa.config import INSN_BITS, SIZE_BITS
@@ -63,7 +63,7 @@ def memories(cfg: AccelConfig) -> list[tuple[str, MemShape]]:
     two read ports (GEMM/ALU operands) transparent to its write port. Queues are SyncFIFOBuffered,
     whose storage is depth - 1 entries plus an output register: the load and store command queues
     hold instructions, compute's also each instruction's index, and fetch's buffer (ibuf_depth
-    entries) each instruction's fault code. The dependency-token queues carry a constant bit, so
+    entries) instructions (their fault codes are registers beside it). The dependency-token queues carry a constant bit, so
     yosys removes their storage.
     """
     top = ""
@@ -75,7 +75,7 @@ def memories(cfg: AccelConfig) -> list[tuple[str, MemShape]]:
     queues = (("load_cmd.fifo", cfg.cmd_queue_depth, INSN_BITS),
               ("compute_cmd.fifo", cfg.cmd_queue_depth, INSN_BITS + INDEX_BITS),
               ("store_cmd.fifo", cfg.cmd_queue_depth, INSN_BITS),
-              ("fetch.ibuf.fifo", ibuf_depth(cfg), INSN_BITS + CODE_BITS))
+              ("fetch.ibuf.fifo", ibuf_depth(cfg), INSN_BITS))
     for q, depth, width in queues:
         if depth > 1:
             mems.append((q, MemShape(f"{q}.storage", depth - 1, width)))
