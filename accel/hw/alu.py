@@ -9,7 +9,7 @@ the S3 result through a bypass into its operand registers. The multiplier works 
 read in S2, before that bypass, so MUL and SCALE are not accepted in S1 while a micro-op is in S2
 (in_ready low): they issue every other cycle, whatever the indices. The split keeps the acc read,
 the multiply and the add/shift/saturate of one micro-op in different cycles (the single-cycle
-path was 13.9 ns by yosys' estimate of the default core; 10 ns is the goal).
+path was 13.9 ns by yosys' estimate of the default core, S3 is 9.2 ns: docs/hardware.md).
 Lane semantics (acc_width w, wrapping): MIN, MAX signed; ADD, MUL low w bits; SHR by
 s = signed low log2(w)+1 bits of b (arithmetic right by s, or left by -s when s < 0);
 CLIP min(max(a, -b), b); MOV b; CLAMP min(max(a, lo), hi), lo/hi = b's bytes 0/1 as signed;
