@@ -21,6 +21,13 @@ in_zp, one ALU MOV takes each window's first tap and one ALU ADD the others; the
 rectangle of equal divisor (immediate M), and the rounding shift and clamp (with a fused ReLU/clip)
 as one FLUSH, or where FLUSH cannot say the clamp or there is an output zero point, ADD 2^(k-1),
 SHR k, ADD out_zp and CLAMP. Bit-exact with the reference; run_avg_pool runs it on a device for tests.
+
+Uniform pools (global, or without border windows) the quantizer makes int8 depthwise convs with one
+weight (affine_as_depthwise); the diagonal GEMM loads a weight tile per tap and reuses it only over
+the outputs, so a global pool costs ~36 cycles per tap and channel block there against ~2 here.
+With a config, int8_avg_pools turns such a qconv2d (uniform_pool) into qavg_pool2d where the ALU
+program's estimate (avg_pool_cycles) beats the conv's (compiler.accel.depthwise_cost): global pools,
+not 3x3/1 or 2x2/2 pools over large planes, which reuse each weight tile over many outputs.
 """
 from __future__ import annotations
 
@@ -31,9 +38,24 @@ import numpy as np
 
 from accel.isa import AccelConfig, AluOp, MemType, operands
 from accel.isa.widths import LOOP_ITER_BITS
+from sim.dram import DramModel
 
 from ..graph.ir import Graph, Node, TensorType, rewrite
-from ..graph.ops import POOL_ATTRS, REQUIRED, Attr, Pattern, declare, fail, get_op, int8_min, one_of, pool_out_hw
+from ..graph.ops import (
+    POOL_ATTRS,
+    REQUIRED,
+    Attr,
+    Pattern,
+    declare,
+    fail,
+    get_op,
+    int8_min,
+    is_fixed_point,
+    one_of,
+    pool_out_hw,
+    requant_shift,
+)
+from .depthwise_cost import accel_depthwise_cycles
 from .eltwise import identity_weights
 from .layout import pack_activation, unpack_activation
 from .pipeline import TokenPipeline
@@ -157,8 +179,9 @@ def int8_avg_pools(graph: Graph, cfg: AccelConfig | None = None) -> Graph:
     other float inputs, ShuffleNet's) becomes qavg_pool2d at the pool's calibrated scale and a
     dequantize: the window sums leave the host, a rounding to that scale is the price. Pools on
     float tensors stay; with a cfg, so do those the accelerator would decline (the host's float
-    kernel beats the int8 op's NumPy reference). The replaced nodes stay in the graph: run
-    eliminate_dead_code after it."""
+    kernel beats the int8 op's NumPy reference). With a cfg, a uniform pool's window-sum qconv2d
+    (uniform_pool) becomes qavg_pool2d where its ALU program is estimated cheaper. The replaced
+    nodes stay in the graph: run eliminate_dead_code after it."""
     users = graph.users()
     cal = graph.meta.get("quantize", {}).get("calibration")
 
@@ -182,6 +205,11 @@ def int8_avg_pools(graph: Graph, cfg: AccelConfig | None = None) -> Graph:
                                           and all(v.op == "quantize" for v in users[id(u)])) for u in users[id(old)])
 
     def fn(n: Node, old: Node):
+        if n.op == "qconv2d":   # a uniform pool the quantizer made a depthwise conv: the ALU where cheaper
+            q = uniform_pool(n) if cfg is not None else None
+            if q is None or check_avg_pool(q, cfg) is not None:
+                return None
+            return q if avg_pool_cycles(q, cfg) < accel_depthwise_cycles(old, cfg) else None
         if n.op == "quantize" and n.inputs[0].op == "avg_pool2d":
             return qpool(n.inputs[0], *_qparams(n))
         if n.op == "quantize" and n.inputs[0].op in ("relu", "clip") and n.inputs[0].inputs[0].op == "avg_pool2d":
@@ -202,6 +230,100 @@ def int8_avg_pools(graph: Graph, cfg: AccelConfig | None = None) -> Graph:
         q = qpool(n, so, zo)
         return None if q is None else Node("dequantize", [q], _dequantize_attrs(so, zo), name=f"{old.name}/dequantize")
     return rewrite(graph, fn)
+
+
+# ---- uniform pools: the quantizer's window-sum depthwise convs -------------------------------------
+def _same(v: np.ndarray) -> bool:
+    return v.size > 0 and bool(np.all(v == v.flat[0]))
+
+
+def uniform_pool(conv: Node) -> Node | None:
+    """The qavg_pool2d equal to `conv` up to the rounding of one multiplier, where conv is a window
+    sum: an int8 NCHW depthwise qconv2d with one weight for every channel and tap, one bias, one
+    multiplier (what compiler.graph.passes.quantize.affine_as_depthwise makes of a global or
+    border-free average pool), else None. Its bias is the rounding half less the input zero
+    point's share, which gives in_zp; a zero-point pad before it (the quantizer's) folds into the
+    pool's pads, which count (count_include_pad=1: the conv's windows never overhang)."""
+    a = conv.attrs
+    if conv.op != "qconv2d" or a.get("layout", "NCHW") != "NCHW" or any(d != 1 for d in a.get("dilations", (1, 1))):
+        return None
+    x, w, b = conv.inputs[:3]
+    if x.type.rank != 4 or x.dtype != "int8" or not (w.is_const and b.is_const) or w.value.ndim != 4:
+        return None
+    ch, (kh, kw) = x.shape[1], w.shape[2:]
+    if not (a.get("groups", 1) == ch == conv.shape[1] == w.shape[0] and w.shape[1] == 1):
+        return None
+    wv, bv = w.value.astype(np.int64), b.value.astype(np.int64)
+    if not (_same(wv) and _same(bv)) or wv.flat[0] <= 0:
+        return None
+    s, taps, wv, b0 = requant_shift(a), kh * kw, int(wv.flat[0]), int(bv.flat[0])
+    if len(conv.inputs) == 4:   # per-channel multipliers, all one value: no rounding half in the bias
+        m = conv.inputs[3]
+        if not m.is_const or not _same(m.value):
+            return None
+        mul, half = int(m.value.flat[0]), 0
+    else:
+        mul = int(a.get("mul", 1))
+        half = 0 if is_fixed_point(a) or s <= 0 else 1 << (s - 1)
+    zx, rem = divmod(half - b0, wv * taps)
+    if rem or not -128 <= zx <= 127:
+        return None
+    pads = tuple(a["pads"])
+    if x.op == "pad" and x.attrs.get("mode") == "constant" and x.attrs.get("value", 0) == zx:
+        p = tuple(x.attrs["pads"])   # (N, C, H, W begins, then ends): only the spatial ones fold
+        if len(p) == 8 and not any(p[i] for i in (0, 1, 4, 5)) and min(p) >= 0:
+            pads = (pads[0] + p[2], pads[1] + p[3], pads[2] + p[6], pads[3] + p[7])
+            x = x.inputs[0]
+    attrs = qavg_attrs((kh, kw), tuple(a["strides"]), pads, 0, 1, mul * 2.0 ** -s * wv * taps, zx,
+                       int(a.get("out_zp", 0)))
+    try:
+        _attrs_hw(attrs, x.shape[2:])
+    except ValueError:
+        return None   # a scale ratio no 16-bit multiplier holds: stays a conv
+    return Node("qavg_pool2d", [x], attrs, name=conv.name, origin=conv.origin)
+
+
+#: tsim cycles per micro-op of the pool program (its ALU and GEMM passes, one entry each) and per
+#: tile (instructions, token waits), fitted to run_avg_pool on tsim (default and tiny presets)
+UOP_CYCLES = 1.1
+TILE_CYCLES = 60
+
+
+def avg_pool_cycles(n: Node, cfg: AccelConfig) -> float:
+    """Estimated cycles of emit_avg_pool for qavg_pool2d n (check_avg_pool must accept it), tile
+    by tile as plan.estimate_cycles counts a conv: the load of the tile's input rows, its compute
+    (the zero-point fill of padded tiles, the identity GEMM's reset and copy, one MOV or ADD per
+    window tap, per output the offset, multiply and rounding) and the store of its outputs; the
+    stages of consecutive tiles overlap, the first load and the last store do not."""
+    a, x = n.attrs, n.inputs[0].shape
+    spec = avg_pool_spec(n, (-(-x[0] // cfg.batch), -(-x[1] // cfg.block_out), x[2], x[3]))
+    t = plan_pool(spec, cfg)
+    k, _, _ = _attrs_hw(a, (spec.h, spec.w))
+    (oh, ow), (kh, kw) = spec.out_hw, spec.kernel
+    wp, pt, pl = spec.padded_w, spec.pads[0], spec.pads[1]
+    cols = min(spec.w, wp - pl)
+    imm = -(-abs(a["in_zp"] * kh * kw) // IMM_MAX)
+    per_out = imm + 1 + (1 if _flush_form(k, a["out_zp"], int8_min(a["out_zp"]), 127) is not None
+                         else 2 * (k > 0) + -(-abs(a["out_zp"]) // IMM_MAX) + 1)
+    dram, bus, burst = DramModel(), cfg.bus_bytes, cfg.max_burst_beats * cfg.bus_bytes
+
+    def move(rows: int, row_bytes: int, latency: int) -> float:
+        return rows * row_bytes / bus + rows * -(-row_bytes // burst) + latency + 1
+    total, first, last = 0.0, None, 0.0
+    for p0 in range(0, spec.planes, t.planes):
+        g = min(t.planes, spec.planes - p0)
+        for r0 in range(0, oh, t.rows):
+            r = min(t.rows, oh - r0)
+            ri = spec.rows_in(r)
+            y_lo = r0 * spec.strides[0] - pt
+            nr = max(0, min(spec.h, y_lo + ri) - max(0, y_lo))
+            padded = y_lo < 0 or y_lo + ri > spec.h or pl > 0 or wp > spec.w
+            uops = g * (ri * wp * padded + 2 * nr * cols + r * ow * (kh * kw + per_out))
+            load = move(g, nr * spec.w * cfg.inp_elem_bytes, dram.read_latency)
+            last = move(g, r * ow * cfg.out_elem_bytes, dram.write_latency)
+            first = load if first is None else first
+            total += max(load, UOP_CYCLES * uops + TILE_CYCLES, last)
+    return total + first + last
 
 
 # ---- the accelerator -------------------------------------------------------------------------------

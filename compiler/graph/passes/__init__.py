@@ -83,7 +83,7 @@ PIPELINE: list[Step] = [
     Step("quantize", _quantize_step, "int8 with power-of-two scales, before partitioning decides by dtype",
          lambda g, o: o.quantize),
     Step("int8_avg_pools", lambda g, o: eliminate_dead_code(int8_avg_pools(g, o.config())),
-         "average pools with border divisors in int8 where the accelerator takes them (compiler.accel.avgpool)",
+         "border-divisor average pools in int8, uniform ones off the diagonal GEMM, where the ALU takes them",
          lambda g, o: o.quantize and o.accel is not None),
     Step("partition", lambda g, o: partition(g, o.config(), o.force_target, o.rules,
                                              default_targets(o.targets or TARGETS)),
