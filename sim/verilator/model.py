@@ -84,9 +84,8 @@ class VerilatorModel:
         self.lib_path = build_library(self.cfg, waves=fmt)
         self._lib = _load(self.lib_path)
         self.probes = probes
-        self._h = self._lib.accel_create(str(self.waves).encode() if self.waves else None)
-        if not self._h:
-            raise SimError("the Verilator harness could not create the model")
+        self._stuck = False    # the last run hit its cycle limit: restart before the next one
+        self._h = self._create(self.waves)
         if self._lib.accel_bus_bytes(self._h) != self.cfg.bus_bytes:
             raise SimError(f"Verilator model bus is {self._lib.accel_bus_bytes(self._h)} bytes, the config says "
                            f"{self.cfg.bus_bytes}")
@@ -95,9 +94,29 @@ class VerilatorModel:
         self._offsets = (ctypes.c_uint32 * (len(COUNTERS) + 1))(*[COUNTER_BASE + 8 * i for i in range(len(COUNTERS))],
                                                                   _REG_ERROR)
 
+    def _create(self, waves: Path | None):
+        h = self._lib.accel_create(str(waves).encode() if waves else None)
+        if not h:
+            raise SimError("the Verilator harness could not create the model")
+        return h
+
+    def _restart(self) -> None:
+        """A fresh model after a run that never finished: the hung one keeps its stages waiting on
+        tokens and its queues full, so the next program would hang too (on-chip buffers are lost,
+        as after a power cycle). The waveform of the hung run is kept; later runs are not traced."""
+        self._lib.accel_destroy(self._h)
+        self._h = None
+        if self.waves is not None:
+            log.warning("rtl: the model restarts after a hung run; %s keeps that run, later runs are not traced",
+                        self.waves)
+        self._h = self._create(None)
+
     def run(self, dram: np.ndarray, insn_addr: int, insn_count: int, max_cycles: int | None = None) -> RtlResult:
         if self._h is None:
             raise SimError("the Verilator model is closed")
+        if self._stuck:
+            self._restart()
+            self._stuck = False
         if dram.dtype != np.uint8 or dram.ndim != 1 or not dram.flags.c_contiguous or not dram.flags.writeable:
             raise SimError(f"DRAM must be a writable contiguous 1-D uint8 array, got {dram.dtype} {dram.shape}")
         limit = self.max_cycles if max_cycles is None else max_cycles
@@ -110,6 +129,7 @@ class VerilatorModel:
                                  self._offsets, len(self.counter_names) + 1, out, info, int(self.probes))
         wall = time.perf_counter() - t0
         counters = dict(zip(self.counter_names, (int(v) for v in out)))
+        self._stuck = rc in (_RUN_AXIL_STUCK, _RUN_CYCLE_LIMIT)
         if rc == _RUN_AXIL_STUCK:
             raise RtlRunError("the AXI4-Lite register interface did not answer within 64 cycles")
         if rc == _RUN_CYCLE_LIMIT:

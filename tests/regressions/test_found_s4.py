@@ -7,6 +7,7 @@ from __future__ import annotations
 import resource
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,17 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import compiler
+from accel.isa import PRESETS, Finish, Gemm, encode_program
 from compiler.errors import CompilerError
 from compiler.frontend.errors import ConversionError, ModelLoadError
 from compiler.frontend.onnx_import import from_onnx
 from compiler.graph.ir import MAX_TENSOR_BYTES
+from host_runtime import get_driver
+from sim.errors import CycleLimitError
+from sim.verilator.build import tools_available
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from randprog import random_program  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,3 +128,25 @@ def test_conv_transpose_output_padding_beyond_the_stride_is_refused():
                [numpy_helper.from_array(np.ones((3, 4, 3, 3), np.float32), "w")])
     with pytest.raises(ConversionError, match=r"ConvTranspose 'ConvTranspose_0': output_padding \[5, 5\]"):
         from_onnx(m)
+
+
+# ---- RTL driver: a hung run must not poison the next one -----------------------------------------
+@pytest.mark.rtl
+@pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")
+def test_rtl_runs_a_good_program_after_a_deadlocked_one():
+    """A program whose GEMM pops a token nobody pushes hits the cycle limit; the Verilator model kept
+    waiting, so the next (good) program on the same driver hit the limit too (found by bit flips)."""
+    cfg = PRESETS["tiny"]
+    hang = encode_program([Gemm(pop_prev=True, uop_bgn=0, uop_end=0), Finish()], cfg).reshape(-1)
+    prog, _ = random_program(cfg, 5)
+    want = prog.dram_image()
+    with closing(get_driver("fsim", cfg)) as fs:
+        fs.run(want, prog.insn_addr, len(prog.insns))
+    with closing(get_driver("rtl", cfg, max_cycles=20_000)) as rtl:
+        image = np.zeros(1 << 16, np.uint8)
+        image[0x1000:0x1000 + hang.size] = hang
+        with pytest.raises(CycleLimitError):
+            rtl.run(image, 0x1000, 2)
+        got = prog.dram_image()
+        rtl.run(got, prog.insn_addr, len(prog.insns))
+    assert np.array_equal(got, want)
