@@ -5,9 +5,10 @@ input, divides its border windows by fewer taps than its interior ones, so it is
 with one weight (compiler.graph.passes.quantize.affine_as_depthwise leaves it float, between a
 dequantize and a quantize). `int8_avg_pools` turns that dequantize -> avg_pool2d -> quantize chain
 (or, where the pool's consumers stay float, the pool alone, at its calibrated scale, then a
-dequantize) into the int8 op `qavg_pool2d`, declared here with its reference semantics:
+dequantize) into the int8 op `qavg_pool2d`, declared here with its reference semantics (g_c: the
+channel's gain, 1 unless `gains` gives one per channel, for inputs with a scale per channel, in_zp 0):
 
-    acc[p] = sum over the window of (x - in_zp), taps outside the input adding 0     (int32)
+    acc[p] = sum over the window of g_c (x - in_zp), taps outside the input adding 0 (int32)
     y[p]   = clamp(((acc[p] * M[cnt(p)] + 2^(k-1)) >> k) + out_zp)                  (int8)
 
 cnt(p) is the window's divisor (taps inside the input, or inside input and explicit pads with
@@ -103,16 +104,28 @@ def avg_multipliers(ratio: float, counts, taps: int, in_zp: int = 0, acc_bits: i
                      f"in {acc_bits}-bit accumulators")
 
 
+def _max_gain(a: dict) -> int:
+    return max(a.get("gains") or (1,))
+
+
 def _attrs_hw(a: dict, hw) -> tuple[int, dict[int, int], np.ndarray]:
     """(k, multipliers, the divisor of every output position) of a qavg_pool2d over an hw input."""
     cy, cx = divisor_counts(hw, a)
     grid = np.outer(cy, cx)
-    k, muls = avg_multipliers(a["ratio"], grid.reshape(-1), a["kernel"][0] * a["kernel"][1], a["in_zp"])
+    k, muls = avg_multipliers(a["ratio"], grid.reshape(-1), a["kernel"][0] * a["kernel"][1] * _max_gain(a),
+                              a["in_zp"])
     return k, muls, grid
 
 
 def qavg_pool2d_ref(a: dict, x: np.ndarray) -> np.ndarray:
     """The int8 semantics of qavg_pool2d (module doc), on N C H W or the packed N' C' H W n c."""
+    if x.ndim == 6 and a.get("gains"):   # packed, gains per channel: through NCHW
+        n_, c_, h_, w_, bn, bc = x.shape
+        flat = x.transpose(0, 4, 1, 5, 2, 3).reshape(n_ * bn, c_ * bc, h_, w_)
+        g = np.ones(c_ * bc, np.int64)
+        g[:len(a["gains"])] = a["gains"]
+        y = qavg_pool2d_ref({**a, "gains": tuple(int(v) for v in g)}, flat)
+        return y.reshape(n_, bn, c_, bc, *y.shape[2:]).transpose(0, 2, 4, 5, 1, 3)
     if x.ndim == 6:   # packed: the blocks' lanes as channels
         p = x.transpose(0, 1, 4, 5, 2, 3)
         y = qavg_pool2d_ref(a, p.reshape(p.shape[0] * p.shape[1], -1, *p.shape[4:]))
@@ -125,6 +138,8 @@ def qavg_pool2d_ref(a: dict, x: np.ndarray) -> np.ndarray:
     xp = np.zeros(x.shape[:2] + (eh, ew), np.int64)
     rows, cols = min(hw[0], eh - pt), min(hw[1], ew - pl)
     xp[:, :, pt:pt + rows, pl:pl + cols] = x[:, :, :rows, :cols].astype(np.int64) - a["in_zp"]
+    if a.get("gains"):
+        xp *= np.asarray(a["gains"], np.int64).reshape(1, -1, 1, 1)
     acc = np.zeros(x.shape[:2] + (oh, ow), np.int64)
     for dy in range(kh):
         for dx in range(kw):
@@ -138,6 +153,12 @@ def _infer(n: Node) -> TensorType:
     x = n.inputs[0].type
     if x.dtype != "int8":
         fail(n, f"expects an int8 input, got {x.dtype}")
+    gains = n.attrs.get("gains") or ()
+    if gains and x.rank in (4, 6) and not (
+            len(gains) == x.shape[1] if x.rank == 4 else (x.shape[1] - 1) * x.shape[5] < len(gains) <= x.shape[1] * x.shape[5]):
+        fail(n, f"gains: {len(gains)} values for the input's channels ({x})")
+    if gains and n.attrs.get("in_zp"):
+        fail(n, f"gains need in_zp 0 (the program offsets the window sums by one immediate), got {n.attrs['in_zp']}")
     if x.rank == 6:
         return TensorType((*x.shape[:2], *pool_out_hw(n, x.shape[2:4], n.attrs), *x.shape[4:]), "int8")
     if x.rank != 4:
@@ -153,7 +174,9 @@ declare("qavg_pool2d", Pattern.OUT_ELEMWISE_FUSABLE, 1,
         {**POOL_ATTRS, "count_include_pad": one_of(0, 0, 1),
          "ratio": Attr(REQUIRED, "a positive finite float (in_scale / out_scale)",
                        lambda v: float(v) > 0 and math.isfinite(float(v))),
-         "in_zp": _zp(), "out_zp": _zp()},
+         "in_zp": _zp(), "out_zp": _zp(),
+         "gains": Attr((), "one int in [1, 127] per channel (empty: all 1)",
+                       lambda v: isinstance(v, (tuple, list)) and all(isinstance(g, int) and 1 <= g <= 127 for g in v))},
         infer=_infer, reference=qavg_pool2d_ref,
         doc="int8 average pooling with per-position divisors (border windows): window sum, a fixed-point "
             "multiply per divisor, rounding shift (compiler.accel.avgpool)")
@@ -257,16 +280,22 @@ def uniform_pool(conv: Node) -> Node | None:
     if not (_same(wv) and _same(bv)) or wv.flat[0] <= 0:
         return None
     s, taps, wv, b0 = requant_shift(a), kh * kw, int(wv.flat[0]), int(bv.flat[0])
-    if len(conv.inputs) == 4:   # per-channel multipliers, all one value: no rounding half in the bias
-        m = conv.inputs[3]
-        if not m.is_const or not _same(m.value):
+    gains: tuple[int, ...] = ()
+    if len(conv.inputs) == 4:   # per-channel multipliers (no rounding half in the bias): integer gains
+        m = conv.inputs[3]      # of the smallest, as a per-channel input scale in powers of two makes them
+        if not m.is_const or m.value.shape != (ch,) or np.any(m.value <= 0):
             return None
-        mul, half = int(m.value.flat[0]), 0
+        mv = m.value.astype(np.int64)
+        mul, half = int(mv.min()), 0
+        if not _same(mv):
+            if np.any(mv % mul) or (mv // mul).max() > 127:
+                return None   # not integer multiples of the smallest, or too far apart for int8 gains
+            gains = tuple(int(v) for v in mv // mul)
     else:
         mul = int(a.get("mul", 1))
         half = 0 if is_fixed_point(a) or s <= 0 else 1 << (s - 1)
     zx, rem = divmod(half - b0, wv * taps)
-    if rem or not -128 <= zx <= 127:
+    if rem or not -128 <= zx <= 127 or (gains and zx):
         return None
     pads = tuple(a["pads"])
     if x.op == "pad" and x.attrs.get("mode") == "constant" and x.attrs.get("value", 0) == zx:
@@ -275,7 +304,7 @@ def uniform_pool(conv: Node) -> Node | None:
             pads = (pads[0] + p[2], pads[1] + p[3], pads[2] + p[6], pads[3] + p[7])
             x = x.inputs[0]
     attrs = qavg_attrs((kh, kw), tuple(a["strides"]), pads, 0, 1, mul * 2.0 ** -s * wv * taps, zx,
-                       int(a.get("out_zp", 0)))
+                       int(a.get("out_zp", 0)), gains)
     try:
         _attrs_hw(attrs, x.shape[2:])
     except ValueError:
@@ -341,6 +370,9 @@ def check_avg_pool(n: Node, cfg: AccelConfig) -> str | None:
     x = n.inputs[0].shape
     if len(x) != 4:
         return f"average pooling of a rank-{len(x)} tensor has no ALU lowering"
+    blocks = -(-len(n.attrs.get("gains") or ()) // cfg.block_out)
+    if blocks > cfg.wgt_depth:
+        return f"{blocks} channel blocks of gains exceed the weight buffer ({cfg.wgt_depth} tiles)"
     try:
         _attrs_hw_acc(n.attrs, x[2:], cfg.acc_width)
         plan_pool(avg_pool_spec(n, (-(-x[0] // cfg.batch), -(-x[1] // cfg.block_out), x[2], x[3])), cfg)
@@ -352,7 +384,7 @@ def check_avg_pool(n: Node, cfg: AccelConfig) -> str | None:
 def _attrs_hw_acc(a: dict, hw, acc_width: int) -> tuple[int, dict[int, int], np.ndarray]:
     """_attrs_hw, refused (ValueError) where the products overflow acc_width-bit accumulators."""
     k, muls, grid = _attrs_hw(a, hw)
-    bound = (128 + abs(a["in_zp"])) * a["kernel"][0] * a["kernel"][1]
+    bound = (128 + abs(a["in_zp"])) * a["kernel"][0] * a["kernel"][1] * _max_gain(a)
     if acc_width < 32 and bound * max(muls.values()) + (1 << k >> 1) >= 1 << (acc_width - 1):
         raise ValueError(f"window sums times the divisor multipliers overflow {acc_width}-bit accumulators")
     return k, muls, grid
@@ -376,11 +408,30 @@ def _add_imm(stream, kern, value: int) -> None:
         value -= step
 
 
+def pool_weights(attrs: dict, cfg: AccelConfig) -> np.ndarray:
+    """The weight tiles emit_avg_pool's copy GEMM reads: the identity, or with gains one diagonal
+    tile per channel block (the gains of its channels; padding channels 1): the copy applies them."""
+    gains = attrs.get("gains") or ()
+    if not gains:
+        return identity_weights(cfg)
+    blocks = -(-len(gains) // cfg.block_out)
+    g = np.ones(blocks * cfg.block_out, np.int64)
+    g[:len(gains)] = gains
+    w = np.zeros((blocks, cfg.block_out, cfg.block_in), np.int8)
+    idx = np.arange(cfg.block_out)
+    w[:, idx, idx] = g.reshape(blocks, cfg.block_out)
+    return w
+
+
 def emit_avg_pool(stream, spec: PoolSpec, attrs: dict, x, out, ident, lo: int | None = None, hi: int = 127,
                   vt: int = 2, tiling: PoolTiling | None = None) -> dict[str, int]:
     """Append out = clamp(qavg_pool2d(x), lo, hi) for packed int8 x and out (planes of h x w and
-    oh x ow entries); attrs are the qavg_pool2d's; `ident` a DRAM buffer of identity_weights(cfg)."""
+    oh x ow entries, channel blocks innermost); attrs are the qavg_pool2d's; `ident` a DRAM buffer
+    of pool_weights(attrs, cfg)."""
     cfg = stream.cfg
+    blocks = -(-len(attrs.get("gains") or ()) // cfg.block_out)   # weight tiles beyond the identity's one
+    if blocks > cfg.wgt_depth:
+        raise TilingError(f"{spec.name}: {blocks} channel blocks of gains exceed the weight buffer ({cfg.wgt_depth} tiles)")
     if cfg.block_in != cfg.block_out:
         raise TilingError(f"{spec.name}: needs block_in == block_out to pool packed activations "
                           f"(config has {cfg.block_in} and {cfg.block_out})")
@@ -427,7 +478,7 @@ def emit_avg_pool(stream, spec: PoolSpec, attrs: dict, x, out, ident, lo: int | 
             stream.load_2d(MemType.INP, inp_base, x, p0 * spec.h * spec.w + y0 * spec.w, y_size=g,
                            x_size=nr * spec.w, x_stride=spec.h * spec.w)
         if ti == 0:
-            stream.load_2d(MemType.WGT, 0, ident, 0, x_size=1)
+            stream.load_2d(MemType.WGT, 0, ident, 0, x_size=max(1, blocks))
         pipe.after_load()
         pipe.before_compute()
         pipe.before_tile(ti)
@@ -436,13 +487,14 @@ def emit_avg_pool(stream, spec: PoolSpec, attrs: dict, x, out, ident, lo: int | 
             stream.push_alu(fill, AluOp.MOV, zx)
         if nr > 0 and cols > 0:
             dst0 = p_base + (y0 - y_lo) * wp + pl
-            key = (p_base, inp_base, g, nr, cols, dst0, wp, spec.w, ri)
+            wgts = tuple((p0 + q) % blocks if blocks else 0 for q in range(g))   # each plane's channel block
+            key = (p_base, inp_base, g, nr, cols, dst0, wp, spec.w, ri, wgts)
 
             def copy(kk, src_on):
                 kk.loop_begin(nr, dst_factor=wp, src_factor=spec.w if src_on else 0)
                 kk.loop_begin(cols, dst_factor=1, src_factor=1 if src_on else 0)
                 for q in range(g):
-                    kk.push(dst0 + q * ri * wp, inp_base + q * nr * spec.w if src_on else 0)
+                    kk.push(dst0 + q * ri * wp, inp_base + q * nr * spec.w if src_on else 0, wgts[q])
             stream.push_gemm(stream.kernel(("avgpool.reset",) + key, lambda kk: copy(kk, False)), reset=True)
             stream.push_gemm(stream.kernel(("avgpool.copy",) + key, lambda kk: copy(kk, True)))
         offsets = [(dy, dx) for dy in range(kh) for dx in range(kw)]
@@ -505,11 +557,12 @@ def _walk(k, base: int, n: int, src_on: int = 0) -> None:
 
 
 def qavg_attrs(kernel, strides=(1, 1), pads=(0, 0, 0, 0), ceil_mode: int = 0, count_include_pad: int = 0,
-               ratio: float = 1.0, in_zp: int = 0, out_zp: int = 0) -> dict:
+               ratio: float = 1.0, in_zp: int = 0, out_zp: int = 0, gains=()) -> dict:
     """The normalized attributes of a qavg_pool2d (tests and callers that build one by hand)."""
     return get_op("qavg_pool2d").normalize(
         {"kernel": tuple(kernel), "strides": tuple(strides), "pads": tuple(pads), "ceil_mode": ceil_mode,
-         "count_include_pad": count_include_pad, "ratio": float(ratio), "in_zp": in_zp, "out_zp": out_zp})
+         "count_include_pad": count_include_pad, "ratio": float(ratio), "in_zp": in_zp, "out_zp": out_zp,
+         "gains": tuple(int(g) for g in gains)})
 
 
 def run_avg_pool(device, x: np.ndarray, attrs: dict, lo: int | None = None, hi: int = 127, vt: int = 2):
@@ -522,7 +575,7 @@ def run_avg_pool(device, x: np.ndarray, attrs: dict, lo: int | None = None, hi: 
     oshape = px.shape[:2] + (oh, ow) + px.shape[4:]
     mem = device.memory
     bufs = [mem.alloc_array(px, align=cfg.inp_elem_bytes, name="avgpool.inp"),
-            mem.alloc_array(identity_weights(cfg), align=cfg.wgt_elem_bytes, name="avgpool.identity"),
+            mem.alloc_array(pool_weights(attrs, cfg), align=cfg.wgt_elem_bytes, name="avgpool.identity"),
             mem.alloc(math.prod(oshape), align=cfg.out_elem_bytes, name="avgpool.out")]
     try:
         stream = device.stream()

@@ -30,7 +30,7 @@ from accel.isa.asm import disassemble_bytes
 from accel.isa.errors import AccelError
 from host_runtime.executor import Step
 
-from ..accel.avgpool import avg_pool_spec, check_avg_pool, emit_avg_pool
+from ..accel.avgpool import avg_pool_spec, check_avg_pool, emit_avg_pool, pool_weights
 from ..accel.conv2d import (
     Conv2dSpec,
     Requant,
@@ -494,6 +494,8 @@ class AccelTarget(Target):
             if st.get("ident") is None:
                 st["ident"] = b.weight_buf(identity_weights(cfg), cfg.wgt_elem_bytes, "identity")
             ident, x = st["ident"], b.buf(ins[0])
+            if head.attrs.get("gains"):   # per-channel gains: the pool's own diagonal weight tiles
+                ident = b.weight_buf(pool_weights(head.attrs, cfg), cfg.wgt_elem_bytes, f"{head.name}/gains")
             addr, count = self.program(b, head.name, lambda s: emit_avg_pool(s, spec, head.attrs, x, out, ident, lo,
                                                                              hi))
         elif head.op in ("qadd",) + CLAMP_OPS:

@@ -320,9 +320,10 @@ def qconv_pool(shape, kernel, strides, pads, zx=0, path="pow2", seed=0):
         half = 1 << (attrs["in_shift"] - 1)
     elif path == "fixed":
         attrs.update(mul=int(rng.integers(2, 200)), in_shift=attrs["in_shift"] + 6)
-    else:   # per channel, one multiplier for all channels
-        attrs["in_shift"] += 6
-        extra = [Node.const(np.full(c, int(rng.integers(2, 200)), np.int64), name="p/muls")]
+    else:   # per channel: one multiplier times a power of two per channel (an input scale per channel)
+        attrs["in_shift"] += 9
+        muls = int(rng.integers(2, 200)) << rng.integers(0, 4 if path == "channels" else 1, c)
+        extra = [Node.const(muls.astype(np.int64), name="p/muls")]
     w = Node.const(np.full((c, 1, *kernel), 127, np.int8), name="p/wq")
     b = Node.const(np.full(c, half - zx * 127 * taps, np.int32), name="p/bq")
     return Node("qconv2d", [x, w, b, *extra], attrs, name="p"), xin
@@ -343,10 +344,11 @@ def graph_of(out: Node, xin: Node) -> Graph:
 
 @settings(max_examples=30, deadline=None)
 @given(k=st.integers(1, 4), s=st.integers(1, 3), pad=st.integers(0, 1), hw=st.integers(4, 9), zx=st.sampled_from([0, 0, -128, 9]),
-       path=st.sampled_from(["pow2", "fixed", "channel"]), seed=st.integers(0, 99))
+       path=st.sampled_from(["pow2", "fixed", "channel", "channels", "channels"]), seed=st.integers(0, 99))
 def test_uniform_pool_is_the_conv_within_one_step(k, s, pad, hw, zx, path, seed):
     """qavg_pool2d from a window-sum qconv2d (any requantize form, zero-point pad folded) computes the
     conv's result but for the rounding of one multiplier: at most one step apart."""
+    zx = 0 if path == "channels" else zx   # gains only with in_zp 0 (the quantizer's per-channel scales)
     conv, xin = qconv_pool((1, 5, hw, hw + 1), (k, k), (s, s), (pad,) * 4, zx, path, seed)
     q = uniform_pool(conv)
     assert q is not None and q.inputs[0] is xin and q.attrs["in_zp"] == zx and tuple(q.attrs["pads"]) == (pad,) * 4
@@ -363,10 +365,16 @@ def test_uniform_pool_declines_what_is_no_window_sum():
     w[1, 0, 1, 1] = 100   # a real depthwise conv
     other = Node("qconv2d", [xin, Node.const(w, name="w2"), conv.inputs[2]], conv.attrs, name="dw")
     assert uniform_pool(other) is None
-    muls = Node.const(np.arange(1, 5, dtype=np.int64), name="m")   # a scale per channel: no one ratio
-    per = Node("qconv2d", [xin, conv.inputs[1], conv.inputs[2], muls],
-               {**conv.attrs, "in_shift": 12}, name="pc")
-    assert uniform_pool(per) is None
+    for m in ((2, 3, 4, 5), (1, 2, 4, 256)):   # per-channel scales: no integer gains, or gains past int8
+        muls = Node.const(np.array(m, np.int64), name="m")
+        per = Node("qconv2d", [xin, conv.inputs[1], conv.inputs[2], muls], {**conv.attrs, "in_shift": 12}, name="pc")
+        assert uniform_pool(per) is None
+    muls = Node.const(np.array((3, 6, 12, 3), np.int64), name="m")   # no rounding half in the bias with these
+    zero = Node.const(np.zeros(4, np.int32), name="b0")
+    per = Node("qconv2d", [xin, conv.inputs[1], zero, muls], {**conv.attrs, "in_shift": 12}, name="pc")
+    assert uniform_pool(per).attrs["gains"] == (1, 2, 4, 1)
+    zp_share = Node.const(np.full(4, -7 * 127 * 9, np.int32), name="bz")   # in_zp 7: not with gains
+    assert uniform_pool(Node("qconv2d", [xin, conv.inputs[1], zp_share, muls], per.attrs, name="pz")) is None
     odd_bias = Node.const(np.full(4, 5, np.int32), name="b5")   # not half less a whole zero point share
     assert uniform_pool(Node("qconv2d", [xin, conv.inputs[1], odd_bias], conv.attrs, name="ob")) is None
 
@@ -454,3 +462,54 @@ def test_uniform_pool_with_zero_points_from_onnxruntime():
     assert len(pool) == 1 and pool[0].attrs["in_zp"] != 0
     assert [s.kind for s in mod.steps if s.op.startswith("qavg_pool2d")] == ["accel"]
     run_and_compare(mod, q, feeds[4], 0.999)
+
+
+@settings(max_examples=12, deadline=None)
+@given(p=pools(), cfg=st.sampled_from([PRESETS["tiny"], PRESETS["default"]]), vt=st.sampled_from([1, 2]),
+       driver=st.sampled_from(["fsim", "tsim"]), seed=st.integers(0, 99))
+def test_alu_program_with_channel_gains_bit_exact(p, cfg, vt, driver, seed):
+    """Per-channel gains (an input with a scale per channel) ride in the copy GEMM's diagonal
+    weight tiles, one per channel block: bit-exact with the reference, which is the float pool of
+    the gained input within the multiplier's rounding."""
+    shape, a = p
+    rng = np.random.default_rng(seed)
+    a = {**a, "in_zp": 0, "gains": tuple(int(g) for g in 1 << rng.integers(0, 5, shape[1]))}
+    x = rng.integers(-128, 128, shape, dtype=np.int8)
+    want = qavg_pool2d_ref(a, x)
+    y, _ = run_avg_pool(Device(cfg, driver), x, a, None, 127, vt)
+    assert np.array_equal(y, want)
+    g = np.asarray(a["gains"]).reshape(1, -1, 1, 1)
+    ref = np.clip((float_pool(x, a) - a["out_zp"]) * g + a["out_zp"], -128 if a["out_zp"] else -127, 127)
+    assert np.abs(want - ref).max() <= 1 + (128 + abs(a["in_zp"])) * 4 * 16 * 16 * 2.0 ** -avg_multipliers(
+        a["ratio"], [1], 16 * 16, a["in_zp"])[0]
+    px = pack_activation(x, 1, 4)
+    assert np.array_equal(unpack_activation(qavg_pool2d_ref(a, px), *shape[:2]), want)
+
+
+def test_gains_errors_name_the_fault():
+    x = Node.input("x", (1, 4, 5, 5), "int8")
+    with pytest.raises(GraphError, match="gains"):
+        Node("qavg_pool2d", [x], {"kernel": (2, 2), "ratio": 1.0, "gains": (1, 2, 3)})
+    with pytest.raises(GraphError, match="gains"):
+        Node("qavg_pool2d", [x], {"kernel": (2, 2), "ratio": 1.0, "gains": (1, 2, 3, 200)})
+    with pytest.raises(GraphError, match="in_zp 0"):
+        Node("qavg_pool2d", [x], {"kernel": (2, 2), "ratio": 1.0, "gains": (1, 2, 3, 4), "in_zp": 5})
+    wide = Node("qavg_pool2d", [Node.input("x", (1, 4 * 600, 2, 2), "int8")],
+                {"kernel": (2, 2), "ratio": 1.0, "gains": (2,) * 2400})
+    assert "weight buffer" in check_avg_pool(wide, PRESETS["tiny"])
+
+
+@pytest.mark.parametrize("cfg", ["tiny", "default"])
+def test_pool_of_a_channel_scaled_input_on_the_alu(cfg):
+    """The tiny CNN's head: conv-ReLU writes a scale per channel for the global pool (a depthwise
+    reader absorbs it); the pool is qavg_pool2d with per-channel gains, bit-exact, near onnxruntime."""
+    b = ModelBuilder("gain_head", seed=7)
+    x = b.input("x", (1, 8, 6, 6))
+    y = b.op("Relu", [b.conv(x, 8, 24, 3)])
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y], name="pool")], axis=1, name="flatten")
+    m = b.build([b.op("Gemm", [y, b.weight((10, 24)), b.init(np.zeros(10, np.float32))], transB=1, name="fc")])
+    feeds = sample_inputs(m, 5, seed=2)
+    mod = compiler.build_model(m, target="accel", config=cfg, calibration=feeds[:4])
+    assert [(s.op, s.kind) for s in mod.steps if s.name == "pool"] == [("qavg_pool2d", "accel")]
+    assert len(set(mod.graph.find("pool").attrs["gains"])) > 1 and not mod.meta["fallbacks"]
+    run_and_compare(mod, m, feeds[4])
