@@ -7,7 +7,7 @@ import numpy as np
 
 from accel.hw.params import ERROR_TEXT, ErrorCode, static_fault
 from accel.isa import AccelConfig, Insn
-from accel.isa.isa import INSN_BYTES
+from accel.isa.isa import INSN_BYTES, Load, MemType, Store, elem_bytes
 from sim.errors import ExecError, ProgramFault, SimError
 from sim.fsim import decode_fetched, label
 
@@ -39,3 +39,17 @@ def name_fault(cfg: AccelConfig, insns: list[Insn], fault: ProgramFault, driver:
     elif code == ErrorCode.NO_FINISH:
         what = f"the end of the program ({index} instructions)"
     return ProgramFault(code, index, f"{driver}: {what} faulted: {code.name} ({ERROR_TEXT[code]}){why}")
+
+
+def dram_range_fault(cfg: AccelConfig, insns: list[Insn], dram_bytes: int, driver: str) -> ExecError | None:
+    """The first LOAD/STORE whose transfer reaches past the DRAM, as the error fsim raises for it
+    (the hardware only sees an AXI error response, without the instruction); None if none does."""
+    for i, insn in enumerate(insns):
+        if isinstance(insn, (Load, Store)) and insn.y_size and insn.x_size:
+            eb = elem_bytes(cfg, insn.mem_type if isinstance(insn, Load) else MemType.OUT)
+            last = (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * eb
+            if last > dram_bytes:
+                return ExecError(f"{driver}: instruction {i} ({insn.opcode.name}): dram_base={insn.dram_base} "
+                                 f"y_size={insn.y_size} x_size={insn.x_size} x_stride={insn.x_stride} reaches byte "
+                                 f"{last:#x}, beyond the {dram_bytes:#x}-byte DRAM")
+    return None

@@ -20,11 +20,11 @@ from sim.dram import DramModel
 from sim.errors import ProgramFault
 from sim.trace import Counters, Timeline, TimingRun
 from sim.verilator.build import BuildError, tools_available
-from sim.verilator.model import DEFAULT_MAX_CYCLES, VerilatorModel
+from sim.verilator.model import DEFAULT_MAX_CYCLES, RtlRunError, VerilatorModel
 
 from ..device import Driver, RunResult, register_driver
 from ..errors import DriverError
-from .faults import fetched_program, name_fault
+from .faults import dram_range_fault, fetched_program, name_fault
 
 
 @register_driver("rtl")
@@ -48,6 +48,11 @@ class RtlDriver(Driver):
             res = self.model.run(dram, insn_addr, insn_count)
         except ProgramFault as e:      # STATUS.error: ERROR / ERROR_INSN, named
             raise name_fault(self.cfg, insns, e, "rtl") from None
+        except RtlRunError as e:       # an AXI error response: name the transfer past the DRAM, as fsim does
+            named = dram_range_fault(self.cfg, insns, dram.size, "rtl")
+            if named is None:
+                raise
+            raise named from e
         counters = Counters.from_hw(self.cfg, res.counters, insns)
         timeline = Timeline.from_spans(insns, res.stage_spans, res.bursts) if self.trace else None
         wall = time.perf_counter() - t0

@@ -15,13 +15,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import compiler
-from accel.isa import PRESETS, Finish, Gemm, encode_program
+from accel.isa import PRESETS, Finish, Gemm, Store, encode_program
 from compiler.errors import CompilerError
 from compiler.frontend.errors import ConversionError, ModelLoadError
 from compiler.frontend.onnx_import import from_onnx
 from compiler.graph.ir import MAX_TENSOR_BYTES
 from host_runtime import get_driver
-from sim.errors import CycleLimitError
+from sim.errors import CycleLimitError, ExecError
 from sim.verilator.build import tools_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -150,3 +150,21 @@ def test_rtl_runs_a_good_program_after_a_deadlocked_one():
         got = prog.dram_image()
         rtl.run(got, prog.insn_addr, len(prog.insns))
     assert np.array_equal(got, want)
+
+
+@pytest.mark.rtl
+@pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")
+def test_rtl_names_the_transfer_past_the_dram_like_fsim():
+    """A STORE past the end of DRAM: fsim and tsim name the instruction (ExecError), the rtl driver
+    said only 'an access outside the DRAM got an AXI error response' (found by bit flips)."""
+    cfg = PRESETS["tiny"]
+    code = encode_program([Store(sram_base=0, dram_base=5000, y_size=1, x_size=2, x_stride=2), Finish()], cfg)
+    msgs = {}
+    for name in ("fsim", "tsim", "rtl"):
+        image = np.zeros(1 << 14, np.uint8)
+        image[0x1000:0x1000 + code.size] = code.reshape(-1)
+        with closing(get_driver(name, cfg)) as d, pytest.raises(ExecError) as e:
+            d.run(image, 0x1000, 2)
+        msgs[name] = str(e.value)
+    assert "instruction 0 (STORE): dram_base=5000" in msgs["rtl"] and "beyond the 0x4000-byte DRAM" in msgs["rtl"]
+    assert msgs["rtl"].split("instruction 0", 1)[1] == msgs["fsim"].split("instruction 0", 1)[1], msgs
