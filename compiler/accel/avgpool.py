@@ -58,10 +58,12 @@ from ..graph.ops import (
 )
 from .depthwise_cost import accel_depthwise_cycles
 from .eltwise import identity_weights
+from .grouped import group_spec, grouped_layout
 from .layout import pack_activation, unpack_activation
 from .pipeline import TokenPipeline
+from .plan import plan_conv2d
 from .pool import PoolSpec, PoolTiling, plan_pool
-from .spec import TilingError
+from .spec import Conv2dSpec, TilingError
 
 #: the largest rounding shift: ADD 2^(k-1) must fit the ALU's signed 16-bit immediate
 MAX_SHIFT = 15
@@ -232,7 +234,8 @@ def int8_avg_pools(graph: Graph, cfg: AccelConfig | None = None) -> Graph:
             q = uniform_pool(n) if cfg is not None else None
             if q is None or check_avg_pool(q, cfg) is not None:
                 return None
-            return q if avg_pool_cycles(q, cfg) < accel_depthwise_cycles(old, cfg) else None
+            conv = _conv_cycles(old, cfg)
+            return q if conv is not None and avg_pool_cycles(q, cfg) < conv else None
         if n.op == "quantize" and n.inputs[0].op == "avg_pool2d":
             return qpool(n.inputs[0], *_qparams(n))
         if n.op == "quantize" and n.inputs[0].op in ("relu", "clip") and n.inputs[0].inputs[0].op == "avg_pool2d":
@@ -310,6 +313,24 @@ def uniform_pool(conv: Node) -> Node | None:
     except ValueError:
         return None   # a scale ratio no 16-bit multiplier holds: stays a conv
     return Node("qavg_pool2d", [x], attrs, name=conv.name, origin=conv.origin)
+
+
+def _conv_cycles(conv: Node, cfg: AccelConfig) -> float | None:
+    """The diagonal-GEMM lowering's cycle estimate (depthwise_cost.accel_depthwise_cycles) where
+    it tiles; None where it does not: that conv runs on the CPU, and stays there (its int8 kernel
+    sums a pool the conv's tiles cannot hold, e.g. SqueezeNet's 13x13 global, in fewer host
+    microseconds than the ALU program's cycles take)."""
+    x, w = conv.inputs[0].shape, conv.inputs[1].shape
+    pt, pl, pb, pr = conv.attrs["pads"]
+    spec = Conv2dSpec(x[0], x[1], x[2], x[3], conv.shape[1], w[2], w[3], (pt, pb, pl, pr),
+                      tuple(conv.attrs["strides"]), conv.name)
+    groups = conv.attrs["groups"]
+    k = grouped_layout(groups, spec.c, spec.o, cfg.block_in, cfg.block_out)[0]
+    try:
+        plan_conv2d(group_spec(spec, -(-groups // k), cfg.batch) if k < groups else spec, cfg, 2, False)
+    except (TilingError, ValueError):
+        return None
+    return accel_depthwise_cycles(conv, cfg)
 
 
 #: tsim cycles per micro-op of the pool program (its ALU and GEMM passes, one entry each) and per

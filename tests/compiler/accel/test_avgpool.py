@@ -383,7 +383,8 @@ def test_uniform_pool_declines_what_is_no_window_sum():
     ((1, 1280, 7, 7), 7, 1, 0, True),      # MobileNetV2's global pool
     ((1, 64, 8, 8), 8, 1, 0, True),        # a small global pool
     ((1, 96, 14, 14), 3, 1, 1, False),     # 3x3 stride 1: the diagonal GEMM reuses its weights enough
-    ((1, 64, 56, 56), 2, 2, 0, False)])    # 2x2 stride 2 on a large plane: likewise
+    ((1, 64, 56, 56), 2, 2, 0, False),     # 2x2 stride 2 on a large plane: likewise
+    ((1, 1000, 13, 13), 13, 1, 0, False)])  # SqueezeNet's: the conv's tiles do not fit, it stays on the CPU
 def test_cost_rule_picks_the_cheaper_program(shape, kernel, stride, pads, alu):
     """Measured on tsim (default config): ALU 16.4k vs diagonal GEMM 143k, 1.7k vs 9.3k, 19.9k vs
     16.0k, 49.9k vs 28.7k cycles; int8_avg_pools follows the estimates to the same choices."""
