@@ -15,13 +15,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import compiler
+from accel.hw.params import ErrorCode
 from accel.isa import PRESETS, Finish, Gemm, Store, encode_program
 from compiler.errors import CompilerError
 from compiler.frontend.errors import ConversionError, ModelLoadError
 from compiler.frontend.onnx_import import from_onnx
 from compiler.graph.ir import MAX_TENSOR_BYTES
 from host_runtime import get_driver
-from sim.errors import CycleLimitError, ExecError
+from sim.errors import CycleLimitError, ExecError, ProgramFault
 from sim.verilator.build import tools_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -168,3 +169,18 @@ def test_rtl_names_the_transfer_past_the_dram_like_fsim():
         msgs[name] = str(e.value)
     assert "instruction 0 (STORE): dram_base=5000" in msgs["rtl"] and "beyond the 0x4000-byte DRAM" in msgs["rtl"]
     assert msgs["rtl"].split("instruction 0", 1)[1] == msgs["fsim"].split("instruction 0", 1)[1], msgs
+
+
+@pytest.mark.rtl
+@pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")
+@pytest.mark.xfail(reason="owner B (sim/verilator harness): the rtl driver never sets WATCHDOG, so a token "
+                          "deadlock runs to the cycle limit (50M cycles, minutes) where fsim/tsim raise at once; "
+                          "the board driver sets WATCHDOG=2**20 by default", strict=True)
+def test_rtl_reports_a_deadlock_by_its_watchdog():
+    cfg = PRESETS["tiny"]
+    hang = encode_program([Gemm(pop_prev=True, uop_bgn=0, uop_end=0), Finish()], cfg).reshape(-1)
+    image = np.zeros(1 << 16, np.uint8)
+    image[0x1000:0x1000 + hang.size] = hang
+    with closing(get_driver("rtl", cfg, max_cycles=3 << 20)) as rtl, pytest.raises(ProgramFault) as e:
+        rtl.run(image, 0x1000, 2)
+    assert e.value.code == ErrorCode.WATCHDOG
