@@ -326,6 +326,21 @@ def _qparams(n, depth: int = 0) -> tuple[float | None, int | None] | None:
     return None
 
 
+def _channel_count(n, depth: int = 0) -> int | None:
+    """The channels of the per-channel multipliers behind int8 node n (a qconv2d/qdense with a
+    4th input, through fused bodies and scale-preserving ops), or None: its int8 tensor then has
+    one step per channel, which no single fitted scale matches."""
+    if n is None or depth > 64:
+        return None
+    if n.op == "fused":
+        return _channel_count(n.attrs["body"].outputs[0], depth + 1)
+    if n.op in ("qconv2d", "qdense") and len(n.inputs) > 3:
+        return int(np.prod(n.inputs[3].shape))   # (a parameter inside a fused body: its shape)
+    if n.op in SCALE_PRESERVING and n.op not in ("reshape", "transpose") and n.inputs:
+        return _channel_count(n.inputs[0], depth + 1)
+    return None
+
+
 #: ONNX ops left out of a divergence's "computed together with" line (still in the JSON's covers)
 QUIET_OPS = ("QuantizeLinear", "DequantizeLinear", "Constant")
 #: name parts a compiled tensor "X/part/..." may add and still hold ONNX node X's value
@@ -375,6 +390,9 @@ def _float_view(obs: Observed, node: str, shape: tuple | None) -> tuple[np.ndarr
         if s is not None:
             return (x.astype(np.float64) - z) * s, s, "scale"
         if z is not None:    # scale fitted against the reference in compare_float
+            c = _channel_count(obs.nodes.get(name))   # one scale per channel where it has them
+            if c is not None and c > 1 and x.ndim >= 3 and x.shape[1] == c:
+                return x.astype(np.float64) - z, 0.0, "fitted_channels"
             return x.astype(np.float64) - z, 0.0, "fitted"
         return x.astype(np.float64), 0.0, "affine"   # scale and zero point fitted
     return None
@@ -382,7 +400,15 @@ def _float_view(obs: Observed, node: str, shape: tuple | None) -> tuple[np.ndarr
 
 def compare_float(ref: np.ndarray, got: np.ndarray, step: float | None, how: str, quant: bool,
                   tol: Tolerance) -> dict:
-    """Cosine, relative error and largest difference of `got` against `ref`."""
+    """Cosine, relative error and largest difference of `got` against `ref` (`how` "fitted_channels":
+    got has a scale per channel, axis 1, each fitted by least squares)."""
+    if how == "fitted_channels":
+        g, r = np.moveaxis(got.astype(np.float64), 1, 0), np.moveaxis(ref.astype(np.float64), 1, 0)
+        g, r = g.reshape(g.shape[0], -1), r.reshape(r.shape[0], -1)
+        qq = np.einsum("ij,ij->i", g, g)
+        s = np.where(qq > 0, np.einsum("ij,ij->i", g, r) / np.where(qq > 0, qq, 1.0), 1.0)
+        got = np.moveaxis((g * s[:, None]).reshape(np.moveaxis(got, 1, 0).shape), 0, 1)
+        step = float(np.max(np.abs(s)))
     ref = ref.astype(np.float64).ravel()
     got = got.astype(np.float64).ravel()
     if how == "fitted":      # least-squares scale
@@ -575,7 +601,7 @@ def bisect(model, feed: dict, executors=None, config=None, tolerance: Tolerance 
                     continue
                 quant = kind == "quant" or va[2] != "float" or vb[2] != "float"   # an int8 side
                 kind = "quant" if quant else kind
-                if va[2] in ("fitted", "affine"):   # fit the side without a scale against the other
+                if va[2] in ("fitted", "fitted_channels", "affine"):   # fit the side without a scale to the other
                     cells[r] = compare_float(vb[0], va[0], va[1], va[2], quant, tol)
                 else:
                     cells[r] = compare_float(va[0], vb[0], vb[1], vb[2], quant, tol)

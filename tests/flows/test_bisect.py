@@ -224,3 +224,18 @@ def test_folded_batch_norm_is_compared_at_the_batch_norm():
     rows = {row["name"]: row["pairs"] for row in r.rows}
     assert "ort~cpu" in rows["bn1"] and "ort~cpu" not in rows["c1"]
     assert rows["bn1"]["ort~cpu"]["cos"] > 0.9999
+
+
+def test_per_channel_int8_is_fitted_channel_by_channel():
+    """A tensor written with a step per channel (per-channel multipliers) is scaled channel by
+    channel: one fitted scale would make it look diverged; a corrupted channel still diverges."""
+    rng = np.random.default_rng(0)
+    ref = np.abs(rng.normal(size=(1, 4, 6, 6))) * np.array([1.0, 8.0, 0.1, 3.0]).reshape(1, -1, 1, 1)
+    steps = np.array([2.0 ** -7, 2.0 ** -4, 2.0 ** -10, 2.0 ** -5]).reshape(1, -1, 1, 1)
+    q = np.clip(np.rint(ref / steps), -127, 127)
+    tol = Tolerance()
+    assert not compare_float(ref, q, 0.0, "fitted_channels", True, tol)["diverged"]
+    assert compare_float(ref, q, 0.0, "fitted", True, tol)["diverged"]
+    bad = q.copy()
+    bad[0, 1] = rng.permutation(bad[0, 1].ravel()).reshape(6, 6)
+    assert compare_float(ref, bad, 0.0, "fitted_channels", True, tol)["diverged"]
