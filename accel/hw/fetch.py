@@ -53,10 +53,11 @@ def tile_dims(m: Module, cfg: AccelConfig, word):
     return rows, cols
 
 
-def static_check(m: Module, cfg: AccelConfig, word, dims=None):
+def static_check(m: Module, cfg: AccelConfig, word, dims=None, nonzero=None):
     """The ErrorCode (CODE_BITS) of an instruction word as fetch sees it: accel.hw.params.
     static_fault's checks, with decoding's (ILLEGAL_INSN) first and BAD_FIELD before SRAM_RANGE.
-    dims: the word's tile_dims, when computed elsewhere (a pipeline register)."""
+    dims: the word's tile_dims, when computed elsewhere (a pipeline register); nonzero: rows and
+    cols both nonzero, likewise (see Fetch: its own register, not a read of dims')."""
     code = Signal(CODE_BITS)
     opcode = word[:OPCODE_BITS]
     fmts = formats_for(cfg)
@@ -66,7 +67,7 @@ def static_check(m: Module, cfg: AccelConfig, word, dims=None):
     rows, cols = dims if dims is not None else tile_dims(m, cfg, word)
     n = Signal(2 * len(rows))
     nz = Signal()
-    m.d.comb += [n.eq(rows * cols), nz.eq((rows != 0) & (cols != 0))]
+    m.d.comb += [n.eq(rows * cols), nz.eq(((rows != 0) & (cols != 0)) if nonzero is None else nonzero)]
     m.d.comb += illegal.eq(1)
     with m.Switch(opcode):
         for op in Opcode:
@@ -144,13 +145,19 @@ class Fetch(wiring.Component):
         chk_valid, chk_word = Signal(), Signal(INSN_BITS)
         dims_now = tile_dims(m, cfg, dma.out_data[:INSN_BITS])
         chk_dims = tuple(Signal.like(d, name=f"chk_{n}") for d, n in zip(dims_now, ("rows", "cols")))
+        # 'rows and cols nonzero' gets its own register: where anything else reads the multiply's
+        # operand registers, yosys' xilinx_dsp absorbs them (with the adders, as the DSP's pre-adder
+        # and AD register), opt then folds the flip-flops left behind to 0 and the SRAM_RANGE check
+        # vanishes from the netlist, DSPs included (yosys 0.70 synth_xilinx)
+        chk_nz = Signal()
         m.d.sync += chk_valid.eq(dma.out_valid)
         with m.If(dma.out_valid):
-            m.d.sync += [chk_word.eq(dma.out_data[:INSN_BITS]), *(r.eq(d) for r, d in zip(chk_dims, dims_now))]
+            m.d.sync += [chk_word.eq(dma.out_data[:INSN_BITS]), *(r.eq(d) for r, d in zip(chk_dims, dims_now)),
+                         chk_nz.eq((dims_now[0] != 0) & (dims_now[1] != 0))]
         codes = Array(Signal(CODE_BITS, name=f"code{i}") for i in range(depth))
         c_wr, c_rd = Signal(range(depth)), Signal(range(depth))
         with m.If(chk_valid):
-            m.d.sync += [codes[c_wr].eq(static_check(m, cfg, chk_word, chk_dims)),
+            m.d.sync += [codes[c_wr].eq(static_check(m, cfg, chk_word, chk_dims, chk_nz)),
                          c_wr.eq(Mux(c_wr == depth - 1, 0, c_wr + 1))]
         with m.If(ibuf.r.en & ibuf.r.rdy):
             m.d.sync += c_rd.eq(Mux(c_rd == depth - 1, 0, c_rd + 1))
