@@ -1012,9 +1012,18 @@ class Executor:
         rows = []
         results = []
         n = len(m.steps)
+        # tensors no step writes as a whole (a concat its producers wrote in place, plan_memory's
+        # elided ones): kept as the first step that reads them finds them
+        unstepped = {t for s in m.steps for t in s.inputs} - {s.output for s in m.steps} - \
+            {spec["tensor"] for spec in m.inputs} if keep else set()
         for k, (s, call) in enumerate(zip(m.steps, self._calls)):
             if progress is not None:
                 progress(k, n, s.name)
+            for t in s.inputs if keep else ():
+                if t in unstepped and m.tensors[t].name not in self.values:
+                    if self.gpu is not None:
+                        self.gpu.to_host(t)
+                    self.values[m.tensors[t].name] = self.views[t].copy()
             t0 = time.perf_counter()
             r = call()
             dt = time.perf_counter() - t0

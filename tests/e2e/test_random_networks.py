@@ -113,3 +113,27 @@ def test_random_network_cpu_matches_onnxruntime_and_accel_is_bit_exact(net, conf
         # a gross-error guard only: random weights can make a net sensitive to int8 (seen: 0.947 on
         # a 5-value output of steps of 1/32); the reference above is the exact check
         assert cosine(got, r) >= 0.9, (config, cosine(got, r))
+
+
+def test_keep_records_a_concat_written_in_place():
+    """A concat its producers write in place (plan_memory elides its step) is still in the executor's
+    kept values, so an accelerator step reading it can be checked against the reference."""
+    b = zoo.ModelBuilder("concat_in_place", seed=1)
+    x = b.input("x", (1, 3, 6, 6))
+    r0 = b.op("Relu", [b.conv(x, 3, 8, k=3, pad=1, name="conv0")], name="relu0")
+    r1 = b.op("Relu", [b.conv(r0, 8, 8, k=1, name="conv1")], name="relu1")
+    a = b.op("Relu", [b.op("Add", [r1, r0], name="add")], name="add_relu")
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [b.op("Concat", [a, r0], name="cat", axis=1)], name="gap")],
+             name="flat")
+    m = b.build([b.op("Gemm", [y, b.weight((5, 16)), b.init(np.zeros(5, np.float32))], name="fc", transB=1)])
+    feeds = zoo.sample_inputs(m, 2, seed=3)
+    mod = compiler.build_model(m, target="accel", config=CONFIGS["tiny"], calibration=feeds)
+    with Executor(mod, driver="fsim") as ex:
+        ex.run(feeds[1], keep=True)
+    for n in mod.graph.nodes:
+        if getattr(n, "target", None) == "accel":
+            for i in n.inputs:
+                assert i.is_const or i.name in ex.values, (n.name, i.name)
+    cat = next(n for n in mod.graph.nodes if n.op == "concat")
+    assert cat.name in mod.graph.meta["memory_plan"].elided
+    np.testing.assert_array_equal(ex.values[cat.name], np.concatenate([ex.values[i.name] for i in cat.inputs], axis=1))
