@@ -5,6 +5,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from compiler.accel import avgpool
 from compiler.frontend import from_onnx, zoo
 from compiler.graph import run
 from compiler.graph.passes import optimize, partition_table
@@ -48,8 +49,12 @@ def test_network_int8_pipeline_within_quantization_error(net, config):
         assert cosine(run(q, feeds)[0], ref) >= 0.99
 
 
-def test_network_int8_layout_and_fusion_are_bit_exact(net):
+def test_network_int8_layout_and_fusion_are_bit_exact(net, monkeypatch):
     name, g, calib, cases = net
+    # Turning a uniform pool's window-sum conv into the ALU's qavg_pool2d is a requantization
+    # choice of the accel target (its 16-bit multiplier can differ from the conv's by one step at
+    # rounding ties; tests/compiler/accel/test_avgpool.py bounds it), not layout or fusion: off here.
+    monkeypatch.setattr(avgpool, "uniform_pool", lambda conv: None)
     plain = optimize(g, quantize=True, calibration_samples=calib, fuse=False)  # int8, NCHW, unfused
     full = optimize(g, quantize=True, calibration_samples=calib, accel="default", force_target={"qdense": "accel"})
     assert full.meta["fusion"] and full.meta["layout"]["packs"] >= 1
