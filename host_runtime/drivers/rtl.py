@@ -4,7 +4,8 @@
     get_driver("rtl", cfg, dram={"read_latency": 16}, trace=True, waves="run.fst")
 Options: dram (sim.dram.DramModel, its dict or a DRAM preset name: the same timing tsim uses), trace (per-instruction
 slices from the stage controllers' state, and read bursts, in RunResult.raw.timeline), waves (a
-.vcd or .fst path for the whole driver's lifetime), max_cycles (cycle limit per run). The first use
+.vcd or .fst path for the whole driver's lifetime), max_cycles (cycle limit per run), watchdog (cycles
+without progress that end a run with a WATCHDOG fault, as on a board; default 2**20, 0: off). The first use
 of a config builds the model (seconds for `tiny`, a minute or two for `default`), cached by config and source hash.
 RunResult.stats is sim.trace.Counters.to_dict() from the RTL's counter registers. A run that ends
 on a fault (STATUS.error) raises sim.errors.ProgramFault with the ERROR code and the instruction's
@@ -20,7 +21,7 @@ from sim.dram import DramModel
 from sim.errors import ProgramFault
 from sim.trace import Counters, Timeline, TimingRun
 from sim.verilator.build import BuildError, tools_available
-from sim.verilator.model import DEFAULT_MAX_CYCLES, RtlRunError, VerilatorModel
+from sim.verilator.model import DEFAULT_MAX_CYCLES, DEFAULT_WATCHDOG, RtlRunError, VerilatorModel
 
 from ..device import Driver, RunResult, register_driver
 from ..errors import DriverError
@@ -29,7 +30,8 @@ from .faults import dram_range_fault, fetched_program, name_fault
 
 @register_driver("rtl")
 class RtlDriver(Driver):
-    def __init__(self, cfg, dram=None, trace: bool = False, waves=None, max_cycles: int | None = None):
+    def __init__(self, cfg, dram=None, trace: bool = False, waves=None, max_cycles: int | None = None,
+                 watchdog: int = DEFAULT_WATCHDOG):
         super().__init__(cfg)
         missing = tools_available()
         if missing:
@@ -37,7 +39,7 @@ class RtlDriver(Driver):
         self.trace = trace
         try:
             self.model = VerilatorModel(cfg, DramModel.from_dict(dram, cfg.clock_mhz), waves=waves, probes=trace,
-                                        max_cycles=max_cycles or DEFAULT_MAX_CYCLES)
+                                        max_cycles=max_cycles or DEFAULT_MAX_CYCLES, watchdog=watchdog)
         except BuildError as e:
             raise DriverError(f"driver 'rtl' cannot build the Verilator model: {e}") from None
 

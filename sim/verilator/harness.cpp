@@ -67,7 +67,7 @@ inline uint64_t as_u64(const T& port) {
 // Register map (accel/hw/regs.py): the offsets the Python side passes are authoritative; these
 // are only the fixed control words.
 const uint32_t REG_CTRL = 0x00, REG_STATUS = 0x04, REG_INSN_ADDR_LO = 0x08, REG_INSN_ADDR_HI = 0x0C,
-               REG_INSN_COUNT = 0x10;
+               REG_INSN_COUNT = 0x10, REG_WATCHDOG = 0x20;
 
 struct ReadBurst {
     uint64_t addr;
@@ -399,13 +399,14 @@ int accel_has_waves(void) {
 
 uint32_t accel_bus_bytes(void* p) { return static_cast<Harness*>(p)->bus_bytes; }
 
-// Runs one program. dram: the host's buffer (read and written in place). dram_params:
+// Runs one program. watchdog: cycles without progress that end the run with a WATCHDOG fault
+// (0: off). dram: the host's buffer (read and written in place). dram_params:
 // {read_latency, write_latency, bytes_per_cycle}. counter_offsets: n register offsets of the LO
 // words of the 64-bit counters, read LO then HI after the run into counters_out. info_out:
 // {status register, harness cycles spent, AXI error seen,
 // harness cycle of the start pulse}. Returns RUN_*.
 int accel_run(void* p, uint8_t* dram, uint64_t dram_bytes, uint64_t insn_addr, uint32_t insn_count,
-              uint64_t max_cycles, const uint32_t* dram_params, const uint32_t* counter_offsets, int n_counters,
+              uint64_t max_cycles, uint32_t watchdog, const uint32_t* dram_params, const uint32_t* counter_offsets, int n_counters,
               uint64_t* counters_out, uint64_t* info_out, int probe) {
     Harness* h = static_cast<Harness*>(p);
     h->dram = dram;
@@ -418,7 +419,8 @@ int accel_run(void* p, uint8_t* dram, uint64_t dram_bytes, uint64_t insn_addr, u
     uint64_t c0 = h->cycle;
     if (!h->axil_write(REG_INSN_ADDR_LO, (uint32_t)insn_addr) ||
         !h->axil_write(REG_INSN_ADDR_HI, (uint32_t)(insn_addr >> 32)) ||
-        !h->axil_write(REG_INSN_COUNT, insn_count))
+        !h->axil_write(REG_INSN_COUNT, insn_count) ||
+        !h->axil_write(REG_WATCHDOG, watchdog))   // every run: 0 turns it off, no setting lingers
         return RUN_AXIL_STUCK;
     h->probing = probe != 0;
     if (!h->axil_write(REG_CTRL, 0x3)) return RUN_AXIL_STUCK;  // start | irq_enable

@@ -27,6 +27,8 @@ from .build import build_library
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CYCLES = 50_000_000
+#: cycles without progress before the RTL ends a run with a WATCHDOG fault, as the board driver sets it
+DEFAULT_WATCHDOG = 1 << 20
 _RUN_DONE, _RUN_CYCLE_LIMIT, _RUN_AXIL_STUCK = 0, 1, 2
 _STATUS_BUS_ERROR = 4
 STATUS_ERROR = 8            # accel/hw/regs.py STATUS bit 3
@@ -57,7 +59,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.accel_bus_bytes.argtypes = [ctypes.c_void_p]
     lib.accel_run.restype = ctypes.c_int
     lib.accel_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32,
-                              ctypes.c_uint64, _U32P, _U32P, ctypes.c_int, _U64P, _U64P, ctypes.c_int]
+                              ctypes.c_uint64, ctypes.c_uint32, _U32P, _U32P, ctypes.c_int, _U64P, _U64P, ctypes.c_int]
     lib.accel_probe_count.restype = ctypes.c_uint64
     lib.accel_probe_count.argtypes = [ctypes.c_void_p]
     lib.accel_probes.restype = ctypes.c_uint64
@@ -70,11 +72,14 @@ class VerilatorModel:
     """The accelerator's RTL compiled by Verilator, driven through the C harness."""
 
     def __init__(self, cfg: AccelConfig | str, dram: DramModel | None = None, waves: str | Path | None = None,
-                 probes: bool = False, max_cycles: int = DEFAULT_MAX_CYCLES):
+                 probes: bool = False, max_cycles: int = DEFAULT_MAX_CYCLES, watchdog: int = DEFAULT_WATCHDOG):
         from accel.hw.regs import COUNTER_BASE, COUNTERS  # noqa: PLC0415 - accel.hw.regs pulls in amaranth on import
         self.cfg = resolve_config(cfg)
         self.dram_model = dram or DramModel()
         self.max_cycles = max_cycles
+        if type(watchdog) is not int or not 0 <= watchdog < 1 << 32:
+            raise SimError(f"watchdog={watchdog!r}: cycles without progress before a fault, 0..2**32-1 (0: off)")
+        self.watchdog = watchdog
         self.waves = Path(waves) if waves else None
         fmt = None
         if self.waves is not None:
@@ -125,7 +130,8 @@ class VerilatorModel:
         out = (ctypes.c_uint64 * (len(self.counter_names) + 1))()
         info = (ctypes.c_uint64 * 4)()
         t0 = time.perf_counter()
-        rc = self._lib.accel_run(self._h, dram.ctypes.data, dram.size, insn_addr, insn_count, limit, params,
+        rc = self._lib.accel_run(self._h, dram.ctypes.data, dram.size, insn_addr, insn_count, limit, self.watchdog,
+                                 params,
                                  self._offsets, len(self.counter_names) + 1, out, info, int(self.probes))
         wall = time.perf_counter() - t0
         counters = dict(zip(self.counter_names, (int(v) for v in out)))

@@ -173,9 +173,6 @@ def test_rtl_names_the_transfer_past_the_dram_like_fsim():
 
 @pytest.mark.rtl
 @pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")
-@pytest.mark.xfail(reason="owner B (sim/verilator harness): the rtl driver never sets WATCHDOG, so a token "
-                          "deadlock runs to the cycle limit (50M cycles, minutes) where fsim/tsim raise at once; "
-                          "the board driver sets WATCHDOG=2**20 by default", strict=True)
 def test_rtl_reports_a_deadlock_by_its_watchdog():
     cfg = PRESETS["tiny"]
     hang = encode_program([Gemm(pop_prev=True, uop_bgn=0, uop_end=0), Finish()], cfg).reshape(-1)
