@@ -50,7 +50,7 @@ def _blocks_bands(n: int, bands: int) -> list[tuple[int, int]]:
 
 #: output-block bands the layer's first tile splits its weight load and GEMM into (a token each),
 #: so that compute starts on the first band's weights instead of waiting for the whole group's
-FILL_BANDS = 4
+WEIGHT_BANDS = 4
 
 
 def _bias_kernel(stream, acc_base, bias_base, r_a, o_a):
@@ -170,7 +170,7 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
             if not (inp_keep and group):
                 stream.load_2d(MemType.INP, inp_base, inp, r0 * g.cb + ic0, y_size=r_a, x_size=ic_a, x_stride=g.cb)
             # the layer's first tile: its weights and GEMM in bands of output blocks (the pipeline's fill)
-            bands = (_blocks_bands(o_a, min(FILL_BANDS, cfg.dep_queue_depth - 2)) if ti == 0 and resident
+            bands = (_blocks_bands(o_a, min(WEIGHT_BANDS, cfg.dep_queue_depth - 2)) if ti == 0 and resident
                      else [(0, o_a)])
             if not resident or (new_group and group not in prefetched):
                 for b, (a, z) in enumerate(bands):
