@@ -37,7 +37,7 @@ from itertools import groupby
 
 import numpy as np
 
-from accel.isa import AccelConfig, AluOp, MemType, operands
+from accel.isa import AccelConfig, AluOp, operands
 from accel.isa.widths import LOOP_ITER_BITS
 from sim.dram import DramModel
 
@@ -60,9 +60,8 @@ from .depthwise_cost import accel_depthwise_cycles
 from .eltwise import identity_weights
 from .grouped import group_spec, grouped_layout
 from .layout import pack_activation, unpack_activation
-from .pipeline import TokenPipeline
 from .plan import plan_conv2d
-from .pool import PoolSpec, PoolTiling, plan_pool
+from .pool import PoolSpec, PoolTiling, check_square_blocks, emit_window_tiles, plan_pool, walk
 from .spec import Conv2dSpec, TilingError
 
 #: the largest rounding shift: ADD 2^(k-1) must fit the ALU's signed 16-bit immediate
@@ -453,9 +452,7 @@ def emit_avg_pool(stream, spec: PoolSpec, attrs: dict, x, out, ident, lo: int | 
     blocks = -(-len(attrs.get("gains") or ()) // cfg.block_out)   # weight tiles beyond the identity's one
     if blocks > cfg.wgt_depth:
         raise TilingError(f"{spec.name}: {blocks} channel blocks of gains exceed the weight buffer ({cfg.wgt_depth} tiles)")
-    if cfg.block_in != cfg.block_out:
-        raise TilingError(f"{spec.name}: needs block_in == block_out to pool packed activations "
-                          f"(config has {cfg.block_in} and {cfg.block_out})")
+    check_square_blocks(spec, cfg)
     zx, zo = attrs["in_zp"], attrs["out_zp"]
     lo = int8_min(zo) if lo is None else lo
     if not -128 <= lo <= hi <= 127:
@@ -469,71 +466,16 @@ def emit_avg_pool(stream, spec: PoolSpec, attrs: dict, x, out, ident, lo: int | 
     lo = max(lo, int8_min(zo))
     flush = _flush_form(k, zo, lo, hi)
     t = tiling or plan_pool(spec, cfg, vt)
-    vt = t.vt
-    oh, ow = spec.out_hw
-    (kh, kw), (sh, sw) = spec.kernel, spec.strides
-    pt, pl = spec.pads[0], spec.pads[1]
-    wp = spec.padded_w
-    o_sz = t.planes * t.rows * ow
-    rin = spec.rows_in(t.rows)
-    p_sz = t.planes * rin * wp
-    inp_sz = t.planes * min(spec.h, rin) * spec.w
-    tiles = [(p0, r0) for p0 in range(0, spec.planes, t.planes) for r0 in range(0, oh, t.rows)]
-    pipe = TokenPipeline(stream, vt, len(tiles), len(tiles))
-    cols = min(spec.w, wp - pl)   # input columns some window reads
-    if t.planes * rin * wp >= 1 << LOOP_ITER_BITS:
-        raise TilingError(f"{spec.name}: window region of {t.planes * rin * wp} entries exceeds the loop extent")
+    ow = spec.out_hw[1]
+    kh, kw = spec.kernel
+    if t.planes * spec.rows_in(t.rows) * spec.padded_w >= 1 << LOOP_ITER_BITS:
+        raise TilingError(f"{spec.name}: window region of {t.planes * spec.rows_in(t.rows) * spec.padded_w} "
+                          f"entries exceeds the loop extent")
 
-    for ti, (p0, r0) in enumerate(tiles):
-        g = min(t.planes, spec.planes - p0)
-        r = min(t.rows, oh - r0)
-        ri = spec.rows_in(r)
-        y_lo = r0 * sh - pt                        # the first input row the band's windows read
-        y0, y1 = max(0, y_lo), min(spec.h, y_lo + ri)
-        nr = y1 - y0
-        s = ti % vt
-        inp_base, o_base, p_base = s * inp_sz, s * o_sz, vt * o_sz + s * p_sz
-        padded = y_lo < 0 or y_lo + ri > spec.h or pl > 0 or wp > spec.w
-        pipe.before_load(ti)
-        if nr > 0:
-            stream.load_2d(MemType.INP, inp_base, x, p0 * spec.h * spec.w + y0 * spec.w, y_size=g,
-                           x_size=nr * spec.w, x_stride=spec.h * spec.w)
-        if ti == 0:
-            stream.load_2d(MemType.WGT, 0, ident, 0, x_size=max(1, blocks))
-        pipe.after_load()
-        pipe.before_compute()
-        pipe.before_tile(ti)
-        if padded:   # taps outside the input hold the input's zero point (they add 0 after the offset)
-            fill = stream.kernel(("avgpool.fill", p_base, g * ri * wp), lambda kk: _walk(kk, p_base, g * ri * wp))
-            stream.push_alu(fill, AluOp.MOV, zx)
-        if nr > 0 and cols > 0:
-            dst0 = p_base + (y0 - y_lo) * wp + pl
-            wgts = tuple((p0 + q) % blocks if blocks else 0 for q in range(g))   # each plane's channel block
-            key = (p_base, inp_base, g, nr, cols, dst0, wp, spec.w, ri, wgts)
-
-            def copy(kk, src_on):
-                kk.loop_begin(nr, dst_factor=wp, src_factor=spec.w if src_on else 0)
-                kk.loop_begin(cols, dst_factor=1, src_factor=1 if src_on else 0)
-                for q in range(g):
-                    kk.push(dst0 + q * ri * wp, inp_base + q * nr * spec.w if src_on else 0, wgts[q])
-            stream.push_gemm(stream.kernel(("avgpool.reset",) + key, lambda kk: copy(kk, False)), reset=True)
-            stream.push_gemm(stream.kernel(("avgpool.copy",) + key, lambda kk: copy(kk, True)))
-        offsets = [(dy, dx) for dy in range(kh) for dx in range(kw)]
-
-        def window(kk, offs):
-            kk.loop_begin(r, dst_factor=ow, src_factor=sh * wp)
-            kk.loop_begin(ow, dst_factor=1, src_factor=sw)
-            for q in range(g):
-                for dy, dx in offs:
-                    kk.push(o_base + q * r * ow, p_base + q * ri * wp + dy * wp + dx)
-        wkey = (o_base, p_base, g, r, ow, ri, wp, sh, sw)
-        stream.push_alu(stream.kernel(("avgpool.first",) + wkey, lambda kk: window(kk, offsets[:1])), AluOp.MOV)
-        if len(offsets) > 1:
-            stream.push_alu(stream.kernel(("avgpool.sum", kh, kw) + wkey, lambda kk: window(kk, offsets[1:])),
-                            AluOp.ADD)
-        whole = stream.kernel(("avgpool.out", o_base, g * r * ow), lambda kk: _walk(kk, o_base, g * r * ow))
+    def divide(o_base, g, r, r0):   # offset, one MUL per rectangle of equal divisor, round/shift/clamp
+        whole = stream.kernel(("avgpool.out", o_base, g * r * ow), lambda kk: walk(kk, o_base, g * r * ow))
         _add_imm(stream, whole, -zx * kh * kw)
-        for a0, a1, vy in _runs(cy[r0:r0 + r]):   # one MUL per rectangle of equal divisor
+        for a0, a1, vy in _runs(cy[r0:r0 + r]):
             for c0, c1, vx in col_runs:
                 def rect(kk, a0=a0, a1=a1, c0=c0, c1=c1):
                     kk.loop_begin(a1 - a0, dst_factor=ow, src_factor=0)
@@ -543,7 +485,7 @@ def emit_avg_pool(stream, spec: PoolSpec, attrs: dict, x, out, ident, lo: int | 
                 rk = stream.kernel(("avgpool.rect", o_base, g, r, ow, a0, a1, c0, c1), rect)
                 stream.push_alu(rk, AluOp.MUL, muls[vy * vx])
         if flush is not None:   # round, shift and clamp in one pass (acc copies itself: src = dst)
-            fk = stream.kernel(("avgpool.flush", o_base, g * r * ow), lambda kk: _walk(kk, o_base, g * r * ow, 1))
+            fk = stream.kernel(("avgpool.flush", o_base, g * r * ow), lambda kk: walk(kk, o_base, g * r * ow, 1))
             stream.push_alu(fk, AluOp.FLUSH, flush, use_imm=False)
         else:
             if k > 0:
@@ -551,12 +493,12 @@ def emit_avg_pool(stream, spec: PoolSpec, attrs: dict, x, out, ident, lo: int | 
                 stream.push_alu(whole, AluOp.SHR, operands.shr_immediate(k, cfg.acc_width))
             _add_imm(stream, whole, zo)
             stream.push_alu(whole, AluOp.CLAMP, operands.clamp_immediate(lo, hi))
-        pipe.after_chunk(ti)
-        pipe.after_tile()
-        pipe.before_store()
-        stream.store_2d(o_base, out, p0 * oh * ow + r0 * ow, y_size=g, x_size=r * ow, x_stride=oh * ow)
-        pipe.after_store(ti)
-    return {"tiles": len(tiles), "planes_per_tile": t.planes, "rows_per_tile": t.rows,
+
+    # taps outside the input hold the input's zero point (they add 0 after the offset); each plane's
+    # rows pass its channel block's gain tile
+    tiles = emit_window_tiles(stream, spec, t, x, out, ident, "avgpool", zx, AluOp.ADD, divide,
+                              plane_weights=lambda p: p % blocks if blocks else 0, weight_tiles=max(1, blocks))
+    return {"tiles": tiles, "planes_per_tile": t.planes, "rows_per_tile": t.rows,
             "divisors": len(muls), "shift": k}
 
 
@@ -569,12 +511,6 @@ def _flush_form(k: int, zo: int, lo: int, hi: int) -> int | None:
         if lo == (0 if lo_zero else -hi if symmetric else -hi - 1):
             return operands.flush_immediate(k, hi, lo_zero, k > 0, symmetric)
     return None
-
-
-def _walk(k, base: int, n: int, src_on: int = 0) -> None:
-    """n consecutive accumulator entries from base (src_on: each reading itself)."""
-    k.loop_begin(n, dst_factor=1, src_factor=src_on)
-    k.push(base, base if src_on else 0)
 
 
 def qavg_attrs(kernel, strides=(1, 1), pads=(0, 0, 0, 0), ceil_mode: int = 0, count_include_pad: int = 0,

@@ -112,12 +112,37 @@ def emit_max_pool(stream, spec: PoolSpec, x, out, ident, lo: int = INT8_MIN, hi:
     """Append out = clamp(max_pool(x), lo, hi) for packed int8 x and out (planes of h x w and oh x ow
     entries); `ident` is a DRAM buffer holding identity_weights(cfg)."""
     cfg = stream.cfg
-    if cfg.block_in != cfg.block_out:
-        raise TilingError(f"{spec.name}: needs block_in == block_out to pool packed activations "
-                          f"(config has {cfg.block_in} and {cfg.block_out})")
+    check_square_blocks(spec, cfg)
     if not INT8_MIN <= lo <= hi <= 127:
         raise TilingError(f"{spec.name}: clamp [{lo}, {hi}] outside the int8 range")
     t = tiling or plan_pool(spec, cfg, vt)
+
+    def clamp(o_base, g, r, r0):
+        if lo > INT8_MIN or hi < 127:
+            ow = spec.out_hw[1]
+            ok = stream.kernel(("pool.out", o_base, g * r * ow), lambda k: walk(k, o_base, g * r * ow))
+            stream.push_alu(ok, AluOp.CLAMP, operands.clamp_immediate(lo, hi))
+    tiles = emit_window_tiles(stream, spec, t, x, out, ident, "pool", INT8_MIN, AluOp.MAX, clamp)
+    return {"tiles": tiles, "planes_per_tile": t.planes, "rows_per_tile": t.rows}
+
+
+def check_square_blocks(spec: PoolSpec, cfg: AccelConfig) -> None:
+    """Packed activations pass the identity GEMM unchanged only with block_in == block_out."""
+    if cfg.block_in != cfg.block_out:
+        raise TilingError(f"{spec.name}: needs block_in == block_out to pool packed activations "
+                          f"(config has {cfg.block_in} and {cfg.block_out})")
+
+
+def emit_window_tiles(stream, spec: PoolSpec, t: PoolTiling, x, out, ident, name: str, fill: int,
+                      reduce_op: AluOp, epilogue, plane_weights=None, weight_tiles: int = 1) -> int:
+    """The tile scheme max and average pooling share (module doc); returns the tile count.
+
+    Per tile: the input rows (and, on the first tile, `weight_tiles` weight tiles) load; the window
+    region is pre-filled with `fill` where windows overhang the input; the rows reach it by a GEMM
+    against weight tile plane_weights(plane) (0, the identity, if None); ALU MOV takes each
+    window's first tap and `reduce_op` the others into the output; epilogue(o_base, planes, rows,
+    first_row) appends the tile's remaining ALU passes; the STORE writes the output rows.
+    `name` prefixes the micro-op kernels' cache keys."""
     vt = t.vt
     oh, ow = spec.out_hw
     (kh, kw), (sh, sw) = spec.kernel, spec.strides
@@ -130,6 +155,7 @@ def emit_max_pool(stream, spec: PoolSpec, x, out, ident, lo: int = INT8_MIN, hi:
     tiles = [(p0, r0) for p0 in range(0, spec.planes, t.planes) for r0 in range(0, oh, t.rows)]
     pipe = TokenPipeline(stream, vt, len(tiles), len(tiles))
     cols = min(spec.w, wp - pl)   # input columns some window reads
+    offsets = [(dy, dx) for dy in range(kh) for dx in range(kw)]
 
     for ti, (p0, r0) in enumerate(tiles):
         g = min(t.planes, spec.planes - p0)
@@ -146,25 +172,28 @@ def emit_max_pool(stream, spec: PoolSpec, x, out, ident, lo: int = INT8_MIN, hi:
             stream.load_2d(MemType.INP, inp_base, x, p0 * spec.h * spec.w + y0 * spec.w, y_size=g,
                            x_size=nr * spec.w, x_stride=spec.h * spec.w)
         if ti == 0:
-            stream.load_2d(MemType.WGT, 0, ident, 0, x_size=1)
+            stream.load_2d(MemType.WGT, 0, ident, 0, x_size=weight_tiles)
         pipe.after_load()
         pipe.before_compute()
         pipe.before_tile(ti)
-        if padded:   # every window position -128 first; the input rows then overwrite theirs
-            fill = stream.kernel(("pool.fill", p_base, g * ri * wp), lambda k: _walk(k, p_base, g * ri * wp))
-            stream.push_alu(fill, AluOp.MOV, INT8_MIN)
+        if padded:   # taps outside the input hold `fill` (the input rows then overwrite theirs)
+            fk = stream.kernel((f"{name}.fill", p_base, g * ri * wp), lambda k: walk(k, p_base, g * ri * wp))
+            stream.push_alu(fk, AluOp.MOV, fill)
         if nr > 0 and cols > 0:
             dst0 = p_base + (y0 - y_lo) * wp + pl
             key = (p_base, inp_base, g, nr, cols, dst0, wp, spec.w, ri)
+            wgts = (0,) * g
+            if plane_weights is not None:
+                wgts = tuple(plane_weights(p0 + q) for q in range(g))
+                key += (wgts,)
 
             def copy(k, src_on):
                 k.loop_begin(nr, dst_factor=wp, src_factor=spec.w if src_on else 0)
                 k.loop_begin(cols, dst_factor=1, src_factor=1 if src_on else 0)
                 for q in range(g):
-                    k.push(dst0 + q * ri * wp, inp_base + q * nr * spec.w if src_on else 0)
-            stream.push_gemm(stream.kernel(("pool.reset",) + key, lambda k: copy(k, False)), reset=True)
-            stream.push_gemm(stream.kernel(("pool.copy",) + key, lambda k: copy(k, True)))
-        offsets = [(dy, dx) for dy in range(kh) for dx in range(kw)]
+                    k.push(dst0 + q * ri * wp, inp_base + q * nr * spec.w if src_on else 0, wgts[q])
+            stream.push_gemm(stream.kernel((f"{name}.reset",) + key, lambda k: copy(k, False)), reset=True)
+            stream.push_gemm(stream.kernel((f"{name}.copy",) + key, lambda k: copy(k, True)))
 
         def window(k, offs):
             k.loop_begin(r, dst_factor=ow, src_factor=sh * wp)
@@ -173,24 +202,23 @@ def emit_max_pool(stream, spec: PoolSpec, x, out, ident, lo: int = INT8_MIN, hi:
                 for dy, dx in offs:
                     k.push(o_base + q * r * ow, p_base + q * ri * wp + dy * wp + dx)
         wkey = (o_base, p_base, g, r, ow, ri, wp, sh, sw)
-        stream.push_alu(stream.kernel(("pool.first",) + wkey, lambda k: window(k, offsets[:1])), AluOp.MOV)
+        stream.push_alu(stream.kernel((f"{name}.first",) + wkey, lambda k: window(k, offsets[:1])), AluOp.MOV)
         if len(offsets) > 1:
-            stream.push_alu(stream.kernel(("pool.max", kh, kw) + wkey, lambda k: window(k, offsets[1:])), AluOp.MAX)
-        if lo > INT8_MIN or hi < 127:
-            ok = stream.kernel(("pool.out", o_base, g * r * ow), lambda k: _walk(k, o_base, g * r * ow))
-            stream.push_alu(ok, AluOp.CLAMP, operands.clamp_immediate(lo, hi))
+            rk = stream.kernel((f"{name}.{reduce_op.name.lower()}", kh, kw) + wkey, lambda k: window(k, offsets[1:]))
+            stream.push_alu(rk, reduce_op)
+        epilogue(o_base, g, r, r0)
         pipe.after_chunk(ti)
         pipe.after_tile()
         pipe.before_store()
         stream.store_2d(o_base, out, p0 * oh * ow + r0 * ow, y_size=g, x_size=r * ow, x_stride=oh * ow)
         pipe.after_store(ti)
-    return {"tiles": len(tiles), "planes_per_tile": t.planes, "rows_per_tile": t.rows}
+    return len(tiles)
 
 
-def _walk(k, base: int, n: int) -> None:
-    """n consecutive accumulator entries from base."""
-    k.loop_begin(n, dst_factor=1, src_factor=0)
-    k.push(base, 0)
+def walk(k, base: int, n: int, src_on: int = 0) -> None:
+    """n consecutive accumulator entries from base (src_on: each reading itself)."""
+    k.loop_begin(n, dst_factor=1, src_factor=src_on)
+    k.push(base, base if src_on else 0)
 
 
 def run_max_pool(device, x: np.ndarray, kernel, strides=(1, 1), pads=(0, 0, 0, 0), ceil_mode: int = 0,
