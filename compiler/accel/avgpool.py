@@ -59,9 +59,8 @@ from ..graph.ops import (
 from .depthwise_cost import accel_depthwise_cycles
 from .eltwise import identity_weights
 from .grouped import group_spec, grouped_layout
-from .layout import pack_activation, unpack_activation
 from .plan import plan_conv2d
-from .pool import PoolSpec, PoolTiling, check_square_blocks, emit_window_tiles, plan_pool, walk
+from .pool import PoolSpec, PoolTiling, check_square_blocks, emit_window_tiles, plan_pool, run_pool, walk
 from .spec import Conv2dSpec, TilingError
 
 #: the largest rounding shift: ADD 2^(k-1) must fit the ALU's signed 16-bit immediate
@@ -524,22 +523,8 @@ def qavg_attrs(kernel, strides=(1, 1), pads=(0, 0, 0, 0), ceil_mode: int = 0, co
 
 def run_avg_pool(device, x: np.ndarray, attrs: dict, lo: int | None = None, hi: int = 127, vt: int = 2):
     """int8 NCHW qavg_pool2d (attrs: qavg_attrs) on the device -> (int8 NCHW, RunResult)."""
-    cfg = device.cfg
-    px = pack_activation(x, cfg.batch, cfg.block_out)
-    spec = PoolSpec(px.shape[0] * px.shape[1], x.shape[2], x.shape[3], tuple(attrs["kernel"]),
-                    tuple(attrs["strides"]), tuple(attrs["pads"]), attrs["ceil_mode"], "qavg_pool2d")
-    oh, ow = spec.out_hw
-    oshape = px.shape[:2] + (oh, ow) + px.shape[4:]
-    mem = device.memory
-    bufs = [mem.alloc_array(px, align=cfg.inp_elem_bytes, name="avgpool.inp"),
-            mem.alloc_array(pool_weights(attrs, cfg), align=cfg.wgt_elem_bytes, name="avgpool.identity"),
-            mem.alloc(math.prod(oshape), align=cfg.out_elem_bytes, name="avgpool.out")]
-    try:
-        stream = device.stream()
-        stream.emit_preloaded(lambda st: emit_avg_pool(st, spec, attrs, bufs[0], bufs[2], bufs[1], lo, hi, vt))
-        result = stream.synchronize()
-        y = unpack_activation(bufs[2].read(np.int8, oshape), x.shape[0], x.shape[1])
-    finally:
-        for buf in bufs:
-            buf.free()
-    return y, result
+    def make_spec(planes):
+        return PoolSpec(planes, x.shape[2], x.shape[3], tuple(attrs["kernel"]), tuple(attrs["strides"]),
+                        tuple(attrs["pads"]), attrs["ceil_mode"], "qavg_pool2d")
+    return run_pool(device, x, make_spec, pool_weights(attrs, device.cfg),
+                    lambda st, spec, xb, ob, wb: emit_avg_pool(st, spec, attrs, xb, ob, wb, lo, hi, vt), "avgpool")

@@ -224,19 +224,27 @@ def walk(k, base: int, n: int, src_on: int = 0) -> None:
 def run_max_pool(device, x: np.ndarray, kernel, strides=(1, 1), pads=(0, 0, 0, 0), ceil_mode: int = 0,
                  lo: int = INT8_MIN, hi: int = 127, vt: int = 2):
     """int8 NCHW max pooling on the device -> (int8 NCHW, RunResult)."""
+    def make_spec(planes):
+        return PoolSpec(planes, x.shape[2], x.shape[3], tuple(kernel), tuple(strides), tuple(pads), ceil_mode)
+    return run_pool(device, x, make_spec, identity_weights(device.cfg),
+                    lambda st, spec, xb, ob, wb: emit_max_pool(st, spec, xb, ob, wb, lo, hi, vt), "pool")
+
+
+def run_pool(device, x: np.ndarray, make_spec, weights: np.ndarray, emit, name: str):
+    """Runs one pool program on the device -> (int8 NCHW, RunResult): x packed into DRAM beside
+    `weights`, make_spec(packed planes) its PoolSpec, emit(stream, spec, x, out, weights) its program."""
     cfg = device.cfg
     px = pack_activation(x, cfg.batch, cfg.block_out)
-    spec = PoolSpec(px.shape[0] * px.shape[1], x.shape[2], x.shape[3], tuple(kernel), tuple(strides), tuple(pads),
-                    ceil_mode)
+    spec = make_spec(px.shape[0] * px.shape[1])
     oh, ow = spec.out_hw
     oshape = px.shape[:2] + (oh, ow) + px.shape[4:]
     mem = device.memory
-    bufs = [mem.alloc_array(px, align=cfg.inp_elem_bytes, name="pool.inp"),
-            mem.alloc_array(identity_weights(cfg), align=cfg.wgt_elem_bytes, name="pool.identity"),
-            mem.alloc(math.prod(oshape), align=cfg.out_elem_bytes, name="pool.out")]
+    bufs = [mem.alloc_array(px, align=cfg.inp_elem_bytes, name=f"{name}.inp"),
+            mem.alloc_array(weights, align=cfg.wgt_elem_bytes, name=f"{name}.identity"),
+            mem.alloc(math.prod(oshape), align=cfg.out_elem_bytes, name=f"{name}.out")]
     try:
         stream = device.stream()
-        stream.emit_preloaded(lambda st: emit_max_pool(st, spec, bufs[0], bufs[2], bufs[1], lo, hi, vt))
+        stream.emit_preloaded(lambda st: emit(st, spec, bufs[0], bufs[2], bufs[1]))
         result = stream.synchronize()
         y = unpack_activation(bufs[2].read(np.int8, oshape), x.shape[0], x.shape[1])
     finally:

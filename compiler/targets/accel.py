@@ -475,29 +475,24 @@ class AccelTarget(Target):
             else:
                 addr, count = self.program(b, head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, bb, rq,
                                                                                fused, scales))
-        elif head.op == "max_pool2d":
+        elif head.op in ("max_pool2d", "qavg_pool2d"):
+            what = "max" if head.op == "max_pool2d" else "average"
             if len(head.shape) != 6 or tuple(head.shape[-2:]) != (cfg.batch, cfg.block_out):
-                raise TilingError(f"{head.name}: max pooling on the accelerator needs the packed (batch, block_out) "
-                                  f"layout, got shape {list(head.shape)}")
-            spec = pool_spec(head, head.inputs[0].shape)
-            st = b.state(self.name)
-            if st.get("ident") is None:
-                st["ident"] = b.weight_buf(identity_weights(cfg), cfg.wgt_elem_bytes, "identity")
-            ident, x = st["ident"], b.buf(ins[0])
-            addr, count = self.program(b, head.name, lambda s: emit_max_pool(s, spec, x, out, ident, lo, hi))
-        elif head.op == "qavg_pool2d":
-            if len(head.shape) != 6 or tuple(head.shape[-2:]) != (cfg.batch, cfg.block_out):
-                raise TilingError(f"{head.name}: average pooling on the accelerator needs the packed (batch, "
+                raise TilingError(f"{head.name}: {what} pooling on the accelerator needs the packed (batch, "
                                   f"block_out) layout, got shape {list(head.shape)}")
-            spec = avg_pool_spec(head, head.inputs[0].shape)
             st = b.state(self.name)
             if st.get("ident") is None:
                 st["ident"] = b.weight_buf(identity_weights(cfg), cfg.wgt_elem_bytes, "identity")
             ident, x = st["ident"], b.buf(ins[0])
-            if head.attrs.get("gains"):   # per-channel gains: the pool's own diagonal weight tiles
-                ident = b.weight_buf(pool_weights(head.attrs, cfg), cfg.wgt_elem_bytes, f"{head.name}/gains")
-            addr, count = self.program(b, head.name, lambda s: emit_avg_pool(s, spec, head.attrs, x, out, ident, lo,
-                                                                             hi))
+            if head.op == "max_pool2d":
+                spec = pool_spec(head, head.inputs[0].shape)
+                addr, count = self.program(b, head.name, lambda s: emit_max_pool(s, spec, x, out, ident, lo, hi))
+            else:
+                spec = avg_pool_spec(head, head.inputs[0].shape)
+                if head.attrs.get("gains"):   # per-channel gains: the pool's own diagonal weight tiles
+                    ident = b.weight_buf(pool_weights(head.attrs, cfg), cfg.wgt_elem_bytes, f"{head.name}/gains")
+                addr, count = self.program(b, head.name, lambda s: emit_avg_pool(s, spec, head.attrs, x, out, ident,
+                                                                                 lo, hi))
         elif head.op in ("qadd",) + CLAMP_OPS:
             if cfg.block_in != cfg.block_out:
                 raise TilingError(f"{head.name}: the accelerator adds packed tensors only when block_in == block_out "
