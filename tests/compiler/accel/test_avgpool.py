@@ -203,15 +203,7 @@ def test_onnxruntime_quantized_model_with_zero_points(fmt):
     pool = [n for n in mod.graph.nodes if n.op == "qavg_pool2d"]
     assert len(pool) == 1 and pool[0].attrs["in_zp"] != 0 and not mod.meta["fallbacks"]
     assert [s.kind for s in mod.steps if s.op == "qavg_pool2d"] == ["accel"]
-    with Executor(mod, driver="fsim") as ex:
-        out = ex.run(feeds[4], keep=True)
-    _, env = reference_run(mod.graph, feeds[4], keep=True)
-    for n in mod.graph.nodes:
-        if n.name in ex.values and id(n) in env and env[id(n)].dtype == np.int8:
-            np.testing.assert_array_equal(ex.values[n.name], env[id(n)], err_msg=n.name)
-    want = ort.InferenceSession(q.SerializeToString()).run(None, feeds[4])[0]
-    got = next(iter(out.values()))
-    assert np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got) > 0.999
+    run_and_compare(mod, q, feeds[4], cos_min=0.999)
 
 
 @pytest.mark.rtl
@@ -264,15 +256,7 @@ def test_pool_feeding_a_float_concat_runs_on_the_accelerator():
     steps = {s.name: s for s in mod.steps}
     assert steps["pool"].op == "qavg_pool2d" and steps["pool"].kind == "accel"
     assert steps["pool/dequantize"].op == "dequantize" and not mod.meta["fallbacks"]
-    with Executor(mod, driver="fsim") as ex:
-        out = ex.run(feeds[3], keep=True)
-    _, env = reference_run(mod.graph, feeds[3], keep=True)
-    for n in mod.graph.nodes:
-        if n.name in ex.values and id(n) in env and env[id(n)].dtype == np.int8:
-            np.testing.assert_array_equal(ex.values[n.name], env[id(n)], err_msg=n.name)
-    want = ort.InferenceSession(m.SerializeToString()).run(None, feeds[3])[0]
-    got = next(iter(out.values()))
-    assert np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got) > 0.995
+    run_and_compare(mod, m, feeds[3])
 
 
 @pytest.mark.parametrize("clamp", ["Relu", "Clip"])
@@ -291,15 +275,7 @@ def test_pool_then_relu_fuses_into_one_program(clamp):
     mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:3])
     assert [(s.op, s.kind) for s in mod.steps if s.name == "pool"] == [(f"qavg_pool2d+{clamp.lower()}", "accel")]
     assert not any(s.name.startswith("act") for s in mod.steps) and not mod.meta["fallbacks"]
-    with Executor(mod, driver="fsim") as ex:
-        out = ex.run(feeds[3], keep=True)
-    _, env = reference_run(mod.graph, feeds[3], keep=True)
-    for n in mod.graph.nodes:
-        if n.name in ex.values and id(n) in env and env[id(n)].dtype == np.int8:
-            np.testing.assert_array_equal(ex.values[n.name], env[id(n)], err_msg=n.name)
-    want = ort.InferenceSession(m.SerializeToString()).run(None, feeds[3])[0]
-    got = next(iter(out.values()))
-    assert np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got) > 0.995
+    run_and_compare(mod, m, feeds[3])
 
 
 # ---- uniform pools (global, border-free): the quantizer's window-sum depthwise conv -> the ALU ------------
