@@ -22,8 +22,9 @@ from compiler.frontend.errors import ConversionError, ModelLoadError
 from compiler.frontend.onnx_import import from_onnx
 from compiler.graph.ir import MAX_TENSOR_BYTES
 from host_runtime import get_driver
-from sim.errors import CycleLimitError, ExecError, ProgramFault
+from sim.errors import CycleLimitError, ExecError, ProgramFault, SimError
 from sim.verilator.build import tools_available
+from sim.verilator.model import VerilatorModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from randprog import random_program  # noqa: E402
@@ -181,3 +182,10 @@ def test_rtl_reports_a_deadlock_by_its_watchdog():
     with closing(get_driver("rtl", cfg, max_cycles=3 << 20)) as rtl, pytest.raises(ProgramFault) as e:
         rtl.run(image, 0x1000, 2)
     assert e.value.code == ErrorCode.WATCHDOG
+
+
+@pytest.mark.parametrize("bad", [-1, 1 << 32, 2.5, "1000"])
+def test_rtl_watchdog_out_of_range_is_one_error(bad):
+    """The model refuses a watchdog setting the 32-bit register cannot hold, before building anything."""
+    with pytest.raises(SimError, match=r"watchdog=.*0\.\.2\*\*32-1"):
+        VerilatorModel("tiny", watchdog=bad)
