@@ -550,6 +550,9 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune", nargs="?", const=True, default=None, metavar="LOG",
                    help="measure the best few tilings of each accelerator layer on the timing model and keep "
                         "the fastest; with LOG, read and extend that JSON tuning log")
+    p.add_argument("--no-resident-weights", dest="resident_weights", action="store_false",
+                   help="reload every accelerator dense layer's weights on each inference (default: the weights "
+                        "that fit the weight buffer stay there from the first run on)")
     p.add_argument("--tuning-log", metavar="F",
                    help="--target cpu: take each kernel's schedule from the JSON-lines log `accel tune` wrote "
                         "(a lookup, nothing is measured; records of another ISA are ignored). Default: this "
@@ -573,7 +576,8 @@ def _compile(args) -> int:
     bar = _Progress("compile" if not args.tune else "compile (tuning each accelerator layer on tsim)")
     try:
         mod = build_model(graph, target=args.target, config=args.config if needs_config else None,
-                          calibration=cal, force_target=force, tune=_cpu_tuning(args), progress=bar)
+                          calibration=cal, force_target=force, tune=_cpu_tuning(args), progress=bar,
+                          resident_weights=args.resident_weights)
     finally:
         bar.close()
     mod.save(args.output)

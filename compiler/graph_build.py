@@ -54,8 +54,11 @@ class Builder:
     fallbacks and the --explain rows; per node it calls the node's target."""
 
     def __init__(self, graph: Graph, cfg: AccelConfig | None, true_macs: dict[str, int], progress=None,
-                 target: Target | None = None, tune=None):
+                 target: Target | None = None, tune=None, resident_weights: bool = True):
         self.g, self.cfg, self.true_macs, self.progress = graph, cfg, true_macs, progress
+        # accelerator weights that fit stay in the weight buffer across inferences (AccelTarget)
+        self.resident_weights = resident_weights
+        self.target_meta: dict = {}   # module meta entries a target adds (its link() at the latest)
         self.primary = target or get_target(FALLBACK_TARGET)
         self.tune = tune   # for the build's own target only
         self.tuning: dict[str, dict] = {}   # meta['tuning']: per layer or kernel what tuning chose
@@ -257,6 +260,7 @@ class Builder:
             **self.explained(graph_in),
             "fallbacks": self.fallbacks,
             "kernels": self.kernel_count,
+            **self.target_meta,
             **extra_meta,
         }
         return CompiledModule(name, target, self.cfg, dram_bytes, segments, self.tensors, inputs, outputs, self.steps,
@@ -284,7 +288,8 @@ def _random_calibration(graph: Graph, n: int, seed: int = 0) -> list[dict]:
 def build_model(model, target: str = "accel", config: AccelConfig | str | None = None, *,
                 calibration: list | None = None, shapes: dict | None = None, name: str | None = None,
                 fuse: bool = True, force_target: dict | None = None, tune: bool | str | Path | None = None,
-                progress: Callable[[str, int, int], None] | None = None) -> CompiledModule:
+                progress: Callable[[str, int, int], None] | None = None,
+                resident_weights: bool = True) -> CompiledModule:
     """Compile `model` (ONNX path, bytes, ModelProto, or a compiler.graph Graph) for `target`
     (a name from compiler.targets.target_names()).
 
@@ -295,7 +300,9 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
     QDQ models) on this host's CPU (or a GPU); `config` is recorded if given. tune: True or a JSON
     tuning-log path measures the best few tilings of each accelerator conv/dense on the timing
     model and keeps the fastest (compiler.accel.tune; the log makes a rebuild a lookup);
-    meta['tuning'] lists the choices. progress(stage, k, n) reports long work."""
+    meta['tuning'] lists the choices. progress(stage, k, n) reports long work. resident_weights
+    (accel): dense layers whose weights fit the weight buffer keep them there across inferences:
+    the first run loads them, later runs skip those loads (meta['resident_weights'] lists them)."""
     t0 = time.perf_counter()
     primary = get_target(target)
     if progress:
@@ -312,7 +319,7 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
         progress("optimize", 0, 1)
     q = optimize(g, opts)
     dev_cfg = cfg if primary.needs_config else None
-    b = Builder(q, dev_cfg, true_macs, progress, primary, tune)
+    b = Builder(q, dev_cfg, true_macs, progress, primary, tune, resident_weights)
     b.lower()
     mod = b.finish(name or g.name, primary.module_target or primary.name, g, t0,
                    {"warnings": warnings, "graph_ops": len(q.ops), "tuning": b.tuning})

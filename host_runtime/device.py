@@ -55,6 +55,10 @@ class Driver(abc.ABC):
     between runs (on-chip buffers persist, as on the hardware); close() releases resources.
     """
     name: ClassVar[str] = "?"
+    #: whether on-chip buffers keep their contents from one run to the next for this caller alone
+    #: (False where other clients' programs may run in between, as on a shared remote device):
+    #: a module's weights resident across inferences are used only where this holds
+    keeps_buffers: ClassVar[bool] = True
 
     def __init__(self, cfg: AccelConfig, **options):
         self.cfg = cfg
@@ -133,12 +137,19 @@ class Device:
         self.driver = driver if driver is None or isinstance(driver, Driver) else get_driver(
             driver, self.cfg, **driver_options)
         self.kernels: dict[Any, Any] = {}  # key -> UopKernel, or a preload bundle's Buffer (see commands.py)
+        # who last left weights resident in the on-chip weight buffer (an Executor's token), None when
+        # unknown: any program run for another owner clears it (host_runtime.executor)
+        self.weights_owner: object | None = None
 
     def stream(self):
         from .commands import CommandStream  # noqa: PLC0415 - import cycle: commands imports this module
         return CommandStream(self)
 
-    def run(self, insn_addr: int, insn_count: int) -> RunResult:
+    def run(self, insn_addr: int, insn_count: int, owner: object | None = None) -> RunResult:
+        """Run a program in DRAM. owner: the token of the caller whose resident weights the program
+        keeps (an Executor's); a program run for anyone else may overwrite them, so the record clears."""
+        if owner is None or owner is not self.weights_owner:
+            self.weights_owner = None
         if self.driver is None:
             raise DriverError("this Device was made with driver=None (build only); give it a driver to run "
                               f"programs ({', '.join(available_drivers())})")

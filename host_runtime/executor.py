@@ -672,6 +672,7 @@ class ModuleImage:
             if not any(a <= s.insn_addr and end <= a + len(d) for a, d in self.segments):
                 fail(f"{w}: program at {s.insn_addr:#x} ({s.insn_count} instructions) is not inside one segment "
                      f"of the module's DRAM image")
+            self._check_warm(w, s, fail)
         elif s.kind == "llvm":
             if s.symbol not in sigs:
                 fail(f"{w}: kernel {_short(s.symbol)} is not a function defined in the module's kernel IR")
@@ -707,6 +708,23 @@ class ModuleImage:
             if kernel not in rt.kernels:
                 fail(f"{w}: target {t!r} has no kernel {_short(kernel)}; its kernels are "
                      f"{', '.join(rt.kernels) or 'none'}")
+
+    def _check_warm(self, w: str, s: Step, fail) -> None:
+        """An accelerator step's program for runs with its weights resident: both attrs or neither,
+        ints, inside one segment of the image, as the step's own program."""
+        keys = [k for k in ("warm_insn_addr", "warm_insn_count") if k in s.attrs]
+        if not keys:
+            return
+        if len(keys) != 2:
+            fail(f"{w}: attrs has {keys[0]} without {'warm_insn_count' if keys[0] == 'warm_insn_addr' else 'warm_insn_addr'}")
+        addr, count = s.attrs["warm_insn_addr"], s.attrs["warm_insn_count"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (addr, count)):
+            fail(f"{w}: attrs warm_insn_addr/warm_insn_count = {_short(addr)}/{_short(count)} must be integers")
+        end = addr + count * INSN_BYTES
+        if not 1 <= count <= MAX_INSNS or addr < 0 or addr % INSN_BYTES or end > self.dram_bytes \
+                or not any(a <= addr and end <= a + len(d) for a, d in self.segments):
+            fail(f"{w}: resident-weights program at {addr:#x} ({count} instructions) is empty, misaligned or not "
+                 f"inside one segment of the module's DRAM image")
 
     def _check_gpu(self, w: str, s: Step, fail) -> None:
         """A GPU kernel step: well-formed launch attributes, arguments matching its parameters."""
@@ -874,6 +892,10 @@ class Executor:
         for addr, data in m.segments:
             self.arena[addr:addr + len(data)] = np.frombuffer(data, np.uint8)
         self.views = [self._view(t) for t in m.tensors]
+        # this executor's claim on the weights its accelerator steps leave resident (Device.weights_owner)
+        self._weights = object()
+        self.resident = self.device is not None and any(warm_program(s) for s in m.steps) and \
+            getattr(self.device.driver, "keeps_buffers", False)
         self.lib = None
         if m.kernels:
             self.lib = load_library(m.kernels)
@@ -909,7 +931,15 @@ class Executor:
             if self.device is None or self.device.driver is None:
                 raise ExecutorError(f"step '{s.name}' runs on the accelerator; give the executor a driver")
             dev = self.device
-            return lambda: dev.run(s.insn_addr, s.insn_count)
+            warm = warm_program(s)
+            if warm is None or not getattr(dev.driver, "keeps_buffers", False):
+                return lambda: dev.run(s.insn_addr, s.insn_count, owner=self._weights)
+
+            def call():   # the program without the weight loads once this executor's weights are on chip
+                if dev.weights_owner is self._weights:
+                    return dev.run(*warm, owner=self._weights)
+                return dev.run(s.insn_addr, s.insn_count, owner=self._weights)
+            return call
         if s.kind == "llvm":
             if self.lib is None or s.symbol not in self.lib.exports:
                 raise ModuleFormatError(f"step '{s.name}': kernel {s.symbol!r} is not a function defined in the "
@@ -1004,7 +1034,23 @@ class Executor:
         """Run every step; keep=True also copies each step's output into `values` (by tensor name),
         since the memory plan lets later steps overwrite it. `results` then holds per step the
         driver's RunResult (None for CPU steps): a timing driver's counters and, made with
-        trace=True, its timeline (sim.trace.model_layers turns them into a per-layer view)."""
+        trace=True, its timeline (sim.trace.model_layers turns them into a per-layer view).
+        A module with weights resident across inferences runs the programs that load them the first
+        time (or after anything else ran on the device) and, once a run completed, the ones that
+        skip those loads (`warm` says which the last run was)."""
+        if self.resident:
+            self.warm = self.device.weights_owner is self._weights
+            try:
+                out = self._run(inputs, progress, keep)
+            except BaseException:
+                self.device.weights_owner = None
+                raise
+            self.device.weights_owner = self._weights
+            return out
+        self.warm = False
+        return self._run(inputs, progress, keep)
+
+    def _run(self, inputs, progress, keep: bool) -> dict[str, np.ndarray]:
         self.set_inputs(inputs)
         self.values: dict[str, np.ndarray] = {}
         m = self.module
@@ -1063,6 +1109,14 @@ class Executor:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def warm_program(s: Step) -> tuple[int, int] | None:
+    """(address, count) of an accelerator step's program for runs that find its weights resident
+    (attrs warm_insn_addr/warm_insn_count), None where it has none."""
+    if s.kind != "accel" or "warm_insn_addr" not in s.attrs:
+        return None
+    return int(s.attrs["warm_insn_addr"]), int(s.attrs["warm_insn_count"])
 
 
 def run_module(module: ModuleImage, inputs, driver="fsim", **kw) -> tuple[dict[str, np.ndarray], list[dict]]:

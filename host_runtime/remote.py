@@ -196,6 +196,7 @@ class RemoteDriver(Driver):
     digest). Options: token / token_file (else ACCEL_TOKEN / ACCEL_TOKEN_FILE), timeout_s (one
     request, queueing on a busy server included), connect_timeout_s."""
     name = "remote"
+    keeps_buffers = False   # other clients' programs may run on the server's device between ours
 
     def __init__(self, cfg: AccelConfig | None, url: str, token: str | None = None, token_file: str | None = None,
                  timeout_s: float = 900.0, connect_timeout_s: float = 10.0):

@@ -22,7 +22,19 @@ from accel.isa import AluOp, MemType, Stage
 from .epilogue import _operand_kernel, emit_requant, flush_params, set_requant_operand
 from .pipeline import TokenPipeline
 from .plan import _fits, dense_input_kept
-from .spec import PARAM_ENTRIES, Conv2dSpec, ConvTiling, Requant, ResidualAdd, TilingError, _ceil, _Geom, dense_view
+from .spec import (
+    PARAM_ENTRIES,
+    Conv2dSpec,
+    ConvTiling,
+    Requant,
+    ResidualAdd,
+    TilingError,
+    WeightRegion,
+    _ceil,
+    _Geom,
+    dense_view,
+    weight_region_entries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +99,11 @@ def _residual_kernel(stream, r_a, o_a, acc_base, res_base, ident):
 
 def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias=None,
                requant: Requant = Requant(), residual: ResidualAdd | None = None,
-               channel_scales=None) -> dict[str, int]:
+               channel_scales=None, region: WeightRegion | None = None) -> dict[str, int]:
     """Append a dense layer (spec.is_dense) to a CommandStream; arguments as emit_conv2d's, the
-    tiling planned on dense_view. Returns counts (tiles, chunks)."""
+    tiling planned on dense_view. region: the layer's weights live whole at a fixed place of the
+    weight buffer across inferences (loaded there only with region.load; the slots then hold no
+    weights). Returns counts (tiles, chunks)."""
     cfg, t = stream.cfg, tiling
     g = _Geom.of(spec, cfg)   # nb: row blocks, cb: input blocks, ob: output blocks
     S, n_t = t.vt, t.w_t
@@ -116,6 +130,11 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
     fused_res = flush is not None and residual is not None and not min(residual.ka, residual.kb)
     n_ic = _ceil(g.cb, t.ic_t)
     resident = n_ic == 1
+    if region is not None:
+        end = region.base + weight_region_entries(spec, cfg)
+        if region.base < 0 or end > ident_idx:
+            raise TilingError(f"{spec.name}: resident weights at entries {region.base}..{end - 1} leave the weight "
+                              f"buffer (0..{ident_idx - 1}, entry {ident_idx} is the residual identity's)")
     # the input stays on chip for every group when it fits beside the residual slots (always with one
     # row tile): the first group loads each row tile's rows into their place, the later groups reuse them
     inp_keep = dense_input_kept(g.nb, g.cb, cfg, t, residual is not None)
@@ -135,7 +154,7 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
     # with two weight slots, the next group's weights load in pieces beside this group's row tiles
     # 1.. (tile 0's load may not overwrite the slot: the previous group's last tile may still
     # compute from it), so a group starts without a stall for its weights
-    prefetch = resident and S == 2 and n_r > 1
+    prefetch = resident and S == 2 and n_r > 1 and region is None
     prefetched: set[int] = set()   # groups whose weights are on chip before their first tile
     for ti, (o0, r0) in enumerate(tiles):
         o_a, r_a = shape(ti)
@@ -163,6 +182,8 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
             islot = j % S
             inp_base = r0 * g.cb if inp_keep else islot * inp_slot
             wgt_base = (group % S if resident else islot) * wgt_slot
+            if region is not None:   # chunk ic0's rows at base + ob * ic0, the group's at o0 within them
+                wgt_base = region.base + g.ob * ic0 + o0 * ic_a
             res_base = res_at + islot * (res_slot if inp_keep else inp_slot)
             last_chunk = ci == n_ic - 1
             # ---- load stage
@@ -170,9 +191,13 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
             if not (inp_keep and group):
                 stream.load_2d(MemType.INP, inp_base, inp, r0 * g.cb + ic0, y_size=r_a, x_size=ic_a, x_stride=g.cb)
             # the layer's first tile: its weights and GEMM in bands of output blocks (the pipeline's fill)
-            bands = (_blocks_bands(o_a, min(WEIGHT_BANDS, cfg.dep_queue_depth - 2)) if ti == 0 and resident
-                     else [(0, o_a)])
-            if not resident or (new_group and group not in prefetched):
+            bands = (_blocks_bands(o_a, min(WEIGHT_BANDS, cfg.dep_queue_depth - 2))
+                     if ti == 0 and resident and (region is None or region.load) else [(0, o_a)])
+            if region is not None:   # a group's first row tile loads each chunk's weights into their place
+                load_w = region.load and r0 == 0
+            else:
+                load_w = not resident or (new_group and group not in prefetched)
+            if load_w:
                 for b, (a, z) in enumerate(bands):
                     stream.load_2d(MemType.WGT, wgt_base + a * ic_a, wgt, (o0 + a) * g.cb + ic0, y_size=z - a,
                                    x_size=ic_a, x_stride=g.cb)

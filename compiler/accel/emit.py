@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias=None,
                 requant: Requant = Requant(), residual: ResidualAdd | None = None,
-                channel_scales=None) -> dict[str, int]:
+                channel_scales=None, region=None) -> dict[str, int]:
     """Append a conv2d to a host_runtime CommandStream.
 
     inp: DRAM buffer of the packed input (N/b, C/bi, H, W, b, bi) int8; wgt: (O/bo, I/bi, KH, KW,
@@ -48,9 +48,12 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     per band, so compute starts on the first band's input and the store drains the last tile band by
     band (the pipeline's fill and drain). A tile of whole unpadded rows moves all its channel blocks
     in one LOAD (its input chunk, its residual) and one STORE.
+    region: a WeightRegion, weights resident across inferences (dense layers only, emit_dense).
     Returns counts (tiles, chunks) for reporting."""
     if is_dense(spec):   # rows streamed past resident weights
-        return emit_dense(stream, spec, tiling, inp, wgt, out, bias, requant, residual, channel_scales)
+        return emit_dense(stream, spec, tiling, inp, wgt, out, bias, requant, residual, channel_scales, region)
+    if region is not None:
+        raise TilingError(f"{spec.name}: weights resident across inferences are built for dense layers only")
     cfg, t = stream.cfg, tiling
     g = _Geom.of(spec, cfg)
     sh, sw = spec.strides

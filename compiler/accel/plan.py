@@ -278,3 +278,31 @@ def linear_pixels(spec: Conv2dSpec, h_a: int, w_a: int) -> bool:
     walk them (_build_gemm_by_block). True for 1x1 stride-1 convs and dense layers, and one-row tiles."""
     sh, sw = spec.strides
     return h_a == 1 or sh * ((w_a - 1) * sw + spec.kw) == w_a * sw
+
+
+def plan_resident_weights(layers: dict[str, tuple[int, int]], wgt_depth: int, others_need: int = 0) -> dict[str, int]:
+    """Weight-buffer places for the layers whose weights stay on chip across inferences.
+
+    layers: name -> (entries its whole weights take, entries its own tiling needs when they are not
+    resident); others_need: entries every other program of the module loads weights into (from
+    entry 0). Each resident entry saves one weight-tile load per inference, so the largest layers
+    go first; they pack downward from below the last entry (a fused residual's identity tile), and
+    every program that stays non-resident must still fit below them. Returns name -> base entry."""
+    top = wgt_depth - 1
+    order = sorted(layers, key=lambda n: (-layers[n][0], n))
+    chosen: set[str] = set()
+    for _ in range(3):   # the reserve shrinks as layers are chosen: a later pass may fit more
+        for name in order:
+            size = layers[name][0]
+            if name in chosen or size < 1:
+                continue
+            used = sum(layers[c][0] for c in chosen)
+            reserve = max([others_need] + [layers[n][1] for n in layers if n not in chosen and n != name])
+            if top - used - size >= reserve:
+                chosen.add(name)
+    bases, at = {}, top
+    for name in order:
+        if name in chosen:
+            at -= layers[name][0]
+            bases[name] = at
+    return bases

@@ -128,6 +128,22 @@ class ResidualAdd:
     requant: Requant = Requant()
 
 
+@dataclass(frozen=True)
+class WeightRegion:
+    """Where a layer's whole packed weights live in the weight buffer across inferences (weights
+    resident between runs of a module): entry `base` on, chunk by input-channel chunk (chunk ic0's
+    (output block, ic) rows at base + blocks_out * ic0). load=True: the program loads them there
+    (a module's first run); False: they are already there and the program loads none."""
+    base: int
+    load: bool = True
+
+
+def weight_region_entries(spec: Conv2dSpec, cfg: AccelConfig) -> int:
+    """Weight-buffer entries a layer's resident weights take (every output x input block, every tap)."""
+    g = _Geom.of(spec, cfg)
+    return g.ob * g.cb * spec.kh * spec.kw
+
+
 def residual_identity(cfg: AccelConfig, ka: int, kb: int) -> np.ndarray:
     """The one weight tile a fused residual add multiplies r by: 2^max(kb - ka, 0) * I."""
     if cfg.block_in != cfg.block_out:

@@ -3,9 +3,10 @@ their lowering to one instruction program per layer.
 
 Placement: int8 GEMM layers (qconv2d, qdense) go to the accelerator unless they are dilated,
 grouped so that their merged channel slices waste too much of the core (compiler.accel.grouped),
-their channels fill the GEMM core too poorly, or they are so memory-bound that the core
-would idle (a batch-1 dense layer streams each weight byte for one MAC; VTA likewise leaves the
-classifier on the CPU); int8 elementwise ALU ops (relu, clip, qadd) and max pooling
+their channels fill the GEMM core too poorly, or the host CPU runs them faster by the cost
+estimate (compiler.accel.depthwise_cost.gemm_costs: the planner's cycles at the config's clock
+against the host's int8 GEMM rate; a batch-1 classifier streams each weight byte for one MAC, so
+the core idles on DRAM and the classifier stays on the CPU, as in VTA); int8 elementwise ALU ops (relu, clip, qadd) and max pooling
 (compiler.accel.pool) go where their producer is, so they fuse into an accelerator layer's
 output; channel epilogue convs (a batch norm or average pool quantized as a depthwise conv) go
 wherever they tile; everything else stays on the CPU.
@@ -25,9 +26,10 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from accel.isa import INSN_BYTES, AccelConfig, encode_program
+from accel.isa import INSN_BYTES, AccelConfig, MemType, encode_program
 from accel.isa.asm import disassemble_bytes
 from accel.isa.errors import AccelError
+from accel.isa.isa import Load
 from host_runtime.executor import Step
 
 from ..accel.avgpool import avg_pool_spec, check_avg_pool, emit_avg_pool, pool_weights
@@ -41,7 +43,7 @@ from ..accel.conv2d import (
     plan_conv2d,
     residual_identity,
 )
-from ..accel.depthwise_cost import accel_depthwise_seconds, is_depthwise
+from ..accel.depthwise_cost import accel_depthwise_seconds, accel_gemm_seconds, gemm_costs, is_depthwise
 from ..accel.eltwise import emit_add, identity_weights
 from ..accel.grouped import (
     emit_grouped_conv2d,
@@ -52,7 +54,9 @@ from ..accel.grouped import (
     windowed_chunks,
 )
 from ..accel.layout import pack_bias
+from ..accel.plan import _needs, plan_resident_weights
 from ..accel.pool import PoolSpec, emit_max_pool, plan_pool
+from ..accel.spec import WeightRegion, dense_view, is_dense, weight_region_entries
 from ..accel.tune import read_tuning_log, tune_conv2d
 from ..errors import CompilerError
 from ..graph.ir import Graph, Node
@@ -76,13 +80,11 @@ class AccelRules:
     """What the partitioner accepts for the accelerator (one place; tests and docs read it)."""
     #: GEMM layers that would leave more than this fraction of the core's MACs idle go to the CPU.
     max_gemm_waste: float = 0.5
-    #: GEMM layers whose DRAM traffic would keep the core busier than this (the roofline bound:
-    #: MACs per byte x bus bytes per cycle / peak MACs per cycle) stay on the accelerator. 1/16 is
-    #: two MACs per byte on the default 8-byte bus: a batch-1 classifier (one MAC per weight byte)
-    #: stays on the CPU, while dense layers with a few rows (an MLP's batch, a transformer's
-    #: tokens) run on the dense emitter, which streams their rows past resident weights close to
-    #: the DRAM floor (compiler.accel.dense).
-    min_roofline_efficiency: float = 1 / 16
+    #: GEMM layers (conv, dense) go to the CPU when the host runs them faster: the planner's cycle
+    #: estimate at the config's clock against their MACs at the host's int8 GEMM rate
+    #: (compiler.accel.depthwise_cost.gemm_costs), so the answer follows the config's core, bus and
+    #: clock, not a fixed bound on MACs per DRAM byte; False: the accelerator takes them all
+    gemm_by_cost: bool = True
     #: grouped convolutions run as GEMMs on channel slices, groups merged onto whole blocks
     #: (compiler.accel.grouped). Past this waste the layer runs below a quarter of the core's peak
     #: and stays on the CPU unless forced: a depthwise conv is a diagonal GEMM, 1/block_in of its
@@ -147,12 +149,24 @@ def check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> Decline | None:
         if w > rules.max_gemm_waste and groups == 1:
             return Decline(f"{_label(n)}: {c} {what} {'<' if c < block else 'padded to'} {key} {block} wastes "
                            f"{w:.0%} of the GEMM core", "shape", hard=False)
-    eff, macs, nbytes = roofline_efficiency(n, cfg)
-    if eff < rules.min_roofline_efficiency and not by_cost:   # (the cost estimate counts the DRAM traffic)
-        return Decline(f"{_label(n)}: memory-bound, {macs / nbytes:.1f} MACs per DRAM byte keep the GEMM core at most "
-                       f"{eff:.0%} busy ({cfg.macs_per_cycle / cfg.bus_bytes:.0f} needed on the {cfg.bus_bytes}-byte "
-                       f"bus)", "cost", hard=False)
     return None
+
+
+def check_gemm_cost(n: Node, cfg: AccelConfig, beside_accel: bool = False) -> Decline | None:
+    """None if the accelerator runs this int8 GEMM layer at least as fast as the host CPU by the
+    cost estimate (compiler.accel.depthwise_cost.gemm_costs), else the decline naming both costs.
+    beside_accel: its producer runs on the accelerator (the CPU would pay the layout boundary)."""
+    c = gemm_costs(n, cfg, beside_accel)
+    if c["cpu_s"] >= c["accel_s"]:
+        return None
+    eff, macs, nbytes = roofline_efficiency(n, cfg)
+    bound = (f"memory-bound, {macs / nbytes:.1f} MACs per DRAM byte keep the GEMM core at most {eff:.0%} busy; "
+             if c["memory_bound"] else "")
+    host = c["host"]
+    return Decline(f"{_label(n)}: {bound}faster on the CPU by the cost estimate ({c['cpu_s'] * 1e6:.3g} us on the "
+                   f"{host.name} host at {host.gemm_macs_per_s / 1e9:.3g} GMAC/s"
+                   f"{', with the layout boundary' if beside_accel else ''} < {c['accel_s'] * 1e6:.3g} us on the "
+                   f"accelerator: {c['cycles']:.0f} cycles at {cfg.clock_mhz:g} MHz)", "cost", hard=False)
 
 
 def is_channel_epilogue(n: Node) -> bool:
@@ -238,7 +252,7 @@ class AccelTarget(Target):
         "depthwise": "depthwise convolution (one group per channel) as a diagonal GEMM wastes too much of the core",
         "dilated": "dilated convolution has no accelerator lowering",
         "shape": "shape the accelerator lowering cannot take or would waste most of the GEMM core on",
-        "cost": "slower on the accelerator by the cost estimate (memory-bound, or a depthwise conv the CPU runs faster)",
+        "cost": "faster on the CPU by the cost estimate (a memory-bound GEMM layer, or a depthwise conv)",
         "placement": "elementwise op whose producer runs on the CPU stays beside it",
         "lowering": "the accelerator lowering failed at build time (the reason says why); runs on the CPU",
     }
@@ -250,10 +264,14 @@ class AccelTarget(Target):
             why = check_avg_pool(n, ctx.config)
             return None if why is None else Decline(f"{_label(n)}: {why}", "shape")
         if is_channel_epilogue(n):   # before the waste rule: no ALU or CPU pass does it for less
-            return check_gemm(n, ctx.config, replace(rules, max_grouped_waste=1.0, min_roofline_efficiency=0.0)) \
+            return check_gemm(n, ctx.config, replace(rules, max_grouped_waste=1.0)) \
                 or check_epilogue_tiling(n, ctx.config)
         if n.op in rules.gemm_ops:
-            return check_gemm(n, ctx.config, rules)
+            why = check_gemm(n, ctx.config, rules)
+            if why is None and rules.gemm_by_cost and not (rules.depthwise_by_cost and is_depthwise(n)):
+                beside = any(ctx.where.get(id(i)) == self.name for i in n.inputs if not i.is_const)
+                why = check_gemm_cost(n, ctx.config, beside)
+            return why
         if n.op in rules.alu_ops and n.dtype == "int8":
             producers = [i for i in n.inputs if not i.is_const]
             if n.op == "qadd" and len({i.shape for i in producers}) != 1:
@@ -280,18 +298,16 @@ class AccelTarget(Target):
         return "offload" if n.op in (ctx.rules or ACCEL_RULES).gemm_ops + ("qavg_pool2d",) else "fused"
 
     def estimate_cost(self, n: Node, ctx: PlacementContext) -> float | None:
-        """Seconds at the roofline bound: MACs at the peak rate, slowed by the DRAM traffic."""
+        """Seconds on the accelerator: the planner's estimate at the config's clock
+        (compiler.accel.depthwise_cost: the diagonal GEMM of a depthwise conv, the layer's own
+        lowering otherwise)."""
         cfg = ctx.config
         if n.op not in (ctx.rules or ACCEL_RULES).gemm_ops:
             return 0.0   # elementwise ops ride in the producer's program
         if (ctx.rules or ACCEL_RULES).depthwise_by_cost and is_depthwise(n):   # the diagonal GEMM's cycles
             beside_cpu = any(ctx.where.get(id(i), self.name) != self.name for i in n.inputs if not i.is_const)
             return accel_depthwise_seconds(n, cfg, beside_cpu)
-        eff, macs, _ = roofline_efficiency(n, cfg)
-        if n.op == "qconv2d" and n.attrs.get("groups", 1) != 1:   # the MACs the merged slices execute
-            macs /= 1.0 - grouped_waste(n.attrs["groups"], n.inputs[0].shape[1], n.shape[1], cfg.block_in,
-                                        cfg.block_out)
-        return macs / (cfg.macs_per_cycle * max(eff, 1e-9)) / (cfg.clock_mhz * 1e6)
+        return accel_gemm_seconds(n, cfg)
 
     # ---- building --------------------------------------------------------------------------------
     def graph_options(self, request: dict) -> dict:
@@ -414,6 +430,10 @@ class AccelTarget(Target):
             s.emit_preloaded(emit)   # the program's micro-op kernels load first, in one LOAD
             insns = s.finish()
             code = encode_program(insns, b.cfg)
+            # the weight-buffer entries it loads: resident weights must lie outside every other program's
+            b.state(self.name).setdefault("wgt_loads", []).append((name, [
+                (i.sram_base, i.sram_base + (i.y_pad0 + i.y_size + i.y_pad1) * (i.x_pad0 + i.x_size + i.x_pad1))
+                for i in insns if isinstance(i, Load) and i.mem_type == MemType.WGT]))
         except AccelError as e:
             if isinstance(e, CompilerError):
                 raise
@@ -427,6 +447,7 @@ class AccelTarget(Target):
                    residual: tuple | None = None) -> None:
         cfg = b.cfg
         out = b.tbuf[out_tid]
+        step_attrs: dict = {}
         if head.op in ("qconv2d", "qdense"):
             spec = self.gemm_spec(b, head)
             groups = head.attrs.get("groups", 1) if head.op == "qconv2d" else 1
@@ -473,8 +494,21 @@ class AccelTarget(Target):
                 addr, count = self.program(b, head.name, lambda s: emit_grouped_conv2d(s, spec, groups, tiling, x, w,
                                                                                        out, bb, rq, scales, fused))
             else:
-                addr, count = self.program(b, head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, bb, rq,
-                                                                               fused, scales))
+                base = self.resident_plan(b).get(head.name)
+                if base is not None:   # two programs: the first run's loads the weights, later runs' skip them
+                    try:
+                        regions = [WeightRegion(base, load) for load in (True, False)]
+                        (addr, count), (waddr, wcount) = [
+                            self.program(b, head.name, lambda s, r=r: emit_conv2d(s, spec, tiling, x, w, out, bb, rq,
+                                                                                  fused, scales, r))
+                            for r in regions]
+                        step_attrs = {"warm_insn_addr": waddr, "warm_insn_count": wcount}
+                    except CompilerError as e:
+                        log.warning("%s: weights not kept resident: %s", head.name, e)
+                        base = None
+                if base is None:
+                    addr, count = self.program(b, head.name, lambda s: emit_conv2d(s, spec, tiling, x, w, out, bb,
+                                                                                   rq, fused, scales))
         elif head.op in ("max_pool2d", "qavg_pool2d"):
             what = "max" if head.op == "max_pool2d" else "average"
             if len(head.shape) != 6 or tuple(head.shape[-2:]) != (cfg.batch, cfg.block_out):
@@ -520,7 +554,69 @@ class AccelTarget(Target):
         inputs = [b.tensor_of(o) for o in ins if not (isinstance(o, Node) and o.is_const)]
         if residual is not None:
             inputs.append(b.tensor_of(residual[0]))
-        b.steps.append(Step(head.name, "accel", label, inputs, out_tid, [], None, {}, addr, count, macs))
+        b.steps.append(Step(head.name, "accel", label, inputs, out_tid, [], None, step_attrs, addr, count, macs))
+
+    # ---- weights resident across inferences ------------------------------------------------------
+    def resident_plan(self, b: Builder) -> dict[str, int]:
+        """Layer name -> base weight-buffer entry of the dense layers whose weights stay on chip
+        across inferences (compiler.accel.plan.plan_resident_weights), computed once per build from
+        the partitioned graph; {} with build_model(resident_weights=False)."""
+        st = b.state(self.name)
+        if "resident" not in st:
+            st["resident"] = self._plan_resident(b) if getattr(b, "resident_weights", False) else {}
+        return st["resident"]
+
+    def _plan_resident(self, b: Builder) -> dict[str, int]:
+        cfg, layers, others = b.cfg, {}, 1   # others: the eltwise/pool identity tile at entry 0
+        for n in b.g.ops:
+            if (n.target or b.primary.name) != self.name:
+                continue
+            body = n.attrs["body"] if n.op == "fused" else single_body(n)
+            for op in body.ops:
+                if op.op not in ("qconv2d", "qdense"):
+                    continue
+                try:
+                    spec = self.gemm_spec(b, op)
+                    groups = op.attrs.get("groups", 1) if op.op == "qconv2d" else 1
+                    view = dense_view(spec, cfg) if is_dense(spec) else spec
+                    need = _needs(view, plan_conv2d(view if groups == 1 else group_spec(spec, groups, cfg.batch),
+                                                    cfg, 2, False))["wgt"]
+                except CompilerError:   # lowers some other way or falls back; link() checks what it loads
+                    continue
+                if op.op == "qdense" and is_dense(spec):
+                    layers[op.name] = (weight_region_entries(spec, cfg), need)
+                else:
+                    others = max(others, need)
+        plan = plan_resident_weights(layers, cfg.wgt_depth, others)
+        b.state(self.name)["resident_entries"] = {k: layers[k][0] for k in plan}
+        if layers and len(plan) < len(layers):
+            log.info("resident weights: %d of %d dense layers fit the %d-entry weight buffer", len(plan), len(layers),
+                     cfg.wgt_depth)
+        return plan
+
+    def link(self, b: Builder) -> None:
+        """Check that no program loads weights into another layer's resident place (else every run
+        loads every layer's weights, as without residency); meta['resident_weights'] says what stays."""
+        st = b.state(self.name)
+        plan = st.get("resident") or {}
+        warm = [s for s in b.steps if s.kind == "accel" and "warm_insn_addr" in s.attrs]
+        if not warm:
+            return
+        sizes = st["resident_entries"]
+        kept = {s.name for s in warm}
+        places = {k: (plan[k], plan[k] + sizes[k]) for k in kept}
+        clash = next(((who, k) for who, ranges in st.get("wgt_loads", []) for k, (a, z) in places.items()
+                      if k != who and any(lo < z and a < hi for lo, hi in ranges)), None)
+        if clash is not None:
+            why = f"{clash[0]} loads weights into {clash[1]}'s resident place"
+            log.warning("resident weights off: %s", why)
+            for s in warm:
+                del s.attrs["warm_insn_addr"], s.attrs["warm_insn_count"]
+            b.target_meta["resident_weights"] = {"layers": {}, "entries": 0, "off": why}
+            return
+        b.target_meta["resident_weights"] = {
+            "layers": {k: {"base": a, "entries": z - a} for k, (a, z) in sorted(places.items())},
+            "entries": sum(z - a for a, z in places.values()), "wgt_depth": b.cfg.wgt_depth}
 
     def tiling(self, b: Builder, spec, residual: bool):
         """The layer's tiling: the analytical best, or with `tune` the fastest of the best few on tsim."""
@@ -582,4 +678,5 @@ def program_bytes(segments: list, addr: int, nbytes: int) -> bytes | None:
 
 register_target(AccelTarget())
 
-__all__ = ["AccelTarget", "AccelRules", "ACCEL_RULES", "check_gemm", "gemm_waste", "roofline_efficiency"]
+__all__ = ["AccelTarget", "AccelRules", "ACCEL_RULES", "check_gemm", "check_gemm_cost", "gemm_waste",
+           "roofline_efficiency"]
