@@ -11,7 +11,9 @@ Per network, printed as a table and written as JSON (bench/results/e2e.json):
     against the ideal (offloaded MACs / peak MACs per cycle), per layer with the lower bounds of
     the chosen mapping (compute-stage micro-ops, bus beats) and the floor of any layer-by-layer
     mapping; the same cycles under each DRAM preset of sim.dram (a column per preset; skipped
-    where the presets or the tsim driver are absent);
+    where the presets or the tsim driver are absent); where dense layers keep their weights on chip
+    across inferences (build_model's resident_weights), "resident": the first (cold) run's and the
+    second (warm, steady-state) run's cycles against the ideal, on two different inputs;
   compile times, activation memory planned vs naive, and (unless --no-qdq) the net as
     onnxruntime's default QDQ export compiled for the accelerator (bench_qdq).
 A section that fails is recorded as "<section>_error" and the run goes on.
@@ -299,6 +301,23 @@ def tsim_layers(acc, feed, dram=None) -> tuple[list[dict], str]:
     return layers, "sim.tsim on the decoded programs (no tsim driver registered)"
 
 
+def tsim_resident(acc, feeds, ideal: float) -> dict | None:
+    """Cycles of the first run (loads the resident weights) and of the second (steady state, with
+    them on chip) on one executor, each on its own input; None where no layer keeps its weights."""
+    kept = acc.meta.get("resident_weights", {}).get("layers")
+    if not kept or "tsim" not in available_drivers():
+        return None
+    runs = []
+    with Executor(acc, driver="tsim") as ex:
+        for f in feeds[:2]:
+            ex.run(f)
+            runs.append({r["name"]: r["cycles"] for r in ex.profile if r["target"] == "accel"})
+    cold, warm = (sum(r.values()) for r in runs)
+    return {"layers": sorted(kept), "weight_entries": acc.meta["resident_weights"]["entries"],
+            "cold_cycles": cold, "warm_cycles": warm, "cold_vs_ideal": cold / ideal if ideal else None,
+            "warm_vs_ideal": warm / ideal if ideal else None, "warm_layer_cycles": runs[1]}
+
+
 def dram_presets(choice: str) -> list[str]:
     """The DRAM presets to report besides the default: --dram all | none | a comma list; [] where
     sim.dram has no presets (older trees)."""
@@ -360,6 +379,12 @@ def bench_accel(name, graph, feeds, feed, ref, cfg, args, log) -> dict:
         f"{_fmt(r['accel']['vs_ideal'], '.3f')}x (bar {ACCEL_BAR}x) [{r['tsim_s']:.0f} s]")
     if not layers:
         return r
+    res = tsim_resident(acc, feeds[1:], r["accel"]["ideal_cycles"])
+    if res is not None:
+        r["accel"]["resident"] = res
+        log(f"{name}: weights resident ({len(res['layers'])} dense layers, {res['weight_entries']} weight entries): "
+            f"first run {res['cold_cycles']} cycles = {_fmt(res['cold_vs_ideal'], '.3f')}x ideal, steady state "
+            f"{res['warm_cycles']} = {_fmt(res['warm_vs_ideal'], '.3f')}x")
     r["dram"] = {}
     for preset in dram_presets(args.dram):
         try:
@@ -452,18 +477,20 @@ def table(results: dict) -> str:
     """The per-net summary as a text table."""
     presets = sorted({p for n in results["nets"] for p in (n.get("dram") or {})})
     cols = [("net", 22), ("cpu ms", 9), ("ort ms", 9), ("cpu/ort", 8), ("busy", 6), ("offload", 8),
-            ("cyc/ideal", 10)] + [(f"{p}", max(8, len(p) + 1)) for p in presets] + [("host ms", 9)]
+            ("cyc/ideal", 10), ("warm", 7)] + [(f"{p}", max(8, len(p) + 1)) for p in presets] + [("host ms", 9)]
     lines = [" ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(cols))]
     for n in results["nets"]:
         q, b = n.get("cpu_quiet") or {}, n.get("cpu_busy") or {}
         vals = [n["net"], _fmt(q.get("latency_s"), ".3f", 1e3), _fmt(q.get("ort_latency_s"), ".3f", 1e3),
                 _fmt(q.get("ratio"), ".2f"), _fmt(b.get("ratio"), ".2f"), _fmt(n.get("offload_fraction"), ".1%"),
-                _fmt((n.get("accel") or {}).get("vs_ideal"), ".3f")]
+                _fmt((n.get("accel") or {}).get("vs_ideal"), ".3f"),
+                _fmt(((n.get("accel") or {}).get("resident") or {}).get("warm_vs_ideal"), ".3f")]
         vals += [_fmt(((n.get("dram") or {}).get(p) or {}).get("vs_ideal"), ".3f") for p in presets]
         vals.append(_fmt(n.get("accel_host_s"), ".2f", 1e3))
         lines.append(" ".join(f"{v:>{w}}" if i else f"{v:<{w}}" for i, (v, (_, w)) in enumerate(zip(vals, cols))))
     lines.append("cpu/ort: quiet, busy: under one busy core (median of per-cycle ratios, bar "
-                 f"{CPU_BAR}x); cyc/ideal: tsim cycles / (offloaded MACs / peak per cycle), default DRAM"
+                 f"{CPU_BAR}x); cyc/ideal: tsim cycles / (offloaded MACs / peak per cycle), default DRAM, "
+                 "first run; warm: the same in the steady state (second run, dense weights resident)"
                  + (f", then per DRAM preset ({', '.join(presets)})" if presets else "")
                  + "; host ms: the accel target's CPU steps")
     return "\n".join(lines)
