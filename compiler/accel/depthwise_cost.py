@@ -13,6 +13,14 @@ default, HOST_MODELS["x86-dev"], this project's 2-core build machine; bench/dept
 measures another) or modelled ones for a board's own CPU (HOST_MODELS["pynq-z1"], a Cortex-A9);
 $ACCEL_HOST_MODEL names the one builds use. The accelerator's side is the planner's cycle
 estimate of the grouped lowering (compiler.accel.plan), at the config's clock.
+
+The same comparison places every other int8 GEMM layer (conv, dense): the planner's estimate of the
+layer's own lowering at the config's clock against its MACs at the host's int8 GEMM rate
+(gemm_costs). GEMM layers are weighed against the board's CPU (gemm_host_model: "pynq-z1" unless
+$ACCEL_HOST_MODEL names another): the development machine's x86 kernels (HOST_MODELS["x86-dev"])
+run int8 convs about as fast as the default core's peak, so against them every layer of a 100 MHz
+core would be a coin flip and the 4x4 test core would take none; $ACCEL_HOST_MODEL=x86-dev asks
+that question instead.
 """
 from __future__ import annotations
 
@@ -36,12 +44,14 @@ class HostModel:
     """The host CPU as the partition sees it. macs_per_s: the cpu target's int8 depthwise kernel
     (MACs per second) at stride 1, strided_macs_per_s at larger strides (its schedule runs them far
     slower); bytes_per_s: tensor bytes the runtime's pack/unpack convert per second; step_s: the
-    fixed cost of one host step (dispatch, threads)."""
+    fixed cost of one host step (dispatch, threads); gemm_macs_per_s: its int8 conv/dense kernels
+    (None: no figure, GEMM layers are not weighed against this host and stay on the accelerator)."""
     name: str
     macs_per_s: float
     strided_macs_per_s: float
     bytes_per_s: float
     step_s: float
+    gemm_macs_per_s: float | None = None
 
 
 HOST_MODELS = {
@@ -49,11 +59,19 @@ HOST_MODELS = {
     # (bench/e2e.py) depthwise layers and their pack/unpack steps on the fsim driver, 2-core x86
     # build machine shared with other jobs: stride 1 at 3.2-4.0 GMAC/s (the best layers), stride 2
     # at 0.2-1.1, pack/unpack 1.1-1.75 GB/s of tensor, the smallest step 27 us
-    "x86-dev": HostModel("x86-dev", macs_per_s=3.5e9, strided_macs_per_s=0.8e9, bytes_per_s=1.5e9, step_s=30e-6),
+    # GEMM: the cpu target's int8 qconv2d/qdense steps of ResNet-18 at 64x64 and the zoo MLP and
+    # encoder (best of 8 on fsim): convs 18-28 GMAC/s, dense layers of 4-8 rows 6-17 GMAC/s
+    "x86-dev": HostModel("x86-dev", macs_per_s=3.5e9, strided_macs_per_s=0.8e9, bytes_per_s=1.5e9, step_s=30e-6,
+                         gemm_macs_per_s=20e9),
     # modelled: a 650 MHz Cortex-A9 with NEON, 8 int8 MACs per cycle at best, a quarter of that
-    # reached on a 3x3 window (strided: half again); 32-bit DDR3, about 0.5 GB/s for copies
-    "pynq-z1": HostModel("pynq-z1", macs_per_s=1.3e9, strided_macs_per_s=0.65e9, bytes_per_s=0.5e9, step_s=50e-6),
+    # reached on a 3x3 window (strided: half again); 32-bit DDR3, about 0.5 GB/s for copies. GEMM:
+    # NEON int8 kernels widen each product to 16 bits and pair-add into 32 (vmull.s8 + vpadal.s16,
+    # 8 MACs per two instructions), about 0.5 GMAC/s a core reached; both cores
+    "pynq-z1": HostModel("pynq-z1", macs_per_s=1.3e9, strided_macs_per_s=0.65e9, bytes_per_s=0.5e9, step_s=50e-6,
+                         gemm_macs_per_s=1.0e9),
 }
+#: the host GEMM layers are weighed against unless $ACCEL_HOST_MODEL names one (the board's CPU)
+GEMM_HOST = "pynq-z1"
 DEFAULT_HOST = "x86-dev"
 
 
@@ -71,6 +89,11 @@ def host_model(name: str | None = None) -> HostModel:
     except KeyError:
         where = f"${HOST_ENV}={env!r}" if env else f"host model {key!r}"
         raise TargetError(f"{where}: unknown host model; models are {', '.join(HOST_MODELS)}") from None
+
+
+def gemm_host_model(name: str | None = None) -> HostModel:
+    """The HostModel GEMM layers are weighed against: `name`, else $ACCEL_HOST_MODEL, else GEMM_HOST."""
+    return host_model(name) if name or os.environ.get(HOST_ENV) else host_model(GEMM_HOST)
 
 
 def _channels(t: Node) -> int:
@@ -143,3 +166,71 @@ def cpu_depthwise_seconds(n: Node, host: HostModel | None = None, beside_accel: 
 def depthwise_costs(n: Node, cfg: AccelConfig, host: HostModel | None = None) -> dict[str, float]:
     """Both estimates of a depthwise layer (seconds), for reports and --explain."""
     return {"cpu_s": cpu_depthwise_seconds(n, host), "accel_s": accel_depthwise_seconds(n, cfg)}
+
+
+# ---- GEMM layers (conv, dense) ---------------------------------------------------------------------
+def _pad(v: int, block: int) -> int:
+    return -(-v // block) * block
+
+
+def gemm_macs(n: Node) -> int:
+    """MACs of an int8 conv or dense layer before packing (NCHW / rows x features)."""
+    w = n.inputs[1].shape
+    return math.prod(n.shape) * math.prod(w[1:])
+
+
+def gemm_spec(n: Node, cfg: AccelConfig) -> Conv2dSpec:
+    """The layer as its accelerator lowering runs it: rows, channels padded to the config's blocks
+    (a dense layer as a 1x1 conv over 1x1 images, its rows the batch)."""
+    if n.op == "qdense":
+        rows = math.prod(n.shape[:-1])
+        return Conv2dSpec(_pad(rows, cfg.batch), _pad(n.inputs[1].shape[1], cfg.block_in), 1, 1,
+                          _pad(n.shape[-1], cfg.block_out), 1, 1, name=n.name)
+    s = _spec(n)
+    return Conv2dSpec(_pad(s.n, cfg.batch), _pad(s.c, cfg.block_in), s.h, s.w, _pad(s.o, cfg.block_out), s.kh, s.kw,
+                      s.pads, s.strides, n.name)
+
+
+def accel_gemm_cycles(n: Node, cfg: AccelConfig) -> tuple[float, bool]:
+    """(cycles, memory-bound) of an int8 conv or dense layer on the accelerator: the planner's
+    estimate of its best tiling (grouped convs: accel_depthwise_cycles' channel slices); where no
+    tiling fits, its padded MACs at the peak or its least DRAM traffic at the bus width, the larger.
+    Memory-bound: the DRAM traffic alone takes longer than the GEMM micro-ops."""
+    if n.op == "qconv2d" and n.attrs.get("groups", 1) != 1:
+        return accel_depthwise_cycles(n, cfg), False
+    spec = gemm_spec(n, cfg)
+    uops = spec.macs / cfg.macs_per_cycle
+    try:
+        est = estimate_cycles(spec, cfg, plan_conv2d(spec, cfg, 2, False))
+        return est["cycles"], est["dram_bytes"] / cfg.bus_bytes > est["gemm_uops"]
+    except (TilingError, ValueError):
+        x = math.prod(n.inputs[0].shape)
+        dram = (x + math.prod(n.inputs[1].shape) + math.prod(n.shape)) / cfg.bus_bytes
+        return max(uops, dram), dram > uops
+
+
+def accel_gemm_seconds(n: Node, cfg: AccelConfig) -> float:
+    """accel_gemm_cycles at the config's clock."""
+    return accel_gemm_cycles(n, cfg)[0] / (cfg.clock_mhz * 1e6)
+
+
+def cpu_gemm_seconds(n: Node, host: HostModel, beside_accel: bool = False) -> float:
+    """The layer's MACs at the host's int8 GEMM rate; beside_accel (its producer on the
+    accelerator): plus boundary_seconds, the unpack of its input and the pack of its output."""
+    if host.gemm_macs_per_s is None:
+        return math.inf
+    return gemm_macs(n) / host.gemm_macs_per_s + (boundary_seconds(n, host) if beside_accel else 0.0)
+
+
+def gemm_costs(n: Node, cfg: AccelConfig, beside_accel: bool = False, host: HostModel | None = None) -> dict:
+    """Both estimates of an int8 GEMM layer (seconds), the accelerator's cycles and whether they
+    are memory-bound, and the host weighed: what the GEMM placement rule compares.
+
+    The accelerator's side pays no boundary: a run of accelerator layers packs its input and
+    unpacks its output once, whatever its length, and the partition decides node by node, so the
+    crossing charged to the run's first layer would keep every run on the CPU. A CPU layer between
+    accelerator layers pays both crossings (beside_accel), as in the depthwise rule."""
+    host = host or gemm_host_model()
+    cycles, bound = accel_gemm_cycles(n, cfg)
+    return {"accel_s": cycles / (cfg.clock_mhz * 1e6), "cycles": cycles, "memory_bound": bound,
+            "cpu_s": cpu_gemm_seconds(n, host, beside_accel), "host": host}
