@@ -140,12 +140,13 @@ def dense_input_kept(row_blocks: int, in_blocks: int, cfg: AccelConfig, t: ConvT
 DENSE_TILE_CYCLES = 20
 
 
-def _estimate_dense(view: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual: bool = False
-                    ) -> dict[str, float]:
+def _estimate_dense(view: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual: bool = False,
+                    resident: bool = False) -> dict[str, float]:
     """estimate_cycles of a dense layer (given as its dense_view; t.w_t row blocks a tile) as
     compiler.accel.dense emits it: a tile's input is r rows of its chunk (one run when the chunk is
     all of K), a group's weights load once when one chunk covers K (else each chunk's, every tile),
-    the last GEMM flushes and seeds, and the store writes r rows of the group's output blocks."""
+    the last GEMM flushes and seeds, and the store writes r rows of the group's output blocks.
+    resident: the weights are on chip already (a module's later runs): no weight loads."""
     g = _Geom.of(view, cfg)
     rows_b = view.w
     n_o, n_r, n_ic = _ceil(g.ob, t.o_t), _ceil(rows_b, t.w_t), _ceil(g.cb, t.ic_t)
@@ -165,7 +166,7 @@ def _estimate_dense(view: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
     k_rd, k_wr = cfg.read_outstanding, cfg.write_outstanding
     whole_k = t.ic_t >= g.cb
     inp_chunk = rows(t.w_t, t.ic_t * cfg.inp_elem_bytes, read_row, whole_k, k_rd)
-    wgt_chunk = rows(t.o_t, t.ic_t * cfg.wgt_elem_bytes, read_row, whole_k, k_rd)
+    wgt_chunk = 0 if resident else rows(t.o_t, t.ic_t * cfg.wgt_elem_bytes, read_row, whole_k, k_rd)
     whole_o = t.o_t >= g.ob
     res_tile = rows(t.w_t, t.o_t * cfg.inp_elem_bytes, read_row, whole_o, k_rd) if residual else 0
     kept = dense_input_kept(rows_b, g.cb, cfg, t, residual)
@@ -194,16 +195,17 @@ def _estimate_dense(view: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
     else:
         total = n_r * load_tile + (tiles - n_r) * load_later + tiles * (compute_tile + store_tile)
     inp_bytes = (1 if kept else n_o) * rows_b * g.cb * cfg.inp_elem_bytes
-    wgt_bytes = (n_o if n_ic == 1 else tiles * n_ic) * t.o_t * t.ic_t * cfg.wgt_elem_bytes
+    wgt_bytes = 0 if resident else (n_o if n_ic == 1 else tiles * n_ic) * t.o_t * t.ic_t * cfg.wgt_elem_bytes
     out_bytes = rows_b * g.ob * cfg.out_elem_bytes
     return {"gemm_uops": rows_b * g.ob * g.cb, "dram_bytes": inp_bytes + wgt_bytes + out_bytes, "cycles": total}
 
 
-def conv2d_candidates(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool = False
-                      ) -> list[tuple[float, ConvTiling]]:
+def conv2d_candidates(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual: bool = False,
+                      resident: bool = False) -> list[tuple[float, ConvTiling]]:
     """Every tiling that fits the buffers (for each o_t, ic_t, w_t every balanced h_t up to the
     tallest that fits: fewer rows can pace the stages better, e.g. a store-bound 1x1 layer), with its
-    estimate_cycles cost, cheapest first; TilingError naming the short buffer if none fits."""
+    estimate_cycles cost, cheapest first; TilingError naming the short buffer if none fits.
+    resident: a dense layer's cost with its weights already on chip (compiler.accel.dense)."""
     if vt not in (1, 2):
         raise TilingError(f"{spec.name}: virtual threads must be 1 or 2, got {vt}")
     dense = is_dense(spec)
@@ -214,7 +216,7 @@ def conv2d_candidates(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual:
                           f"{(1 << PAD_BITS) - 1}")
     # the estimate's constants are part of the key: bench/tiling_fit.py --grid varies them
     ranked = _ranked_tilings(dataclasses.replace(spec, name="conv2d"), cfg, vt, residual,
-                             (INSN_CYCLES, CHUNK_CYCLES, OVERLAP_LOSS), dense)
+                             (INSN_CYCLES, CHUNK_CYCLES, OVERLAP_LOSS), dense, dense and resident)
     if not ranked:
         need = _needs(spec, ConvTiling(1, 1, 1, 1, vt), residual)
         have = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth, "uop": cfg.uop_depth}
@@ -226,11 +228,11 @@ def conv2d_candidates(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual:
 
 @functools.lru_cache(maxsize=256)
 def _ranked_tilings(spec: Conv2dSpec, cfg: AccelConfig, vt: int, residual: bool, _constants: tuple,
-                    dense: bool = False) -> tuple[tuple[float, ConvTiling], ...]:
+                    dense: bool = False, resident: bool = False) -> tuple[tuple[float, ConvTiling], ...]:
     """conv2d_candidates' search, once per layer shape: networks repeat shapes (MobileNetV2's 34
     accelerator layers have 19), and the search is most of the accelerator compile's time. dense:
     spec is a dense layer's dense_view, costed by _estimate_dense."""
-    estimate = _estimate_dense if dense else estimate_cycles
+    estimate = functools.partial(_estimate_dense, resident=resident) if dense else estimate_cycles
     g = _Geom.of(spec, cfg)
 
     def cands(n: int) -> list[int]:

@@ -11,16 +11,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accel.cli import main
-from accel.isa import PRESETS, AccelConfig, MemType, encode_program
+from accel.isa import INSN_BYTES, PRESETS, AccelConfig, MemType, decode_program, encode_program
 from accel.isa.isa import Load
 from compiler import build_model
 from compiler.accel.conv2d import Conv2dSpec, Requant, TilingError, conv2d_candidates, dense_reference, emit_conv2d
+from compiler.accel.dense import resident_dense_tiling
 from compiler.accel.layout import pack_activation, pack_bias, pack_weight, unpack_activation
-from compiler.accel.plan import plan_resident_weights
+from compiler.accel.plan import plan_conv2d, plan_resident_weights
 from compiler.accel.spec import WeightRegion, dense_view, weight_region_entries
 from compiler.frontend.zoo import ModelBuilder, mlp, sample_inputs, transformer_encoder
+from compiler.targets.accel import program_bytes
 from host_runtime import Device
 from host_runtime.executor import Executor, ModuleFormatError, ModuleImage, warm_program
+from sim.tsim import Tsim
 from sim.verilator.build import tools_available
 
 SQUARE_ODD = AccelConfig(batch=2, block_in=8, block_out=8, acc_buff_bytes=16 * 1024, out_buff_bytes=4 * 1024,
@@ -133,6 +136,22 @@ def test_resident_region_past_the_buffer_is_refused():
                     region=WeightRegion(0))
 
 
+def test_resident_tiling_no_slower_warm_than_the_cold_pick():
+    """resident_dense_tiling measures the best few tilings without weight loads: its pick's later
+    runs are never slower than the cold estimate's pick (and faster on the encoder's qkv shape)."""
+    cfg = PRESETS["default"]
+    for rows, k, m in ((8, 32, 96), (4, 64, 128), (4, 64, 16)):
+        spec = Conv2dSpec(rows, k, 1, 1, m, 1, 1, name="fc")
+        warm = []
+        for t in (resident_dense_tiling(spec, cfg), plan_conv2d(spec, cfg, 2)):
+            got, want, progs, _ = run_resident_dense(cfg, rows, k, m, t, 0, 2, 0, driver="tsim")
+            np.testing.assert_array_equal(got[1], want[1])
+            warm.append(Tsim(cfg).run_insns(progs[1][2]).cycles)
+        assert warm[0] <= warm[1]
+        if (rows, k, m) == (8, 32, 96):
+            assert warm[0] < warm[1]
+
+
 def test_resident_dense_on_tsim_cheaper_when_warm():
     cfg = PRESETS["default"]
     spec = Conv2dSpec(8, 64, 1, 1, 96, 1, 1, name="fc")
@@ -154,9 +173,14 @@ def _runs(mod, feeds, driver="fsim", **kw):
     return outs, warm, cycles
 
 
+#: every dense layer on the accelerator, whatever the placement rule's cost estimate says
+DENSE_ON_ACCEL = {"qdense": "accel"}
+
+
 def _both(model, cfg, feeds):
-    on = build_model(model, target="accel", config=cfg, calibration=feeds[:2])
-    off = build_model(model, target="accel", config=cfg, calibration=feeds[:2], resident_weights=False)
+    on = build_model(model, target="accel", config=cfg, calibration=feeds[:2], force_target=DENSE_ON_ACCEL)
+    off = build_model(model, target="accel", config=cfg, calibration=feeds[:2], resident_weights=False,
+                      force_target=DENSE_ON_ACCEL)
     return on, off
 
 
@@ -168,6 +192,13 @@ def test_module_resident_bit_exact_over_runs_fsim(net):
     dense = [s.name for s in on.steps if s.kind == "accel" and s.op.startswith("qdense")]
     assert dense and set(on.meta["resident_weights"]["layers"]) == set(dense)
     assert not [s for s in off.steps if warm_program(s)] and "resident_weights" not in off.meta
+    for s in on.steps:
+        if warm_program(s):
+            addr, count = warm_program(s)
+            insns = decode_program(program_bytes(on.segments, addr, count * INSN_BYTES), on.config)
+            assert not _wgt_loads(insns), s.name
+            cold = decode_program(program_bytes(on.segments, s.insn_addr, s.insn_count * INSN_BYTES), on.config)
+            assert _wgt_loads(cold), s.name
     got, warm, _ = _runs(on, feeds[1:])
     want, _, _ = _runs(off, feeds[1:])
     assert warm == [False, True, True]
@@ -254,7 +285,7 @@ def test_saved_module_keeps_its_resident_programs(tmp_path):
 def test_crafted_resident_program_is_refused(tmp_path, attrs, match):
     model = mlp()
     feeds = sample_inputs(model, 2, seed=4)
-    on = build_model(model, target="accel", config="default", calibration=feeds)
+    on = build_model(model, target="accel", config="default", calibration=feeds, force_target=DENSE_ON_ACCEL)
     on.save(tmp_path / "m.accm")
     data = (tmp_path / "m.accm").read_bytes()
     img = ModuleImage.from_bytes(data)
