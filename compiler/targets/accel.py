@@ -43,6 +43,7 @@ from ..accel.conv2d import (
     plan_conv2d,
     residual_identity,
 )
+from ..accel.dense import resident_dense_tiling
 from ..accel.depthwise_cost import accel_depthwise_seconds, accel_gemm_seconds, gemm_costs, is_depthwise
 from ..accel.eltwise import emit_add, identity_weights
 from ..accel.grouped import (
@@ -497,6 +498,8 @@ class AccelTarget(Target):
                 base = self.resident_plan(b).get(head.name)
                 if base is not None:   # two programs: the first run's loads the weights, later runs' skip them
                     try:
+                        if not b.state(self.name).get("tune"):   # the tiling its later runs are fastest with
+                            tiling = resident_dense_tiling(spec, cfg, residual is not None)
                         regions = [WeightRegion(base, load) for load in (True, False)]
                         (addr, count), (waddr, wcount) = [
                             self.program(b, head.name, lambda s, r=r: emit_conv2d(s, spec, tiling, x, w, out, bb, rq,
