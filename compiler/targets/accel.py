@@ -161,7 +161,8 @@ def check_gemm_cost(n: Node, cfg: AccelConfig, beside_accel: bool = False) -> De
     if c["cpu_s"] >= c["accel_s"]:
         return None
     eff, macs, nbytes = roofline_efficiency(n, cfg)
-    bound = (f"memory-bound, {macs / nbytes:.1f} MACs per DRAM byte keep the GEMM core at most {eff:.0%} busy; "
+    bound = (f"memory-bound, {macs / nbytes:.1f} MACs per DRAM byte keep the GEMM core at most {eff:.0%} busy "
+             f"({cfg.macs_per_cycle / cfg.bus_bytes:.0f} needed on the {cfg.bus_bytes}-byte bus); "
              if c["memory_bound"] else "")
     host = c["host"]
     return Decline(f"{_label(n)}: {bound}faster on the CPU by the cost estimate ({c['cpu_s'] * 1e6:.3g} us on the "
