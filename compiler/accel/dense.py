@@ -310,7 +310,9 @@ def resident_dense_tiling(spec: Conv2dSpec, cfg: AccelConfig, residual: bool = F
     sizes = {"inp": g.nb * g.cb * cfg.inp_elem_bytes, "wgt": g.ob * g.cb * cfg.wgt_elem_bytes,
              "bias": g.ob * cfg.acc_elem_bytes, "out": g.nb * g.ob * cfg.out_elem_bytes}
     dev = Device(cfg, driver=None, dram_bytes=min(1 << cfg.dram_addr_width, sum(sizes.values()) + (4 << 20)))
-    bufs = {k: dev.memory.alloc(v, align=64, name=k) for k, v in sizes.items()}
+    aligns = {"inp": cfg.inp_elem_bytes, "wgt": cfg.wgt_elem_bytes, "bias": cfg.acc_elem_bytes,
+              "out": cfg.out_elem_bytes}
+    bufs = {k: dev.memory.alloc(v, align=aligns[k], name=k) for k, v in sizes.items()}
     model = Tsim(cfg)
     best = None
     for t in cands:

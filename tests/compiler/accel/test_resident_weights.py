@@ -336,3 +336,32 @@ def test_rtl_resident_runs_match_fsim_and_tsim_cycles():
     assert cyc[1] < cyc[0]
     for a, b in zip(cyc, tcyc):
         assert abs(a - b) <= 0.01 * b
+
+
+def random_mlp(seed: int, rows: int, dims: list[int]):
+    b = ModelBuilder("random_mlp", seed)
+    y = b.input("x", (rows, dims[0]))
+    for i, (k, n) in enumerate(zip(dims, dims[1:])):
+        y = b.op("Gemm", [y, b.weight((n, k)), b.init(np.full(n, 0.02 * i, np.float32))], name=f"fc{i}", transB=1)
+        if i < len(dims) - 2:
+            y = b.op("Relu", [y], name=f"relu{i}")
+    return b.build([y])
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=st.sampled_from(["tiny", "default", BATCH2, BLOCK8]), rows=st.integers(1, 12),
+       dims=st.lists(st.integers(4, 96), min_size=2, max_size=4), seed=st.integers(0, 99))
+def test_random_mlps_resident_runs_match_non_resident(cfg, rows, dims, seed):
+    """Random MLPs on four configs: three runs with residency (whatever fits) each bit-exact with
+    the build without it (fsim, race check on)."""
+    model = random_mlp(seed, rows, dims)
+    feeds = sample_inputs(model, 4, seed=seed)
+    on, off = _both(model, cfg, feeds)
+    got, warm, _ = _runs(on, feeds[1:])
+    want, _, _ = _runs(off, feeds[1:])
+    for r, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(a, b, err_msg=f"run {r}")
+    kept = on.meta.get("resident_weights", {}).get("layers", {})
+    assert warm == [False] + [bool(kept)] * 2
+    depth = on.config.wgt_depth
+    assert all(0 <= v["base"] and v["base"] + v["entries"] <= depth - 1 for v in kept.values())
