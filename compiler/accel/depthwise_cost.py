@@ -198,14 +198,13 @@ def accel_gemm_cycles(n: Node, cfg: AccelConfig) -> tuple[float, bool]:
     Memory-bound: the DRAM traffic alone takes longer than the GEMM micro-ops."""
     if n.op == "qconv2d" and n.attrs.get("groups", 1) != 1:
         return accel_depthwise_cycles(n, cfg), False
-    spec = gemm_spec(n, cfg)
-    uops = spec.macs / cfg.macs_per_cycle
     try:
+        spec = gemm_spec(n, cfg)
         est = estimate_cycles(spec, cfg, plan_conv2d(spec, cfg, 2, False))
         return est["cycles"], est["dram_bytes"] / cfg.bus_bytes > est["gemm_uops"]
     except (TilingError, ValueError):
-        x = math.prod(n.inputs[0].shape)
-        dram = (x + math.prod(n.inputs[1].shape) + math.prod(n.shape)) / cfg.bus_bytes
+        uops = gemm_macs(n) / cfg.macs_per_cycle
+        dram = (math.prod(n.inputs[0].shape) + math.prod(n.inputs[1].shape) + math.prod(n.shape)) / cfg.bus_bytes
         return max(uops, dram), dram > uops
 
 
