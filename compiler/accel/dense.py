@@ -23,7 +23,7 @@ from sim.tsim import Tsim
 
 from .epilogue import _operand_kernel, emit_requant, flush_params, set_requant_operand
 from .pipeline import TokenPipeline
-from .plan import _fits, conv2d_candidates, dense_input_kept
+from .plan import _fits, _needs, conv2d_candidates, dense_input_kept
 from .spec import (
     PARAM_ENTRIES,
     Conv2dSpec,
@@ -128,6 +128,13 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
     flush = flush_params(last_requant) if bias is not None and channel_scales is None else None
     bias_all = (S * acc_slot if bias is not None and channel_scales is None and S * acc_slot + g.ob <= cfg.acc_depth
                 else None)
+    bias_kept = region is not None and region.bias_base is not None and bias is not None and channel_scales is None
+    if bias_kept:   # the bias stays in the accumulator across inferences, above every tile slot
+        if S * acc_slot > region.bias_base or region.bias_base + g.ob > cfg.acc_depth:
+            raise TilingError(f"{spec.name}: resident bias at accumulator entries {region.bias_base}.."
+                              f"{region.bias_base + g.ob - 1} overlaps the tile slots (0..{S * acc_slot - 1}) or "
+                              f"leaves the {cfg.acc_depth}-entry accumulator")
+        bias_all = region.bias_base
     conv_to_acc = flush_params(requant) if residual is not None else None
     fused_res = flush is not None and residual is not None and not min(residual.ka, residual.kb)
     n_ic = _ceil(g.cb, t.ic_t)
@@ -148,7 +155,7 @@ def emit_dense(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bias
         o0, r0 = tiles[i]
         return min(t.o_t, g.ob - o0), min(n_t, g.nb - r0)
     pipe = TokenPipeline(stream, S, len(tiles) * n_ic, len(tiles))
-    if bias_all is not None:
+    if bias_all is not None and not (bias_kept and not region.load):
         stream.load_2d(MemType.ACC, bias_all, bias, 0, y_size=1, x_size=g.ob)
     seeds: dict[int, tuple] = {}
     j, group, last_o0 = 0, -1, None
@@ -298,12 +305,18 @@ RESIDENT_TRIALS = 6
 
 
 def resident_dense_tiling(spec: Conv2dSpec, cfg: AccelConfig, residual: bool = False,
-                          trials: int = RESIDENT_TRIALS) -> ConvTiling:
+                          trials: int = RESIDENT_TRIALS, acc_limit: int | None = None) -> ConvTiling:
     """The tiling of a dense layer whose weights stay on chip across inferences: of the `trials`
     cheapest by the estimate without weight loads, the one whose program without them (bias,
     a flushing requantization) takes the fewest timing-model cycles. Both of the layer's programs
-    take it (the weights' place in the buffer follows its input chunks)."""
-    cands = [t for _, t in conv2d_candidates(spec, cfg, 2, residual, resident=True)[:max(1, trials)]]
+    take it (the weights' place in the buffer follows its input chunks). acc_limit: the tile slots must
+    stay below this accumulator entry (a resident bias lies above); TilingError if no tiling does."""
+    view = dense_view(spec, cfg)
+    ranked = [t for _, t in conv2d_candidates(spec, cfg, 2, residual, resident=True)
+              if acc_limit is None or _needs(view, t, residual)["acc"] <= acc_limit]
+    if not ranked:
+        raise TilingError(f"{spec.name}: no tiling keeps its accumulator slots below entry {acc_limit}")
+    cands = ranked[:max(1, trials)]
     if len(cands) == 1:
         return cands[0]
     g = _Geom.of(spec, cfg)
@@ -318,7 +331,8 @@ def resident_dense_tiling(spec: Conv2dSpec, cfg: AccelConfig, residual: bool = F
     for t in cands:
         s = dev.stream()
         s.emit_preloaded(lambda s, t=t: emit_dense(s, spec, t, bufs["inp"], bufs["wgt"], bufs["out"], bufs["bias"],
-                                                   Requant(8, -127, 127), region=WeightRegion(0, False)))
+                                                   Requant(8, -127, 127),
+                                                   region=WeightRegion(0, False, None if acc_limit is None else acc_limit)))
         cycles = model.run_insns(s.finish()).cycles
         if best is None or cycles < best[0]:
             best = (cycles, t)

@@ -282,15 +282,17 @@ def linear_pixels(spec: Conv2dSpec, h_a: int, w_a: int) -> bool:
     return h_a == 1 or sh * ((w_a - 1) * sw + spec.kw) == w_a * sw
 
 
-def plan_resident_weights(layers: dict[str, tuple[int, int]], wgt_depth: int, others_need: int = 0) -> dict[str, int]:
+def plan_resident_weights(layers: dict[str, tuple[int, int]], wgt_depth: int, others_need: int = 0,
+                          top: int | None = None) -> dict[str, int]:
     """Weight-buffer places for the layers whose weights stay on chip across inferences.
 
     layers: name -> (entries its whole weights take, entries its own tiling needs when they are not
     resident); others_need: entries every other program of the module loads weights into (from
     entry 0). Each resident entry saves one weight-tile load per inference, so the largest layers
-    go first; they pack downward from below the last entry (a fused residual's identity tile), and
-    every program that stays non-resident must still fit below them. Returns name -> base entry."""
-    top = wgt_depth - 1
+    go first; they pack downward from below the last entry (a fused residual's identity tile; `top`:
+    from below another entry, e.g. the accumulator's depth for resident biases), and every program
+    that stays non-resident must still fit below them. Returns name -> base entry."""
+    top = wgt_depth - 1 if top is None else top
     order = sorted(layers, key=lambda n: (-layers[n][0], n))
     chosen: set[str] = set()
     for _ in range(3):   # the reserve shrinks as layers are chosen: a later pass may fit more

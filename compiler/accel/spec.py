@@ -133,9 +133,12 @@ class WeightRegion:
     """Where a layer's whole packed weights live in the weight buffer across inferences (weights
     resident between runs of a module): entry `base` on, chunk by input-channel chunk (chunk ic0's
     (output block, ic) rows at base + blocks_out * ic0). load=True: the program loads them there
-    (a module's first run); False: they are already there and the program loads none."""
+    (a module's first run); False: they are already there and the program loads none.
+    bias_base: the accumulator entry from which the layer's bias (a block per output-channel block)
+    stays likewise (None: loaded every run, past the tile slots)."""
     base: int
     load: bool = True
+    bias_base: int | None = None
 
 
 def weight_region_entries(spec: Conv2dSpec, cfg: AccelConfig) -> int:

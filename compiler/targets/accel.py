@@ -57,7 +57,7 @@ from ..accel.grouped import (
 from ..accel.layout import pack_bias
 from ..accel.plan import _needs, plan_resident_weights
 from ..accel.pool import PoolSpec, emit_max_pool, plan_pool
-from ..accel.spec import WeightRegion, dense_view, is_dense, weight_region_entries
+from ..accel.spec import WeightRegion, _Geom, dense_view, is_dense, weight_region_entries
 from ..accel.tune import read_tuning_log, tune_conv2d
 from ..errors import CompilerError
 from ..graph.ir import Graph, Node
@@ -433,9 +433,13 @@ class AccelTarget(Target):
             insns = s.finish()
             code = encode_program(insns, b.cfg)
             # the weight-buffer entries it loads: resident weights must lie outside every other program's
-            b.state(self.name).setdefault("wgt_loads", []).append((name, [
-                (i.sram_base, i.sram_base + (i.y_pad0 + i.y_size + i.y_pad1) * (i.x_pad0 + i.x_size + i.x_pad1))
-                for i in insns if isinstance(i, Load) and i.mem_type == MemType.WGT]))
+            # and the accumulator entries it writes: LOADs, and below the top any GEMM or ALU reaches
+            def loads(mem):
+                return [(i.sram_base, i.sram_base + (i.y_pad0 + i.y_size + i.y_pad1) * (i.x_pad0 + i.x_size + i.x_pad1))
+                        for i in insns if isinstance(i, Load) and i.mem_type == mem]
+            acc_top = max([k.max_dst + 1 for k in s.kernels_used.values()] + [0])
+            b.state(self.name).setdefault("wgt_loads", []).append((name, loads(MemType.WGT)))
+            b.state(self.name).setdefault("acc_writes", []).append((name, loads(MemType.ACC), acc_top))
         except AccelError as e:
             if isinstance(e, CompilerError):
                 raise
@@ -499,9 +503,14 @@ class AccelTarget(Target):
                 base = self.resident_plan(b).get(head.name)
                 if base is not None:   # two programs: the first run's loads the weights, later runs' skip them
                     try:
-                        if not b.state(self.name).get("tune"):   # the tiling its later runs are fastest with
+                        st = b.state(self.name)
+                        bias_at = st["resident_acc"].get(head.name, (None,))[0]
+                        if bias_at is not None:   # the tile slots below the resident biases
+                            acc_limit = min(a for a, _ in st["resident_acc"].values())
+                            tiling = resident_dense_tiling(spec, cfg, residual is not None, acc_limit=acc_limit)
+                        elif not st.get("tune"):   # the tiling its later runs are fastest with
                             tiling = resident_dense_tiling(spec, cfg, residual is not None)
-                        regions = [WeightRegion(base, load) for load in (True, False)]
+                        regions = [WeightRegion(base, load, bias_at) for load in (True, False)]
                         (addr, count), (waddr, wcount) = [
                             self.program(b, head.name, lambda s, r=r: emit_conv2d(s, spec, tiling, x, w, out, bb, rq,
                                                                                   fused, scales, r))
@@ -572,10 +581,15 @@ class AccelTarget(Target):
 
     def _plan_resident(self, b: Builder) -> dict[str, int]:
         cfg, layers, others = b.cfg, {}, 1   # others: the eltwise/pool identity tile at entry 0
+        acc_layers, acc_others = {}, 0
+        only_gemms = True   # every accelerator program a GEMM layer's: their accumulator use is known
         for n in b.g.ops:
             if (n.target or b.primary.name) != self.name:
                 continue
             body = n.attrs["body"] if n.op == "fused" else single_body(n)
+            # clamps and a residual add ride in a GEMM layer's program; alone they are programs of their own
+            only_gemms = only_gemms and any(op.op in ("qconv2d", "qdense") for op in body.ops) and \
+                all(op.op in ("qconv2d", "qdense", "qadd") + CLAMP_OPS for op in body.ops)
             for op in body.ops:
                 if op.op not in ("qconv2d", "qdense"):
                     continue
@@ -583,16 +597,29 @@ class AccelTarget(Target):
                     spec = self.gemm_spec(b, op)
                     groups = op.attrs.get("groups", 1) if op.op == "qconv2d" else 1
                     view = dense_view(spec, cfg) if is_dense(spec) else spec
-                    need = _needs(view, plan_conv2d(view if groups == 1 else group_spec(spec, groups, cfg.batch),
-                                                    cfg, 2, False))["wgt"]
+                    needs = _needs(view, plan_conv2d(view if groups == 1 else group_spec(spec, groups, cfg.batch),
+                                                     cfg, 2, False))
                 except CompilerError:   # lowers some other way or falls back; link() checks what it loads
+                    only_gemms = False
                     continue
+                need, ob = needs["wgt"], _Geom.of(spec, cfg).ob
                 if op.op == "qdense" and is_dense(spec):
                     layers[op.name] = (weight_region_entries(spec, cfg), need)
                 else:
                     others = max(others, need)
+                if op.op == "qdense" and is_dense(spec) and len(op.inputs) == 3:
+                    acc_layers[op.name] = (ob, needs["acc"] + ob)   # a bias, no per-channel scales: it may stay
+                else:
+                    acc_others = max(acc_others, needs["acc"] + 2 * ob)   # slots, the biases and scales past them
+                only_gemms = only_gemms and groups == 1
         plan = plan_resident_weights(layers, cfg.wgt_depth, others)
-        b.state(self.name)["resident_entries"] = {k: layers[k][0] for k in plan}
+        st = b.state(self.name)
+        st["resident_entries"] = {k: layers[k][0] for k in plan}
+        # their biases above every program's accumulator slots, where every program's use is known
+        acc = {k: v for k, v in acc_layers.items() if k in plan} if only_gemms else {}
+        acc_others = max([acc_others] + [v[1] for k, v in acc_layers.items() if k not in acc])
+        acc_plan = plan_resident_weights(acc, cfg.acc_depth, acc_others, top=cfg.acc_depth)
+        st["resident_acc"] = {k: (base, acc[k][0]) for k, base in acc_plan.items()}
         if layers and len(plan) < len(layers):
             log.info("resident weights: %d of %d dense layers fit the %d-entry weight buffer", len(plan), len(layers),
                      cfg.wgt_depth)
@@ -609,10 +636,15 @@ class AccelTarget(Target):
         sizes = st["resident_entries"]
         kept = {s.name for s in warm}
         places = {k: (plan[k], plan[k] + sizes[k]) for k in kept}
-        clash = next(((who, k) for who, ranges in st.get("wgt_loads", []) for k, (a, z) in places.items()
-                      if k != who and any(lo < z and a < hi for lo, hi in ranges)), None)
+        clash = next((f"{who} loads weights into {k}'s resident place" for who, ranges in st.get("wgt_loads", [])
+                      for k, (a, z) in places.items() if k != who and any(lo < z and a < hi for lo, hi in ranges)),
+                     None)
+        biases = {k: (a, a + n) for k, (a, n) in st.get("resident_acc", {}).items() if k in kept}
+        clash = clash or next((f"{who} writes accumulator entries of {k}'s resident bias"
+                               for who, ranges, top in st.get("acc_writes", []) for k, (a, z) in biases.items()
+                               if top > a or (k != who and any(lo < z and a < hi for lo, hi in ranges))), None)
         if clash is not None:
-            why = f"{clash[0]} loads weights into {clash[1]}'s resident place"
+            why = clash
             log.warning("resident weights off: %s", why)
             for s in warm:
                 del s.attrs["warm_insn_addr"], s.attrs["warm_insn_count"]
@@ -620,7 +652,8 @@ class AccelTarget(Target):
             return
         b.target_meta["resident_weights"] = {
             "layers": {k: {"base": a, "entries": z - a} for k, (a, z) in sorted(places.items())},
-            "entries": sum(z - a for a, z in places.values()), "wgt_depth": b.cfg.wgt_depth}
+            "entries": sum(z - a for a, z in places.values()), "wgt_depth": b.cfg.wgt_depth,
+            "biases": {k: {"base": a, "entries": z - a} for k, (a, z) in sorted(biases.items())}}
 
     def tiling(self, b: Builder, spec, residual: bool):
         """The layer's tiling: the analytical best, or with `tune` the fastest of the best few on tsim."""

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import compiler.targets.accel as accel_target
 from accel.cli import main
 from accel.isa import INSN_BYTES, PRESETS, AccelConfig, MemType, decode_program, encode_program
 from accel.isa.isa import Load
@@ -191,12 +192,16 @@ def test_module_resident_bit_exact_over_runs_fsim(net):
     on, off = _both(model, "default", feeds)
     dense = [s.name for s in on.steps if s.kind == "accel" and s.op.startswith("qdense")]
     assert dense and set(on.meta["resident_weights"]["layers"]) == set(dense)
+    biases = on.meta["resident_weights"]["biases"]   # every layer here has a bias and no channel scales
+    assert set(biases) == set(dense)
+    assert all(v["base"] + v["entries"] <= on.config.acc_depth for v in biases.values())
     assert not [s for s in off.steps if warm_program(s)] and "resident_weights" not in off.meta
     for s in on.steps:
         if warm_program(s):
             addr, count = warm_program(s)
             insns = decode_program(program_bytes(on.segments, addr, count * INSN_BYTES), on.config)
             assert not _wgt_loads(insns), s.name
+            assert not [i for i in insns if isinstance(i, Load) and i.mem_type == MemType.ACC], s.name
             cold = decode_program(program_bytes(on.segments, s.insn_addr, s.insn_count * INSN_BYTES), on.config)
             assert _wgt_loads(cold), s.name
     got, warm, _ = _runs(on, feeds[1:])
@@ -365,3 +370,28 @@ def test_random_mlps_resident_runs_match_non_resident(cfg, rows, dims, seed):
     assert warm == [False] + [bool(kept)] * 2
     depth = on.config.wgt_depth
     assert all(0 <= v["base"] and v["base"] + v["entries"] <= depth - 1 for v in kept.values())
+
+
+@pytest.mark.parametrize("where,why", [("weights", "loads weights into"),
+                                       ("biases", "writes accumulator entries of")])
+def test_overlapping_places_drop_residency_and_stay_right(monkeypatch, where, why):
+    """The build's own check: a plan that put every layer's weights at entry 0, or every layer's
+    bias at accumulator entry 40 (so each layer's first-run program loads over another's) is caught
+    at link time; no step keeps a warm program, meta says why, and every run is right."""
+    real = accel_target.plan_resident_weights
+
+    def overlapping(layers, depth, others=0, top=None):
+        if (top is None) == (where == "weights"):
+            return {k: 0 if top is None else 40 for k in layers}
+        return real(layers, depth, others, top)
+    monkeypatch.setattr(accel_target, "plan_resident_weights", overlapping)
+    model = mlp()
+    feeds = sample_inputs(model, 4, seed=6)
+    on, off = _both(model, "default", feeds)
+    assert not [s for s in on.steps if warm_program(s)]
+    assert why in on.meta["resident_weights"]["off"]
+    got, warm, _ = _runs(on, feeds[1:])
+    want, _, _ = _runs(off, feeds[1:])
+    assert warm == [False] * 3
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
