@@ -66,7 +66,8 @@ HOST_MODELS = {
     # modelled: a 650 MHz Cortex-A9 with NEON, 8 int8 MACs per cycle at best, a quarter of that
     # reached on a 3x3 window (strided: half again); 32-bit DDR3, about 0.5 GB/s for copies. GEMM:
     # NEON int8 kernels widen each product to 16 bits and pair-add into 32 (vmull.s8 + vpadal.s16,
-    # 8 MACs per two instructions), about 0.5 GMAC/s a core reached; both cores
+    # 8 MACs per two instructions: 2.6 GMAC/s a core at most); assumed a fifth of that on a layer's
+    # small matrices (loads, edges, requantization), 0.5 GMAC/s a core, both cores (not measured)
     "pynq-z1": HostModel("pynq-z1", macs_per_s=1.3e9, strided_macs_per_s=0.65e9, bytes_per_s=0.5e9, step_s=50e-6,
                          gemm_macs_per_s=1.0e9),
 }
