@@ -894,6 +894,7 @@ class Executor:
         self.views = [self._view(t) for t in m.tensors]
         # this executor's claim on the weights its accelerator steps leave resident (Device.weights_owner)
         self._weights = object()
+        self.warm = False   # whether the last run found this executor's resident weights on chip
         self.resident = self.device is not None and any(warm_program(s) for s in m.steps) and \
             getattr(self.device.driver, "keeps_buffers", False)
         self.lib = None
