@@ -22,7 +22,7 @@ import e2e  # noqa: E402
 
 from accel.isa.config import AccelConfig, resolve_config  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
-from compiler.accel.depthwise_cost import gemm_host_model  # noqa: E402
+from compiler.accel.depthwise_cost import host_model  # noqa: E402
 from compiler.frontend import from_onnx, zoo  # noqa: E402
 from compiler.graph.passes import GraphOptions, optimize  # noqa: E402
 from compiler.targets.base import node_macs  # noqa: E402
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         bad = [n for n in names if n not in known]
         if bad:
             raise SystemExit(f"{what} {','.join(bad)}: unknown; choose from {', '.join(known)}")
-    host = gemm_host_model().name
+    host = host_model().name
     print(f"fraction of MACs offloaded (GEMM layers weighed against the {host} host)")
     print(f"{'net':20}" + "".join(f"{c:>10}" for c in cfgs))
     results = {}

@@ -8,19 +8,20 @@ depthwise throughput, plus what leaving the accelerator costs: the runtime unpac
 and packs its output back to the blocked layout (a read and a write of each tensor) and runs two
 more host steps. No quantize/dequantize: both sides compute int8 and exchange int8 tensors.
 
-The host's figures are a HostModel: measured ones for the machine that runs the module (the
-default, HOST_MODELS["x86-dev"], this project's 2-core build machine; bench/depthwise_host.py
-measures another) or modelled ones for a board's own CPU (HOST_MODELS["pynq-z1"], a Cortex-A9);
-$ACCEL_HOST_MODEL names the one builds use. The accelerator's side is the planner's cycle
-estimate of the grouped lowering (compiler.accel.plan), at the config's clock.
+The host's figures are a HostModel: modelled ones for the board's own CPU (the default,
+HOST_MODELS["pynq-z1"], the Cortex-A9 beside the core the kit targets) or measured ones for a
+machine that runs the module (HOST_MODELS["x86-dev"], this project's 2-core build machine;
+bench/depthwise_host.py measures another); $ACCEL_HOST_MODEL names the one builds use. One host
+answers every placement question of a build. The accelerator's side is the planner's cycle
+estimate of the layer's lowering (the grouped one for a depthwise conv, compiler.accel.plan) at
+the config's clock.
 
 The same comparison places every other int8 GEMM layer (conv, dense): the planner's estimate of the
 layer's own lowering at the config's clock against its MACs at the host's int8 GEMM rate
-(gemm_costs). GEMM layers are weighed against the board's CPU (gemm_host_model: "pynq-z1" unless
-$ACCEL_HOST_MODEL names another): the development machine's x86 kernels (HOST_MODELS["x86-dev"])
-run int8 convs about as fast as the default core's peak, so against them every layer of a 100 MHz
-core would be a coin flip and the 4x4 test core would take none; $ACCEL_HOST_MODEL=x86-dev asks
-that question instead.
+(gemm_costs). Against the development machine's x86 kernels, which run int8 convs about as fast as
+the default core's peak, every layer of a 100 MHz core would be a coin flip and the 4x4 test core
+would take none: that is a question about the simulator's host, not the board, and
+$ACCEL_HOST_MODEL=x86-dev asks it.
 """
 from __future__ import annotations
 
@@ -71,9 +72,8 @@ HOST_MODELS = {
     "pynq-z1": HostModel("pynq-z1", macs_per_s=1.3e9, strided_macs_per_s=0.65e9, bytes_per_s=0.5e9, step_s=50e-6,
                          gemm_macs_per_s=1.0e9),
 }
-#: the host GEMM layers are weighed against unless $ACCEL_HOST_MODEL names one (the board's CPU)
-GEMM_HOST = "pynq-z1"
-DEFAULT_HOST = "x86-dev"
+#: the host every placement is weighed against unless $ACCEL_HOST_MODEL names one: the board's CPU
+DEFAULT_HOST = "pynq-z1"
 
 
 #: names the host model builds use instead of DEFAULT_HOST (a board's CPU when compiling for it)
@@ -90,11 +90,6 @@ def host_model(name: str | None = None) -> HostModel:
     except KeyError:
         where = f"${HOST_ENV}={env!r}" if env else f"host model {key!r}"
         raise TargetError(f"{where}: unknown host model; models are {', '.join(HOST_MODELS)}") from None
-
-
-def gemm_host_model(name: str | None = None) -> HostModel:
-    """The HostModel GEMM layers are weighed against: `name`, else $ACCEL_HOST_MODEL, else GEMM_HOST."""
-    return host_model(name) if name or os.environ.get(HOST_ENV) else host_model(GEMM_HOST)
 
 
 def _channels(t: Node) -> int:
@@ -230,7 +225,7 @@ def gemm_costs(n: Node, cfg: AccelConfig, beside_accel: bool = False, host: Host
     unpacks its output once, whatever its length, and the partition decides node by node, so the
     crossing charged to the run's first layer would keep every run on the CPU. A CPU layer between
     accelerator layers pays both crossings (beside_accel), as in the depthwise rule."""
-    host = host or gemm_host_model()
+    host = host or host_model()
     cycles, bound = accel_gemm_cycles(n, cfg)
     return {"accel_s": cycles / (cfg.clock_mhz * 1e6), "cycles": cycles, "memory_bound": bound,
             "cpu_s": cpu_gemm_seconds(n, host, beside_accel), "host": host}

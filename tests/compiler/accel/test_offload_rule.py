@@ -32,7 +32,7 @@ CONFIGS = {
 
 @pytest.fixture(autouse=True)
 def _board_host(monkeypatch):
-    """The rule's default host (GEMM_HOST), whatever the environment names."""
+    """The rule's default host (DEFAULT_HOST), whatever the environment names."""
     monkeypatch.delenv(dc.HOST_ENV, raising=False)
 
 
@@ -66,7 +66,7 @@ def test_a_gemm_that_loses_by_the_model_stays_on_the_cpu_with_both_costs():
     n = dense_node(1, 512, 1000)
     cfg = PRESETS["default"]
     c = dc.gemm_costs(n, cfg)
-    assert c["memory_bound"] and c["host"].name == dc.GEMM_HOST
+    assert c["memory_bound"] and c["host"].name == dc.DEFAULT_HOST
     assert c["cpu_s"] == pytest.approx(512 * 1000 / c["host"].gemm_macs_per_s)
     assert c["accel_s"] == pytest.approx(c["cycles"] / 100e6) and c["accel_s"] > c["cpu_s"]
     why = check_gemm_cost(n, cfg)
@@ -120,7 +120,7 @@ def test_host_choice_and_switches(monkeypatch):
     cfg = PRESETS["default"]
     assert check_gemm_cost(n, cfg) is None   # the board's CPU: the accelerator is faster
     monkeypatch.setenv(dc.HOST_ENV, "x86-dev")   # the development machine's kernels win a 4-row layer
-    assert dc.gemm_host_model().name == "x86-dev" and "on the x86-dev host at 20 GMAC/s" in str(check_gemm_cost(n, cfg))
+    assert dc.host_model().name == "x86-dev" and "on the x86-dev host at 20 GMAC/s" in str(check_gemm_cost(n, cfg))
     _, ds = placed(zoo.mlp(), cfg)
     assert [d.target for d in ds.values() if d.op == "qdense"] == ["cpu"] * 3
     off = replace(ACCEL_RULES, gemm_by_cost=False)   # the switch: the accelerator takes them all
@@ -128,7 +128,7 @@ def test_host_choice_and_switches(monkeypatch):
     assert [d.target for d in ds.values() if d.op == "qdense"] == ["accel"] * 3
     monkeypatch.setenv(dc.HOST_ENV, "nope")
     with pytest.raises(TargetError, match=r"\$ACCEL_HOST_MODEL='nope': unknown host model; models are x86-dev"):
-        dc.gemm_host_model()
+        dc.host_model()
     # a host without a GEMM figure is not weighed: the accelerator keeps the layer
     none = dc.HostModel("no-gemm", 1e15, 1e15, 1e15, 0.0)
     assert dc.cpu_gemm_seconds(n, none) == float("inf")
