@@ -486,16 +486,34 @@ def _pool_infer(n):
 
 
 def _max_pool_infer(n):
-    """NCHW, or the accelerator's packed N' C' H W n c (pooled over H, W alike)."""
+    """NCHW, the CPU's blocked N C' H W c or the accelerator's packed N' C' H W n c (pooled over H,
+    W alike)."""
     x = n.inputs[0].type
-    if x.rank == 6:
+    if x.rank in (5, 6):
         return _t((*x.shape[:2], *pool_out_hw(n, x.shape[2:4], n.attrs), *x.shape[4:]), x.dtype)
     return _pool_infer(n)
+
+
+def _blocked_pool_infer(n):
+    """NCHW, or the CPU's blocked N C' H W c (compiler.graph.passes.nchwc_layout)."""
+    x = n.inputs[0].type
+    if x.rank == 5:
+        return _t((*x.shape[:2], *pool_out_hw(n, x.shape[2:4], n.attrs), x.shape[4]), x.dtype)
+    return _pool_infer(n)
+
+
+def _on_planes(impl, a, x):
+    """impl (NCHW) on a blocked N C' H W c input: the lanes as channels, then blocked again."""
+    y = impl(a, _unblock_nchwc(x))
+    n_, c, h, w = y.shape
+    return np.ascontiguousarray(y.reshape(n_, c // x.shape[4], x.shape[4], h, w).transpose(0, 1, 3, 4, 2))
 
 
 @register("max_pool2d", Pattern.OUT_ELEMWISE_FUSABLE, 1, POOL_ATTRS, doc="2-D max pooling (exact on int8)")
 def _max_pool():
     def impl(a, x):
+        if x.ndim == 5:
+            return _on_planes(impl, a, x)
         if x.ndim == 6:   # packed: the blocks' lanes as channels
             p = x.transpose(0, 1, 4, 5, 2, 3)
             y = impl(a, p.reshape(p.shape[0] * p.shape[1], -1, *p.shape[4:]))
@@ -510,6 +528,8 @@ def _max_pool():
           doc="2-D average pooling")
 def _avg_pool():
     def impl(a, x):
+        if x.ndim == 5:
+            return _on_planes(impl, a, x)
         out_hw = pool_out_hw(None, x.shape[2:], a)
         win, (eb, er) = _pool_windows(x.astype(np.float64), a, 0.0, out_hw)
         ones = np.ones((1, 1) + x.shape[2:])
@@ -520,7 +540,7 @@ def _avg_pool():
         else:
             cnt, _ = _pool_windows(ones, a, 0.0, out_hw)
         return (win.sum(axis=(-2, -1)) / cnt.sum(axis=(-2, -1))).astype(x.dtype)
-    return _pool_infer, impl
+    return _blocked_pool_infer, impl
 
 
 def _global_pool_infer(n):

@@ -180,6 +180,20 @@ def schedule_injective(outs):
     return s
 
 
+def schedule_layout_transform(outs):
+    """NCHW -> NCHW[c]c as a row transpose (schedule_pack_nchwc: each source plane read as a
+    stream); back to NCHW (with any epilogue inlined) flat, vectorized over the pixels."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    for st in s.stages:
+        if st.is_placeholder or st.attach_type == "inline":
+            continue
+        if not schedule_pack_nchwc(st):
+            schedule_flat(s, st.op.output(0))
+    return s
+
+
 def schedule_reduce(outs):
     """Generic: every stage at root, parallel over its fused data-parallel axes when big; the
     last data axis vectorized for injective stages."""
@@ -223,9 +237,16 @@ def schedule_concat(outs):
     axes = list(st.op.axis)
     outer_axes, cax, rest = axes[:ax], axes[ax], axes[ax + 1:]
     inner = math.prod(out.shape[ax + 1:])
+    vl = lanes(out.dtype)
+    if len(out.shape) == 5 and len(rest) > 1 and out.shape[-1] % min(vl, out.shape[-1]) == 0 \
+            and out.shape[-1] >= 4:
+        # blocked N C' H W c: rows of whole pixels, the lanes one vector (a fused pixel index would
+        # be split again by division per lane: a gather instead of a vector copy)
+        _, ri = st.split(rest[-1], min(vl, out.shape[-1]))
+        st.vectorize(ri)
+        rest = []
     if rest:
         r = st.fuse(*rest) if len(rest) > 1 else rest[0]
-        vl = lanes(out.dtype)
         v = next((w for w in (vl, vl // 2, vl // 4) if w >= 4 and inner % w == 0), None)
         if v is not None:
             _, ri = st.split(r, v)
@@ -318,6 +339,46 @@ def _nchw_consumer(s, outs, conv):
     return ost if s._consumers(conv) == [ost] else None
 
 
+def _nchwc_epilogue(s, outs, conv):
+    """The stage of the single blocked output (same shape as the conv) that is the conv's only
+    reader, with its elementwise epilogue (bias, ReLU, a residual add) inlined, else None."""
+    if len(outs) != 1:
+        return None
+    out = outs[0]
+    if (out.op is conv.op or not isinstance(out.op, ComputeOp) or out.op.reduce_axis
+            or tuple(out.shape) != tuple(conv.op.output(0).shape)):
+        return None
+    ost = s[out]
+    return ost if s._consumers(conv) == [ost] else None
+
+
+def _conv_NCHWc_epilogue(s, conv, ost, rn: int):
+    """A blocked conv whose output stays blocked (the layout kept between layers): the accumulator
+    tile (rn pixels x oc block, in registers) goes through the epilogue straight to the output."""
+    _schedule_rest(s, (conv, ost))
+    n, oc, oh, ow, ob = ost.op.axis
+    owo, owi = ost.split(ow, rn)
+    ost.reorder(n, oc, oh, owo, owi, ob)
+    fused = ost.fuse(n, oc, oh)
+    if parallel_knob(True):
+        ost.parallel(fused)
+    ost.unroll(owi)
+    ost.vectorize(ob)
+    conv.set_scope("local")
+    conv.compute_at(ost, owo)
+    n, oc, oh, ow, ob = conv.op.axis
+    ico, ry, rx, ici = conv.op.reduce_axis
+    if knob("order", "ic_outer") == "kernel_outer":
+        conv.reorder(n, oc, oh, ry, rx, ico, ici, ow, ob)
+    else:
+        conv.reorder(n, oc, oh, ico, ry, rx, ici, ow, ob)
+    if knob("unroll_kw", False):
+        conv.unroll(rx)
+    conv.unroll(ow)
+    conv.vectorize(ob)
+    return s
+
+
 def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
     outs, s, conv = _begin(outs, "conv2d_NCHWc")
     C = conv.op.output(0)
@@ -326,6 +387,9 @@ def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
     ost = _nchw_consumer(s, outs, conv) if knob("fuse_unpack", True) else None
     if ost is not None:
         return _conv_NCHWc_to_nchw(s, conv, ost, rn)
+    ost = _nchwc_epilogue(s, outs, conv)
+    if ost is not None:
+        return _conv_NCHWc_epilogue(s, conv, ost, rn)
     _schedule_rest(s, (conv,))
     CC = s.cache_write(C, "local")
     st = s[C]
@@ -552,6 +616,45 @@ def schedule_pool(outs):
     ry, rx = r.op.reduce_axis
     r.reorder(n, c, y, ry, rx, x)
     r.vectorize(x)
+    return s
+
+
+def schedule_pool_nchwc(outs):
+    """Pooling over a blocked N C' H W c input: per (n, block, row) parallel, a few output pixels
+    whose window max or sum accumulates in registers, one vector of channel lanes each (a local
+    tile), the epilogue (the mean's division, a ReLU, an unpack) applied on the way out."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    red = [st for st in s.stages if not st.is_placeholder and st.attach_type != "inline" and st.op.reduce_axis]
+    out = outs[0]
+    if (len(outs) != 1 or len(red) != 1 or len(out.shape) != 5
+            or tuple(red[0].op.output(0).shape) != tuple(out.shape)):
+        return schedule_pool_generic(outs)
+    r, ost = red[0], s[out]
+    if r is ost:
+        r = s[s.cache_write(out, "local")]
+    elif not isinstance(out.op, ComputeOp) or out.op.reduce_axis or s._consumers(r) != [ost]:
+        return schedule_pool_generic(outs)
+    else:
+        r.set_scope("local")
+    _schedule_rest(s, (r, ost))
+    cb = out.shape[4]
+    n, c, y, x, ci = ost.op.axis
+    outer = ost.fuse(n, c, y)
+    xo, xi = ost.split(x, largest_divisor(out.shape[3], knob("pool_pixels", 4)))
+    ost.unroll(xi)
+    if cb >= 4:
+        ost.vectorize(ci)
+    if math.prod(out.shape) >= PARALLEL_MIN // 4:
+        ost.parallel(outer)
+    r.compute_at(ost, xo)
+    n, c, y, x, ci = r.op.axis
+    ry, rx = r.op.reduce_axis
+    r.reorder(n, c, y, ry, rx, x, ci)
+    r.unroll(x)
+    if cb >= 4:
+        r.vectorize(ci)
     return s
 
 

@@ -155,6 +155,19 @@ add_impl("max_pool2d", "llvm", "max_pool2d.generic",
 add_impl("avg_pool2d", "llvm", "avg_pool2d.generic",
          lambda x, **a: nn.pool2d(x, a["kernel"], a["strides"], a["pads"], a["ceil_mode"], "avg",
                                   a["count_include_pad"]), cpu.schedule_pool)
+
+
+def _blocked_check(shapes, dtypes, attrs):
+    return None if len(shapes[0]) == 5 else "not a blocked N C' H W c input"
+
+
+add_impl("max_pool2d", "llvm", "max_pool2d.nchwc",
+         lambda x, **a: nn.pool2d_nchwc(x, a["kernel"], a["strides"], a["pads"], a["ceil_mode"], "max"),
+         cpu.schedule_pool_nchwc, plevel=20, check=_blocked_check)
+add_impl("avg_pool2d", "llvm", "avg_pool2d.nchwc",
+         lambda x, **a: nn.pool2d_nchwc(x, a["kernel"], a["strides"], a["pads"], a["ceil_mode"], "avg",
+                                        a["count_include_pad"]), cpu.schedule_pool_nchwc, plevel=20,
+         check=_blocked_check)
 add_impl("global_avg_pool", "llvm", "global_avg_pool.generic", lambda x: nn.global_pool2d(x, "avg"),
          cpu.schedule_pool)
 add_impl("global_max_pool", "llvm", "global_max_pool.generic", lambda x: nn.global_pool2d(x, "max"),
@@ -244,7 +257,7 @@ add_impl("concat", "llvm", "concat.injective", tf.concat, cpu.schedule_concat)
 add_impl("pad", "llvm", "pad.injective", tf.pad, cpu.schedule_injective)
 add_impl("slice", "llvm", "slice.injective", tf.strided_slice, cpu.schedule_injective)
 add_impl("layout_transform", "llvm", "layout_transform.injective",
-         lambda x, src_layout, dst_layout: tf.layout_transform(x, src_layout, dst_layout), cpu.schedule_injective)
+         lambda x, src_layout, dst_layout: tf.layout_transform(x, src_layout, dst_layout), cpu.schedule_layout_transform)
 
 
 # ---------------------------------------------------------------- other targets

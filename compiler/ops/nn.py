@@ -324,6 +324,53 @@ def pool2d(data, kernel, strides=(1, 1), pads=(0, 0, 0, 0), ceil_mode=0, pool_ty
     return te.compute((N, C, OH, OW), avg, name="avg_pool2d", tag="injective,pool_avg")
 
 
+def pool2d_nchwc(data, kernel, strides=(1, 1), pads=(0, 0, 0, 0), ceil_mode=0, pool_type="max",
+                 count_include_pad=0):
+    """pool2d over a blocked N C' H W c input (the channel lanes last, so a window tap is one
+    vector); the same window rules as pool2d."""
+    N, CO, H, W, cb = data.shape
+    kh, kw = kernel
+    sh, sw = strides
+    pt, pl, pb, pr = pads
+    OH = pool_out_size(H, kh, sh, pt, pb, ceil_mode)
+    OW = pool_out_size(W, kw, sw, pl, pr, ceil_mode)
+    ry = te.reduce_axis(kh, "ry")
+    rx = te.reduce_axis(kw, "rx")
+    dtype = data.dtype
+    shape = (N, CO, OH, OW, cb)
+
+    def tap(n, c, oy, ox, ci, fill):
+        y, x = oy * sh + ry - pt, ox * sw + rx - pl
+        v = data[n, c, y, x, ci]
+        conds = [e for e, need in ((y >= 0, pt), (y < H, pb or ceil_mode), (x >= 0, pl), (x < W, pr or ceil_mode))
+                 if need]
+        return te.select(te.all(*conds), v, fill) if conds else v
+
+    if pool_type == "max":
+        low = te.min_value(dtype)
+        return te.compute(shape, lambda n, c, oy, ox, ci: te.max(tap(n, c, oy, ox, ci, low), axis=[ry, rx]),
+                          name="max_pool2d", tag="pool_max,nchwc")
+    if pool_type != "avg":
+        raise OpError(f"pool2d_nchwc: pool_type must be 'max' or 'avg', got {pool_type!r}")
+    acc = acc_dtype(dtype)
+    total = te.compute(shape, lambda n, c, oy, ox, ci: te.sum(_c(tap(n, c, oy, ox, ci, te.const(0, dtype)), acc),
+                                                              axis=[ry, rx]),
+                       name="avg_pool2d_sum", tag="pool_sum,nchwc")
+
+    def count(o, st, k, size, lo, hi):
+        start = o * st - lo
+        if count_include_pad:
+            return te.elem_min(start + k, size + hi) - start
+        return te.elem_min(start + k, size) - te.elem_max(start, 0)
+
+    def avg(n, c, oy, ox, ci):
+        cnt = count(oy, sh, kh, H, pt, pb) * count(ox, sw, kw, W, pl, pr)
+        if dt.is_float(dtype):
+            return total[n, c, oy, ox, ci] / cnt.astype(dtype)
+        return _c(total[n, c, oy, ox, ci] // cnt, dtype)
+    return te.compute(shape, avg, name="avg_pool2d", tag="injective,pool_avg")
+
+
 def global_pool2d(data, pool_type="avg"):
     """Mean or max over H, W keeping the dims: (N, C, 1, 1)."""
     N, C, H, W = data.shape
