@@ -194,6 +194,11 @@ class CpuTarget(Target):
     def supports(self, node: Node, ctx: PlacementContext) -> str | None:
         return None
 
+    def graph_options(self, request: dict) -> dict:
+        """The base options; the CPU's own builds keep convs in the blocked layout between layers
+        (compiler.graph.passes.nchwc_layout); the GPU targets deriving from this one keep NCHW."""
+        return {**super().graph_options(request), "nchwc": self.name == "cpu"}
+
     def placement_kind(self, node: Node, ctx: PlacementContext) -> str:
         return "target"
 

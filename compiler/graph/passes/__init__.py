@@ -23,6 +23,7 @@ from .fold_constants import fold_constants
 from .fuse_ops import fuse_ops
 from .import_qdq import import_qdq
 from .infer_types import infer_types
+from .nchwc_layout import nchwc_layout
 from .pack_layout import pack_layout
 from .partition import ACCEL_RULES, TARGETS, AccelRules, default_targets, partition, partition_table
 from .plan_memory import MemoryPlan, plan_memory
@@ -44,6 +45,9 @@ class GraphOptions:
     targets: tuple[str, ...] = ()
     rules: AccelRules = ACCEL_RULES
     fuse: bool = True
+    #: convs keep the CPU's blocked layout between layers (the cpu target asks for it; only a build
+    #: with no partition, where every op runs on the CPU)
+    nchwc: bool = False
     disabled: tuple[str, ...] = ()  # step names to skip
 
     def config(self) -> AccelConfig | None:
@@ -85,6 +89,9 @@ PIPELINE: list[Step] = [
     Step("int8_avg_pools", lambda g, o: eliminate_dead_code(int8_avg_pools(g, o.config())),
          "border-divisor average pools in int8, uniform ones off the diagonal GEMM, where the ALU takes them",
          lambda g, o: o.quantize and o.accel is not None),
+    Step("nchwc_layout", lambda g, o: nchwc_layout(g),
+         "a CPU build keeps convs' blocked layout between layers; after the rewrites, before fusion",
+         lambda g, o: o.nchwc and o.accel is None and not o.targets),
     Step("partition", lambda g, o: partition(g, o.config(), o.force_target, o.rules,
                                              default_targets(o.targets or TARGETS)),
          "targets decide layouts and fusion boundaries", lambda g, o: o.accel is not None or bool(o.targets)),
@@ -123,4 +130,4 @@ def optimize(graph: Graph, options: GraphOptions | None = None, **kw) -> Graph:
 __all__ = ["PIPELINE", "PASSES", "Step", "GraphOptions", "optimize", "infer_types", "fold_constants",
            "fold_batchnorm", "eliminate_dead_code", "simplify", "import_qdq", "calibrate", "quantize",
            "Calibration", "pow2_shift", "partition", "partition_table", "AccelRules", "ACCEL_RULES", "pack_layout",
-           "fuse_ops", "plan_memory", "MemoryPlan"]
+           "fuse_ops", "plan_memory", "MemoryPlan", "nchwc_layout"]

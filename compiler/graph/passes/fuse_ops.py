@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..ir import Graph, Node
 from ..ops import Pattern, get_op
+from .nchwc_layout import is_unpack
 
 
 def _fusable(group_pattern: Pattern, consumer: Pattern) -> bool:
@@ -26,7 +27,8 @@ def fuse_ops(graph: Graph) -> Graph:
     group: dict[int, list[Node]] = {}  # id(node) -> its group (a shared list)
     pattern: dict[int, Pattern] = {}  # id(group list) -> group pattern
     for n in graph.ops:
-        p = get_op(n.op).pattern
+        # an unpack to NCHW joins its producer's kernel (the tile is written to NCHW directly)
+        p = Pattern.ELEMWISE if is_unpack(n) else get_op(n.op).pattern
         joined = None
         for i in n.inputs:
             if id(i) not in group or len(users[id(i)]) != 1 or id(i) in outputs or i.target != n.target:

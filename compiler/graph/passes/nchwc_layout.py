@@ -1,0 +1,229 @@
+"""NchwcLayout: the CPU target keeps convolutions in the blocked layout N C' H W c (c channel lanes
+last) between layers, as onnxruntime's NCHWc transformer does, instead of each conv kernel
+packing its NCHW input and unpacking its output (a full pass over memory on both sides).
+
+A float conv2d (groups 1, constant weight) becomes conv2d_NCHWc on a blocked input, its weight
+packed here once (OIHW -> O' I' KH KW i o) and its bias a blocked broadcast add. The layout then
+flows through the ops that work per channel block unchanged: elementwise ops, binary ops of two
+tensors of the same blocking or with a per-channel/scalar constant, batch norm (as a blocked
+multiply-add), max/avg pooling, and a channel concat of inputs of one blocking. Every other reader
+(reshape, gemm, global pools, LRN, grouped convs, graph outputs) gets a layout_transform back to
+NCHW, made once per tensor; a pack of a tensor that was just unpacked with the same block cancels.
+A conv goes blocked only when its result reaches another blocked conv through such ops: the last
+conv of a chain reads its input unpacked and runs its NCHW kernel, which writes NCHW straight from
+its registers (for a 1x1 conv the pointwise kernel, faster than the blocked one there). Blocks are the conv kernel's own choice (compiler.ops.cpu.conv_blocks): the output
+block from the output channels; an input block is whatever its producer gives, or, after a
+boundary, the kernel's input block. graph.meta['nchwc'] counts what was converted.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops.cpu import conv_blocks
+from ...ops.nn import pack_kernel_np
+from ..ir import Graph, Node
+from .eliminate_dead_code import eliminate_dead_code
+
+#: per-element ops with no channel dependence (float in, float out)
+UNARY = frozenset({"relu", "sigmoid", "tanh", "exp", "sqrt", "neg", "abs", "log", "reciprocal", "erf", "gelu",
+                   "leaky_relu", "clip"})
+BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
+POOLS = frozenset({"max_pool2d", "avg_pool2d"})
+FLOATS = ("float32",)
+
+
+def _layout(b: int) -> str:
+    return f"NCHW{b}c"
+
+
+def _is_nchw_float(n: Node) -> bool:
+    return n.type.rank == 4 and n.dtype in FLOATS
+
+
+def blocked_conv(n: Node) -> tuple[int, int] | None:
+    """(ic, oc): the blocks of a conv2d the pass may run blocked, else None."""
+    if n.op != "conv2d" or n.attrs.get("groups", 1) != 1 or n.dtype not in FLOATS:
+        return None
+    x, w = n.inputs[0], n.inputs[1]
+    if not (_is_nchw_float(x) and w.is_const and w.type.rank == 4) or (len(n.inputs) > 2 and not n.inputs[2].is_const):
+        return None
+    ic, oc = conv_blocks(x.shape[1], n.shape[1], n.dtype)
+    return (ic, oc) if oc >= 4 and n.shape[1] % oc == 0 else None
+
+
+def _channel_const(c: Node, channels: int) -> np.ndarray | None:
+    """A constant operand as (1, C, 1, 1) (or (1, 1, 1, 1) for a scalar) if it broadcasts per channel
+    over an NCHW tensor of `channels` channels, else None."""
+    v = np.asarray(c.value)
+    if v.ndim > 4:
+        return None
+    v4 = v.reshape((1,) * (4 - v.ndim) + v.shape)
+    if v4.shape[0] != 1 or v4.shape[2:] != (1, 1) or v4.shape[1] not in (1, channels):
+        return None
+    return v4
+
+
+def _blocked_const(v4: np.ndarray, b: int) -> np.ndarray:
+    """(1, C, 1, 1) -> (1, C/b, 1, 1, b); a scalar stays (1, 1, 1, 1, 1)."""
+    if v4.shape[1] == 1:
+        return v4.reshape(1, 1, 1, 1, 1)
+    return np.ascontiguousarray(v4.reshape(1, v4.shape[1] // b, b, 1, 1).transpose(0, 1, 3, 4, 2))
+
+
+def _flexible(n: Node) -> bool:
+    """An op that may run on a blocked tensor (whether it does depends on its inputs' layouts)."""
+    if n.dtype not in FLOATS or n.type.rank != 4:
+        return False
+    if n.op in UNARY or n.op in POOLS:
+        return True
+    if n.op in BINARY:
+        return all(i.is_const or i.shape == n.shape for i in n.inputs)
+    if n.op == "batch_norm":
+        return all(i.is_const for i in n.inputs[1:])
+    return n.op == "concat" and n.attrs["axis"] % 4 == 1
+
+
+def nchwc_layout(graph: Graph) -> Graph:
+    """Blocked layouts between convs (module doc); graph.meta['nchwc'] reports the conversion."""
+    users = graph.users()
+    # does this node's result reach a blocked conv's data input through flexible ops?
+    reaches: dict[int, bool] = {}
+    for n in reversed(graph.nodes):
+        reaches[id(n)] = any((blocked_conv(u) is not None and u.inputs[0] is n)
+                             or (_flexible(u) and reaches[id(u)]) for u in users.get(id(n), ()))
+
+    mapping: dict[int, Node] = {}
+    block: dict[int, int] = {}        # id(new node) -> its lane block (blocked nodes only)
+    unpacked_of: dict[int, Node] = {}  # id(unpack node) -> the blocked tensor it unpacks
+    to_nchw_cache: dict[int, Node] = {}
+    to_blocked_cache: dict[tuple[int, int], Node] = {}
+    nodes: list[Node] = []
+    stats = {"convs": 0, "blocked_ops": 0, "packs": 0, "unpacks": 0}
+
+    def emit(n: Node) -> Node:
+        nodes.append(n)
+        return n
+
+    def nchw(x: Node) -> Node:
+        if id(x) not in block:
+            return x
+        if id(x) not in to_nchw_cache:
+            u = emit(Node("layout_transform", [x], {"src_layout": _layout(block[id(x)]), "dst_layout": "NCHW"},
+                          name=f"{x.name}/nchw", target=x.target))
+            unpacked_of[id(u)] = x
+            to_nchw_cache[id(x)] = u
+            stats["unpacks"] += 1
+        return to_nchw_cache[id(x)]
+
+    def blocked(x: Node, b: int) -> Node:
+        if block.get(id(x)) == b:
+            return x
+        x = nchw(x)
+        src = unpacked_of.get(id(x))
+        if src is not None and block[id(src)] == b:
+            return src
+        key = (id(x), b)
+        if key not in to_blocked_cache:
+            p = emit(Node("layout_transform", [x], {"src_layout": "NCHW", "dst_layout": _layout(b)},
+                          name=f"{x.name}/nchw{b}c", target=x.target))
+            block[id(p)] = b
+            to_blocked_cache[key] = p
+            stats["packs"] += 1
+        return to_blocked_cache[key]
+
+    def const(value: np.ndarray, name: str) -> Node:
+        return emit(Node.const(np.ascontiguousarray(value), name=name))
+
+    def out(n: Node, b: int) -> Node:
+        block[id(n)] = b
+        stats["blocked_ops"] += 1
+        return n
+
+    def convert(old: Node, ins: list[Node]) -> Node | None:
+        """The blocked form of `old` over its mapped inputs, or None (old runs in NCHW)."""
+        blks = [block[id(i)] for i in ins if id(i) in block]
+        cb = blocked_conv(old)
+        if cb is not None:
+            if not reaches[id(old)]:
+                return None   # its NCHW kernel writes NCHW from registers (1x1: the pointwise kernel)
+            x = ins[0]
+            if id(x) in block:
+                ic = block[id(x)]
+            else:
+                ic = cb[0]
+                x = blocked(x, ic)
+            oc = cb[1]
+            w = const(pack_kernel_np(np.asarray(ins[1].value), ic, oc), f"{ins[1].name}/oihw{ic}i{oc}o")
+            y = out(emit(Node("conv2d_NCHWc", [x, w], {k: old.attrs[k] for k in ("strides", "pads", "dilations")},
+                              name=old.name if len(ins) < 3 else f"{old.name}/conv", origin=old.origin,
+                              target=old.target)), oc)
+            stats["convs"] += 1
+            if len(ins) > 2:
+                b = const(_blocked_const(np.asarray(ins[2].value).reshape(1, -1, 1, 1), oc), f"{ins[2].name}/{oc}c")
+                y = out(emit(Node("add", [y, b], name=old.name, origin=old.origin, target=old.target)), oc)
+            return y
+        if not blks or not _flexible(old):
+            return None
+        b = blks[0]
+        if old.op in UNARY or old.op in POOLS:
+            return out(emit(old.with_inputs([ins[0]])), b)
+        if old.op == "concat":
+            if len(set(blks)) > 1 or any(id(i) not in block and (i.is_const or i.shape[1] % b) for i in ins):
+                return None
+            if len(blks) < len(ins) and not reaches[id(old)]:
+                return None   # packing NCHW inputs only pays if a blocked conv reads the result
+            return out(emit(old.with_inputs([blocked(i, b) for i in ins], attrs={**old.attrs, "axis": 1})), b)
+        C = old.shape[1]
+        if old.op == "batch_norm":
+            s, bias, mean, var = (np.asarray(i.value, dtype=np.float64) for i in ins[1:])
+            inv = s / np.sqrt(var + old.attrs["epsilon"])
+            dt = old.dtype
+            a = const(_blocked_const((inv).reshape(1, C, 1, 1).astype(dt), b), f"{old.name}/scale{b}c")
+            c = const(_blocked_const((bias - mean * inv).reshape(1, C, 1, 1).astype(dt), b), f"{old.name}/shift{b}c")
+            y = out(emit(Node("mul", [ins[0], a], name=f"{old.name}/mul", origin=old.origin, target=old.target)), b)
+            return out(emit(Node("add", [y, c], name=old.name, origin=old.origin, target=old.target)), b)
+        # binary
+        new_ins = []
+        for i, o in zip(ins, old.inputs):
+            if i.is_const:
+                v4 = _channel_const(i, C)
+                if v4 is None:
+                    return None
+                new_ins.append(const(_blocked_const(v4, b), f"{i.name}/{b}c"))
+            elif id(i) in block:
+                if block[id(i)] != b:
+                    return None
+                new_ins.append(i)
+            elif reaches[id(old)] and o.shape[1] % b == 0:
+                new_ins.append(None)   # an NCHW tensor packed to b below
+            else:
+                return None
+        new_ins = [blocked(i, b) if n is None else n for i, n in zip(ins, new_ins)]
+        return out(emit(old.with_inputs(new_ins)), b)
+
+    for old in graph.nodes:
+        if old.op in ("input", "const"):
+            mapping[id(old)] = emit(old)
+            continue
+        ins = [mapping[id(i)] for i in old.inputs]
+        y = convert(old, ins) if old.target in (None, "cpu") else None
+        if y is None:
+            ins = [nchw(i) for i in ins]
+            y = old if all(a is b for a, b in zip(ins, old.inputs)) else old.with_inputs(ins)
+            y = emit(y)
+        mapping[id(old)] = y
+    outputs = [nchw(mapping[id(o)]) for o in graph.outputs]
+    g = eliminate_dead_code(Graph(nodes, [mapping[id(i)] for i in graph.inputs], outputs, graph.output_names,
+                                  graph.name, graph.meta))
+    counts = g.op_counts()
+    g.meta["nchwc"] = {**stats, "layout_transforms": counts.get("layout_transform", 0)}
+    return g
+
+
+def is_unpack(n: Node) -> bool:
+    """A layout_transform back to NCHW (fuse_ops lets it join its producer's kernel, whose tile
+    is then written straight to NCHW)."""
+    return n.op == "layout_transform" and n.attrs.get("dst_layout") == "NCHW"
+
+
+__all__ = ["nchwc_layout", "blocked_conv", "is_unpack"]

@@ -1,0 +1,195 @@
+"""The CPU target's blocked layout between convs (compiler.graph.passes.nchwc_layout): where the
+layout conversions go (graph inputs and outputs, NCHW-only readers, blocks that do not meet), that
+the rewritten graph means the same as the original (graph interpreter), and that the cpu target
+runs it to the same numbers (compiled kernels: blocked convs, pools, concats, epilogues)."""
+import numpy as np
+import pytest
+
+import compiler
+from compiler.graph import run as reference_run
+from compiler.graph.ir import Graph, Node
+from compiler.graph.passes import GraphOptions, fuse_ops, nchwc_layout, optimize
+from compiler.ops.cpu import conv_blocks
+
+RNG = np.random.default_rng(7)
+
+
+class Net:
+    """A small graph under construction (Node API), weights seeded."""
+
+    def __init__(self, shape):
+        self.x = Node.input("x", shape)
+        self.n = 0
+
+    def name(self, what):
+        self.n += 1
+        return f"{what}{self.n}"
+
+    def conv(self, x, out, k=3, stride=1, pad=None, bias=True, groups=1):
+        pad = k // 2 if pad is None else pad
+        w = Node.const((RNG.standard_normal((out, x.shape[1] // groups, k, k)) / np.sqrt(x.shape[1] * k * k))
+                       .astype(np.float32))
+        ins = [x, w] + ([Node.const(RNG.standard_normal(out).astype(np.float32) * 0.1)] if bias else [])
+        return Node("conv2d", ins, {"pads": (pad,) * 4, "strides": (stride, stride), "groups": groups},
+                    name=self.name("conv"))
+
+    def op(self, op, *ins, **attrs):
+        return Node(op, list(ins), attrs, name=self.name(op))
+
+    def graph(self, *outs):
+        return Graph.from_outputs([self.x], list(outs))
+
+
+def ops_of(g):
+    return [n.op for n in g.ops]
+
+
+def transforms(g):
+    return [(n.inputs[0].op, n.attrs["src_layout"], n.attrs["dst_layout"]) for n in g.ops
+            if n.op == "layout_transform"]
+
+
+def check_same(g, q, batch=None, rtol=1e-4):
+    """The rewritten graph q computes what g computes (interpreter), and so does the cpu target."""
+    shape = g.inputs[0].shape
+    x = RNG.standard_normal(shape).astype(np.float32)
+    want = reference_run(g, {"x": x})[0]
+    got = reference_run(q, {"x": x})[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * float(np.abs(want).max()))
+    mod = compiler.build_model(g, target="cpu")
+    assert mod.meta["fallbacks"] == []
+    out = next(iter(mod.run({"x": x})[0].values()))
+    np.testing.assert_allclose(out.reshape(want.shape), want, rtol=rtol, atol=rtol * float(np.abs(want).max()))
+    return mod
+
+
+def test_chain_packs_at_the_input_and_unpacks_before_the_last_conv():
+    t = Net((1, 16, 12, 12))
+    y = t.op("relu", t.conv(t.x, 32))
+    y = t.op("relu", t.conv(y, 32, k=1))
+    y = t.conv(y, 32, stride=2)
+    g = t.graph(y)
+    q = nchwc_layout(g)
+    assert ops_of(q).count("conv2d_NCHWc") == 2 and ops_of(q).count("conv2d") == 1
+    # one pack of the graph input, one unpack: the last conv (its result reaches no conv) runs NCHW
+    assert transforms(q) == [("input", "NCHW", f"NCHW{conv_blocks(16, 32)[0]}c"),
+                             ("relu", f"NCHW{conv_blocks(32, 32)[1]}c", "NCHW")]
+    assert q.outputs[0].shape == (1, 32, 6, 6)
+    check_same(g, q)
+
+
+def test_residual_add_and_pools_stay_blocked():
+    t = Net((1, 8, 16, 16))
+    a = t.op("relu", t.conv(t.x, 16))
+    b = t.op("relu", t.op("add", t.conv(t.op("relu", t.conv(a, 16)), 16), a))
+    p = t.op("max_pool2d", b, kernel=(3, 3), strides=(2, 2), pads=(0, 0, 0, 0), ceil_mode=1)
+    p = t.op("avg_pool2d", p, kernel=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), count_include_pad=0)
+    y = t.conv(p, 16)
+    g = t.graph(y)
+    q = nchwc_layout(g)
+    blocked = {n.op for n in q.ops if n.type.rank == 5}
+    assert {"conv2d_NCHWc", "add", "relu", "max_pool2d", "avg_pool2d"} <= blocked
+    assert len(transforms(q)) == 2   # the input's pack, the last conv's unpack
+    check_same(g, q)
+
+
+def test_concat_on_block_boundaries_stays_blocked():
+    t = Net((1, 16, 10, 10))
+    s = t.op("relu", t.conv(t.x, 16, k=1))
+    y = t.op("concat", t.op("relu", t.conv(s, 32, k=1)), t.op("relu", t.conv(s, 32)), axis=1)
+    y = t.conv(y, 16, k=1)
+    g = t.graph(y)
+    q = nchwc_layout(g)
+    cat = next(n for n in q.ops if n.op == "concat")
+    assert cat.type.rank == 5 and cat.attrs["axis"] == 1
+    check_same(g, q)
+
+
+def test_concat_whose_channels_do_not_align_runs_nchw():
+    """12 channels take a block of 4, 32 channels a larger one: the concat reads both unpacked."""
+    t = Net((1, 8, 9, 9))
+    a, b = t.conv(t.x, 12), t.conv(t.x, 32)
+    assert conv_blocks(8, 12)[1] != conv_blocks(8, 32)[1]
+    y = t.conv(t.op("relu", t.op("concat", a, b, axis=1)), 16)
+    g = t.graph(y)
+    q = nchwc_layout(g)
+    cat = next(n for n in q.ops if n.op == "concat")
+    assert cat.type.rank == 4 and all(i.type.rank == 4 for i in cat.inputs)
+    # the convs feeding it unpack in their own kernels: no separate conversion pass over memory
+    fused = fuse_ops(q)
+    assert [n.inputs[0].op for n in fused.ops if n.op == "layout_transform"] == ["input"]
+    check_same(g, q)
+
+
+def test_odd_channel_counts_and_an_nchw_reader_between():
+    """3 output channels have no block of 4: that conv stays NCHW; a global pool and a reshape read
+    NCHW; 5 channels make a block of 5 lanes."""
+    t = Net((1, 5, 11, 7))
+    a = t.op("relu", t.conv(t.x, 5, bias=False))
+    b = t.conv(a, 3)
+    c = t.conv(t.op("relu", t.conv(a, 20)), 8)
+    gp = t.op("reshape", t.op("global_avg_pool", c), shape=(1, 8))
+    g = t.graph(b, gp)
+    q = nchwc_layout(g)
+    ops = ops_of(q)
+    assert ops.count("conv2d_NCHWc") == 2 and ops.count("conv2d") == 2
+    assert all(o.type.rank == 4 for o in q.ops if o.op in ("global_avg_pool",))
+    x = RNG.standard_normal(g.inputs[0].shape).astype(np.float32)
+    for got, want in zip(reference_run(q, {"x": x}), reference_run(g, {"x": x})):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    mod = compiler.build_model(g, target="cpu")
+    outs = list(mod.run({"x": x})[0].values())
+    for got, want in zip(outs, reference_run(g, {"x": x})):
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_batch_above_one(batch):
+    t = Net((batch, 16, 8, 8))
+    y = t.op("relu", t.conv(t.x, 16))
+    y = t.op("clip", t.op("add", t.conv(y, 16), y), min=0.0, max=6.0)
+    y = t.conv(t.op("max_pool2d", y, kernel=(2, 2), strides=(2, 2)), 8)
+    g = t.graph(y)
+    q = nchwc_layout(g)
+    assert q.ops[0].shape[0] == batch and "conv2d_NCHWc" in ops_of(q)
+    check_same(g, q)
+
+
+def test_batch_norm_and_channel_constants_as_blocked_affines():
+    t = Net((1, 16, 6, 6))
+    a = t.conv(t.x, 16)
+    c = 16
+    bn = Node("batch_norm", [a, Node.const(RNG.uniform(0.5, 1.5, c).astype(np.float32)),
+                             Node.const(RNG.standard_normal(c).astype(np.float32)),
+                             Node.const(RNG.standard_normal(c).astype(np.float32)),
+                             Node.const(RNG.uniform(0.5, 2, c).astype(np.float32))], {"epsilon": 1e-3}, name="bn")
+    m = t.op("mul", bn, Node.const(RNG.standard_normal((c, 1, 1)).astype(np.float32)))
+    s = t.op("sub", m, Node.const(np.float32(0.5)))
+    y = t.conv(t.op("relu", s), 16)
+    g = t.graph(y)
+    q = nchwc_layout(g)
+    assert "batch_norm" not in ops_of(q) and len(transforms(q)) == 2
+    check_same(g, q)
+
+
+def test_fusion_writes_the_unpack_from_the_conv_kernel():
+    """A blocked conv whose result leaves the blocked layout (a graph output) unpacks in its own
+    kernel: fuse_ops puts the layout_transform in the conv's group."""
+    t = Net((1, 8, 8, 8))
+    a = t.op("relu", t.conv(t.x, 16))
+    g = t.graph(t.conv(a, 16), a)
+    q = fuse_ops(nchwc_layout(g))
+    assert any(f["ops"][:1] == ["conv2d_NCHWc"] and f["ops"][-1] == "layout_transform" for f in q.meta["fusion"])
+
+
+def test_only_the_cpu_targets_own_builds_block():
+    """optimize() with default options (a graph later quantized and partitioned) keeps NCHW; the
+    cpu target's build asks for the pass."""
+    t = Net((1, 8, 8, 8))
+    g = t.graph(t.conv(t.op("relu", t.conv(t.x, 16)), 16))
+    assert "conv2d_NCHWc" not in ops_of(optimize(g, fuse=False))
+    assert "conv2d_NCHWc" in ops_of(optimize(g, GraphOptions(fuse=False, nchwc=True)))
+    assert "conv2d_NCHWc" not in ops_of(optimize(g, GraphOptions(fuse=False, nchwc=True, targets=("cpu",))))
+    mod = compiler.build_model(g, target="cpu")
+    assert mod.graph.meta["nchwc"]["convs"] == 1
