@@ -716,7 +716,8 @@ class ModuleImage:
         if not keys:
             return
         if len(keys) != 2:
-            fail(f"{w}: attrs has {keys[0]} without {'warm_insn_count' if keys[0] == 'warm_insn_addr' else 'warm_insn_addr'}")
+            other = "warm_insn_count" if keys[0] == "warm_insn_addr" else "warm_insn_addr"
+            fail(f"{w}: attrs has {keys[0]} without {other}")
         addr, count = s.attrs["warm_insn_addr"], s.attrs["warm_insn_count"]
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (addr, count)):
             fail(f"{w}: attrs warm_insn_addr/warm_insn_count = {_short(addr)}/{_short(count)} must be integers")

@@ -332,7 +332,7 @@ def resident_dense_tiling(spec: Conv2dSpec, cfg: AccelConfig, residual: bool = F
         s = dev.stream()
         s.emit_preloaded(lambda s, t=t: emit_dense(s, spec, t, bufs["inp"], bufs["wgt"], bufs["out"], bufs["bias"],
                                                    Requant(8, -127, 127),
-                                                   region=WeightRegion(0, False, None if acc_limit is None else acc_limit)))
+                                                   region=WeightRegion(0, False, acc_limit)))
         cycles = model.run_insns(s.finish()).cycles
         if best is None or cycles < best[0]:
             best = (cycles, t)

@@ -18,7 +18,18 @@ from .dense import dense_loop_nest_text, emit_dense
 from .epilogue import _operand_kernel, emit_requant, flush_params, set_requant_operand
 from .pipeline import TokenPipeline
 from .plan import _fits, input_resident, linear_pixels
-from .spec import PARAM_ENTRIES, Conv2dSpec, ConvTiling, Requant, ResidualAdd, TilingError, _ceil, _Geom, is_dense
+from .spec import (
+    PARAM_ENTRIES,
+    Conv2dSpec,
+    ConvTiling,
+    Requant,
+    ResidualAdd,
+    TilingError,
+    _ceil,
+    _Geom,
+    is_dense,
+    weight_region_entries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +59,21 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     per band, so compute starts on the first band's input and the store drains the last tile band by
     band (the pipeline's fill and drain). A tile of whole unpadded rows moves all its channel blocks
     in one LOAD (its input chunk, its residual) and one STORE.
-    region: a WeightRegion, weights resident across inferences (dense layers only, emit_dense).
+    region: a WeightRegion, the layer's weights resident across inferences at a fixed place of the
+    weight buffer (a conv's group o0 at region.base + o0 * C/bi * kh * kw; one input chunk only),
+    loaded there only with region.load (dense layers: emit_dense, which also keeps a bias).
     Returns counts (tiles, chunks) for reporting."""
     if is_dense(spec):   # rows streamed past resident weights
         return emit_dense(stream, spec, tiling, inp, wgt, out, bias, requant, residual, channel_scales, region)
     if region is not None:
-        raise TilingError(f"{spec.name}: weights resident across inferences are built for dense layers only")
+        cfg = stream.cfg
+        end = region.base + weight_region_entries(spec, cfg)
+        if _ceil(_Geom.of(spec, cfg).cb, tiling.ic_t) != 1 or region.bias_base is not None:
+            raise TilingError(f"{spec.name}: a conv keeps its weights across inferences with one input-channel "
+                              f"chunk and its bias loaded every run (tiling {tiling.describe()})")
+        if region.base < 0 or end > cfg.wgt_depth - 1:
+            raise TilingError(f"{spec.name}: resident weights at entries {region.base}..{end - 1} leave the weight "
+                              f"buffer (0..{cfg.wgt_depth - 2}, entry {cfg.wgt_depth - 1} is the residual identity's)")
     cfg, t = stream.cfg, tiling
     g = _Geom.of(spec, cfg)
     sh, sw = spec.strides
@@ -181,6 +201,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             islot = j % S
             wslot = (group % S) if resident else islot
             inp_base, wgt_base = (0 if inp_resident else islot * inp_slot), wslot * wgt_slot
+            if region is not None:   # the group's weights at their place for every inference
+                wgt_base = region.base + o0 * g.cb * khw
+            # weights load with a group's first tile (a resident place: the first batch block's, first run only)
+            load_w = (region.load and n == 0 and new_group) if region is not None else (new_group or not resident)
             res_base = S * inp_slot + (ti % S) * res_slot   # a fused residual's tile
 
             def gemm_by_block(band=None, taps=None):   # the chunk's GEMM over (block, pixel); band: pixels p0..p1-1
@@ -200,7 +224,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
             # ---- load stage
             pipe.before_load(j)
             if len(load_bands) > 1:   # 1x1, stride 1, no padding: a band's input rows are its output rows
-                if new_group or not resident:
+                if load_w:
                     stream.load_2d(MemType.WGT, wgt_base, wgt, (o0 * g.cb + ic0) * khw,
                                    y_size=o_a, x_size=ic_a * khw, x_stride=g.cb * khw)
                 if residual is not None and j == 0:
@@ -229,14 +253,14 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                         stream.load_2d(MemType.INP, inp_base + ic * rows * cols, inp, entry,
                                        y_size=max(0, y1 - y0), x_size=max(0, x1 - x0), x_stride=spec.w,
                                        y_pad0=yp0, y_pad1=yp1, x_pad0=xp0, x_pad1=xp1)
-                if (new_group or not resident) and by_rows:   # kernel row by kernel row; the first chunk's
+                if load_w and by_rows:   # kernel row by kernel row; the first chunk's
                     for y in range(spec.kh):                 # rows each with a token (split_taps)
                         stream.load_2d(MemType.WGT, wgt_base + y * o_a * ic_a * spec.kw, wgt,
                                        (o0 * g.cb + ic0) * khw + y * spec.kw, y_size=o_a * ic_a, x_size=spec.kw,
                                        x_stride=khw)
                         if j == 0 and y < spec.kh - 1:
                             stream.dep_push(Stage.LOAD, Stage.COMPUTE)
-                elif new_group or not resident:
+                elif load_w:
                     stream.load_2d(MemType.WGT, wgt_base, wgt, (o0 * g.cb + ic0) * khw,
                                    y_size=o_a, x_size=ic_a * khw, x_stride=g.cb * khw)
                 if residual is not None:
@@ -302,7 +326,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 j += 1
                 continue
             # the layer's first chunk with weights by kernel row: a GEMM per row, each on its own token
-            split_taps = [(y, y + 1) for y in range(spec.kh)] if by_rows and j == 0 else [None]
+            split_taps = ([(y, y + 1) for y in range(spec.kh)] if by_rows and j == 0 and (region is None or region.load)
+                          else [None])
             for p, taps in enumerate(split_taps):
                 final = p == len(split_taps) - 1
                 if p:

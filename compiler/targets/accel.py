@@ -508,7 +508,7 @@ class AccelTarget(Target):
                         if bias_at is not None:   # the tile slots below the resident biases
                             acc_limit = min(a for a, _ in st["resident_acc"].values())
                             tiling = resident_dense_tiling(spec, cfg, residual is not None, acc_limit=acc_limit)
-                        elif not st.get("tune"):   # the tiling its later runs are fastest with
+                        elif not st.get("tune") and is_dense(spec):   # the tiling its later runs are fastest with
                             tiling = resident_dense_tiling(spec, cfg, residual is not None)
                         regions = [WeightRegion(base, load, bias_at) for load in (True, False)]
                         (addr, count), (waddr, wcount) = [
@@ -587,6 +587,7 @@ class AccelTarget(Target):
             if (n.target or b.primary.name) != self.name:
                 continue
             body = n.attrs["body"] if n.op == "fused" else single_body(n)
+            outer = {id(p): o for p, o in zip(body.inputs, n.inputs)}
             # clamps and a residual add ride in a GEMM layer's program; alone they are programs of their own
             only_gemms = only_gemms and any(op.op in ("qconv2d", "qdense") for op in body.ops) and \
                 all(op.op in ("qconv2d", "qdense", "qadd") + CLAMP_OPS for op in body.ops)
@@ -597,13 +598,18 @@ class AccelTarget(Target):
                     spec = self.gemm_spec(b, op)
                     groups = op.attrs.get("groups", 1) if op.op == "qconv2d" else 1
                     view = dense_view(spec, cfg) if is_dense(spec) else spec
-                    needs = _needs(view, plan_conv2d(view if groups == 1 else group_spec(spec, groups, cfg.batch),
-                                                     cfg, 2, False))
+                    t = plan_conv2d(view if groups == 1 else group_spec(spec, groups, cfg.batch), cfg, 2, False)
+                    needs = _needs(view, t)
                 except CompilerError:   # lowers some other way or falls back; link() checks what it loads
                     only_gemms = False
                     continue
-                need, ob = needs["wgt"], _Geom.of(spec, cfg).ob
-                if op.op == "qdense" and is_dense(spec):
+                need, g = needs["wgt"], _Geom.of(spec, cfg)
+                ob = g.ob
+                wconst = outer.get(id(op.inputs[1]), op.inputs[1])
+                # a conv too, where its weights come in one input chunk and it is not a grouped conv in windows
+                conv_ok = (op.op == "qconv2d" and groups == 1 and t.ic_t >= g.cb and wconst.is_const
+                           and not windowed_chunks(wconst.value))
+                if (op.op == "qdense" and is_dense(spec)) or conv_ok:
                     layers[op.name] = (weight_region_entries(spec, cfg), need)
                 else:
                     others = max(others, need)

@@ -15,11 +15,20 @@ from accel.cli import main
 from accel.isa import INSN_BYTES, PRESETS, AccelConfig, MemType, decode_program, encode_program
 from accel.isa.isa import Load
 from compiler import build_model
-from compiler.accel.conv2d import Conv2dSpec, Requant, TilingError, conv2d_candidates, dense_reference, emit_conv2d
+from compiler.accel.conv2d import (
+    Conv2dSpec,
+    Requant,
+    TilingError,
+    conv2d_candidates,
+    conv2d_reference,
+    dense_reference,
+    emit_conv2d,
+)
 from compiler.accel.dense import resident_dense_tiling
 from compiler.accel.layout import pack_activation, pack_bias, pack_weight, unpack_activation
 from compiler.accel.plan import plan_conv2d, plan_resident_weights
 from compiler.accel.spec import WeightRegion, dense_view, weight_region_entries
+from compiler.frontend import zoo
 from compiler.frontend.zoo import ModelBuilder, mlp, sample_inputs, transformer_encoder
 from compiler.targets.accel import program_bytes
 from host_runtime import Device
@@ -132,9 +141,9 @@ def test_resident_region_past_the_buffer_is_refused():
         s = dev.stream()
         emit_conv2d(s, spec, t, None, None, None, region=WeightRegion(cfg.wgt_depth - 4))
     conv = Conv2dSpec(1, 16, 4, 4, 16, 3, 3, name="conv")
-    with pytest.raises(TilingError, match="conv: weights resident across inferences are built for dense"):
-        emit_conv2d(dev.stream(), conv, conv2d_candidates(conv, cfg, 2)[0][1], None, None, None,
-                    region=WeightRegion(0))
+    chunked = next(t for _, t in conv2d_candidates(conv, cfg, 2) if t.ic_t < 4)
+    with pytest.raises(TilingError, match="conv: a conv keeps its weights across inferences with one input-channel"):
+        emit_conv2d(dev.stream(), conv, chunked, None, None, None, region=WeightRegion(0))
 
 
 def test_resident_tiling_no_slower_warm_than_the_cold_pick():
@@ -395,3 +404,74 @@ def test_overlapping_places_drop_residency_and_stay_right(monkeypatch, where, wh
     assert warm == [False] * 3
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+
+
+def run_resident_conv(cfg, spec, tiling, base, runs, seed, rq=Requant(9, -127, 127)):
+    """A conv's cold program once, then its warm one, each on a new input (fsim, race check)."""
+    dev = Device(cfg, "fsim", check_races=True)
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
+    b = rng.integers(-3000, 3000, spec.o).astype(np.int32)
+    xs = [rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8) for _ in range(runs)]
+    mem = dev.memory
+    inp = mem.alloc_array(pack_activation(xs[0], cfg.batch, cfg.block_in), align=cfg.inp_elem_bytes)
+    wb = mem.alloc_array(pack_weight(w, cfg.block_out, cfg.block_in), align=cfg.wgt_elem_bytes)
+    bb = mem.alloc_array(pack_bias(b, cfg), align=cfg.acc_elem_bytes)
+    nb, ob = -(-spec.n // cfg.batch), -(-spec.o // cfg.block_out)
+    oshape = (nb, ob, spec.oh, spec.ow, cfg.batch, cfg.block_out)
+    out = mem.alloc(int(np.prod(oshape)), align=cfg.out_elem_bytes)
+    progs = [_program(dev, lambda s, load=load: emit_conv2d(s, spec, tiling, inp, wb, out, bb, rq,
+                                                            region=WeightRegion(base, load)))
+             for load in (True, False)]
+    for r, x in enumerate(xs):
+        inp.write(pack_activation(x, cfg.batch, cfg.block_in))
+        addr, count, _ = progs[min(r, 1)]
+        dev.run(addr, count)
+        got = unpack_activation(out.read(np.int8, oshape), spec.n, spec.o)
+        np.testing.assert_array_equal(got, conv2d_reference(x, w, b, spec, rq), err_msg=f"run {r}")
+    return progs
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=st.sampled_from([PRESETS["tiny"], SQUARE_ODD, BLOCK8, BATCH2]), n=st.integers(1, 3),
+       c=st.integers(1, 20), hw=st.integers(1, 7), o=st.integers(1, 24), k=st.sampled_from([1, 3]),
+       stride=st.sampled_from([1, 2]), pad=st.integers(0, 1), pick=st.integers(0, 9), at_top=st.booleans(),
+       seed=st.integers(0, 99))
+def test_resident_conv_bit_exact_over_runs_and_tilings(cfg, n, c, hw, o, k, stride, pad, pick, at_top, seed):
+    """A conv keeps its weights across inferences (any of the 10 best tilings with one input chunk:
+    output-channel groups, batch blocks, row tiles, kernel rows loaded one by one): the first run
+    loads them, the next two load none, every run matches the reference."""
+    try:
+        spec = Conv2dSpec(n, c, hw, hw, o, k, k, (pad,) * 4, (stride, stride), name="conv")
+        cands = [t for _, t in conv2d_candidates(spec, cfg, 2) if t.ic_t * cfg.block_in >= c]
+    except TilingError:
+        return
+    if not cands:
+        return
+    t = cands[pick % len(cands)]
+    size = weight_region_entries(spec, cfg)
+    base = cfg.wgt_depth - 1 - size if at_top else 0
+    if base < 0:
+        return
+    progs = run_resident_conv(cfg, spec, t, base, 3, seed)
+    cold, warm = _wgt_loads(progs[0][2]), _wgt_loads(progs[1][2])
+    assert not warm
+    assert all(base <= i.sram_base and i.sram_base + i.y_size * i.x_size <= base + size for i in cold)
+    assert sum(i.y_size * i.x_size for i in cold) == size
+
+
+@pytest.mark.parametrize("net,cfg", [("conv_bn_relu_pool", "default"), ("residual_block", "default"),
+                                     ("depthwise_separable", "default"), ("residual_block", "tiny")])
+def test_conv_nets_resident_bit_exact_over_runs(net, cfg):
+    """Conv layers with one input chunk keep their weights too (next to pools, fused residuals and
+    depthwise layers): three runs each bit-exact with the build without residency."""
+    model = getattr(zoo, net)()
+    feeds = sample_inputs(model, 4, seed=11)
+    on = build_model(model, target="accel", config=cfg, calibration=feeds[:2])
+    off = build_model(model, target="accel", config=cfg, calibration=feeds[:2], resident_weights=False)
+    got, warm, _ = _runs(on, feeds[1:])
+    want, _, _ = _runs(off, feeds[1:])
+    for r, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(a, b, err_msg=f"run {r}")
+    kept = on.meta.get("resident_weights", {}).get("layers", {})
+    assert warm == [False] + [bool(kept)] * 2
