@@ -333,14 +333,16 @@ def small_mlp(seed: int = 0):
 
 @pytest.mark.rtl
 @pytest.mark.skipif(tools_available() is not None, reason=f"rtl driver: {tools_available()}")
-def test_rtl_resident_runs_match_fsim_and_tsim_cycles():
-    """tiny config, a two-layer MLP: three runs on the RTL (the second and third with the weights
-    left on chip by the first), bit-exact with the non-resident build on fsim; the RTL's cycles
-    agree with tsim's within 1% run by run."""
-    model = small_mlp()
+@pytest.mark.parametrize("net,kept", [("small_mlp", {"fc1", "fc2"}), ("conv_bn_relu_pool", {"conv1"})])
+def test_rtl_resident_runs_match_fsim_and_tsim_cycles(net, kept):
+    """tiny config, a two-layer MLP (weights and biases kept) and the tiny CNN (a conv's weights
+    kept, pools beside it): three runs on the RTL (the second and third with what the first left
+    on chip), bit-exact with the non-resident build on fsim; the RTL's cycles agree with tsim's
+    within 1% run by run."""
+    model = small_mlp() if net == "small_mlp" else zoo.conv_bn_relu_pool()
     feeds = sample_inputs(model, 4, seed=2)
     on, off = _both(model, "tiny", feeds)
-    assert set(on.meta["resident_weights"]["layers"]) == {"fc1", "fc2"}
+    assert set(on.meta["resident_weights"]["layers"]) == kept
     got, warm, cyc = _runs(on, feeds[1:], "rtl")
     _, _, tcyc = _runs(on, feeds[1:], "tsim")
     want, _, _ = _runs(off, feeds[1:])
