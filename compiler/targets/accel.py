@@ -43,7 +43,7 @@ from ..accel.conv2d import (
     plan_conv2d,
     residual_identity,
 )
-from ..accel.dense import resident_dense_tiling
+from ..accel.dense import resident_dense_tilings
 from ..accel.depthwise_cost import accel_depthwise_seconds, accel_gemm_seconds, gemm_costs, is_depthwise
 from ..accel.eltwise import emit_add, identity_weights
 from ..accel.grouped import (
@@ -505,16 +505,16 @@ class AccelTarget(Target):
                     try:
                         st = b.state(self.name)
                         bias_at = st["resident_acc"].get(head.name, (None,))[0]
-                        if bias_at is not None:   # the tile slots below the resident biases
-                            acc_limit = min(a for a, _ in st["resident_acc"].values())
-                            tiling = resident_dense_tiling(spec, cfg, residual is not None, acc_limit=acc_limit)
-                        elif not st.get("tune") and is_dense(spec):   # the tiling its later runs are fastest with
-                            tiling = resident_dense_tiling(spec, cfg, residual is not None)
-                        regions = [WeightRegion(base, load, bias_at) for load in (True, False)]
+                        # the tile slots below the resident biases
+                        acc_limit = min(a for a, _ in st["resident_acc"].values()) if bias_at is not None else None
+                        tilings = (tiling, tiling)
+                        if is_dense(spec) and (bias_at is not None or not st.get("tune")):
+                            # the first run's tiling as planned, the later runs' the fastest without weight loads
+                            tilings = resident_dense_tilings(spec, cfg, residual is not None, acc_limit=acc_limit)
                         (addr, count), (waddr, wcount) = [
-                            self.program(b, head.name, lambda s, r=r: emit_conv2d(s, spec, tiling, x, w, out, bb, rq,
-                                                                                  fused, scales, r))
-                            for r in regions]
+                            self.program(b, head.name, lambda s, t=t, r=r: emit_conv2d(s, spec, t, x, w, out, bb, rq,
+                                                                                       fused, scales, r))
+                            for t, r in zip(tilings, [WeightRegion(base, load, bias_at) for load in (True, False)])]
                         step_attrs = {"warm_insn_addr": waddr, "warm_insn_count": wcount}
                     except CompilerError as e:
                         log.warning("%s: weights not kept resident: %s", head.name, e)
