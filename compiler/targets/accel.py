@@ -509,7 +509,7 @@ class AccelTarget(Target):
                         acc_limit = min(a for a, _ in st["resident_acc"].values()) if bias_at is not None else None
                         tilings = (tiling, tiling)
                         if is_dense(spec) and (bias_at is not None or not st.get("tune")):
-                            # the first run's tiling as planned, the later runs' the fastest without weight loads
+                            # each run's fastest (the later runs' without weight loads), same input chunks
                             tilings = resident_dense_tilings(spec, cfg, residual is not None, acc_limit=acc_limit)
                         (addr, count), (waddr, wcount) = [
                             self.program(b, head.name, lambda s, t=t, r=r: emit_conv2d(s, spec, t, x, w, out, bb, rq,
