@@ -27,12 +27,12 @@ def test_quick_run_writes_json_and_table(e2e, tmp_path, capsys):
 
 def test_table_has_a_column_per_dram_preset(e2e):
     res = {"nets": [{"net": "a", "cpu_quiet": {"latency_s": 1e-3, "ort_latency_s": 2e-3, "ratio": 0.5},
-                     "offload_fraction": 0.5, "accel": {"vs_ideal": 1.2},
+                     "offload_fraction": 0.5, "accel": {"vs_ideal": 1.2, "resident": {"warm_vs_ideal": 1.1}},
                      "dram": {"zcu104": {"vs_ideal": 1.5}}, "accel_host_s": 1e-3},
                     {"net": "b", "cpu_error": "x"}]}
     lines = e2e.table(res).splitlines()
-    assert "zcu104" in lines[0]
-    assert lines[1].split() == ["a", "1.000", "2.000", "0.50", "-", "50.0%", "1.200", "1.500", "1.00"]
+    assert "zcu104" in lines[0] and "warm" in lines[0]
+    assert lines[1].split() == ["a", "1.000", "2.000", "0.50", "-", "50.0%", "1.200", "1.100", "1.500", "1.00"]
     assert lines[2].split()[0] == "b" and set(lines[2].split()[1:]) == {"-"}
 
 
