@@ -11,7 +11,7 @@ Per network, printed as a table and written as JSON (bench/results/e2e.json):
     against the ideal (offloaded MACs / peak MACs per cycle), per layer with the lower bounds of
     the chosen mapping (compute-stage micro-ops, bus beats) and the floor of any layer-by-layer
     mapping; the same cycles under each DRAM preset of sim.dram (a column per preset; skipped
-    where the presets or the tsim driver are absent); where dense layers keep their weights on chip
+    where the presets or the tsim driver are absent); where GEMM layers keep their weights on chip
     across inferences (build_model's resident_weights), "resident": the first (cold) run's and the
     second (warm, steady-state) run's cycles against the ideal, on two different inputs;
   compile times, activation memory planned vs naive, and (unless --no-qdq) the net as
@@ -382,7 +382,7 @@ def bench_accel(name, graph, feeds, feed, ref, cfg, args, log) -> dict:
     res = tsim_resident(acc, feeds[1:], r["accel"]["ideal_cycles"])
     if res is not None:
         r["accel"]["resident"] = res
-        log(f"{name}: weights resident ({len(res['layers'])} dense layers, {res['weight_entries']} weight entries): "
+        log(f"{name}: weights resident ({len(res['layers'])} layers, {res['weight_entries']} weight entries): "
             f"first run {res['cold_cycles']} cycles = {_fmt(res['cold_vs_ideal'], '.3f')}x ideal, steady state "
             f"{res['warm_cycles']} = {_fmt(res['warm_vs_ideal'], '.3f')}x")
     r["dram"] = {}
@@ -490,7 +490,7 @@ def table(results: dict) -> str:
         lines.append(" ".join(f"{v:>{w}}" if i else f"{v:<{w}}" for i, (v, (_, w)) in enumerate(zip(vals, cols))))
     lines.append("cpu/ort: quiet, busy: under one busy core (median of per-cycle ratios, bar "
                  f"{CPU_BAR}x); cyc/ideal: tsim cycles / (offloaded MACs / peak per cycle), default DRAM, "
-                 "first run; warm: the same in the steady state (second run, dense weights resident)"
+                 "first run; warm: the same in the steady state (second run, weights resident)"
                  + (f", then per DRAM preset ({', '.join(presets)})" if presets else "")
                  + "; host ms: the accel target's CPU steps")
     return "\n".join(lines)
