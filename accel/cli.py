@@ -551,7 +551,7 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="measure the best few tilings of each accelerator layer on the timing model and keep "
                         "the fastest; with LOG, read and extend that JSON tuning log")
     p.add_argument("--no-resident-weights", dest="resident_weights", action="store_false",
-                   help="reload every accelerator dense layer's weights on each inference (default: the weights "
+                   help="reload every accelerator layer's weights on each inference (default: the weights "
                         "that fit the weight buffer stay there from the first run on)")
     p.add_argument("--tuning-log", metavar="F",
                    help="--target cpu: take each kernel's schedule from the JSON-lines log `accel tune` wrote "

@@ -301,7 +301,7 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
     tuning-log path measures the best few tilings of each accelerator conv/dense on the timing
     model and keeps the fastest (compiler.accel.tune; the log makes a rebuild a lookup);
     meta['tuning'] lists the choices. progress(stage, k, n) reports long work. resident_weights
-    (accel): dense layers whose weights fit the weight buffer keep them there across inferences:
+    (accel): dense layers and one-chunk convs whose weights fit the weight buffer keep them there across inferences:
     the first run loads them, later runs skip those loads (meta['resident_weights'] lists them)."""
     t0 = time.perf_counter()
     primary = get_target(target)

@@ -571,7 +571,7 @@ class AccelTarget(Target):
 
     # ---- weights resident across inferences ------------------------------------------------------
     def resident_plan(self, b: Builder) -> dict[str, int]:
-        """Layer name -> base weight-buffer entry of the dense layers whose weights stay on chip
+        """Layer name -> base weight-buffer entry of the GEMM layers whose weights stay on chip
         across inferences (compiler.accel.plan.plan_resident_weights), computed once per build from
         the partitioned graph; {} with build_model(resident_weights=False)."""
         st = b.state(self.name)
