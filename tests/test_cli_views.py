@@ -170,7 +170,9 @@ def test_cli_compile_explain_gives_each_node_its_target_and_reason(capsys, tmp_p
     want = {"c_thin": ("cpu", "shape", "wastes"), "c_ok": ("accel", "offload", ""),
             "r_ok": ("accel", "fused", ""), "pool": ("accel", "fused", ""),   # ALU max pooling
             "c_group": ("accel", "offload", ""),   # GEMMs on channel slices
-            "c_dw": ("cpu", "cost", "faster"),   # a diagonal GEMM wastes 15/16: the host estimate wins
+            # a diagonal GEMM wastes 15/16, yet beats the board's A9 here (the host wins others:
+            # tests/compiler/accel/test_depthwise_cost.py)
+            "c_dw": ("accel", "offload", ""),
             "c_big": ("cpu", "lowering", "lowering failed"), "sm": ("cpu", "float", "float32")}
     for name, (target, kind, words) in want.items():
         assert name in rows, (name, out)
