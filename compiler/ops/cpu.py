@@ -352,14 +352,31 @@ def _nchwc_epilogue(s, outs, conv):
     return ost if s._consumers(conv) == [ost] else None
 
 
+#: weights up to this size stay in cache while all output-channel blocks of a row are computed
+ROWS_OUTER_WEIGHT_BYTES = 256 << 10
+
+
+def _rows_outer(conv) -> bool:
+    """Output rows outside the output-channel blocks (each input row band read once, from cache,
+    for every block) when the whole weight is small enough to stay in cache; else blocks outside
+    (each block's weights stay in cache while the rows stream). Knob "rows_outer"."""
+    w = conv.op.input_tensors()[1]
+    nbytes = math.prod(w.shape) * max(1, dt.bits(w.dtype) // 8)
+    return bool(knob("rows_outer", nbytes <= ROWS_OUTER_WEIGHT_BYTES and conv.op.output(0).shape[1] > 1))
+
+
 def _conv_NCHWc_epilogue(s, conv, ost, rn: int):
     """A blocked conv whose output stays blocked (the layout kept between layers): the accumulator
     tile (rn pixels x oc block, in registers) goes through the epilogue straight to the output."""
     _schedule_rest(s, (conv, ost))
     n, oc, oh, ow, ob = ost.op.axis
     owo, owi = ost.split(ow, rn)
-    ost.reorder(n, oc, oh, owo, owi, ob)
-    fused = ost.fuse(n, oc, oh)
+    if _rows_outer(conv):
+        ost.reorder(n, oh, oc, owo, owi, ob)
+        fused = ost.fuse(n, oh, oc)
+    else:
+        ost.reorder(n, oc, oh, owo, owi, ob)
+        fused = ost.fuse(n, oc, oh)
     if parallel_knob(True):
         ost.parallel(fused)
     ost.unroll(owi)

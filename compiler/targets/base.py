@@ -69,6 +69,8 @@ def node_macs(n: Node) -> int:
         if n.op == "qconv2d" and n.attrs["layout"] == "NCHWnc":
             return math.prod(n.shape) * w[1] * w[2] * w[3] * w[5]
         return math.prod(n.shape) * math.prod(w[1:])
+    if n.op == "conv2d_NCHWc":   # kernel (O', C', KH, KW, ic, oc)
+        return math.prod(n.shape) * math.prod(n.inputs[1].shape[1:5])
     if n.op in ("dense", "qdense"):
         w = n.inputs[1].shape
         if n.op == "qdense" and n.attrs["layout"] == "NCnc":

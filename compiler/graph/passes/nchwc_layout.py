@@ -155,12 +155,12 @@ def nchwc_layout(graph: Graph) -> Graph:
             oc = cb[1]
             w = const(pack_kernel_np(np.asarray(ins[1].value), ic, oc), f"{ins[1].name}/oihw{ic}i{oc}o")
             y = out(emit(Node("conv2d_NCHWc", [x, w], {k: old.attrs[k] for k in ("strides", "pads", "dilations")},
-                              name=old.name if len(ins) < 3 else f"{old.name}/conv", origin=old.origin,
+                              name=old.name, origin=old.origin,
                               target=old.target)), oc)
             stats["convs"] += 1
             if len(ins) > 2:
                 b = const(_blocked_const(np.asarray(ins[2].value).reshape(1, -1, 1, 1), oc), f"{ins[2].name}/{oc}c")
-                y = out(emit(Node("add", [y, b], name=old.name, origin=old.origin, target=old.target)), oc)
+                y = out(emit(Node("add", [y, b], name=f"{old.name}/bias", origin=old.origin, target=old.target)), oc)
             return y
         if not blks or not _flexible(old):
             return None
