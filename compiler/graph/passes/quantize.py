@@ -337,8 +337,6 @@ class _Quantizer:
         n = old
         x, sx, zx = self.as_int8(ins[0], old.inputs[0], n, channels=is_depthwise(old))
         wq, sw = self.weights(n)
-        if isinstance(sx, np.ndarray):   # one input channel per output channel: its step joins the weight's
-            sw, sx = np.broadcast_to(np.asarray(sw, np.float64).reshape(-1), sx.shape) * sx, 1.0
         so, zo = self.out_qparams(old)
         steps = self.channel_steps(old) if not zo else None
         if steps is not None:   # a scale per output channel (its readers take one): per-channel multipliers
@@ -346,6 +344,10 @@ class _Quantizer:
             if n.inputs[1].name not in self.weight_scales:   # so each output channel's weights at its own step
                 wq, sw = self.channel_weights(n)
             sw = np.broadcast_to(np.asarray(sw, np.float64).reshape(-1), steps.shape)
+        # after the weights are settled: a depthwise conv that both reads and writes a scale per
+        # channel keeps its input's steps (channel_weights re-derives sw from the weights alone)
+        if isinstance(sx, np.ndarray):   # one input channel per output channel: its step joins the weight's
+            sw, sx = np.broadcast_to(np.asarray(sw, np.float64).reshape(-1), sx.shape) * sx, 1.0
         b = n.inputs[2].value.astype(np.float64) if len(n.inputs) == 3 else np.zeros(wq.shape[0])
         attrs = {k: v for k, v in n.attrs.items()}
         if zx and n.op == "conv2d" and any(attrs["pads"]):

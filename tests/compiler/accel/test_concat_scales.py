@@ -258,3 +258,33 @@ def test_batch_norm_after_a_residual_add_runs_int8_on_the_accelerator():
             got = next(iter(ex.run(feed).values()))
         np.testing.assert_array_equal(got, reference_run(mod.graph, feed)[0])
         assert _cos(got, _ort(m, feed)[0]) >= 0.99
+
+
+def _chained_depthwise(seed=0):
+    """conv (channels of very different ranges) -> relu -> max pool -> depthwise 3x3 -> relu ->
+    global average pool -> fc: the depthwise conv reads a scale per channel (the conv's) and writes
+    one per channel (the pool, a depthwise conv too, absorbs it)."""
+    b = ModelBuilder("chained_depthwise", seed)
+    x = b.input("x", (1, 16, 6, 6))
+    gains = np.geomspace(1.0, 1 / 50, 16).reshape(-1, 1, 1, 1)
+    w = (b.rng.standard_normal((16, 16, 1, 1)) * 0.3 * gains).astype(np.float32)
+    y = b.op("Relu", [b.op("Conv", [x, b.init(w)], name="conv0", kernel_shape=[1, 1])], name="relu0")
+    y = b.op("MaxPool", [y], name="pool1", kernel_shape=[2, 2], strides=[2, 2])
+    wd = (b.rng.standard_normal((16, 1, 3, 3)) / gains[::-1] * 0.3).astype(np.float32)
+    y = b.op("Relu", [b.op("Conv", [y, b.init(wd)], name="dw2", kernel_shape=[3, 3], group=16)], name="relu2")
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y], name="gap")], name="flat")
+    return b.build([b.op("Gemm", [y, b.weight((5, 16)), b.init(np.zeros(5, np.float32))], name="fc", transB=1)])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_depthwise_reading_and_writing_channel_scales_keeps_its_input_steps(seed):
+    """The depthwise conv's multipliers carry both its input's per-channel steps and its output's:
+    dropping the input's (as channel_weights alone gives) scales every channel wrongly, which only
+    onnxruntime, not the int8 reference, can see."""
+    m = _chained_depthwise(seed)
+    feeds = sample_inputs(m, 4, seed=3)
+    g = optimize(from_onnx(m), quantize=True, calibration_samples=feeds)
+    # conv0 and dw2, each fused with its ReLU, carry per-channel multipliers (a fourth input)
+    assert len(g.find("relu2").inputs) == 4 and len(g.find("relu0").inputs) == 4, "per-channel scales expected"
+    for f in feeds:
+        assert _cos(reference_run(g, f)[0], _ort(m, f)[0]) >= 0.99
