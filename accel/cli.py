@@ -577,7 +577,7 @@ def _compile(args) -> int:
     try:
         mod = build_model(graph, target=args.target, config=args.config if needs_config else None,
                           calibration=cal, force_target=force, tune=_cpu_tuning(args), progress=bar,
-                          resident_weights=args.resident_weights)
+                          target_options={"resident_weights": args.resident_weights} if args.target == "accel" else None)
     finally:
         bar.close()
     mod.save(args.output)

@@ -27,6 +27,7 @@ from host_runtime import Device
 from host_runtime.executor import KernelSource, Step, TensorSpec
 from host_runtime.memory import Buffer, DeviceMemory
 
+from .errors import TargetError
 from .frontend import from_onnx
 from .graph.ir import Graph, Node
 from .graph.passes import GraphOptions, optimize
@@ -54,10 +55,9 @@ class Builder:
     fallbacks and the --explain rows; per node it calls the node's target."""
 
     def __init__(self, graph: Graph, cfg: AccelConfig | None, true_macs: dict[str, int], progress=None,
-                 target: Target | None = None, tune=None, resident_weights: bool = True):
+                 target: Target | None = None, tune=None, target_options: dict | None = None):
         self.g, self.cfg, self.true_macs, self.progress = graph, cfg, true_macs, progress
-        # accelerator weights that fit stay in the weight buffer across inferences (AccelTarget)
-        self.resident_weights = resident_weights
+        self.target_options = dict(target_options or {})   # the build's own target's (Target.build_options)
         self.target_meta: dict = {}   # module meta entries a target adds (its link() at the latest)
         self.primary = target or get_target(FALLBACK_TARGET)
         self.tune = tune   # for the build's own target only
@@ -192,6 +192,11 @@ class Builder:
         return buf
 
     # ---- services for targets -----------------------------------------------------------------
+    def option(self, name: str):
+        """The build's own target's option `name`: as build_model's target_options set it, else the
+        target's default (Target.build_options)."""
+        return self.target_options.get(name, self.primary.build_options[name])
+
     def state(self, target: str) -> dict:
         """Per-build state of a target (kernel caches, shared constants)."""
         return self.target_state.setdefault(target, {})
@@ -289,7 +294,7 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
                 calibration: list | None = None, shapes: dict | None = None, name: str | None = None,
                 fuse: bool = True, force_target: dict | None = None, tune: bool | str | Path | None = None,
                 progress: Callable[[str, int, int], None] | None = None,
-                resident_weights: bool = True) -> CompiledModule:
+                target_options: dict | None = None) -> CompiledModule:
     """Compile `model` (ONNX path, bytes, ModelProto, or a compiler.graph Graph) for `target`
     (a name from compiler.targets.target_names()).
 
@@ -300,11 +305,16 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
     QDQ models) on this host's CPU (or a GPU); `config` is recorded if given. tune: True or a JSON
     tuning-log path measures the best few tilings of each accelerator conv/dense on the timing
     model and keeps the fastest (compiler.accel.tune; the log makes a rebuild a lookup);
-    meta['tuning'] lists the choices. progress(stage, k, n) reports long work. resident_weights
-    (accel): dense layers and one-chunk convs whose weights fit the weight buffer keep them there across inferences:
-    the first run loads them, later runs skip those loads (meta['resident_weights'] lists them)."""
+    meta['tuning'] lists the choices. progress(stage, k, n) reports long work. target_options: the
+    target's own build options (its Target.build_options, with their defaults; accel:
+    resident_weights=True, dense layers and one-chunk convs whose weights fit the weight buffer
+    keep them there across inferences, meta['resident_weights'] lists them)."""
     t0 = time.perf_counter()
     primary = get_target(target)
+    unknown = sorted(set(target_options or {}) - set(primary.build_options))
+    if unknown:
+        raise TargetError(f"target {primary.name!r}: unknown build option(s) {', '.join(unknown)}; its options are "
+                          f"{', '.join(sorted(primary.build_options)) or 'none'}")
     if progress:
         progress("import", 0, 1)
     g = _load(model, shapes)
@@ -319,7 +329,7 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
         progress("optimize", 0, 1)
     q = optimize(g, opts)
     dev_cfg = cfg if primary.needs_config else None
-    b = Builder(q, dev_cfg, true_macs, progress, primary, tune, resident_weights)
+    b = Builder(q, dev_cfg, true_macs, progress, primary, tune, target_options)
     b.lower()
     mod = b.finish(name or g.name, primary.module_target or primary.name, g, t0,
                    {"warnings": warnings, "graph_ops": len(q.ops), "tuning": b.tuning})

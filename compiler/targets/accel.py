@@ -258,6 +258,9 @@ class AccelTarget(Target):
         "placement": "elementwise op whose producer runs on the CPU stays beside it",
         "lowering": "the accelerator lowering failed at build time (the reason says why); runs on the CPU",
     }
+    #: resident_weights: GEMM layers whose weights fit the weight buffer keep them there across
+    #: inferences (the first run loads them; accel compile --no-resident-weights turns it off)
+    build_options = {"resident_weights": True}
 
     # ---- placement -------------------------------------------------------------------------------
     def supports(self, n: Node, ctx: PlacementContext) -> str | None:
@@ -573,10 +576,10 @@ class AccelTarget(Target):
     def resident_plan(self, b: Builder) -> dict[str, int]:
         """Layer name -> base weight-buffer entry of the GEMM layers whose weights stay on chip
         across inferences (compiler.accel.plan.plan_resident_weights), computed once per build from
-        the partitioned graph; {} with build_model(resident_weights=False)."""
+        the partitioned graph; {} with build_model(target_options={"resident_weights": False})."""
         st = b.state(self.name)
         if "resident" not in st:
-            st["resident"] = self._plan_resident(b) if getattr(b, "resident_weights", False) else {}
+            st["resident"] = self._plan_resident(b) if b.option("resident_weights") else {}
         return st["resident"]
 
     def _plan_resident(self, b: Builder) -> dict[str, int]:

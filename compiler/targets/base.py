@@ -121,6 +121,9 @@ class Target:
     runtime_kernels: dict = {}
     runtime_checks: dict = {}
     kinds: dict[str, str] = {}
+    #: option name -> default: what build_model(target_options=...) may set for this target
+    #: (Builder.option reads them); any other name is refused before work starts
+    build_options: dict = {}
 
     @property
     def title(self) -> str:

@@ -28,6 +28,7 @@ from compiler.accel.dense import resident_dense_tiling
 from compiler.accel.layout import pack_activation, pack_bias, pack_weight, unpack_activation
 from compiler.accel.plan import plan_conv2d, plan_resident_weights
 from compiler.accel.spec import WeightRegion, dense_view, weight_region_entries
+from compiler.errors import TargetError
 from compiler.frontend import zoo
 from compiler.frontend.zoo import ModelBuilder, mlp, sample_inputs, transformer_encoder
 from compiler.targets.accel import program_bytes
@@ -189,7 +190,7 @@ DENSE_ON_ACCEL = {"qdense": "accel"}
 
 def _both(model, cfg, feeds):
     on = build_model(model, target="accel", config=cfg, calibration=feeds[:2], force_target=DENSE_ON_ACCEL)
-    off = build_model(model, target="accel", config=cfg, calibration=feeds[:2], resident_weights=False,
+    off = build_model(model, target="accel", config=cfg, calibration=feeds[:2], target_options={"resident_weights": False},
                       force_target=DENSE_ON_ACCEL)
     return on, off
 
@@ -470,10 +471,19 @@ def test_conv_nets_resident_bit_exact_over_runs(net, cfg):
     model = getattr(zoo, net)()
     feeds = sample_inputs(model, 4, seed=11)
     on = build_model(model, target="accel", config=cfg, calibration=feeds[:2])
-    off = build_model(model, target="accel", config=cfg, calibration=feeds[:2], resident_weights=False)
+    off = build_model(model, target="accel", config=cfg, calibration=feeds[:2], target_options={"resident_weights": False})
     got, warm, _ = _runs(on, feeds[1:])
     want, _, _ = _runs(off, feeds[1:])
     for r, (a, b) in enumerate(zip(got, want)):
         np.testing.assert_array_equal(a, b, err_msg=f"run {r}")
     kept = on.meta.get("resident_weights", {}).get("layers", {})
     assert warm == [False] + [bool(kept)] * 2
+
+
+def test_an_unknown_build_option_is_one_error_naming_the_allowed_ones():
+    with pytest.raises(TargetError, match=r"target 'accel': unknown build option\(s\) resident; its options are "
+                                          r"resident_weights"):
+        build_model(zoo.mlp(), target="accel", config="tiny", target_options={"resident": False})
+    with pytest.raises(TargetError, match=r"target 'cpu': unknown build option\(s\) resident_weights; its options "
+                                          r"are none"):
+        build_model(zoo.mlp(), target="cpu", target_options={"resident_weights": False})
