@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops.cpu import conv_blocks
+from ...ops.cpu import conv_blocks, lanes
 from ...ops.nn import pack_kernel_np
 from ..ir import Graph, Node
 from .eliminate_dead_code import eliminate_dead_code
@@ -83,6 +83,33 @@ def _flexible(n: Node) -> bool:
     return n.op == "concat" and n.attrs["axis"] % 4 == 1
 
 
+def _concat_blocks(graph: Graph) -> dict[int, int]:
+    """id(conv) -> a smaller output block than its own, so that the channel concats it feeds (through
+    elementwise ops and pools) meet on one block: the least block of the concat's convs, where it
+    divides every input's channels and is at least a vector of floats (or the conv's own block)."""
+    prefer: dict[int, int] = {}
+    vl = lanes("float32")
+    for n in graph.nodes:
+        if n.op != "concat" or not _flexible(n):
+            continue
+        convs = []
+        for i in n.inputs:
+            while i.op in UNARY or i.op in POOLS:
+                i = i.inputs[0]
+            if blocked_conv(i) is not None:
+                convs.append(i)
+        if len(convs) < 2:
+            continue
+        b = min(prefer.get(id(c), blocked_conv(c)[1]) for c in convs)
+        if any(i.shape[1] % b for i in n.inputs):
+            continue
+        for c in convs:
+            own = blocked_conv(c)[1]
+            if b < own and b >= min(own, vl):
+                prefer[id(c)] = min(b, prefer.get(id(c), own))
+    return prefer
+
+
 def nchwc_layout(graph: Graph) -> Graph:
     """Blocked layouts between convs (module doc); graph.meta['nchwc'] reports the conversion."""
     users = graph.users()
@@ -91,6 +118,8 @@ def nchwc_layout(graph: Graph) -> Graph:
     for n in reversed(graph.nodes):
         reaches[id(n)] = any((blocked_conv(u) is not None and u.inputs[0] is n)
                              or (_flexible(u) and reaches[id(u)]) for u in users.get(id(n), ()))
+
+    prefer = _concat_blocks(graph)
 
     mapping: dict[int, Node] = {}
     block: dict[int, int] = {}        # id(new node) -> its lane block (blocked nodes only)
@@ -152,7 +181,7 @@ def nchwc_layout(graph: Graph) -> Graph:
             else:
                 ic = cb[0]
                 x = blocked(x, ic)
-            oc = cb[1]
+            oc = prefer.get(id(old), cb[1])
             w = const(pack_kernel_np(np.asarray(ins[1].value), ic, oc), f"{ins[1].name}/oihw{ic}i{oc}o")
             y = out(emit(Node("conv2d_NCHWc", [x, w], {k: old.attrs[k] for k in ("strides", "pads", "dilations")},
                               name=old.name, origin=old.origin,
@@ -168,10 +197,11 @@ def nchwc_layout(graph: Graph) -> Graph:
         if old.op in UNARY or old.op in POOLS:
             return out(emit(old.with_inputs([ins[0]])), b)
         if old.op == "concat":
-            if len(set(blks)) > 1 or any(id(i) not in block and (i.is_const or i.shape[1] % b) for i in ins):
+            b = min(blks)   # inputs of another blocking (or NCHW) are converted to the smallest block
+            if any(i.is_const or o.shape[1] % b for i, o in zip(ins, old.inputs)):
                 return None
-            if len(blks) < len(ins) and not reaches[id(old)]:
-                return None   # packing NCHW inputs only pays if a blocked conv reads the result
+            if any(block.get(id(i)) != b for i in ins) and not reaches[id(old)]:
+                return None   # converting inputs only pays if a blocked conv reads the result
             return out(emit(old.with_inputs([blocked(i, b) for i in ins], attrs={**old.attrs, "axis": 1})), b)
         C = old.shape[1]
         if old.op == "batch_norm":

@@ -106,11 +106,25 @@ def test_concat_on_block_boundaries_stays_blocked():
     check_same(g, q)
 
 
-def test_concat_whose_channels_do_not_align_runs_nchw():
-    """12 channels take a block of 4, 32 channels a larger one: the concat reads both unpacked."""
+def test_concat_of_two_blockings_converts_to_the_smaller_block():
+    """12 channels take a block of 4, 32 channels a larger one (a block of 4 is below a vector, so
+    that conv keeps its own): the 32-channel input is converted, the concat stays blocked by 4."""
     t = Net((1, 8, 9, 9))
     a, b = t.conv(t.x, 12), t.conv(t.x, 32)
-    assert conv_blocks(8, 12)[1] != conv_blocks(8, 32)[1]
+    assert conv_blocks(8, 12)[1] == 4 < conv_blocks(8, 32)[1]
+    y = t.conv(t.op("relu", t.op("concat", a, b, axis=1)), 16)
+    g = t.graph(y)
+    q = nchwc_layout(g)
+    cat = next(n for n in q.ops if n.op == "concat")
+    assert cat.shape == (1, 11, 9, 9, 4)
+    check_same(g, q)
+
+
+def test_concat_whose_channels_share_no_block_runs_nchw():
+    """12 channels (block 4) and 6 (block 6, no power of two of 4 or more divides it): NCHW."""
+    t = Net((1, 8, 9, 9))
+    a, b = t.conv(t.x, 12), t.conv(t.x, 6)
+    assert conv_blocks(8, 6)[1] == 6
     y = t.conv(t.op("relu", t.op("concat", a, b, axis=1)), 16)
     g = t.graph(y)
     q = nchwc_layout(g)
@@ -119,6 +133,20 @@ def test_concat_whose_channels_do_not_align_runs_nchw():
     # the convs feeding it unpack in their own kernels: no separate conversion pass over memory
     fused = fuse_ops(q)
     assert [n.inputs[0].op for n in fused.ops if n.op == "layout_transform"] == ["input"]
+    check_same(g, q)
+
+
+def test_convs_feeding_one_concat_agree_on_a_block():
+    """A 16- and a 32-channel conv into one concat: both write the same block (the smaller, when it
+    is still a whole vector), so the concat copies blocks with no conversion."""
+    t = Net((1, 16, 8, 8))
+    s = t.op("relu", t.conv(t.x, 16, k=1))
+    y = t.op("concat", t.op("relu", t.conv(s, 16)), t.op("max_pool2d", t.op("relu", t.conv(s, 32, k=1)),
+                                                         kernel=(3, 3), pads=(1, 1, 1, 1)), axis=1)
+    g = t.graph(t.conv(y, 16))
+    q = nchwc_layout(g)
+    cat = next(n for n in q.ops if n.op == "concat")
+    assert cat.type.rank == 5 and len(transforms(q)) == 2
     check_same(g, q)
 
 
