@@ -42,7 +42,11 @@ def pack_layout(graph: Graph, cfg: AccelConfig) -> Graph:
             return src
         key = (id(x), tuple(block))
         if key not in pack_cache:
-            pack_cache[key] = emit(Node("pack", [x], {"block": tuple(block)}, name=f"{x.name}/pack", target=CPU))
+            # a tensor read in two blockings (a conv's input and an ALU op's) is packed twice: the
+            # second gets its blocking in its name, as kept values and memory plans go by name
+            twice = any(k[0] == id(x) for k in pack_cache)
+            name = f"{x.name}/pack{block[0]}x{block[1]}" if twice else f"{x.name}/pack"
+            pack_cache[key] = emit(Node("pack", [x], {"block": tuple(block)}, name=name, target=CPU))
         return pack_cache[key]
 
     def unpacked(y: Node, shape) -> Node:
