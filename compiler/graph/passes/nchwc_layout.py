@@ -9,9 +9,10 @@ tensors of the same blocking or with a per-channel/scalar constant, batch norm (
 multiply-add), max/avg pooling, and a channel concat of inputs of one blocking. Every other reader
 (reshape, gemm, global pools, LRN, grouped convs, graph outputs) gets a layout_transform back to
 NCHW, made once per tensor; a pack of a tensor that was just unpacked with the same block cancels.
-A conv goes blocked only when its result reaches another blocked conv through such ops: the last
-conv of a chain reads its input unpacked and runs its NCHW kernel, which writes NCHW straight from
-its registers (for a 1x1 conv the pointwise kernel, faster than the blocked one there). Blocks are the conv kernel's own choice (compiler.ops.cpu.conv_blocks): the output
+A conv goes blocked when its result reaches another blocked conv through such ops, or when its
+input is blocked and its output block is at least a vector of floats (its epilogue, a residual add
+included, runs blocked, and the unpack is written from its registers); else it runs its NCHW kernel
+(for a 1x1 conv with a narrow block, the pointwise kernel: faster there). Blocks are the conv kernel's own choice (compiler.ops.cpu.conv_blocks): the output
 block from the output channels; an input block is whatever its producer gives, or, after a
 boundary, the kernel's input block. graph.meta['nchwc'] counts what was converted.
 """
@@ -173,9 +174,9 @@ def nchwc_layout(graph: Graph) -> Graph:
         blks = [block[id(i)] for i in ins if id(i) in block]
         cb = blocked_conv(old)
         if cb is not None:
-            if not reaches[id(old)]:
-                return None   # its NCHW kernel writes NCHW from registers (1x1: the pointwise kernel)
             x = ins[0]
+            if not reaches[id(old)] and (id(x) not in block or prefer.get(id(old), cb[1]) < lanes("float32")):
+                return None   # its NCHW kernel writes NCHW from registers (1x1: the pointwise kernel)
             if id(x) in block:
                 ic = block[id(x)]
             else:

@@ -9,7 +9,7 @@ import compiler
 from compiler.graph import run as reference_run
 from compiler.graph.ir import Graph, Node
 from compiler.graph.passes import GraphOptions, fuse_ops, nchwc_layout, optimize
-from compiler.ops.cpu import conv_blocks
+from compiler.ops.cpu import TILES, conv_blocks, lanes
 
 RNG = np.random.default_rng(7)
 
@@ -64,18 +64,32 @@ def check_same(g, q, batch=None, rtol=1e-4):
     return mod
 
 
-def test_chain_packs_at_the_input_and_unpacks_before_the_last_conv():
+def test_chain_packs_at_the_graph_input_and_unpacks_at_its_output():
     t = Net((1, 16, 12, 12))
     y = t.op("relu", t.conv(t.x, 32))
     y = t.op("relu", t.conv(y, 32, k=1))
     y = t.conv(y, 32, stride=2)
     g = t.graph(y)
     q = nchwc_layout(g)
-    assert ops_of(q).count("conv2d_NCHWc") == 2 and ops_of(q).count("conv2d") == 1
-    # one pack of the graph input, one unpack: the last conv (its result reaches no conv) runs NCHW
-    assert transforms(q) == [("input", "NCHW", f"NCHW{conv_blocks(16, 32)[0]}c"),
-                             ("relu", f"NCHW{conv_blocks(32, 32)[1]}c", "NCHW")]
+    assert ops_of(q).count("conv2d_NCHWc") == 3 and "conv2d" not in ops_of(q)
+    oc = conv_blocks(32, 32)[1]
+    assert transforms(q) == [("input", "NCHW", f"NCHW{conv_blocks(16, 32)[0]}c"), ("add", f"NCHW{oc}c", "NCHW")]
     assert q.outputs[0].shape == (1, 32, 6, 6)
+    check_same(g, q)
+
+
+def test_last_conv_with_a_narrow_block_keeps_its_nchw_kernel():
+    """A last conv (its result reaches no conv) whose output block is below a vector of floats
+    (12 channels: 4 lanes) reads its input unpacked and runs NCHW."""
+    if lanes("float32") <= 4:
+        pytest.skip("a 4-float vector: no conv block is narrower than a vector")
+    t = Net((1, 16, 12, 12))
+    y = t.op("relu", t.conv(t.x, 32))
+    y = t.conv(t.op("relu", t.conv(y, 32)), 12, k=1)
+    g = t.graph(y)
+    q = nchwc_layout(g)
+    assert ops_of(q).count("conv2d_NCHWc") == 2 and ops_of(q).count("conv2d") == 1
+    assert transforms(q)[-1] == ("relu", f"NCHW{conv_blocks(32, 32)[1]}c", "NCHW")
     check_same(g, q)
 
 
@@ -111,7 +125,8 @@ def test_concat_of_two_blockings_converts_to_the_smaller_block():
     that conv keeps its own): the 32-channel input is converted, the concat stays blocked by 4."""
     t = Net((1, 8, 9, 9))
     a, b = t.conv(t.x, 12), t.conv(t.x, 32)
-    assert conv_blocks(8, 12)[1] == 4 < conv_blocks(8, 32)[1]
+    if not conv_blocks(8, 12)[1] == 4 < conv_blocks(8, 32)[1]:
+        pytest.skip("this host's tiles give 12 and 32 channels the same block")
     y = t.conv(t.op("relu", t.op("concat", a, b, axis=1)), 16)
     g = t.graph(y)
     q = nchwc_layout(g)
@@ -124,7 +139,8 @@ def test_concat_whose_channels_share_no_block_runs_nchw():
     """12 channels (block 4) and 6 (block 6, no power of two of 4 or more divides it): NCHW."""
     t = Net((1, 8, 9, 9))
     a, b = t.conv(t.x, 12), t.conv(t.x, 6)
-    assert conv_blocks(8, 6)[1] == 6
+    if conv_blocks(8, 6)[1] != 6 or conv_blocks(8, 12)[1] != 4:
+        pytest.skip("this host's tiles give 6 or 12 channels other blocks")
     y = t.conv(t.op("relu", t.op("concat", a, b, axis=1)), 16)
     g = t.graph(y)
     q = nchwc_layout(g)
@@ -152,16 +168,18 @@ def test_convs_feeding_one_concat_agree_on_a_block():
 
 def test_odd_channel_counts_and_an_nchw_reader_between():
     """3 output channels have no block of 4: that conv stays NCHW; a global pool and a reshape read
-    NCHW; 5 channels make a block of 5 lanes."""
+    NCHW; 5 channels make a block of 5 lanes; 6 lanes in a last conv: its NCHW kernel."""
     t = Net((1, 5, 11, 7))
     a = t.op("relu", t.conv(t.x, 5, bias=False))
     b = t.conv(a, 3)
-    c = t.conv(t.op("relu", t.conv(a, 20)), 8)
-    gp = t.op("reshape", t.op("global_avg_pool", c), shape=(1, 8))
+    c = t.conv(t.op("relu", t.conv(a, 20)), 6)   # a block of 6 lanes, below a vector: NCHW
+    gp = t.op("reshape", t.op("global_avg_pool", c), shape=(1, 6))
     g = t.graph(b, gp)
     q = nchwc_layout(g)
     ops = ops_of(q)
-    assert ops.count("conv2d_NCHWc") == 2 and ops.count("conv2d") == 2
+    if TILES.conv_oc_bn >= 8:   # 5 channels block by 5 lanes, 6 by 6 (below a vector of 8 or 16)
+        assert ops.count("conv2d_NCHWc") == 2 and ops.count("conv2d") == 2
+    assert all(n.shape[4] >= 4 for n in q.ops if n.op == "conv2d_NCHWc")
     assert all(o.type.rank == 4 for o in q.ops if o.op in ("global_avg_pool",))
     x = RNG.standard_normal(g.inputs[0].shape).astype(np.float32)
     for got, want in zip(reference_run(q, {"x": x}), reference_run(g, {"x": x})):
@@ -220,4 +238,4 @@ def test_only_the_cpu_targets_own_builds_block():
     assert "conv2d_NCHWc" in ops_of(optimize(g, GraphOptions(fuse=False, nchwc=True)))
     assert "conv2d_NCHWc" not in ops_of(optimize(g, GraphOptions(fuse=False, nchwc=True, targets=("cpu",))))
     mod = compiler.build_model(g, target="cpu")
-    assert mod.graph.meta["nchwc"]["convs"] == 1
+    assert mod.graph.meta["nchwc"]["convs"] == 2
