@@ -34,6 +34,7 @@ from accel.isa import PRESETS, AccelConfig  # noqa: E402
 from accel.isa.files import write_atomic  # noqa: E402
 from compiler.frontend import zoo  # noqa: E402
 from compiler.graph import run as reference_run  # noqa: E402
+from compiler.graph.errors import GraphPassError  # noqa: E402
 from compiler.graph.ops import get_op  # noqa: E402
 from host_runtime.executor import Executor  # noqa: E402
 from tests.e2e.test_random_networks import ODD, cosine, networks  # noqa: E402
@@ -47,8 +48,11 @@ CONFIGS = {
     "small": AccelConfig(uop_buff_bytes=2048, inp_buff_bytes=2048, wgt_buff_bytes=8192, acc_buff_bytes=8192,
                          out_buff_bytes=2048),
 }
-#: pseudo-config: the batch-2 core fed a batch-2 input (the generator's input is batch 1)
-BATCH_INPUT = {"b2in": ("batch2", 2)}
+#: pseudo-configs: (config, input batch, force_target): the batch-2 core fed a batch-2 input (the
+#: generator's input is batch 1); every conv forced onto the core (the cost rule keeps thin ones on the
+#: CPU, so their emitter paths go unexercised otherwise)
+VARIANTS = {"b2in": ("batch2", 2, None), "tiny_forced": ("tiny", 1, {"Conv": "accel"}),
+            "odd_forced": ("odd", 1, {"Conv": "accel"})}
 LIGHT = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
          "vgg19", "zfnet512")
 
@@ -86,7 +90,13 @@ def accel_steps(mod, ex) -> list[str]:
     return bad
 
 
-def check_random(model, cfg) -> dict:
+def duplicate_names(mod) -> list[str]:
+    """Node names used twice in the compiled graph (kept values, memory plans, profiles go by name)."""
+    names = [n.name for n in mod.graph.nodes]
+    return sorted({x for x in names if names.count(x) > 1})
+
+
+def check_random(model, cfg, force=None) -> dict:
     """The test's checks on one model, recorded: {'ok': bool, 'fail': [...], figures}."""
     r: dict = {"fail": []}
     feeds = zoo.sample_inputs(model, 4, seed=3)
@@ -97,8 +107,16 @@ def check_random(model, cfg) -> dict:
     r["cpu_max_err"] = err
     if not np.allclose(got_cpu, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max())):
         r["fail"].append(f"cpu vs onnxruntime: max err {err:.3g}")
-    mod = compiler.build_model(model, target="accel", config=cfg, calibration=feeds)
+    try:
+        mod = compiler.build_model(model, target="accel", config=cfg, calibration=feeds, force_target=force)
+    except GraphPassError as e:
+        if not force or "cannot force" not in str(e):
+            raise
+        r["declined"] = str(e)   # a forced op the core cannot run: a clear one-line refusal is right
+        return r
     r["accel_nodes"] = sum(getattr(n, "target", None) == "accel" for n in mod.graph.nodes)
+    if duplicate_names(mod):
+        r["fail"].append(f"duplicate node names: {duplicate_names(mod)[:4]}")
     with Executor(mod, driver="fsim") as ex:
         got = next(iter(ex.run(feeds[3], keep=True).values()))
         bad = accel_steps(mod, ex)
@@ -116,7 +134,7 @@ def check_random(model, cfg) -> dict:
 
 def run_random(cname: str, examples: int, seed_: int, save_dir: Path, log) -> dict:
     """examples random nets on one config through hypothesis (generation only, nothing raised)."""
-    base, batch = BATCH_INPUT.get(cname, (cname, 1))
+    base, batch, force = VARIANTS.get(cname, (cname, 1, None))
     cfg = CONFIGS[base]
     rows, t0 = [], time.perf_counter()
 
@@ -128,14 +146,14 @@ def run_random(cname: str, examples: int, seed_: int, save_dir: Path, log) -> di
         k = len(rows)
         model = with_batch(net, batch) if batch != 1 else net
         try:
-            r = check_random(model, cfg)
+            r = check_random(model, cfg, force)
         except Exception as e:  # noqa: BLE001 - the campaign records a crash and goes on
             r = {"fail": [f"crash: {type(e).__name__}: {e}"], "trace": traceback.format_exc(limit=6)}
         r["ops"] = [n.op_type for n in model.graph.node]
         if r["fail"]:
             path = save_dir / f"{cname}_{seed_}_{k}.onnx"
             path.write_bytes(model.SerializeToString())
-            r["model"] = str(path.relative_to(ROOT))
+            r["model"] = str(path)
             log(f"{cname} #{k}: FAIL {r['fail']} -> {r['model']}")
         rows.append(r)
 
@@ -206,6 +224,10 @@ def load_fixed(name: str):
     if name.startswith("light:"):
         path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name[6:]}.onnx"
         return randomize_weights(onnx.load(str(path)))
+    if name.startswith("e2e:"):   # bench/e2e.py's resnet18 / mobilenetv2, at 64 x 64 to keep fsim short
+        sys.path.insert(0, str(ROOT / "bench"))
+        import e2e  # noqa: PLC0415 - a sibling script, importable only from here
+        return e2e.NETS[name[4:]](size=64)
     return zoo.MODELS[name]()
 
 
@@ -227,6 +249,8 @@ def check_fixed(name: str, cname: str) -> dict:
     r["compile_s"] = time.perf_counter() - t0
     r["accel_nodes"] = sum(getattr(n, "target", None) == "accel" for n in mod.graph.nodes)
     r["offload"] = mod.meta["macs"]["accel"] / max(1, mod.meta["macs"]["accel"] + mod.meta["macs"]["cpu"])
+    if duplicate_names(mod):
+        r["fail"].append(f"duplicate node names: {duplicate_names(mod)[:4]}")
     cpu = compiler.build(model, target="cpu")
     want = next(iter(cpu.run(feeds[1])[0].values()))
     with Executor(mod, driver="fsim") as ex:
@@ -246,17 +270,18 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--examples", type=int, default=50, help="random nets per config (0: none)")
     p.add_argument("--configs", default="tiny,default,odd,batch2,b2in,bus128,small",
-                   help=f"comma list of {', '.join([*CONFIGS, *BATCH_INPUT])}")
+                   help=f"comma list of {', '.join([*CONFIGS, *VARIANTS])}")
     p.add_argument("--seed", type=int, default=0, help="hypothesis seed (a new seed, new nets)")
-    p.add_argument("--fixed", default="", help="comma list: zoo (all zoo nets), light (all), light:<model>, <zoo net>")
+    p.add_argument("--fixed", default="", help="comma list: zoo (all zoo nets), light (all), light:<model>, <zoo net>, "
+                   "e2e:resnet18, e2e:mobilenetv2 (at 64 x 64)")
     p.add_argument("--fixed-configs", default=None, help="configs for --fixed (default: --configs)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for c in configs:
-        if c not in CONFIGS and c not in BATCH_INPUT:
-            p.error(f"--configs {c}: unknown; configs are {', '.join([*CONFIGS, *BATCH_INPUT])}")
-    save_dir = args.out.parent / "heldout"
+        if c not in CONFIGS and c not in VARIANTS:
+            p.error(f"--configs {c}: unknown; configs are {', '.join([*CONFIGS, *VARIANTS])}")
+    save_dir = args.out.resolve().parent / "heldout"
     save_dir.mkdir(parents=True, exist_ok=True)
 
     def log(msg):
