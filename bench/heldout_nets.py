@@ -163,6 +163,9 @@ def run_random(cname: str, examples: int, seed_: int, save_dir: Path, log) -> di
     out = {"config": cname, "examples": len(rows), "failures": len(fails), "seconds": time.perf_counter() - t0,
            "min_cos_ort": min(cos) if cos else None, "min_cos_ref": min((r["cos_ref"] for r in rows if "cos_ref" in r),
                                                                         default=None),
+           "declined": sum("declined" in r for r in rows),
+           "with_accel_steps": sum(r.get("accel_nodes", 0) > 0 for r in rows),
+           "accel_steps": sum(r.get("accel_nodes", 0) for r in rows),
            "failed": fails}
     log(f"{cname}: {len(rows)} examples, {len(fails)} failures, {out['seconds']:.0f} s")
     return out
