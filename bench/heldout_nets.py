@@ -4,7 +4,8 @@ classic models and the zoo nets on the accel target, recording failures instead 
 
 Per random example (the test's checks, recorded): cpu target vs onnxruntime (1e-4), every accel
 step bit-equal to the int8 reference on its recorded inputs, accel output cosine vs the reference
-(0.999) and vs onnxruntime (0.9). A failing example's model is saved next to the JSON so it can be
+(0.999) and vs onnxruntime (0.9); also no duplicate node names, and the same input run again in
+the same executor (resident weights) gives the same output bits. A failing example's model is saved next to the JSON so it can be
 replayed. Fixed nets (--fixed): compile must succeed or decline with a clear reason (an AccelError
 or CompileError), steps bit-exact, output cosine vs the cpu target recorded (floor 0.9).
 
@@ -120,8 +121,12 @@ def check_random(model, cfg, force=None) -> dict:
     with Executor(mod, driver="fsim") as ex:
         got = next(iter(ex.run(feeds[3], keep=True).values()))
         bad = accel_steps(mod, ex)
+        ex.run(feeds[2])   # a later inference (weights resident from the first) gives the same answer
+        again = next(iter(ex.run(feeds[3]).values()))
     if bad:
         r["fail"].append("steps not bit-exact: " + "; ".join(bad[:4]))
+    if not np.array_equal(again, got):
+        r["fail"].append("a repeated inference in one executor differs from the first")
     ref = reference_run(mod.graph, feeds[3])[0]
     r["cos_ref"], r["cos_ort"] = cosine(got, ref), cosine(got, want)
     r["cos_ref_float"] = cosine(ref, want)   # the int8 reference itself vs onnxruntime: int8 sensitivity
