@@ -21,6 +21,7 @@ between dequantize/quantize nodes.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field, replace
 
@@ -32,7 +33,13 @@ from ..ir import Graph, Node, rewrite
 from ..ops import INT8_MAX, fixed_multiplier, int8_min
 from .eliminate_dead_code import eliminate_dead_code
 
-SHIFT_RANGE = (-8, 24)  # activation/weight shifts outside this are clamped (and reported)
+log = logging.getLogger(__name__)
+
+#: activation/weight shifts outside this are clamped (calibrate logs it). Every int8 op uses shift
+#: differences only, so the coarse end is float32's: 127 * 2^120 and 2^-120 are normal float32s. It
+#: was -8 (steps of at most 256): residual nets with random weights grow past 127 * 256 (ShuffleNet
+#: 9e4, ResNet-50 1e5), and every tensor beyond saturated (logit cosine 0.80 against float, not 0.999).
+SHIFT_RANGE = (-120, 24)
 #: per-channel affines (unfoldable batch norms) as int8 depthwise convs. Their int8 output makes
 #: the concats after them int8; a concat read only by depthwise convs (the affines) and other such
 #: concats keeps each input at its own scale (a scale per channel, channel_scaled_concats), which the
@@ -139,6 +146,9 @@ def calibrate(graph: Graph, samples) -> Calibration:
     for name, a in cal.absmax.items():
         cal.shifts[name] = pow2_shift(a)
         cal.source[name] = "calibration"
+        if a > 0 and math.isfinite(a) and a * 2.0 ** cal.shifts[name] > INT8_MAX:
+            log.warning("calibrate: tensor '%s' reaches %.4g, beyond int8 at the coarsest step 2^%d: it saturates",
+                        name, a, -SHIFT_RANGE[0])
     return cal
 
 
