@@ -300,6 +300,14 @@ def run_cpu(model, feed: dict, calibration=None, fuse: bool = True, shapes: dict
     with Executor(mod) as ex:
         ex.run(feed, keep=True)
         vals = dict(ex.values)
+    blocked = set((mod.graph.meta.get("nchwc") or {}).get("blocked", ())) if getattr(mod, "graph", None) else set()
+    for name in list(vals):
+        v = vals[name]
+        if name in blocked and v.ndim == 5:   # N C' H W c (compiler.graph.passes.nchwc_layout) as NCHW
+            vals[name] = np.moveaxis(v, 4, 2).reshape(v.shape[0], -1, *v.shape[2:4])
+    for name in list(vals):   # a blocked tensor's NCHW copy holds its value where fusion hid the original
+        if name.endswith("/nchw"):
+            vals.setdefault(name[:-len("/nchw")], vals[name])
     return Observed("cpu", vals, getattr(mod, "graph", None), integer=False)
 
 

@@ -184,13 +184,16 @@ def nchwc_layout(graph: Graph) -> Graph:
                 x = blocked(x, ic)
             oc = prefer.get(id(old), cb[1])
             w = const(pack_kernel_np(np.asarray(ins[1].value), ic, oc), f"{ins[1].name}/oihw{ic}i{oc}o")
+            # the node holding the conv's whole result (its bias add, if any) keeps the conv's name:
+            # per-node values (Executor keep=True, accel bisect) find it under that name
+            biased = len(ins) > 2
             y = out(emit(Node("conv2d_NCHWc", [x, w], {k: old.attrs[k] for k in ("strides", "pads", "dilations")},
-                              name=old.name, origin=old.origin,
+                              name=f"{old.name}/conv" if biased else old.name, origin=old.origin,
                               target=old.target)), oc)
             stats["convs"] += 1
-            if len(ins) > 2:
+            if biased:
                 b = const(_blocked_const(np.asarray(ins[2].value).reshape(1, -1, 1, 1), oc), f"{ins[2].name}/{oc}c")
-                y = out(emit(Node("add", [y, b], name=f"{old.name}/bias", origin=old.origin, target=old.target)), oc)
+                y = out(emit(Node("add", [y, b], name=old.name, origin=old.origin, target=old.target)), oc)
             return y
         if not blks or not _flexible(old):
             return None
@@ -247,7 +250,10 @@ def nchwc_layout(graph: Graph) -> Graph:
     g = eliminate_dead_code(Graph(nodes, [mapping[id(i)] for i in graph.inputs], outputs, graph.output_names,
                                   graph.name, graph.meta))
     counts = g.op_counts()
-    g.meta["nchwc"] = {**stats, "layout_transforms": counts.get("layout_transform", 0)}
+    # blocked: the tensors held as N C' H W c, by name (a per-node view such as flows.bisect
+    # reads them back as NCHW: c' * c is exactly the channel count, blocks never pad)
+    g.meta["nchwc"] = {**stats, "layout_transforms": counts.get("layout_transform", 0),
+                       "blocked": sorted(n.name for n in g.nodes if id(n) in block)}
     return g
 
 
