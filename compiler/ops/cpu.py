@@ -365,6 +365,21 @@ def _rows_outer(conv) -> bool:
     return bool(knob("rows_outer", nbytes <= ROWS_OUTER_WEIGHT_BYTES and conv.op.output(0).shape[1] > 1))
 
 
+def _register_tile(conv) -> None:
+    """The NCHWc conv's register tile (computed at its output's pixel block): the reduction order
+    the tuner picks, the window's columns unrolled, the channel block one vector."""
+    n, oc, oh, ow, ob = conv.op.axis
+    ico, ry, rx, ici = conv.op.reduce_axis
+    if knob("order", "ic_outer") == "kernel_outer":
+        conv.reorder(n, oc, oh, ry, rx, ico, ici, ow, ob)
+    else:
+        conv.reorder(n, oc, oh, ico, ry, rx, ici, ow, ob)
+    if knob("unroll_kw", False):
+        conv.unroll(rx)
+    conv.unroll(ow)
+    conv.vectorize(ob)
+
+
 def _conv_NCHWc_epilogue(s, conv, ost, rn: int):
     """A blocked conv whose output stays blocked (the layout kept between layers): the accumulator
     tile (rn pixels x oc block, in registers) goes through the epilogue straight to the output."""
@@ -383,16 +398,7 @@ def _conv_NCHWc_epilogue(s, conv, ost, rn: int):
     ost.vectorize(ob)
     conv.set_scope("local")
     conv.compute_at(ost, owo)
-    n, oc, oh, ow, ob = conv.op.axis
-    ico, ry, rx, ici = conv.op.reduce_axis
-    if knob("order", "ic_outer") == "kernel_outer":
-        conv.reorder(n, oc, oh, ry, rx, ico, ici, ow, ob)
-    else:
-        conv.reorder(n, oc, oh, ico, ry, rx, ici, ow, ob)
-    if knob("unroll_kw", False):
-        conv.unroll(rx)
-    conv.unroll(ow)
-    conv.vectorize(ob)
+    _register_tile(conv)
     return s
 
 
@@ -450,16 +456,7 @@ def _conv_NCHWc_to_nchw(s, conv, ost, rn: int):
     ost.unroll(xi)
     conv.set_scope("local")
     conv.compute_at(ost, xo)
-    n, oc, oh, ow, ob = conv.op.axis
-    ico, ry, rx, ici = conv.op.reduce_axis
-    if knob("order", "ic_outer") == "kernel_outer":
-        conv.reorder(n, oc, oh, ry, rx, ico, ici, ow, ob)
-    else:
-        conv.reorder(n, oc, oh, ico, ry, rx, ici, ow, ob)
-    if knob("unroll_kw", False):
-        conv.unroll(rx)
-    conv.unroll(ow)
-    conv.vectorize(ob)
+    _register_tile(conv)
     return s
 
 
