@@ -122,7 +122,9 @@ def test_resident_dense_bit_exact_over_runs_and_tilings(cfg, rows, k, m, pick, a
     t = cands[pick % len(cands)][1]
     size = weight_region_entries(spec, cfg)
     base = cfg.wgt_depth - 1 - size if at_top else 0
-    if base < 0:
+    if size > cfg.wgt_depth - 1:   # entry wgt_depth - 1 is the residual identity's
+        with pytest.raises(TilingError, match="leave the weight buffer"):
+            run_resident_conv(cfg, spec, t, base, 1, seed)
         return
     got, want, progs, _ = run_resident_dense(cfg, rows, k, m, t, base, 3, seed)
     for r, (a, b) in enumerate(zip(got, want)):
@@ -454,7 +456,9 @@ def test_resident_conv_bit_exact_over_runs_and_tilings(cfg, n, c, hw, o, k, stri
     t = cands[pick % len(cands)]
     size = weight_region_entries(spec, cfg)
     base = cfg.wgt_depth - 1 - size if at_top else 0
-    if base < 0:
+    if size > cfg.wgt_depth - 1:   # entry wgt_depth - 1 is the residual identity's
+        with pytest.raises(TilingError, match="leave the weight buffer"):
+            run_resident_conv(cfg, spec, t, base, 1, seed)
         return
     progs = run_resident_conv(cfg, spec, t, base, 3, seed)
     cold, warm = _wgt_loads(progs[0][2]), _wgt_loads(progs[1][2])
