@@ -20,7 +20,7 @@ from ..ops.registry import normalize_attrs, select
 #: kernel name -> the family of its space
 FAMILIES = {
     "conv2d_nchw.nchwc": "conv_nchwc", "qconv2d.nchwc": "conv_nchwc", "conv2d_NCHWc.x86": "conv_blocked",
-    "conv2d_nchw.pointwise": "pointwise", "conv2d_nchw.depthwise": "depthwise",
+    "conv2d_nchw.pointwise": "pointwise", "conv2d_nchw.depthwise": "depthwise", "depthwise_NCHWc.x86": "dw_blocked",
     "dense.pack": "dense", "qdense.pack": "dense", "matmul.tiled": "matmul",
 }
 
@@ -128,6 +128,8 @@ def _macs(op: str, shapes: list, out_shape) -> int:
         return out * math.prod(w[1:])
     if op == "conv2d_NCHWc":
         return out * math.prod(w[1:5])
+    if op == "depthwise_conv2d_NCHWc":   # kernel (C', KH, KW, c)
+        return out * w[1] * w[2]
     return out * shapes[0][-1]   # dense, qdense, matmul: the reduction is the input's last axis
 
 
@@ -188,6 +190,13 @@ def space(wl: Workload) -> list[dict]:
     if fam == "depthwise":
         return _product({"dw_vecs": 1, "dw_unroll": True, "parallel": "auto"}, dw_vecs=[1, 2, 4],
                         dw_unroll=[True, False], parallel=PARALLEL)
+    if fam == "dw_blocked":   # data (N, C', H, W, c), kernel (C', KH, KW, c): one vector per pixel
+        OW = wl.out_shape[3]
+        default = {"reg_n": cpu.largest_divisor(OW, cpu.DW_REG_N), "dw_unroll": True, "parallel": "auto"}
+        pts = _product(default, reg_n=_divs(OW, (cpu.DW_REG_N, 2, 4, 7, 14)), dw_unroll=[True, False],
+                       parallel=PARALLEL)
+        bn = wl.shapes[1][3]
+        return [p for k, p in enumerate(pts) if k == 0 or p["reg_n"] * -(-bn // vl) <= regs - 2]
     if fam == "dense":
         (M, K), N = wl.shapes[0], wl.shapes[1][0]
         _, bn = cpu.dense_block(M, N)
@@ -210,7 +219,8 @@ def tile_regs(wl: Workload, cfg: dict) -> float:
     """Vector registers the configuration's accumulator tile takes (a cost-model feature)."""
     vl = cpu.lanes("float32")
     if "reg_n" in cfg:
-        bn = cfg.get("oc_bn") or (wl.shapes[1][5] if len(wl.shapes[1]) == 6 else vl)
+        bn = cfg.get("oc_bn") or (wl.shapes[1][5] if len(wl.shapes[1]) == 6
+                                  else wl.shapes[1][3] if wl.family == "dw_blocked" else vl)
         return cfg["reg_n"] * math.ceil(bn / vl)
     if "pw_oc" in cfg:
         return cfg["pw_oc"] * cfg["pw_vecs"]

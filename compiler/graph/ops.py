@@ -1083,6 +1083,28 @@ def _conv2d_nchwc():
     return infer, impl
 
 
+@register("depthwise_conv2d_NCHWc", Pattern.OUT_ELEMWISE_FUSABLE, 2,
+          {k: CONV_ATTRS[k] for k in ("strides", "pads", "dilations")},
+          doc="blocked depthwise conv2d: (N, C/c, H, W, c) x (C/c, KH, KW, c) -> (N, C/c, OH, OW, c)")
+def _depthwise_conv2d_nchwc():
+    def infer(n):
+        x, w, a = n.inputs[0].type, n.inputs[1].type, n.attrs
+        if x.rank != 5 or w.rank != 4 or x.shape[1] != w.shape[0] or x.shape[4] != w.shape[3]:
+            fail(n, f"expects data (N, C', H, W, c) and kernel (C', KH, KW, c) with matching C', c; got {x} and {w}")
+        if x.dtype != w.dtype or x.dtype in ("int8", "uint8"):
+            fail(n, f"data {x.dtype} and kernel {w.dtype}: one float dtype expected")
+        ho, wo = conv_out_hw(n, x.shape[2:4], w.shape[1:3], a["strides"], a["pads"], a["dilations"])
+        return _t((x.shape[0], x.shape[1], ho, wo, x.shape[4]), x.dtype)
+
+    def impl(a, x, w):
+        cb, kh, kw, c = w.shape
+        w4 = w.transpose(0, 3, 1, 2).reshape(cb * c, 1, kh, kw)
+        y = conv2d_ref(_unblock_nchwc(x), w4, a["strides"], a["pads"], a["dilations"], cb * c)
+        n_, _, ho, wo = y.shape
+        return np.ascontiguousarray(y.reshape(n_, cb, c, ho, wo).transpose(0, 1, 3, 4, 2)).astype(x.dtype)
+    return infer, impl
+
+
 # ---- fused groups ------------------------------------------------------------------------------
 @register("fused", Pattern.OPAQUE, (0, 1 << 16), {"body": REQUIRED, "pattern": REQUIRED},
           doc="a fused group: its body graph's inputs are this node's inputs")

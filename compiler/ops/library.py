@@ -107,6 +107,9 @@ add_impl("conv2d", "llvm", "conv2d_nchw.nchwc", _conv_nchwc, cpu.schedule_conv2d
          check=_conv_nchwc_check, prepack={1: _conv_prepack})
 add_impl("conv2d", "llvm", "conv2d_nchw.direct", _conv_direct, cpu.schedule_conv2d_nchw, plevel=10)
 
+add_impl("depthwise_conv2d_NCHWc", "llvm", "depthwise_NCHWc.x86",
+         lambda x, w, *, strides, pads, dilations: nn.depthwise_conv2d_NCHWc(x, w, strides, pads, dilations),
+         cpu.schedule_depthwise_NCHWc)
 add_impl("conv2d_NCHWc", "llvm", "conv2d_NCHWc.x86",
          lambda x, w, *, strides, pads, dilations: nn.conv2d_NCHWc(x, w, strides, pads, dilations),
          cpu.schedule_conv2d_NCHWc)

@@ -125,6 +125,35 @@ def conv2d_NCHWc(data, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 
         name="conv2d_NCHWc", tag="conv2d_NCHWc")
 
 
+def depthwise_conv2d_NCHWc(data, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), out_dtype=None):
+    """Blocked depthwise conv: data (N, C', H, W, c) x kernel (C', KH, KW, c) -> (N, C', OH, OW, c).
+    Each lane is its own channel, so the c lanes are one vector and the window is the only
+    reduction (no shuffles, unlike NCHW depthwise, which vectorizes over strided pixels)."""
+    N, CB, H, W, bn = data.shape
+    CB2, KH, KW, bn2 = kernel.shape
+    if (CB, bn) != (CB2, bn2):
+        raise OpError(f"depthwise_conv2d_NCHWc: data channel blocks {CB}x{bn} != kernel's {CB2}x{bn2}")
+    sh, sw = strides
+    dh, dw = dilations
+    OH = conv_out_size(H, KH, sh, pads[0], pads[2], dh)
+    OW = conv_out_size(W, KW, sw, pads[1], pads[3], dw)
+    acc = acc_dtype(data.dtype, out_dtype)
+    dp = pad_nchw(data, pads, axes=(2, 3))
+    ry = te.reduce_axis(KH, "ry")
+    rx = te.reduce_axis(KW, "rx")
+    return te.compute(
+        (N, CB, OH, OW, bn),
+        lambda n, c, y, x, lane: te.sum(_c(dp[n, c, y * sh + ry * dh, x * sw + rx * dw, lane], acc)
+                                        * _c(kernel[c, ry, rx, lane], acc), axis=[ry, rx]),
+        name="depthwise_NCHWc", tag="depthwise_NCHWc")
+
+
+def pack_depthwise_kernel_np(w, bn: int):
+    """Depthwise (C, 1, KH, KW) -> (C/bn, KH, KW, bn) (numpy), for weights bound at compile time."""
+    C, _, KH, KW = w.shape
+    return np.ascontiguousarray(w.reshape(C // bn, bn, KH, KW).transpose(0, 2, 3, 1))
+
+
 def pack_nchwc(data, bn: int, pads=(0, 0, 0, 0), name="data_vec", strides=None):
     """NCHW -> NCHW[bn]c, with spatial zero padding folded into the copy; with strides (only
     without padding) every stride-th pixel is kept (a 1x1 strided conv reads nothing else)."""

@@ -71,6 +71,8 @@ def node_macs(n: Node) -> int:
         return math.prod(n.shape) * math.prod(w[1:])
     if n.op == "conv2d_NCHWc":   # kernel (O', C', KH, KW, ic, oc)
         return math.prod(n.shape) * math.prod(n.inputs[1].shape[1:5])
+    if n.op == "depthwise_conv2d_NCHWc":   # kernel (C', KH, KW, c)
+        return math.prod(n.shape) * math.prod(n.inputs[1].shape[1:3])
     if n.op in ("dense", "qdense"):
         w = n.inputs[1].shape
         if n.op == "qdense" and n.attrs["layout"] == "NCnc":

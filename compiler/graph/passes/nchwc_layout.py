@@ -6,7 +6,8 @@ A float conv2d (groups 1, constant weight) becomes conv2d_NCHWc on a blocked inp
 packed here once (OIHW -> O' I' KH KW i o) and its bias a blocked broadcast add. The layout then
 flows through the ops that work per channel block unchanged: elementwise ops, binary ops of two
 tensors of the same blocking or with a per-channel/scalar constant, batch norm (as a blocked
-multiply-add), max/avg pooling, and a channel concat of inputs of one blocking. Every other reader
+multiply-add), max/avg pooling, depthwise convs (depthwise_conv2d_NCHWc: each lane its own channel,
+so any blocking serves), and a channel concat of inputs of one blocking. Every other reader
 (reshape, gemm, global pools, LRN, grouped convs, graph outputs) gets a layout_transform back to
 NCHW, made once per tensor; a pack of a tensor that was just unpacked with the same block cancels.
 A conv goes blocked when its result reaches another blocked conv through such ops, or when its
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.cpu import conv_blocks, lanes
-from ...ops.nn import pack_kernel_np
+from ...ops.nn import pack_depthwise_kernel_np, pack_kernel_np
 from ..ir import Graph, Node
 from .eliminate_dead_code import eliminate_dead_code
 
@@ -50,6 +51,16 @@ def blocked_conv(n: Node) -> tuple[int, int] | None:
         return None
     ic, oc = conv_blocks(x.shape[1], n.shape[1], n.dtype)
     return (ic, oc) if oc >= 4 and n.shape[1] % oc == 0 else None
+
+
+def blocked_depthwise(n: Node) -> bool:
+    """A float depthwise conv2d (groups == C == O, constant weight and bias) the pass may run blocked:
+    each lane is its own channel, so any block of its input serves."""
+    if n.op != "conv2d" or n.dtype not in FLOATS or not _is_nchw_float(n.inputs[0]):
+        return False
+    w, C = n.inputs[1], n.inputs[0].shape[1]
+    return (n.attrs.get("groups", 1) == C == n.shape[1] > 1 and w.is_const and w.type.rank == 4
+            and w.shape[1] == 1 and (len(n.inputs) < 3 or n.inputs[2].is_const))
 
 
 def _channel_const(c: Node, channels: int) -> np.ndarray | None:
@@ -118,7 +129,9 @@ def nchwc_layout(graph: Graph) -> Graph:
     reaches: dict[int, bool] = {}
     for n in reversed(graph.nodes):
         reaches[id(n)] = any((blocked_conv(u) is not None and u.inputs[0] is n)
-                             or (_flexible(u) and reaches[id(u)]) for u in users.get(id(n), ()))
+                             or (_flexible(u) and reaches[id(u)])
+                             or (blocked_depthwise(u) and u.inputs[0] is n and reaches[id(u)])
+                             for u in users.get(id(n), ()))
 
     prefer = _concat_blocks(graph)
 
@@ -128,7 +141,7 @@ def nchwc_layout(graph: Graph) -> Graph:
     to_nchw_cache: dict[int, Node] = {}
     to_blocked_cache: dict[tuple[int, int], Node] = {}
     nodes: list[Node] = []
-    stats = {"convs": 0, "blocked_ops": 0, "packs": 0, "unpacks": 0}
+    stats = {"convs": 0, "depthwise": 0, "blocked_ops": 0, "packs": 0, "unpacks": 0}
 
     def emit(n: Node) -> Node:
         nodes.append(n)
@@ -169,6 +182,29 @@ def nchwc_layout(graph: Graph) -> Graph:
         stats["blocked_ops"] += 1
         return n
 
+    def depthwise(old: Node, ins: list[Node]) -> Node | None:
+        """Blocked depthwise in its input's blocking (or, when its result reaches a blocked conv, a
+        vector's worth of lanes); else None: NCHW in and out stays with the NCHW kernel."""
+        x, C = ins[0], old.shape[1]
+        if id(x) in block:
+            b = block[id(x)]
+        elif reaches[id(old)] and min(C & -C, lanes("float32")) >= 4:
+            b = min(C & -C, lanes("float32"))   # a power of two: other lane counts compile to shuffles
+            x = blocked(x, b)
+        else:
+            return None
+        w = const(pack_depthwise_kernel_np(np.asarray(ins[1].value), b), f"{ins[1].name}/c{b}c")
+        biased = len(ins) > 2
+        y = out(emit(Node("depthwise_conv2d_NCHWc", [x, w],
+                          {k: old.attrs[k] for k in ("strides", "pads", "dilations")},
+                          name=f"{old.name}/conv" if biased else old.name, origin=old.origin,
+                          target=old.target)), b)
+        stats["depthwise"] += 1
+        if biased:
+            c = const(_blocked_const(np.asarray(ins[2].value).reshape(1, -1, 1, 1), b), f"{ins[2].name}/{b}c")
+            y = out(emit(Node("add", [y, c], name=old.name, origin=old.origin, target=old.target)), b)
+        return y
+
     def convert(old: Node, ins: list[Node]) -> Node | None:
         """The blocked form of `old` over its mapped inputs, or None (old runs in NCHW)."""
         blks = [block[id(i)] for i in ins if id(i) in block]
@@ -195,6 +231,8 @@ def nchwc_layout(graph: Graph) -> Graph:
                 b = const(_blocked_const(np.asarray(ins[2].value).reshape(1, -1, 1, 1), oc), f"{ins[2].name}/{oc}c")
                 y = out(emit(Node("add", [y, b], name=old.name, origin=old.origin, target=old.target)), oc)
             return y
+        if blocked_depthwise(old):
+            return depthwise(old, ins)
         if not blks or not _flexible(old):
             return None
         b = blks[0]

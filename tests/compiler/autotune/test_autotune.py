@@ -70,6 +70,13 @@ def _matmul_body(m=6, k=16, n=24):
     return Graph([a, b, y], [a, b], [y]), {}
 
 
+def _dw_blocked_body(cb=2, hw=9, lanes=8, stride=2):
+    rng = np.random.default_rng(2)
+    x, w = Node.input("p0", (1, cb, hw, hw, lanes)), Node.input("p1", (cb, 3, 3, lanes))
+    y = Node("depthwise_conv2d_NCHWc", [x, w], {"strides": (stride, stride), "pads": (0, 1, 1, 0)}, name="dw")
+    return Graph([x, w, y], [x, w], [y]), {1: rng.standard_normal(w.shape).astype("float32")}
+
+
 BODIES = {
     "conv_nchwc": lambda: _conv_body(),
     "conv_nchwc_stride": lambda: _conv_body(c=6, o=12, hw=9, stride=2, relu=False),
@@ -77,6 +84,7 @@ BODIES = {
     "pointwise": lambda: _conv_body(c=8, o=12, hw=7, k=1),
     "pointwise_grouped": lambda: _conv_body(c=8, o=12, hw=7, k=1, groups=4),
     "depthwise": lambda: _conv_body(c=8, o=8, hw=9, groups=8),
+    "dw_blocked": lambda: _dw_blocked_body(),
     "dense": lambda: _dense_body(),
     "dense_row": lambda: _dense_body(m=1, k=32, n=300),
     "matmul": lambda: _matmul_body(),
@@ -99,7 +107,7 @@ def test_space_points_match_reference(name):
         assert m.measure(cfg) > 0    # CandidateError if the result differs from the reference
 
 
-@pytest.mark.parametrize("name", ["conv_nchwc", "conv_nchwc_grouped", "pointwise", "pointwise_grouped", "dense",
+@pytest.mark.parametrize("name", ["conv_nchwc", "conv_nchwc_grouped", "pointwise", "pointwise_grouped", "dense", "dw_blocked",
                                   "matmul"])
 def test_heuristic_is_the_default_point(name):
     """space()[0] spells out today's heuristics: the same kernel as no configuration at all."""

@@ -239,3 +239,60 @@ def test_only_the_cpu_targets_own_builds_block():
     assert "conv2d_NCHWc" not in ops_of(optimize(g, GraphOptions(fuse=False, nchwc=True, targets=("cpu",))))
     mod = compiler.build_model(g, target="cpu")
     assert mod.graph.meta["nchwc"]["convs"] == 2
+
+
+def _clip6(t, x):
+    return t.op("clip", x, min=0.0, max=6.0)
+
+
+@pytest.mark.parametrize("stride,pad", [(1, 1), (2, (0, 1, 1, 0))])
+def test_inverted_residual_stays_blocked_through_the_depthwise_conv(stride, pad):
+    """expand 1x1 - depthwise 3x3 - project 1x1 (MobileNetV2): the depthwise conv runs blocked in its
+    producer's blocking, so the only conversions are at the graph's input and output."""
+    t = Net((1, 16, 10, 10))
+    e = _clip6(t, t.conv(t.x, 48, k=1))
+    w = Node.const(RNG.standard_normal((48, 1, 3, 3)).astype(np.float32))
+    d = Node("conv2d", [e, w], {"pads": (pad,) * 4 if isinstance(pad, int) else pad, "strides": (stride, stride),
+                                "groups": 48}, name="dw")
+    p = t.conv(_clip6(t, d), 16, k=1)
+    g = t.graph(t.op("add", p, t.x) if stride == 1 else p)
+    q = nchwc_layout(g)
+    assert ops_of(q).count("depthwise_conv2d_NCHWc") == 1 and "conv2d" not in ops_of(q)
+    tr = transforms(q)   # the input's pack (the residual reads it too) and the output's unpack
+    assert len(tr) == 2 and tr[0][0] == "input" and tr[1][2] == "NCHW"
+    assert q.meta["nchwc"]["depthwise"] == 1
+    check_same(g, q)
+
+
+def test_depthwise_at_the_input_packs_it_when_its_result_reaches_a_blocked_conv():
+    t = Net((1, 12, 9, 9))
+    d = t.conv(t.x, 12, k=3, stride=2, groups=12)          # 12 channels: blocks of 4
+    g = t.graph(t.conv(t.op("relu", d), 16))
+    q = nchwc_layout(g)
+    assert "depthwise_conv2d_NCHWc" in ops_of(q)
+    assert transforms(q)[0] == ("input", "NCHW", "NCHW4c")
+    check_same(g, q)
+
+
+def test_depthwise_with_nchw_neighbours_or_narrow_channels_keeps_its_nchw_kernel():
+    t = Net((1, 16, 8, 8))
+    g = t.graph(t.op("relu", t.conv(t.x, 16, groups=16)))   # NCHW in, graph output out
+    assert "depthwise_conv2d_NCHWc" not in ops_of(nchwc_layout(g))
+    t = Net((1, 6, 8, 8))
+    d = t.conv(t.x, 6, groups=6)                            # 6 channels: no block of 4 or more
+    g = t.graph(t.conv(d, 16))
+    q = nchwc_layout(g)
+    assert "depthwise_conv2d_NCHWc" not in ops_of(q)
+    check_same(g, q)
+
+
+def test_dilated_depthwise_between_blocked_convs():
+    t = Net((2, 8, 11, 11))
+    a = t.op("relu", t.conv(t.x, 16))
+    w = Node.const(RNG.standard_normal((16, 1, 3, 3)).astype(np.float32))
+    d = Node("conv2d", [a, w, Node.const(RNG.standard_normal(16).astype(np.float32))],
+             {"pads": (2, 2, 2, 2), "dilations": (2, 2), "groups": 16}, name="dw")
+    g = t.graph(t.conv(t.op("relu", d), 8))
+    q = nchwc_layout(g)
+    assert ops_of(q).count("depthwise_conv2d_NCHWc") == 1
+    check_same(g, q)

@@ -194,3 +194,20 @@ def test_schema_takes_numpy_scalars_and_lists_as_importers_give_them():
     assert schema.normalize_attrs("gelu", {"approximate": np.str_("tanh")}) == {"approximate": "tanh"}
     with pytest.raises(OpError, match=r"^gelu: approximate=b'tanh' must be one of 'none', 'tanh'$"):
         schema.normalize_attrs("gelu", {"approximate": b"tanh"})
+
+
+def test_blocked_depthwise_has_reference_semantics_and_a_shape_check():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 8, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((8, 1, 3, 3)).astype(np.float32)
+    a = {"strides": (2, 1), "pads": (1, 0, 1, 2), "dilations": (1, 1)}
+    xb = schema.get_op("layout_transform").reference({"src_layout": "NCHW", "dst_layout": "NCHW4c"}, x)
+    wb = ops.nn.pack_depthwise_kernel_np(w, 4)
+    assert wb.shape == (2, 3, 3, 4)
+    yb = schema.get_op("depthwise_conv2d_NCHWc").reference(a, xb, wb)
+    y = schema.get_op("conv2d").reference({**a, "groups": 8}, x, w)
+    np.testing.assert_allclose(yb.transpose(0, 1, 4, 2, 3).reshape(y.shape), y, rtol=1e-5, atol=1e-5)
+    n = Node("depthwise_conv2d_NCHWc", [Node.input("x", xb.shape), Node.const(wb)], a)
+    assert n.shape == yb.shape
+    with pytest.raises(OpError, match=r"depthwise_conv2d_NCHWc.*expects data \(N, C', H, W, c\)"):
+        Node("depthwise_conv2d_NCHWc", [Node.input("x", xb.shape), Node.const(wb[:1])], a)
