@@ -45,7 +45,7 @@ def inverted_residual_nets(draw):
         stride = draw(st.sampled_from([1, 2])) if dil == 1 and min(h, w) >= 6 else 1
         span = (ks - 1) * dil
         pads = [draw(st.integers(0, span)) for _ in range(4)]
-        pads[0], pads[1] = max(pads[0], span - h - pads[2]), max(pads[1], span - w - pads[3])   # the window fits
+        pads[0], pads[1] = max(pads[0], span + 1 - h - pads[2]), max(pads[1], span + 1 - w - pads[3])   # it fits
         wt = b.weight((hid, 1, ks, ks))
         ins = [y, wt] + ([b.init((b.rng.standard_normal(hid) * 0.1).astype(np.float32))] if draw(st.booleans()) else [])
         y = b.op("Conv", ins, name=f"dw{k}", kernel_shape=[ks, ks], strides=[stride, stride], pads=pads,
