@@ -891,7 +891,9 @@ class Executor:
                  **driver_options):
         self.module = m = module
         self.device = None
-        self.profile: list[dict] = []
+        self._last: tuple[list[float], list] = ([], [])
+        self._accel_steps = [k for k, s in enumerate(m.steps) if s.kind == "accel"]   # results keeps theirs
+        self._profile: list[dict] | None = []
         m.validate()   # nothing is allocated or run for a module that fails its checks
         if m.count("accel"):
             if m.config is None:
@@ -1033,7 +1035,10 @@ class Executor:
 
     def set_inputs(self, inputs) -> None:
         m = self.module
-        if isinstance(inputs, dict):
+        names = m.input_names
+        if isinstance(inputs, dict) and len(inputs) == len(names) and all(n in inputs for n in names):
+            values = [inputs[n] for n in names]
+        elif isinstance(inputs, dict):
             unknown = sorted(set(inputs) - set(m.input_names))
             if unknown:
                 raise ExecutorError(f"module '{m.name}' has no input(s) {', '.join(unknown)}; inputs are "
@@ -1049,10 +1054,10 @@ class Executor:
                                     f"({', '.join(m.input_names)}), got {len(values)}")
         for spec, v in zip(m.inputs, values):
             view = self.views[spec["tensor"]]
-            v = np.asarray(v)
-            if v.shape != view.shape:
-                raise ExecutorError(f"input '{spec['name']}': expected shape {list(view.shape)}, got {list(v.shape)}")
-            view[...] = v.astype(view.dtype, copy=False)
+            if np.shape(v) != view.shape:
+                raise ExecutorError(f"input '{spec['name']}': expected shape {list(view.shape)}, "
+                                    f"got {list(np.shape(v))}")
+            np.copyto(view, v, casting="unsafe")
             if self.gpu is not None:
                 self.gpu.host_wrote(spec["tensor"])
 
@@ -1081,33 +1086,62 @@ class Executor:
         self.set_inputs(inputs)
         self.values: dict[str, np.ndarray] = {}
         m = self.module
-        cfg = m.config
-        rows = []
-        results = []
         n = len(m.steps)
-        # tensors no step writes as a whole (a concat its producers wrote in place, plan_memory's
-        # elided ones): kept as the first step that reads them finds them
-        unstepped = {t for s in m.steps for t in s.inputs} - {s.output for s in m.steps} - \
-            {spec["tensor"] for spec in m.inputs} if keep else set()
-        for k, (s, call) in enumerate(zip(m.steps, self._calls)):
-            if progress is not None:
-                progress(k, n, s.name)
-            for t in s.inputs if keep else ():
-                if t in unstepped and m.tensors[t].name not in self.values:
+        times, results = [0.0] * n, [None] * n
+        perf = time.perf_counter
+        if progress is None and not keep:
+            # the lean loop: a small model's whole run is tens of microseconds, so per-step
+            # bookkeeping waits until `profile` is read
+            for k, call in enumerate(self._calls):
+                t0 = perf()
+                r = call()
+                times[k] = perf() - t0
+                results[k] = r
+        else:
+            # tensors no step writes as a whole (a concat its producers wrote in place, plan_memory's
+            # elided ones): kept as the first step that reads them finds them
+            unstepped = {t for s in m.steps for t in s.inputs} - {s.output for s in m.steps} - \
+                {spec["tensor"] for spec in m.inputs} if keep else set()
+            for k, (s, call) in enumerate(zip(m.steps, self._calls)):
+                if progress is not None:
+                    progress(k, n, s.name)
+                for t in s.inputs if keep else ():
+                    if t in unstepped and m.tensors[t].name not in self.values:
+                        if self.gpu is not None:
+                            self.gpu.to_host(t)
+                        self.values[m.tensors[t].name] = self.views[t].copy()
+                t0 = perf()
+                results[k] = call()
+                times[k] = perf() - t0
+                if keep:
                     if self.gpu is not None:
-                        self.gpu.to_host(t)
-                    self.values[m.tensors[t].name] = self.views[t].copy()
-            t0 = time.perf_counter()
-            r = call()
-            dt = time.perf_counter() - t0
-            if keep:
-                if self.gpu is not None:
-                    self.gpu.to_host(s.output)
-                self.values[m.tensors[s.output].name] = self.views[s.output].copy()
-            results.append(r if s.kind == "accel" else None)
-            row = {"name": s.name, "op": s.op, "impl": s.kind,
-                   "target": self._row_target[k],
-                   "time_s": dt, "macs": s.macs}
+                        self.gpu.to_host(s.output)
+                    self.values[m.tensors[s.output].name] = self.views[s.output].copy()
+            if progress is not None:
+                progress(n, n, "done")
+        self.results = [None] * n
+        for k in self._accel_steps:
+            self.results[k] = results[k]
+        self._last, self._profile = (times, self.results), None
+        if self.gpu is not None:
+            for o in m.outputs:
+                self.gpu.to_host(o["tensor"])
+        return {o["name"]: self.views[o["tensor"]].copy() for o in m.outputs}
+
+    @property
+    def profile(self) -> list[dict]:
+        """The last run's rows, one per step: name, op, impl, target, time_s, macs, and for
+        accelerator steps the driver's counters (built on first read)."""
+        if self._profile is None:
+            self._profile = self._profile_rows(*self._last)
+        return self._profile
+
+    def _profile_rows(self, times: list[float], results: list) -> list[dict]:
+        cfg = self.module.config
+        rows = []
+        for k, (s, dt, r) in enumerate(zip(self.module.steps, times, results)):
+            row = {"name": s.name, "op": s.op, "impl": s.kind, "target": self._row_target[k], "time_s": dt,
+                   "macs": s.macs}
             if s.note:
                 row["note"] = s.note
             if s.kind == "accel":
@@ -1119,13 +1153,7 @@ class Executor:
                     row["latency_s"] = r.cycles / (cfg.clock_mhz * 1e6)
                     row["utilization"] = s.macs / (r.cycles * cfg.macs_per_cycle) if s.macs else 0.0
             rows.append(row)
-        if progress is not None:
-            progress(n, n, "done")
-        self.profile, self.results = rows, results
-        if self.gpu is not None:
-            for o in m.outputs:
-                self.gpu.to_host(o["tensor"])
-        return {o["name"]: self.views[o["tensor"]].copy() for o in m.outputs}
+        return rows
 
     def close(self) -> None:
         if self.device is not None:
