@@ -209,13 +209,28 @@ def schedule_reduce(outs):
         if op.reduce_axis:
             axes = list(op.axis)
             size = math.prod(op.shape)
-            outer = st.fuse(*axes) if len(axes) > 1 else axes[0]
             work = size * math.prod(r.dom.extent.value for r in op.reduce_axis)
+            if _lanes_kept(op):
+                # the blocked layout's lanes (last axis, not reduced): the reduction loops outside,
+                # the lanes one vector inside, so each step reads a whole pixel of lanes
+                st.reorder(*axes[:-1], *op.reduce_axis, axes[-1])
+                st.vectorize(axes[-1])
+                axes = axes[:-1]
+            outer = st.fuse(*axes) if len(axes) > 1 else axes[0]
             if work >= PARALLEL_MIN and size > 1:
                 st.parallel(outer)
         else:
             schedule_flat(s, op.output(0))
     return s
+
+
+def _lanes_kept(op) -> bool:
+    """A reduction over a blocked tensor's spatial axes (N C' H W c -> N C' 1 1 c) that keeps the
+    lanes: the last axis is not reduced and is a whole vector or a power of two of at least 4."""
+    if len(op.axis) != 5 or len(op.reduce_axis) != 2:
+        return False
+    c = op.shape[-1]
+    return c >= 4 and (c & (c - 1) == 0 or c % lanes(op.output(0).dtype) == 0)
 
 
 def schedule_concat(outs):

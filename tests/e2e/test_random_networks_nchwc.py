@@ -32,7 +32,8 @@ def test_random_network_blocked_layout_matches_onnxruntime(net, batch):
 @st.composite
 def inverted_residual_nets(draw):
     """MobileNet/EfficientNet-style stacks: expand 1x1 - depthwise kxk (stride, dilation, asymmetric
-    pads as TF exports them, bias or not) - activation - project 1x1, residual when shapes allow,
+    pads as TF exports them, bias or not) - activation - squeeze-excitation or not - project 1x1,
+    residual when shapes allow,
     with channel counts that give blocks of 4, 8, 16 or none (6)."""
     b = zoo.ModelBuilder("inverted_residual", seed=draw(st.integers(0, 999)))
     c, h, w = draw(st.sampled_from([4, 8, 16, 24])), draw(st.integers(5, 12)), draw(st.integers(5, 12))
@@ -59,6 +60,10 @@ def inverted_residual_nets(draw):
             y = b.op("Mul", [y, b.op("Sigmoid", [y])])
         else:
             y = b.op("Relu", [y])
+        if draw(st.booleans()):   # squeeze-excitation: a per-channel gate from the global mean
+            r = max(2, hid // 4)
+            se = b.op("Relu", [b.conv(b.op("GlobalAveragePool", [y]), hid, r, k=1)])
+            y = b.op("Mul", [y, b.op("Sigmoid", [b.conv(se, r, hid, k=1)])])
         out = draw(st.sampled_from([c, 8, 16]))
         y = b.conv(y, hid, out, k=1, name=f"project{k}")
         x = b.op("Add", [y, x]) if (out, h, w) == (c, h_in, w_in) else y

@@ -82,6 +82,11 @@ def _blocked_const(v4: np.ndarray, b: int) -> np.ndarray:
     return np.ascontiguousarray(v4.reshape(1, v4.shape[1] // b, b, 1, 1).transpose(0, 1, 3, 4, 2))
 
 
+def _per_channel(i: Node, n: Node) -> bool:
+    """A computed (N, C, 1, 1) operand of n: a per-channel scale such as a squeeze-excitation gate."""
+    return not i.is_const and i.type.rank == 4 and i.shape == n.shape[:2] + (1, 1) != n.shape
+
+
 def _flexible(n: Node) -> bool:
     """An op that may run on a blocked tensor (whether it does depends on its inputs' layouts)."""
     if n.dtype not in FLOATS or n.type.rank != 4:
@@ -89,7 +94,8 @@ def _flexible(n: Node) -> bool:
     if n.op in UNARY or n.op in POOLS:
         return True
     if n.op in BINARY:
-        return all(i.is_const or i.shape == n.shape for i in n.inputs)
+        return all(i.is_const or i.shape == n.shape or _per_channel(i, n) for i in n.inputs) and \
+            any(i.shape == n.shape and not i.is_const for i in n.inputs)
     if n.op == "batch_norm":
         return all(i.is_const for i in n.inputs[1:])
     return n.op == "concat" and n.attrs["axis"] % 4 == 1
@@ -233,9 +239,16 @@ def nchwc_layout(graph: Graph) -> Graph:
             return y
         if blocked_depthwise(old):
             return depthwise(old, ins)
+        if old.op == "global_avg_pool" and blks and old.inputs[0].type.rank == 4 and old.dtype in FLOATS:
+            # a mean over the blocked planes (lanes kept): an NCHW reader then unpacks C values,
+            # not the whole tensor
+            return out(emit(Node("reduce_mean", [ins[0]], {"axes": (2, 3), "keepdims": 1}, name=old.name,
+                                 origin=old.origin, target=old.target)), blks[0])
         if not blks or not _flexible(old):
             return None
-        b = blks[0]
+        # the block of a full-size blocked input (a per-channel operand follows it, re-blocked if need be)
+        b = next((block[id(i)] for i, o in zip(ins, old.inputs) if id(i) in block and o.shape == old.shape),
+                 blks[0])
         if old.op in UNARY or old.op in POOLS:
             return out(emit(old.with_inputs([ins[0]])), b)
         if old.op == "concat":
@@ -262,6 +275,8 @@ def nchwc_layout(graph: Graph) -> Graph:
                 if v4 is None:
                     return None
                 new_ins.append(const(_blocked_const(v4, b), f"{i.name}/{b}c"))
+            elif _per_channel(o, old):
+                new_ins.append(None)   # C values: packed (or re-blocked) to b below
             elif id(i) in block:
                 if block[id(i)] != b:
                     return None

@@ -296,3 +296,30 @@ def test_dilated_depthwise_between_blocked_convs():
     q = nchwc_layout(g)
     assert ops_of(q).count("depthwise_conv2d_NCHWc") == 1
     check_same(g, q)
+
+
+def test_squeeze_excitation_stays_blocked():
+    """EfficientNet's block: SiLU, depthwise conv, a squeeze-excitation gate (global mean, two 1x1
+    convs, sigmoid) multiplying the planes per channel, project 1x1: the mean runs over the blocked
+    planes and the gate is applied blocked, so the only conversions are at the input and output."""
+    t = Net((1, 16, 10, 10))
+    e = t.conv(t.x, 64, k=1)
+    e = t.op("mul", e, t.op("sigmoid", e))
+    w = Node.const(RNG.standard_normal((64, 1, 3, 3)).astype(np.float32))
+    d = Node("conv2d", [e, w], {"pads": (1, 1, 1, 1), "groups": 64}, name="dw")
+    d = t.op("mul", d, t.op("sigmoid", d))
+    se = t.op("relu", t.conv(t.op("global_avg_pool", d), 8, k=1))
+    se = t.op("sigmoid", t.conv(se, 64, k=1))
+    g = t.graph(t.op("add", t.conv(t.op("mul", d, se), 16, k=1), t.x))
+    q = nchwc_layout(g)
+    assert len(transforms(q)) == 2 and "global_avg_pool" not in ops_of(q) and "reduce_mean" in ops_of(q)
+    check_same(g, q)
+
+
+def test_global_pool_of_a_blocked_tensor_unpacks_only_its_result():
+    t = Net((2, 8, 9, 9))
+    a = t.op("relu", t.conv(t.op("relu", t.conv(t.x, 32)), 32))
+    g = t.graph(t.op("reshape", t.op("global_avg_pool", a), shape=(2, 32)))
+    q = nchwc_layout(g)
+    assert [src for src, _, dst in transforms(q) if dst == "NCHW"] == ["reduce_mean"]
+    check_same(g, q)

@@ -122,3 +122,10 @@ def test_blocked_depthwise_writes_its_epilogue_blocked_or_nchw(case, unpack):
     if unpack:
         want = get_op("layout_transform").reference({"src_layout": "NCHW8c", "dst_layout": "NCHW"}, want)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("lanes", [4, 6, 16, 32])
+def test_mean_over_blocked_planes_keeps_the_lanes(lanes):
+    x = RNG.standard_normal((2, 3, 7, 5, lanes)).astype(np.float32)
+    f = ops.compile_op("reduce_mean", [x.shape], {"axes": (2, 3), "keepdims": 1})
+    np.testing.assert_allclose(f(x), x.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
