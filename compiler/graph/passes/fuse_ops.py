@@ -1,8 +1,9 @@
 """FuseOps: group ops into fused kernels by TVM's rules on op patterns. A conv/dense/pool
 (OUT_ELEMWISE_FUSABLE) absorbs the elementwise and broadcast ops after it (bias, relu, residual
 add, requantize); chains of injective/elementwise ops fuse together; injective ops fuse into the
-reduction they feed. Only a producer whose single user is the consumer fuses (the conservative
-case of TVM's post-dominator rule), only within one target, and a group has at most one
+reduction they feed. A producer fuses when the consumer is its single user, or when its other
+users are lone elementwise ops feeding only that consumer (a diamond such as SiLU, x * sigmoid(x):
+the cases of TVM's post-dominator rule the kit needs), only within one target, and a group has at most one
 conv/dense/pool/reduce. Each group of two or more ops becomes one `fused` node whose body is a
 graph; constants stay outside as its inputs (weights live in their own buffers)."""
 from __future__ import annotations
@@ -20,6 +21,40 @@ def _fusable(group_pattern: Pattern, consumer: Pattern) -> bool:
     return False
 
 
+def _join_diamond(n: Node, p: Pattern, group: dict, pattern: dict, users: dict, outputs: set):
+    """The group n joins where its inputs form a diamond over one group's output i: i's other
+    users are lone elementwise ops of i (and constants) whose only user is n, as in SiLU,
+    x * sigmoid(x). They and n join i's group (TVM fuses to the post-dominator the same way);
+    None when n's inputs form no such diamond. CPU kernels only: their schedules inline an
+    epilogue that reads the anchor's result twice; the accelerator's and GPU's lowerings expect
+    chains."""
+    if n.target not in (None, "cpu"):
+        return None
+    for i in n.inputs:
+        if id(i) not in group or id(i) in outputs or i.target != n.target:
+            continue
+        g = group[id(i)]
+        others = [u for u in users[id(i)] if u is not n]
+        if g[-1] is not i or not others or len(users[id(i)]) != len(others) + 1:
+            continue
+        if not all(id(u) in group and len(group[id(u)]) == 1 and get_op(u.op).pattern <= Pattern.BROADCAST and u.target == n.target
+                   and len(users[id(u)]) == 1 and users[id(u)][0] is n and id(u) not in outputs
+                   and all(x is i or x.is_const for x in u.inputs) for u in others):
+            continue
+        if not all(x is i or x.is_const or any(x is u for u in others) for x in n.inputs):
+            continue
+        q = max([p] + [get_op(u.op).pattern for u in others])
+        if not _fusable(pattern[id(g)], q):
+            continue
+        for u in others:
+            g.append(u)
+            group[id(u)] = g
+        g.append(n)
+        pattern[id(g)] = max(pattern[id(g)], q)
+        return g
+    return None
+
+
 def fuse_ops(graph: Graph) -> Graph:
     """Fuse ops into `fused` nodes (see module doc); graph.meta['fusion'] lists the groups."""
     users = graph.users()
@@ -29,8 +64,8 @@ def fuse_ops(graph: Graph) -> Graph:
     for n in graph.ops:
         # an unpack to NCHW joins its producer's kernel (the tile is written to NCHW directly)
         p = Pattern.ELEMWISE if is_unpack(n) else get_op(n.op).pattern
-        joined = None
-        for i in n.inputs:
+        joined = _join_diamond(n, p, group, pattern, users, outputs)
+        for i in n.inputs if joined is None else ():
             if id(i) not in group or len(users[id(i)]) != 1 or id(i) in outputs or i.target != n.target:
                 continue
             g = group[id(i)]

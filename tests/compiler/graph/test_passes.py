@@ -251,6 +251,28 @@ def test_fuse_ops_respects_multiple_users_opaque_ops_and_targets():
     assert [n.op for n in g2.ops] == ["dense", "relu"]
 
 
+def test_fuse_ops_joins_a_silu_diamond_into_the_conv():
+    """x * sigmoid(x) after a conv: the sigmoid (a lone user of the conv's result feeding only the
+    multiply) and the multiply join the conv's group; a third user, an accelerator target or a
+    sigmoid read elsewhere keeps the diamond apart."""
+    x = Node.input("x", (1, 4, 6, 6))
+    c = Node("conv2d", [x, const(f32(4, 4, 3, 3)), const(f32(4))], {"pads": (1, 1, 1, 1)}, name="c")
+    sg = Node("sigmoid", [c], name="sg")
+    m = Node("mul", [c, sg], name="silu")
+    g = fuse_ops(Graph.from_outputs([x], [m]))
+    assert [n.op for n in g.ops] == ["fused"]
+    assert [n.op for n in g.ops[0].attrs["body"].ops] == ["conv2d", "sigmoid", "mul"]
+    v = f32(1, 4, 6, 6)
+    np.testing.assert_array_equal(run(g, [v])[0], run(Graph.from_outputs([x], [m]), [v])[0])
+    assert [n.op for n in fuse_ops(Graph.from_outputs([x], [m, sg])).ops] == ["conv2d", "sigmoid", "mul"]  # sg: an output
+    r = Node("relu", [c], name="r")
+    assert "conv2d" in [n.op for n in fuse_ops(Graph.from_outputs([x], [m, r])).ops]                # a third user
+    ca = c.with_inputs(c.inputs, target="accel")
+    sa = Node("sigmoid", [ca], name="sa", target="accel")
+    ma = Node("mul", [ca, sa], name="ma", target="accel")
+    assert "conv2d" in [n.op for n in fuse_ops(Graph.from_outputs([x], [ma])).ops]
+
+
 def test_fuse_ops_reduction_absorbs_injective_producers():
     x = Node.input("x", (2, 3, 4))
     t = Node("transpose", [x], {"perm": (0, 2, 1)})
