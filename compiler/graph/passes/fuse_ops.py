@@ -2,8 +2,8 @@
 (OUT_ELEMWISE_FUSABLE) absorbs the elementwise and broadcast ops after it (bias, relu, residual
 add, requantize); chains of injective/elementwise ops fuse together; injective ops fuse into the
 reduction they feed. A producer fuses when the consumer is its single user, or when its other
-users are lone elementwise ops feeding only that consumer (a diamond such as SiLU, x * sigmoid(x):
-the cases of TVM's post-dominator rule the kit needs), only within one target, and a group has at most one
+users head elementwise groups feeding only that consumer (a diamond such as SiLU, x * sigmoid(x),
+or HardSwish: the cases of TVM's post-dominator rule the kit needs), only within one target, and a group has at most one
 conv/dense/pool/reduce. Each group of two or more ops becomes one `fused` node whose body is a
 graph; constants stay outside as its inputs (weights live in their own buffers)."""
 from __future__ import annotations
@@ -23,35 +23,45 @@ def _fusable(group_pattern: Pattern, consumer: Pattern) -> bool:
 
 def _join_diamond(n: Node, p: Pattern, group: dict, pattern: dict, users: dict, outputs: set):
     """The group n joins where its inputs form a diamond over one group's output i: i's other
-    users are lone elementwise ops of i (and constants) whose only user is n, as in SiLU,
-    x * sigmoid(x). They and n join i's group (TVM fuses to the post-dominator the same way);
-    None when n's inputs form no such diamond. CPU kernels only: their schedules inline an
-    epilogue that reads the anchor's result twice; the accelerator's and GPU's lowerings expect
-    chains."""
+    users each head a group of elementwise ops over i (and constants) whose result only n reads,
+    as in SiLU, x * sigmoid(x), and HardSwish, x * clip(x / 6 + 1/2, 0, 1). Those groups and n
+    join i's group (TVM fuses to the post-dominator the same way); None when n's inputs form no
+    such diamond. CPU kernels only: their schedules inline an epilogue that reads the anchor's
+    result twice; the accelerator's and GPU's lowerings expect chains."""
     if n.target not in (None, "cpu"):
         return None
     for i in n.inputs:
-        if id(i) not in group or id(i) in outputs or i.target != n.target:
+        if id(i) not in group or id(i) in outputs or i.target != n.target or group[id(i)][-1] is not i:
             continue
-        g = group[id(i)]
         others = [u for u in users[id(i)] if u is not n]
-        if g[-1] is not i or not others or len(users[id(i)]) != len(others) + 1:
+        if not others or len(users[id(i)]) != len(others) + 1:
             continue
-        if not all(id(u) in group and len(group[id(u)]) == 1 and get_op(u.op).pattern <= Pattern.BROADCAST and u.target == n.target
-                   and len(users[id(u)]) == 1 and users[id(u)][0] is n and id(u) not in outputs
-                   and all(x is i or x.is_const for x in u.inputs) for u in others):
-            continue
-        if not all(x is i or x.is_const or any(x is u for u in others) for x in n.inputs):
-            continue
-        q = max([p] + [get_op(u.op).pattern for u in others])
-        if not _fusable(pattern[id(g)], q):
-            continue
+        arms: list[list[Node]] = []
         for u in others:
-            g.append(u)
-            group[id(u)] = g
-        g.append(n)
-        pattern[id(g)] = max(pattern[id(g)], q)
-        return g
+            arm = group.get(id(u))
+            if arm is None or arm[0] is not u or any(arm is a for a in arms):
+                break
+            members = {id(m) for m in arm}
+            tail = users[id(arm[-1])]
+            if not (len(tail) == 1 and tail[0] is n and all(
+                    get_op(m.op).pattern <= Pattern.BROADCAST and m.target == n.target and id(m) not in outputs
+                    and all(x is i or x.is_const or id(x) in members for x in m.inputs) for m in arm)):
+                break
+            arms.append(arm)
+        else:
+            if not all(x is i or x.is_const or any(x is a[-1] for a in arms) for x in n.inputs):
+                continue
+            q = max([p] + [pattern[id(a)] for a in arms])
+            g = group[id(i)]
+            if not _fusable(pattern[id(g)], q):
+                continue
+            for a in arms:
+                for m in a:
+                    g.append(m)
+                    group[id(m)] = g
+            g.append(n)
+            pattern[id(g)] = max(pattern[id(g)], q)
+            return g
     return None
 
 

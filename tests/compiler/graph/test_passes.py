@@ -267,6 +267,12 @@ def test_fuse_ops_joins_a_silu_diamond_into_the_conv():
     assert [n.op for n in fuse_ops(Graph.from_outputs([x], [m, sg])).ops] == ["conv2d", "sigmoid", "mul"]  # sg: an output
     r = Node("relu", [c], name="r")
     assert "conv2d" in [n.op for n in fuse_ops(Graph.from_outputs([x], [m, r])).ops]                # a third user
+    h = Node("clip", [Node("add", [Node("mul", [c, const(np.float32(1 / 6))]), const(np.float32(0.5))])],
+             {"min": 0.0, "max": 1.0}, name="hsig")
+    hs = Node("mul", [c, h], name="hswish")   # HardSwish as the importer writes it: a chain arm
+    g = fuse_ops(Graph.from_outputs([x], [hs]))
+    assert [n.op for n in g.ops] == ["fused"] and [n.op for n in g.ops[0].attrs["body"].ops][-1] == "mul"
+    np.testing.assert_allclose(run(g, [v])[0], run(Graph.from_outputs([x], [hs]), [v])[0], rtol=1e-6)
     ca = c.with_inputs(c.inputs, target="accel")
     sa = Node("sigmoid", [ca], name="sa", target="accel")
     ma = Node("mul", [ca, sa], name="ma", target="accel")
