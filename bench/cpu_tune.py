@@ -7,8 +7,9 @@ ratio to the first is the run's noise floor; each block after a pause and an unt
 order rotating every round).
 
 Networks: the zoo's tiny CNN, MLP and transformer encoder, ResNet-18 and the MobileNetV2-like net
-of bench/e2e.py (--size sets the image side of the last two; 224 is the reference figure). The
-machine may be shared: keep --trials small and read the ratios, not the times.
+of bench/e2e.py, or its mobilenetv3 and efficientnet by --nets (--size sets the image side of the
+image models; 224 is the reference figure). The machine may be shared: keep --trials small and read
+the ratios, not the times.
 
     python bench/cpu_tune.py [--nets tiny_cnn,mlp,...] [--trials 4] [--size 224] [--repeat 10]
                              [--rounds 3] [--log F] [-o bench/results/cpu_tune.json]
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import onnxruntime as ort  # noqa: E402
-from e2e import NETS, mobilenetv2, resnet18  # noqa: E402
+from e2e import DEFAULT_NETS, NETS  # noqa: E402
 
 from accel.isa.files import write_atomic  # noqa: E402
 from compiler import build_model  # noqa: E402
@@ -41,15 +42,14 @@ from compiler.frontend import from_onnx  # noqa: E402
 from compiler.frontend.zoo import sample_inputs  # noqa: E402
 from host_runtime.executor import Executor  # noqa: E402
 
+#: the nets built at --size (image models); the others have their zoo shapes
+SIZED = ("resnet18", "mobilenetv2", "mobilenetv3", "efficientnet")
+
 
 def load(name: str, size: int):
-    if name == "resnet18":
-        return resnet18(size=size)
-    if name == "mobilenetv2":
-        return mobilenetv2(size=size)
     if name not in NETS:
         raise SystemExit(f"--nets {name}: unknown; nets are {', '.join(NETS)}")
-    return NETS[name]()
+    return NETS[name](size=size) if name in SIZED else NETS[name]()
 
 
 def time_alternating(fns: dict, repeat: int, rounds: int) -> dict[str, float]:
@@ -129,10 +129,10 @@ def geomean(xs) -> float | None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nets", default=",".join(NETS), help="comma-separated (default: %(default)s)")
+    p.add_argument("--nets", default=DEFAULT_NETS, help=f"comma-separated of {', '.join(NETS)} (default: %(default)s)")
     p.add_argument("--trials", type=int, default=4, help="measurements per kernel signature (default: 4)")
     p.add_argument("--tune-repeats", type=int, default=3, help="timing repeats per candidate (median)")
-    p.add_argument("--size", type=int, default=224, help="image side of resnet18 and mobilenetv2")
+    p.add_argument("--size", type=int, default=224, help="image side of the image models")
     p.add_argument("--repeat", type=int, default=10, help="timed calls per network and side")
     p.add_argument("--rounds", type=int, default=3, help="alternation rounds")
     p.add_argument("--log", help="tuning log to read and extend (default: a fresh one next to the JSON)")

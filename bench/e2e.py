@@ -116,9 +116,66 @@ def mobilenetv2(seed: int = 0, size: int = 224, width: float = 1.0):
     return b.build([y])
 
 
+def mobilenetv3(seed: int = 0, size: int = 224):
+    """MobileNetV3-Large's block table: HardSwish or ReLU, 3x3/5x5 depthwise convs, squeeze-
+    excitation gates closed by HardSigmoid."""
+    b = ModelBuilder("mobilenetv3", seed)
+    x = b.input("image", (1, 3, size, size))
+
+    def act(y, hswish):
+        return b.op("HardSwish", [y]) if hswish else b.op("Relu", [y])
+    y = act(b.bn(b.conv(x, 3, 16, k=3, stride=2, bias=False), 16), True)
+    cin = 16
+    # kernel, expansion, out channels, SE, HardSwish, stride
+    table = [(3, 16, 16, 0, 0, 1), (3, 64, 24, 0, 0, 2), (3, 72, 24, 0, 0, 1), (5, 72, 40, 1, 0, 2),
+             (5, 120, 40, 1, 0, 1), (5, 120, 40, 1, 0, 1), (3, 240, 80, 0, 1, 2), (3, 200, 80, 0, 1, 1),
+             (3, 184, 80, 0, 1, 1), (3, 184, 80, 0, 1, 1), (3, 480, 112, 1, 1, 1), (3, 672, 112, 1, 1, 1),
+             (5, 672, 160, 1, 1, 2), (5, 960, 160, 1, 1, 1), (5, 960, 160, 1, 1, 1)]
+    for k, e, c, se, hs, s in table:
+        z = act(b.bn(b.conv(y, cin, e, k=1, bias=False), e), hs) if e != cin else y
+        z = act(b.bn(b.conv(z, e, e, k=k, stride=s, group=e, bias=False), e), hs)
+        if se:
+            r = max(8, e // 4)
+            g = b.op("Relu", [b.conv(b.op("GlobalAveragePool", [z]), e, r, k=1)])
+            z = b.op("Mul", [z, b.op("HardSigmoid", [b.conv(g, r, e, k=1)], alpha=1 / 6, beta=0.5)])
+        z = b.bn(b.conv(z, e, c, k=1, bias=False), c)
+        y = b.op("Add", [z, y]) if s == 1 and cin == c else z
+        cin = c
+    y = act(b.bn(b.conv(y, cin, 960, k=1, bias=False), 960), True)
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])])
+    return b.build([b.op("Gemm", [y, b.weight((1000, 960)), b.init(np.zeros(1000, np.float32))], transB=1)])
+
+
+def efficientnet(seed: int = 0, size: int = 224):
+    """EfficientNet-B0's block table: SiLU (x * sigmoid(x), as exported), 3x3/5x5 depthwise
+    convs, a squeeze-excitation gate in every block."""
+    b = ModelBuilder("efficientnet", seed)
+    x = b.input("image", (1, 3, size, size))
+
+    def silu(y):
+        return b.op("Mul", [y, b.op("Sigmoid", [y])])
+    y = silu(b.bn(b.conv(x, 3, 32, k=3, stride=2, bias=False), 32))
+    cin = 32
+    for t, c, n, s, k in [(1, 16, 1, 1, 3), (6, 24, 2, 2, 3), (6, 40, 2, 2, 5), (6, 80, 3, 2, 3), (6, 112, 3, 1, 5),
+                          (6, 192, 4, 2, 5), (6, 320, 1, 1, 3)]:
+        for j in range(n):
+            stride, hid = (s if j == 0 else 1), cin * t
+            z = silu(b.bn(b.conv(y, cin, hid, k=1, bias=False), hid)) if t != 1 else y
+            z = silu(b.bn(b.conv(z, hid, hid, k=k, stride=stride, group=hid, bias=False), hid))
+            g = silu(b.conv(b.op("GlobalAveragePool", [z]), hid, max(1, cin // 4), k=1))
+            z = b.op("Mul", [z, b.op("Sigmoid", [b.conv(g, max(1, cin // 4), hid, k=1)])])
+            z = b.bn(b.conv(z, hid, c, k=1, bias=False), c)
+            y = b.op("Add", [z, y]) if stride == 1 and cin == c else z
+            cin = c
+    y = silu(b.bn(b.conv(y, cin, 1280, k=1, bias=False), 1280))
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])])
+    return b.build([b.op("Gemm", [y, b.weight((1000, 1280)), b.init(np.zeros(1000, np.float32))], transB=1)])
+
+
 NETS = {"tiny_cnn": zoo.conv_bn_relu_pool, "mlp": zoo.mlp, "transformer_encoder": zoo.transformer_encoder,
-        "resnet18": resnet18, "mobilenetv2": mobilenetv2}
-DEFAULT_NETS = ",".join(NETS)
+        "resnet18": resnet18, "mobilenetv2": mobilenetv2, "mobilenetv3": mobilenetv3, "efficientnet": efficientnet}
+#: the issue's five; mobilenetv3 and efficientnet (not in the issue's set) with --nets
+DEFAULT_NETS = "tiny_cnn,mlp,transformer_encoder,resnet18,mobilenetv2"
 #: the classic vision models in the onnx wheel (onnx/backend/test/data/light), weights ConstantOfShape
 LIGHT = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
          "vgg19", "zfnet512")
