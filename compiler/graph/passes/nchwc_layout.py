@@ -200,12 +200,17 @@ def nchwc_layout(graph: Graph) -> Graph:
         else:
             return None
         w = const(pack_depthwise_kernel_np(np.asarray(ins[1].value), b), f"{ins[1].name}/c{b}c")
+        stats["depthwise"] += 1
+        return conv_node("depthwise_conv2d_NCHWc", old, ins, x, w, b)
+
+    def conv_node(op: str, old: Node, ins: list[Node], x: Node, w: Node, b: int) -> Node:
+        """The blocked conv `op` of `old` (and its bias, a blocked add). The node holding the conv's
+        whole result keeps the conv's name: per-node values (Executor keep=True, accel bisect) find
+        it under that name."""
         biased = len(ins) > 2
-        y = out(emit(Node("depthwise_conv2d_NCHWc", [x, w],
-                          {k: old.attrs[k] for k in ("strides", "pads", "dilations")},
+        y = out(emit(Node(op, [x, w], {k: old.attrs[k] for k in ("strides", "pads", "dilations")},
                           name=f"{old.name}/conv" if biased else old.name, origin=old.origin,
                           target=old.target)), b)
-        stats["depthwise"] += 1
         if biased:
             c = const(_blocked_const(np.asarray(ins[2].value).reshape(1, -1, 1, 1), b), f"{ins[2].name}/{b}c")
             y = out(emit(Node("add", [y, c], name=old.name, origin=old.origin, target=old.target)), b)
@@ -226,17 +231,8 @@ def nchwc_layout(graph: Graph) -> Graph:
                 x = blocked(x, ic)
             oc = prefer.get(id(old), cb[1])
             w = const(pack_kernel_np(np.asarray(ins[1].value), ic, oc), f"{ins[1].name}/oihw{ic}i{oc}o")
-            # the node holding the conv's whole result (its bias add, if any) keeps the conv's name:
-            # per-node values (Executor keep=True, accel bisect) find it under that name
-            biased = len(ins) > 2
-            y = out(emit(Node("conv2d_NCHWc", [x, w], {k: old.attrs[k] for k in ("strides", "pads", "dilations")},
-                              name=f"{old.name}/conv" if biased else old.name, origin=old.origin,
-                              target=old.target)), oc)
             stats["convs"] += 1
-            if biased:
-                b = const(_blocked_const(np.asarray(ins[2].value).reshape(1, -1, 1, 1), oc), f"{ins[2].name}/{oc}c")
-                y = out(emit(Node("add", [y, b], name=old.name, origin=old.origin, target=old.target)), oc)
-            return y
+            return conv_node("conv2d_NCHWc", old, ins, x, w, oc)
         if blocked_depthwise(old):
             return depthwise(old, ins)
         if old.op == "global_avg_pool" and blks and old.inputs[0].type.rank == 4 and old.dtype in FLOATS:
