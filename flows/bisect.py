@@ -398,8 +398,10 @@ def _float_view(obs: Observed, node: str, shape: tuple | None) -> tuple[np.ndarr
         if s is not None:
             return (x.astype(np.float64) - z) * s, s, "scale"
         if z is not None:    # scale fitted against the reference in compare_float
-            c = _channel_count(obs.nodes.get(name))   # one scale per channel where it has them
-            if c is not None and c > 1 and x.ndim >= 3 and x.shape[1] == c:
+            # one scale per channel where it has them (the multipliers may cover channels padded
+            # to the accelerator's block: 80 for a 72-channel tensor)
+            c = _channel_count(obs.nodes.get(name))
+            if c is not None and c > 1 and x.ndim >= 3 and c >= x.shape[1] > 1:
                 return x.astype(np.float64) - z, 0.0, "fitted_channels"
             return x.astype(np.float64) - z, 0.0, "fitted"
         return x.astype(np.float64), 0.0, "affine"   # scale and zero point fitted

@@ -226,6 +226,22 @@ def test_folded_batch_norm_is_compared_at_the_batch_norm():
     assert rows["bn1"]["ort~cpu"]["cos"] > 0.9999
 
 
+def test_per_channel_steps_over_channels_padded_to_the_block_are_fitted_per_channel():
+    """An expand conv read only by a depthwise conv writes a step per channel; with 40 channels its
+    multipliers cover 48 (three blocks of 16). Its tensor is still fitted channel by channel, so a
+    correct build shows no divergence there (it read as cosine 0.83 on MobileNetV3's 72 channels)."""
+    b = ModelBuilder("expand_dw", 3)
+    x = b.input("x", (1, 8, 10, 10))
+    y = b.op("Relu", [b.bn(b.conv(x, 8, 40, k=1, bias=False, name="expand"), 40)], name="relu_e")
+    y = b.op("Relu", [b.bn(b.conv(y, 40, 40, k=3, group=40, bias=False, name="dw"), 40)], name="relu_dw")
+    model = b.build([b.conv(y, 40, 8, k=1, name="project")])
+    feed = zoo.sample_inputs(model, 1, seed=4)[0]
+    r = bisect(model, feed, executors="ort,int8ref", config="default")
+    rows = {row["name"]: row["pairs"] for row in r.rows}
+    assert rows["relu_e"]["ort~int8ref"]["cos"] > 0.99, r.table()
+    assert not r.diverged, r.table()
+
+
 def test_per_channel_int8_is_fitted_channel_by_channel():
     """A tensor written with a step per channel (per-channel multipliers) is scaled channel by
     channel: one fitted scale would make it look diverged; a corrupted channel still diverges."""
