@@ -227,10 +227,11 @@ def schedule_reduce(outs):
 def _lanes_kept(op) -> bool:
     """A reduction over a blocked tensor's spatial axes (N C' H W c -> N C' 1 1 c) that keeps the
     lanes: the last axis is not reduced and is a whole vector or a power of two of at least 4."""
-    if len(op.axis) != 5 or len(op.reduce_axis) != 2:
+    if len(op.axis) != 5 or len(op.reduce_axis) != 2 or tuple(op.shape[2:4]) != (1, 1):
         return False
     c = op.shape[-1]
-    return c >= 4 and (c & (c - 1) == 0 or c % lanes(op.output(0).dtype) == 0)
+    vl = lanes(op.output(0).dtype)
+    return 4 <= c <= 4 * vl and (c & (c - 1) == 0 or c % vl == 0)
 
 
 def schedule_concat(outs):

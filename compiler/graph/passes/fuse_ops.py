@@ -26,13 +26,16 @@ def _join_diamond(n: Node, p: Pattern, group: dict, pattern: dict, users: dict, 
     users each head a group of elementwise ops over i (and constants) whose result only n reads,
     as in SiLU, x * sigmoid(x), and HardSwish, x * clip(x / 6 + 1/2, 0, 1). Those groups and n
     join i's group (TVM fuses to the post-dominator the same way); None when n's inputs form no
-    such diamond. CPU kernels only: their schedules inline an epilogue that reads the anchor's
-    result twice; the accelerator's and GPU's lowerings expect chains."""
-    if n.target not in (None, "cpu"):
+    such diamond. Float CPU kernels only: their schedules inline an epilogue that reads the
+    anchor's result twice; int8 kernels (requantize, quantize steps) and the accelerator's and
+    GPU's lowerings expect chains (an int8 conv with a HardSwish diamond took 150 s to compile)."""
+    if n.target not in (None, "cpu") or n.dtype != "float32":
         return None
     for i in n.inputs:
         if id(i) not in group or id(i) in outputs or i.target != n.target or group[id(i)][-1] is not i:
             continue
+        if any(m.dtype != "float32" for m in group[id(i)]):
+            continue   # an int8 kernel's epilogue (its requantize and dequantize steps) takes chains only
         others = [u for u in users[id(i)] if u is not n]
         if not others or len(users[id(i)]) != len(others) + 1:
             continue
@@ -45,6 +48,7 @@ def _join_diamond(n: Node, p: Pattern, group: dict, pattern: dict, users: dict, 
             tail = users[id(arm[-1])]
             if not (len(tail) == 1 and tail[0] is n and all(
                     get_op(m.op).pattern <= Pattern.BROADCAST and m.target == n.target and id(m) not in outputs
+                    and m.dtype == "float32"
                     and all(x is i or x.is_const or id(x) in members for x in m.inputs) for m in arm)):
                 break
             arms.append(arm)

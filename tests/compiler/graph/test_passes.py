@@ -273,6 +273,11 @@ def test_fuse_ops_joins_a_silu_diamond_into_the_conv():
     g = fuse_ops(Graph.from_outputs([x], [hs]))
     assert [n.op for n in g.ops] == ["fused"] and [n.op for n in g.ops[0].attrs["body"].ops][-1] == "mul"
     np.testing.assert_allclose(run(g, [v])[0], run(Graph.from_outputs([x], [hs]), [v])[0], rtol=1e-6)
+    qd = Node("dequantize", [Node("quantize", [c], {"shift": 4}, name="q")], {"shift": 4}, name="dq")
+    qs = Node("mul", [qd, Node("sigmoid", [qd], name="qsg")], name="qsilu")   # after an int8 step: chains only
+    assert "fused" in [n.op for n in fuse_ops(Graph.from_outputs([x], [qs])).ops]
+    assert not any(n.op == "fused" and [b.op for b in n.attrs["body"].ops][-1] == "mul" and
+                   "quantize" in [b.op for b in n.attrs["body"].ops] for n in fuse_ops(Graph.from_outputs([x], [qs])).ops)
     ca = c.with_inputs(c.inputs, target="accel")
     sa = Node("sigmoid", [ca], name="sa", target="accel")
     ma = Node("mul", [ca, sa], name="ma", target="accel")
