@@ -1039,19 +1039,19 @@ class Executor:
         if isinstance(inputs, dict) and len(inputs) == len(names) and all(n in inputs for n in names):
             values = [inputs[n] for n in names]
         elif isinstance(inputs, dict):
-            unknown = sorted(set(inputs) - set(m.input_names))
+            unknown = sorted(set(inputs) - set(names))
             if unknown:
                 raise ExecutorError(f"module '{m.name}' has no input(s) {', '.join(unknown)}; inputs are "
-                                    f"{', '.join(m.input_names)}")
-            missing = [n for n in m.input_names if n not in inputs]
+                                    f"{', '.join(names)}")
+            missing = [n for n in names if n not in inputs]
             if missing:
                 raise ExecutorError(f"no value given for input(s) {', '.join(missing)} of module '{m.name}'")
-            values = [inputs[n] for n in m.input_names]
+            values = [inputs[n] for n in names]
         else:
             values = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
             if len(values) != len(m.inputs):
                 raise ExecutorError(f"module '{m.name}' takes {len(m.inputs)} input(s) "
-                                    f"({', '.join(m.input_names)}), got {len(values)}")
+                                    f"({', '.join(names)}), got {len(values)}")
         for spec, v in zip(m.inputs, values):
             view = self.views[spec["tensor"]]
             if np.shape(v) != view.shape:

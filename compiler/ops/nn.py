@@ -35,6 +35,12 @@ def conv_out_size(size: int, k: int, stride: int, pad_lo: int, pad_hi: int, dila
     return span // stride + 1
 
 
+def window_out_hw(H: int, W: int, KH: int, KW: int, strides, pads, dilations) -> tuple[int, int]:
+    """(OH, OW) of a convolution window over H x W; pads are (top, left, bottom, right)."""
+    return (conv_out_size(H, KH, strides[0], pads[0], pads[2], dilations[0]),
+            conv_out_size(W, KW, strides[1], pads[1], pads[3], dilations[1]))
+
+
 def pad_nchw(data, pads, value=0.0, name="data_pad", axes=(2, 3)):
     """Pad two spatial axes of `data` by (top, left, bottom, right) with `value` (a select, so
     the read is guarded)."""
@@ -74,8 +80,7 @@ def conv2d(data, weight, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), gr
                       f"(or out channels {O} not divisible by groups)")
     sh, sw = strides
     dh, dw = dilations
-    OH = conv_out_size(H, KH, sh, pads[0], pads[2], dh)
-    OW = conv_out_size(W, KW, sw, pads[1], pads[3], dw)
+    OH, OW = window_out_hw(H, W, KH, KW, strides, pads, dilations)
     acc = acc_dtype(data.dtype, out_dtype)
     dp = pad_nchw(data, pads)
     og = O // groups
@@ -107,8 +112,7 @@ def conv2d_NCHWc(data, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 
     ob_per_g = OCO // groups
     sh, sw = strides
     dh, dw = dilations
-    OH = conv_out_size(H, KH, sh, pads[0], pads[2], dh)
-    OW = conv_out_size(W, KW, sw, pads[1], pads[3], dw)
+    OH, OW = window_out_hw(H, W, KH, KW, strides, pads, dilations)
     acc = acc_dtype(data.dtype, out_dtype)
     dp = pad_nchw(data, pads, axes=(2, 3))
     ico = te.reduce_axis(CO2, "ico")
@@ -135,8 +139,7 @@ def depthwise_conv2d_NCHWc(data, kernel, strides=(1, 1), pads=(0, 0, 0, 0), dila
         raise OpError(f"depthwise_conv2d_NCHWc: data channel blocks {CB}x{bn} != kernel's {CB2}x{bn2}")
     sh, sw = strides
     dh, dw = dilations
-    OH = conv_out_size(H, KH, sh, pads[0], pads[2], dh)
-    OW = conv_out_size(W, KW, sw, pads[1], pads[3], dw)
+    OH, OW = window_out_hw(H, W, KH, KW, strides, pads, dilations)
     acc = acc_dtype(data.dtype, out_dtype)
     dp = pad_nchw(data, pads, axes=(2, 3))
     ry = te.reduce_axis(KH, "ry")

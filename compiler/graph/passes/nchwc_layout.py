@@ -191,14 +191,14 @@ def nchwc_layout(graph: Graph) -> Graph:
     def depthwise(old: Node, ins: list[Node]) -> Node | None:
         """Blocked depthwise in its input's blocking (or, when its result reaches a blocked conv, a
         vector's worth of lanes); else None: NCHW in and out stays with the NCHW kernel."""
-        x, C = ins[0], old.shape[1]
+        x = ins[0]
         if id(x) in block:
             b = block[id(x)]
-        elif reaches[id(old)] and min(C & -C, lanes("float32")) >= 4:
-            b = min(C & -C, lanes("float32"))   # a power of two: other lane counts compile to shuffles
-            x = blocked(x, b)
         else:
-            return None
+            b = min(old.shape[1] & -old.shape[1], lanes("float32"))   # a power of two: others shuffle
+            if not reaches[id(old)] or b < 4:
+                return None
+            x = blocked(x, b)
         w = const(pack_depthwise_kernel_np(np.asarray(ins[1].value), b), f"{ins[1].name}/c{b}c")
         stats["depthwise"] += 1
         return conv_node("depthwise_conv2d_NCHWc", old, ins, x, w, b)
