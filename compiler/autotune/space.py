@@ -143,6 +143,16 @@ def _divs(n: int, wants) -> list[int]:
     return out
 
 
+def _extents(n: int, wants, unit: int) -> list[int]:
+    """The distinct split factors cpu.tile_extent picks for n at each of `wants`, in order."""
+    out = []
+    for w in wants:
+        d = cpu.tile_extent(n, max(1, int(w)), unit)
+        if d not in out:
+            out.append(d)
+    return out
+
+
 def _product(default: dict, **axes) -> list[dict]:
     """default first, then every combination of the axes (default excluded once)."""
     names = list(axes)
@@ -208,9 +218,9 @@ def space(wl: Workload) -> list[dict]:
         return [p for k, p in enumerate(pts) if k == 0 or p["mi"] * -(-p["bn"] // vl) <= regs - 2]
     if fam == "matmul":
         M, N = wl.shapes[0][-2], wl.shapes[1][-1]
-        default = {"mi": cpu.largest_divisor(M, t.rows), "nj": cpu.largest_divisor(N, 2 * vl), "parallel": "auto"}
-        pts = _product(default, mi=_divs(M, (t.rows, 1, 2, 4, 6, 8, 12, 16)),
-                       nj=_divs(N, (2 * vl, vl // 2, vl, 4 * vl)), parallel=PARALLEL)
+        default = {"mi": cpu.tile_extent(M, t.rows, 1), "nj": cpu.tile_extent(N, 2 * vl, vl), "parallel": "auto"}
+        pts = _product(default, mi=_extents(M, (t.rows, 1, 2, 4, 6, 8, 12, 16), 1),
+                       nj=_extents(N, (2 * vl, vl // 2, vl, 4 * vl), vl), parallel=PARALLEL)
         return [p for k, p in enumerate(pts) if k == 0 or p["mi"] * -(-p["nj"] // vl) <= regs - 2]
     raise KeyError(fam)   # pragma: no cover - FAMILIES and this function list the same families
 

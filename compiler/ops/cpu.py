@@ -128,6 +128,20 @@ def largest_divisor(n: int, at_most: int) -> int:
     return 1
 
 
+def tile_extent(n: int, want: int, unit: int) -> int:
+    """A split factor for a loop of n, a multiple of `unit` (the vector length, for a vectorized
+    loop): the largest such divisor of n in [want/2, want], else `want` itself, leaving a tail
+    that PartitionLoops peels off. Loops shorter than one unit are taken whole. (A divisor such
+    as 28 lanes, or a prime n falling back to 1, made matmuls 20x slower.)"""
+    if n <= unit:
+        return n
+    want = max(unit, min(want, n) // unit * unit)
+    for d in range(want, want // 2 - 1, -unit):
+        if n % d == 0:
+            return d
+    return want
+
+
 def _is_injective(op) -> bool:
     return isinstance(op, ComputeOp) and not op.reduce_axis and op.tag.split(",")[0] in (
         "injective", "elemwise", "broadcast")
@@ -149,8 +163,8 @@ def inline_injective(s, outs, keep=()) -> None:
 
 
 def schedule_flat(s, t, vector=True, parallel=True):
-    """Fuse all but the last axis; vectorize the last when a vector width divides it; parallel
-    outermost when the tensor is big enough."""
+    """Fuse all but the last axis; vectorize the last (by a vector width that divides it, else by
+    whole vectors and a tail PartitionLoops peels off); parallel outermost when big enough."""
     st = s[t]
     axes = list(st.op.axis)
     size = math.prod(t.shape)
@@ -162,6 +176,12 @@ def schedule_flat(s, t, vector=True, parallel=True):
             lo, li = st.split(axes[-1], v)
             st.vectorize(li)
             axes = axes[:-1] + [lo]
+        elif n >= 2 * vl:
+            # whole vectors and a tail: the row's vector loop stays its own, so PartitionLoops can
+            # peel the tail (fused into the outer loop, every element would carry the guard)
+            lo, li = st.split(axes[-1], vl)
+            st.vectorize(li)
+            axes = axes[:-1] or [lo]
         elif len(axes) > 1 and n >= 4:
             axes = axes[:-1]    # keep the last axis its own (inner, stride-1) loop: no div/mod per element
     outer = st.fuse(*axes) if len(axes) > 1 else (axes[0] if axes else None)
@@ -591,8 +611,8 @@ def schedule_matmul(outs):
     C = mm.op.output(0)
     M, N = C.shape[-2:]
     vl = lanes(C.dtype)
-    nj = largest_divisor(N, knob("nj", 2 * vl))
-    mi = largest_divisor(M, knob("mi", TILES.rows))
+    nj = tile_extent(N, knob("nj", 2 * vl), vl)
+    mi = tile_extent(M, knob("mi", TILES.rows), 1)
     K = mm.op.reduce_axis[0].dom.extent.value
     CC = s.cache_write(C, "local")
     st = s[C]
