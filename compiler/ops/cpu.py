@@ -244,6 +244,44 @@ def schedule_reduce(outs):
     return s
 
 
+def schedule_rows(outs):
+    """Row kernels (nn.softmax_rows, nn.layer_norm_rows): per row (the output's fused outer axes,
+    parallel when big), each lane-partial reduction with its lanes as one vector inside the row
+    blocks, the short combines, row buffers and the row's output as vectors, a tail peeled off
+    by PartitionLoops. Any other shape of stages (an epilogue that reshapes): schedule_reduce."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    out = outs[0]
+    inner = [st for st in s.stages if not st.is_placeholder and st.attach_type != "inline" and st.op is not out.op]
+    rows = tuple(out.shape[:-1])
+    if (len(outs) != 1 or not isinstance(out.op, ComputeOp) or out.op.reduce_axis or not rows
+            or any(st.op.tag not in ("row_part", "row_combine", "row_map") for st in inner)
+            or any(tuple(st.op.shape[:len(rows)]) != rows for st in inner)):
+        return schedule_reduce(outs)
+    n, vl = out.shape[-1], lanes(out.dtype)
+
+    def row_vectors(t):
+        _, ki = t.split(t.op.axis[-1], tile_extent(n, vl, vl))
+        if min(n, vl) >= 4:
+            t.vectorize(ki)
+    st = s[out]
+    row_axes = st.op.axis[:-1]
+    row = st.fuse(*row_axes) if len(row_axes) > 1 else row_axes[0]
+    row_vectors(st)
+    if math.prod(out.shape) >= PARALLEL_MIN and math.prod(rows) > 1:
+        st.parallel(row)
+    for t in inner:
+        t.compute_at(st, row)
+        if t.op.tag == "row_part":
+            *o, lane = t.op.axis
+            t.reorder(*o, *t.op.reduce_axis, lane)
+            t.vectorize(lane)
+        elif t.op.tag == "row_map":
+            row_vectors(t)
+    return s
+
+
 def _lanes_kept(op) -> bool:
     """A reduction over a blocked tensor's spatial axes (N C' H W c -> N C' 1 1 c) that keeps the
     lanes: the last axis is not reduced and is a whole vector or a power of two of at least 4."""
