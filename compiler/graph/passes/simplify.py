@@ -1,6 +1,7 @@
 """Simplify: local rewrites that expose fusion and quantization: merge chained reshapes, drop
-no-op reshapes/transposes, turn a matmul by a constant matrix into dense, and move a constant
-bias add into the conv/dense before it (also through the reshape around a 3-d MatMul)."""
+no-op reshapes/transposes, turn a matmul by a constant matrix into dense, a transposed conv by
+constant weights into a conv and a pixel shuffle, and move a constant bias add into the
+conv/dense before it (also through the reshape around a 3-d MatMul)."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,6 +33,51 @@ def _matmul_to_dense(graph: Graph, n: Node) -> Node:
     return Node("reshape", [d], {"shape": n.shape}, name=n.name, origin=n.origin)
 
 
+def _conv_transpose_to_conv(graph: Graph, n: Node) -> Node:
+    """A transposed conv (stride s, kernel k, constant weights) as a stride-1 conv to O*s*s
+    channels, one per output phase (the sub-pixel form), then a pixel shuffle and a crop.
+    Output row Y = q*s + r takes the taps i = m*s + r of input rows q - m, so every phase is a
+    correlation with the kernel's taps r, r+s, ... reversed (ceil(k/s) of them, the kernel
+    zero-padded to a multiple of s; a dilated kernel first spreads its taps). No MAC multiplies
+    an inserted zero, and the conv runs on the fast conv kernels of every target."""
+    x, w = n.inputs[:2]
+    a = n.attrs
+    N, C, H, W = x.shape
+    g = a["groups"]
+    wv = w.value.astype(np.float32)
+    (sh, sw), (dh, dw) = a["strides"], a["dilations"]
+    if (dh, dw) != (1, 1):
+        kh, kw = wv.shape[2:]
+        spread = np.zeros(wv.shape[:2] + ((kh - 1) * dh + 1, (kw - 1) * dw + 1), np.float32)
+        spread[:, :, ::dh, ::dw] = wv
+        wv = spread
+    og, kh, kw = wv.shape[1:]
+    mh, mw = -(-kh // sh), -(-kw // sw)
+    taps = np.zeros((C, og, mh * sh, mw * sw), np.float32)
+    taps[:, :, :kh, :kw] = wv
+    # [c, o, m, r] -> reversed m -> weight [(group, o, rh, rw), c/g, mh', mw']
+    t = taps.reshape(g, C // g, og, mh, sh, mw, sw)[:, :, :, ::-1, :, ::-1, :]
+    wconv = np.ascontiguousarray(t.transpose(0, 2, 4, 6, 1, 3, 5).reshape(g * og * sh * sw, C // g, mh, mw))
+    full_h = (H - 1) * sh + kh + a["output_padding"][0]
+    full_w = (W - 1) * sw + kw + a["output_padding"][1]
+    qh, qw = -(-full_h // sh), -(-full_w // sw)
+    ins = [x, Node.const(wconv, name=f"{n.name}/phases")]
+    if len(n.inputs) > 2:
+        ins.append(Node.const(np.repeat(n.inputs[2].value.astype(np.float32), sh * sw), name=f"{n.name}/phase_bias"))
+    conv = Node("conv2d", ins, {"strides": (1, 1), "pads": (mh - 1, mw - 1, qh - H, qw - W), "dilations": (1, 1),
+                                "groups": g}, name=f"{n.name}/conv", origin=n.origin)
+    O = g * og
+    y = Node("reshape", [conv], {"shape": (N, O, sh, sw, qh, qw)}, name=f"{n.name}/phases_split", origin=n.origin)
+    y = Node("transpose", [y], {"perm": (0, 1, 4, 2, 5, 3)}, name=f"{n.name}/shuffle", origin=n.origin)
+    y = Node("reshape", [y], {"shape": (N, O, qh * sh, qw * sw)}, name=f"{n.name}/interleave", origin=n.origin)
+    pt, pl = a["pads"][:2]
+    OH, OW = n.shape[2:]
+    for new in (conv.name, y.name):
+        rename_range(graph, n.name, new)
+    return Node("slice", [y], {"starts": (pt, pl), "ends": (pt + OH, pl + OW), "axes": (2, 3), "steps": (1, 1)},
+                name=n.name, origin=n.origin)
+
+
 def simplify(graph: Graph) -> Graph:
     """Reshape/transpose cleanup and bias folding into conv2d/dense."""
     users = graph.users()
@@ -49,6 +95,9 @@ def simplify(graph: Graph) -> Graph:
             return n.inputs[0]
         if n.op == "matmul" and n.inputs[1].is_const and n.inputs[1].type.rank == 2:
             return _matmul_to_dense(graph, n)
+        if (n.op == "conv2d_transpose" and all(i.is_const for i in n.inputs[1:]) and n.dtype == "float32"
+                and n.inputs[1].dtype == "float32"):
+            return _conv_transpose_to_conv(graph, n)
         if n.op != "add":
             return None
         for k in (0, 1):
