@@ -23,7 +23,7 @@ import numpy as np
 
 from ...ops.cpu import conv_blocks, lanes
 from ...ops.nn import pack_depthwise_kernel_np, pack_kernel_np
-from ..ir import Graph, Node
+from ..ir import Graph, Node, rewrite
 from .eliminate_dead_code import eliminate_dead_code
 
 #: per-element ops with no channel dependence (float in, float out)
@@ -128,8 +128,36 @@ def _concat_blocks(graph: Graph) -> dict[int, int]:
     return prefer
 
 
+def _pad_output_channels(graph: Graph) -> Graph:
+    """A conv whose output channels have no block of a power of two of at least 4 lanes (a
+    detection head's 255, a segmentation head's 19 or 21 classes) gets zero filters up to a
+    multiple of the vector width, and a slice keeps the real channels: 15- or 1-lane kernels ran
+    10-20x slower than the padded conv."""
+    vl = lanes("float32")
+
+    def fn(n: Node, old: Node):
+        if n.op != "conv2d" or n.attrs.get("groups", 1) != 1 or n.dtype not in FLOATS:
+            return None
+        x, w = n.inputs[:2]
+        O = n.shape[1]
+        oc = conv_blocks(x.shape[1], O, n.dtype)[1]
+        if O < 8 or (oc >= 4 and oc & (oc - 1) == 0) or not all(i.is_const for i in n.inputs[1:]):
+            return None
+        P = -(-O // vl) * vl
+        ins = [x, Node.const(np.concatenate([w.value, np.zeros((P - O, *w.shape[1:]), w.value.dtype)]),
+                             name=f"{w.name}/padded")]
+        if len(n.inputs) > 2:
+            b = n.inputs[2].value
+            ins.append(Node.const(np.concatenate([b, np.zeros(P - O, b.dtype)]), name=f"{n.inputs[2].name}/padded"))
+        conv = Node("conv2d", ins, n.attrs, name=f"{n.name}/padded", origin=n.origin)
+        return Node("slice", [conv], {"starts": (0,), "ends": (O,), "axes": (1,), "steps": (1,)}, name=n.name,
+                    origin=n.origin)
+    return rewrite(graph, fn)
+
+
 def nchwc_layout(graph: Graph) -> Graph:
     """Blocked layouts between convs (module doc); graph.meta['nchwc'] reports the conversion."""
+    graph = _pad_output_channels(graph)
     users = graph.users()
     # does this node's result reach a blocked conv's data input through flexible ops?
     reaches: dict[int, bool] = {}

@@ -323,3 +323,19 @@ def test_global_pool_of_a_blocked_tensor_unpacks_only_its_result():
     q = nchwc_layout(g)
     assert [src for src, _, dst in transforms(q) if dst == "NCHW"] == ["reduce_mean"]
     check_same(g, q)
+
+
+@pytest.mark.parametrize("out", [255, 19, 21, 9])
+def test_heads_with_no_vector_block_get_zero_filters_and_a_slice(out):
+    """A detection head's 255 channels blocked by 15 lanes (or a 19-class head by 1) ran 10-20x
+    slower than the same conv padded to whole vectors: the pass pads, the slice keeps the name."""
+    t = Net((1, 32, 6, 6))
+    head = t.conv(t.op("relu", t.conv(t.x, 32)), out, k=1)
+    g = t.graph(t.op("sigmoid", head))
+    q = nchwc_layout(g)
+    padded = next(n for n in q.ops if n.name == f"{head.name}/padded")
+    channels = padded.shape[1] * (padded.shape[4] if padded.type.rank == 5 else 1)
+    assert channels % lanes("float32") == 0 and channels - out < lanes("float32")
+    sl = next(n for n in q.ops if n.name == head.name)
+    assert sl.op == "slice" and sl.shape[1] == out
+    check_same(g, q)
