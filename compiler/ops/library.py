@@ -8,6 +8,8 @@ own (the only defaults are the schema's). Keywords after them (kernel_packed, ..
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .. import te
 from . import cpu, nn
 from . import elemwise as ew
@@ -273,6 +275,17 @@ add_impl("transpose", "llvm", "transpose.injective", tf.transpose, cpu.schedule_
 add_impl("concat", "llvm", "concat.injective", tf.concat, cpu.schedule_concat)
 add_impl("pad", "llvm", "pad.injective", tf.pad, cpu.schedule_injective)
 add_impl("slice", "llvm", "slice.injective", tf.strided_slice, cpu.schedule_injective)
+
+
+def _take_check(shapes, dtypes, attrs):
+    idx = np.asarray(attrs["indices"])
+    if idx.ndim != 1 or tf.affine_floor(idx % shapes[0][attrs["axis"] % len(shapes[0])]) is None:
+        return "indices with no affine-floor form (a * i + b) // c"
+    return None
+
+
+add_impl("take", "llvm", "take.affine", lambda x, *, indices, axis: tf.take(
+    x, np.asarray(indices) % x.shape[axis % x.ndim], axis), cpu.schedule_injective, check=_take_check)
 add_impl("layout_transform", "llvm", "layout_transform.injective",
          lambda x, src_layout, dst_layout: tf.layout_transform(x, src_layout, dst_layout), cpu.schedule_layout_transform)
 

@@ -1,9 +1,12 @@
 """Compute declarations of data-movement operators: reshape, transpose, concat, pad (constant,
-reflect, edge), strided slice, and the NCHW <-> NCHW[x]c layout transforms. Each output element
+reflect, edge), strided slice, take by constant indices of an affine-floor form, and the
+NCHW <-> NCHW[x]c layout transforms. Each output element
 reads one input element (the graph IR's INJECTIVE pattern)."""
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from .. import te
 from .nn import pack_nchwc, unpack_nchwc
@@ -140,3 +143,36 @@ def layout_transform(x, src, dst):
             raise OpError(f"layout_transform: input {list(x.shape)} is not {src}")
         return unpack_nchwc(x, name="layout_transform")
     raise OpError(f"layout_transform: {src} -> {dst} is not supported (NCHW <-> NCHW<n>c)")
+
+
+def affine_floor(indices) -> tuple[int, int, int] | None:
+    """(a, b, c) with indices[i] == (a * i + b) // c for every i (1-D, c up to 16, a up to 16 c):
+    the index maps of nearest resizes by rational factors and of strided gathers; else None.
+    Candidates are tried on a prefix first, so a long map costs a few whole-array checks."""
+    idx = np.asarray(indices, np.int64).reshape(-1)
+    if not idx.size or idx.min() < 0:
+        return None
+    n, first, last = idx.size, int(idx[0]), int(idx[-1])
+    i = np.arange(n, dtype=np.int64)
+    head = slice(0, 64)
+    for c in range(1, 17):
+        for b in range(c * first, c * first + c):
+            # the last index bounds a: c * last <= a * (n - 1) + b < c * (last + 1)
+            lo, hi = (0, 0) if n == 1 else (-(-(c * last - b) // (n - 1)), (c * last + c - 1 - b) // (n - 1))
+            for a in range(max(lo, 0), min(hi, 16 * c) + 1):
+                if (np.array_equal((a * i[head] + b) // c, idx[head])
+                        and np.array_equal((a * i + b) // c, idx)):
+                    return a, b, c
+    return None
+
+
+def take(x, indices, axis=0):
+    """x gathered along `axis` at constant 1-D indices of an affine-floor form (affine_floor)."""
+    ax = axis % x.ndim
+    form = affine_floor(indices)
+    if form is None or getattr(indices, "ndim", 1) != 1:
+        raise OpError("take: the indices have no affine-floor form (a * i + b) // c")
+    a, b, c = form
+    shape = tuple(x.shape[:ax]) + (len(indices),) + tuple(x.shape[ax + 1:])
+    return te.compute(shape, lambda *i: x[i[:ax] + ((i[ax] * a + b) // c,) + i[ax + 1:]], name="take",
+                      tag="injective,take")
