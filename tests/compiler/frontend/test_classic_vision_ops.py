@@ -180,8 +180,10 @@ def test_lrn_matches_onnxruntime_interpreted_and_compiled(shape, attrs):
 @given(c=st.integers(1, 9), size=st.integers(1, 7), alpha=st.floats(1e-5, 2.0), beta=st.floats(0.1, 2.0),
        bias=st.floats(0.5, 3.0), scale=st.floats(0.1, 10.0))
 def test_lrn_random_attributes_match_onnxruntime(c, size, alpha, beta, bias, scale):
-    x = (RNG.standard_normal((2, c, 3, 4)) * scale).astype(np.float32)
-    check(_lrn((2, c, 3, 4), size=size, alpha=alpha, beta=beta, bias=bias), {"x": x}, rtol=2e-5, atol=1e-6,
+    """The data is seeded by the example (a shared generator made replays differ). onnxruntime's
+    float32 power is off by up to 2e-5 relative against float64 (beta 2, alpha 2), hence rtol."""
+    x = (np.random.default_rng(c * 31 + size).standard_normal((2, c, 3, 4)) * scale).astype(np.float32)
+    check(_lrn((2, c, 3, 4), size=size, alpha=alpha, beta=beta, bias=bias), {"x": x}, rtol=1e-4, atol=1e-6,
           oracle=ort_run if size % 2 else spec_lrn_run)
 
 
