@@ -245,17 +245,20 @@ def schedule_reduce(outs):
 
 
 def schedule_rows(outs):
-    """Row kernels (nn.softmax_rows, nn.layer_norm_rows): per row (the output's fused outer axes,
-    parallel when big), each lane-partial reduction with its lanes as one vector inside the row
-    blocks, the short combines, row buffers and the row's output as vectors, a tail peeled off
-    by PartitionLoops. Any other shape of stages (an epilogue that reshapes): schedule_reduce."""
+    """Row kernels (nn.softmax_rows, nn.layer_norm_rows): per row (the output's outer axes, those
+    of the row statistics, fused: the parallel loop when big), each lane-partial reduction with
+    its lanes as one vector inside the other loops, the short combines, row buffers and the
+    row's output with the last axis as vectors, a tail peeled off by PartitionLoops. Any other
+    shape of stages (an epilogue that reshapes): schedule_reduce."""
     outs = _as_list(outs)
     s = te.create_schedule([o.op for o in outs])
     inline_injective(s, outs)
     out = outs[0]
     inner = [st for st in s.stages if not st.is_placeholder and st.attach_type != "inline" and st.op is not out.op]
-    rows = tuple(out.shape[:-1])
+    stats = [st for st in inner if st.op.tag == "row_combine"]
+    rows = tuple(stats[0].op.shape) if stats else ()
     if (len(outs) != 1 or not isinstance(out.op, ComputeOp) or out.op.reduce_axis or not rows
+            or tuple(out.shape[:len(rows)]) != rows or len(out.shape) == len(rows)
             or any(st.op.tag not in ("row_part", "row_combine", "row_map") for st in inner)
             or any(tuple(st.op.shape[:len(rows)]) != rows for st in inner)):
         return schedule_reduce(outs)
@@ -266,7 +269,7 @@ def schedule_rows(outs):
         if min(n, vl) >= 4:
             t.vectorize(ki)
     st = s[out]
-    row_axes = st.op.axis[:-1]
+    row_axes = st.op.axis[:len(rows)]
     row = st.fuse(*row_axes) if len(row_axes) > 1 else row_axes[0]
     row_vectors(st)
     if math.prod(out.shape) >= PARALLEL_MIN and math.prod(rows) > 1:

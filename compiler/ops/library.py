@@ -185,18 +185,22 @@ add_impl("layer_norm", "llvm", "layer_norm.generic",
          lambda x, s, b=None, *, axis, epsilon: nn.layer_norm(x, s, b, axis, epsilon), cpu.schedule_reduce)
 
 
-def _last_axis_check(shapes, dtypes, attrs):
-    rank = len(shapes[0])
-    if rank < 2 or attrs["axis"] % rank != rank - 1:
-        return "not a reduction over the last axis of a rank >= 2 tensor"
-    return None if dtypes[0].startswith("float") else f"{dtypes[0]} input"
+def _rows_check(last_only: bool):
+    def check(shapes, dtypes, attrs):
+        rank = len(shapes[0])
+        ax = attrs["axis"] % rank if rank else 0
+        if rank < 2 or ax == 0 or (last_only and ax != rank - 1):
+            return ("not a reduction over the last axis of a rank >= 2 tensor" if last_only
+                    else "not a reduction over trailing axes after at least one outer axis")
+        return None if dtypes[0].startswith("float") else f"{dtypes[0]} input"
+    return check
 
 
 add_impl("softmax", "llvm", "softmax.rows", lambda x, *, axis: nn.softmax_rows(x, cpu.lanes(x.dtype)),
-         cpu.schedule_rows, plevel=20, check=_last_axis_check)
+         cpu.schedule_rows, plevel=20, check=_rows_check(last_only=True))
 add_impl("layer_norm", "llvm", "layer_norm.rows",
-         lambda x, s, b=None, *, axis, epsilon: nn.layer_norm_rows(x, s, b, epsilon, cpu.lanes(x.dtype)),
-         cpu.schedule_rows, plevel=20, check=_last_axis_check)
+         lambda x, s, b=None, *, axis, epsilon: nn.layer_norm_rows(x, s, b, axis, epsilon, cpu.lanes(x.dtype)),
+         cpu.schedule_rows, plevel=20, check=_rows_check(last_only=False))
 add_impl("lrn", "llvm", "lrn.generic", lambda x, **a: nn.lrn(x, **a), cpu.schedule_lrn)
 for _kind in ("sum", "mean", "max"):
     add_impl(f"reduce_{_kind}", "llvm", f"reduce_{_kind}.generic",

@@ -448,17 +448,19 @@ def softmax(x, axis=-1):
     return te.compute(shape, lambda *i: ex[i] / sm[at(i, 0)], name="softmax", tag="softmax")
 
 
-def _lane_sums(f, outer, n: int, lanes: int, combiner, ident, name: str):
-    """combiner over k < n of f(o, k), for each outer index o, as `lanes` partial results
-    (partial[o, l] over k = ko * lanes + l) then one short combine: a reduction along a
-    contiguous row whose inner loop is a vector, with no rfactor primitive. k >= n reads
-    `ident` (the last ko when lanes does not divide n)."""
+def _lane_sums(f, outer, inner, lanes: int, combiner, ident, name: str):
+    """combiner over every index r of the `inner` shape of f(o, r), for each outer index o, as
+    `lanes` partial results (partial[o, l] over the last inner index ko * lanes + l and all the
+    others) then one short combine: a reduction along contiguous rows whose inner loop is a
+    vector, with no rfactor primitive. Indices past the last axis read `ident`."""
+    *lead, n = inner
+    rs = [te.reduce_axis(m, f"{name}_r{d}") for d, m in enumerate(lead)]
     ko = te.reduce_axis(-(-n // lanes), f"{name}_ko")
 
     def part(*i):
         o, k = i[:-1], ko * lanes + i[-1]
-        v = f(o, k)
-        return combiner(v if n % lanes == 0 else te.select(k < n, v, ident), axis=ko)
+        v = f(o, tuple(rs) + (k,))
+        return combiner(v if n % lanes == 0 else te.select(k < n, v, ident), axis=rs + [ko])
     p = te.compute(tuple(outer) + (lanes,), part, name=f"{name}_part", tag="row_part")
     t = te.reduce_axis(lanes, f"{name}_l")
     return te.compute(tuple(outer), lambda *o: combiner(p[tuple(o) + (t,)], axis=t), name=name, tag="row_combine")
@@ -470,34 +472,36 @@ def softmax_rows(x, lanes: int):
     scaling read."""
     *outer, n = x.shape
     dtype = x.dtype
-    mx = _lane_sums(lambda o, k: x[o + (k,)], outer, n, lanes, te.max, te.min_value(dtype), "softmax_max")
+    mx = _lane_sums(lambda o, k: x[o + k], outer, (n,), lanes, te.max, te.min_value(dtype), "softmax_max")
     ex = te.compute(x.shape, lambda *i: te.exp(x[i] - mx[i[:-1]]), name="softmax_exp", tag="row_map")
-    sm = _lane_sums(lambda o, k: ex[o + (k,)], outer, n, lanes, te.sum, te.const(0, dtype), "softmax_sum")
+    sm = _lane_sums(lambda o, k: ex[o + k], outer, (n,), lanes, te.sum, te.const(0, dtype), "softmax_sum")
     inv = te.compute(tuple(outer), lambda *o: te.const(1, dtype) / sm[o], name="softmax_inv", tag="row_combine")
     return te.compute(x.shape, lambda *i: ex[i] * inv[i[:-1]], name="softmax", tag="softmax_rows")
 
 
-def layer_norm_rows(x, scale, bias=None, epsilon=1e-5, lanes: int = 8):
-    """layer_norm over the last axis (two-pass: mean, then variance) with lane-partial sums."""
-    *outer, n = x.shape
-    if tuple(scale.shape) != (n,):
-        raise OpError(f"layer_norm: scale shape {list(scale.shape)} != normalized shape [{n}]")
+def layer_norm_rows(x, scale, bias=None, axis=-1, epsilon=1e-5, lanes: int = 8):
+    """layer_norm over axes [axis, rank) with axis >= 1 (two-pass: mean, then variance) with
+    lane-partial sums along the last axis: LayerNormalization rows, InstanceNormalization planes."""
+    ax = _norm_axis(axis, x.ndim, "layer_norm")
+    outer, inner = tuple(x.shape[:ax]), tuple(x.shape[ax:])
+    if tuple(scale.shape) != inner:
+        raise OpError(f"layer_norm: scale shape {list(scale.shape)} != normalized shape {list(inner)}")
     dtype = x.dtype
-    zero, inv_n = te.const(0, dtype), te.const(1.0 / n, dtype)
-    total = _lane_sums(lambda o, k: x[o + (k,)], outer, n, lanes, te.sum, zero, "ln_sum")
-    mean = te.compute(tuple(outer), lambda *o: total[o] * inv_n, name="ln_mean", tag="row_combine")
+    zero, inv_n = te.const(0, dtype), te.const(1.0 / math.prod(inner), dtype)
+    total = _lane_sums(lambda o, r: x[o + r], outer, inner, lanes, te.sum, zero, "ln_sum")
+    mean = te.compute(outer, lambda *o: total[o] * inv_n, name="ln_mean", tag="row_combine")
 
-    def sq(o, k):
-        d = x[o + (k,)] - mean[o]
+    def sq(o, r):
+        d = x[o + r] - mean[o]
         return d * d
-    var = _lane_sums(sq, outer, n, lanes, te.sum, zero, "ln_var")
+    var = _lane_sums(sq, outer, inner, lanes, te.sum, zero, "ln_var")
     eps = te.const(epsilon, dtype)
-    rstd = te.compute(tuple(outer), lambda *o: te.rsqrt(var[o] * inv_n + eps), name="ln_rstd", tag="row_combine")
+    rstd = te.compute(outer, lambda *o: te.rsqrt(var[o] * inv_n + eps), name="ln_rstd", tag="row_combine")
 
     def out(*i):
-        o, k = i[:-1], i[-1]
-        y = (x[i] - mean[o]) * rstd[o] * scale[k]
-        return y + bias[k] if bias is not None else y
+        o, r = i[:ax], i[ax:]
+        y = (x[i] - mean[o]) * rstd[o] * scale[r]
+        return y + bias[r] if bias is not None else y
     return te.compute(x.shape, out, name="layer_norm", tag="layer_norm_rows")
 
 

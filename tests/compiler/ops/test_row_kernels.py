@@ -71,6 +71,22 @@ def test_layer_norm_rows_matches_float64(shape, shift, bias, seed):
     close(y, layer_norm_ref(x, s, b if bias else 0.0, 1e-5), rtol=2e-4 if n > 1 else 1e-5)
 
 
+@pytest.mark.parametrize("shape, axis", [((2, 3, 7, 20), 2), ((1, 4, 5, 16), 2), ((2, 6, 33), 1), ((3, 2, 2, 3), 1)])
+def test_layer_norm_rows_over_trailing_planes(shape, axis):
+    """InstanceNormalization imports as layer_norm over (H, W): the same row kernel, lanes along W."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(shape) * 2 + 3).astype(np.float32)
+    inner = shape[axis:]
+    s = rng.standard_normal(inner).astype(np.float32)
+    f = ops.compile_op("layer_norm", [shape, inner], {"axis": axis, "epsilon": 1e-5})
+    assert f.impl.name == "layer_norm.rows"
+    x64 = x.astype(np.float64)
+    red = tuple(range(axis, len(shape)))
+    m = x64.mean(red, keepdims=True)
+    v = ((x64 - m) ** 2).mean(red, keepdims=True)
+    close(f(x, s), (x64 - m) / np.sqrt(v + 1e-5) * s, rtol=1e-4)
+
+
 def test_row_kernels_vectorize_along_the_row():
     text = ops.compile_op("softmax", [(4, 197)], {"axis": -1}).module.get_source("tir")
     assert "ramp(" in text and "parallel" not in text    # 788 elements: below the thread pool's size
