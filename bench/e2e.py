@@ -1,6 +1,7 @@
 """End-to-end benchmark of the cpu and accel targets on networks from plain ONNX ops with seeded random
 weights: the zoo's tiny CNN, MLP and transformer encoder, ResNet-18 (224x224) and a MobileNetV2-like
-network; optionally the classic vision models shipped in the onnx wheel (--light).
+network; with --nets also MobileNetV3-, EfficientNet-, U-Net-, YOLO- and ViT-style networks;
+optionally the classic vision models shipped in the onnx wheel (--light).
 
 Per network, printed as a table and written as JSON (bench/results/e2e.json):
   cpu target: latency against onnxruntime, measured alternately in the same run, quiet and while a
@@ -172,9 +173,87 @@ def efficientnet(seed: int = 0, size: int = 224):
     return b.build([b.op("Gemm", [y, b.weight((1000, 1280)), b.init(np.zeros(1000, np.float32))], transB=1)])
 
 
+def unet(seed: int = 0, size: int = 128):
+    """U-Net: conv-BN-ReLU pairs down three levels by max pooling, up by 2x2 stride-2 transposed
+    convs concatenated with the skip paths, a 1x1 conv to two classes."""
+    b = ModelBuilder("unet", seed)
+    x = b.input("image", (1, 3, size, size))
+
+    def cbr(t, ci, co):
+        return b.op("Relu", [b.bn(b.conv(t, ci, co), co)])
+    skips, c, t = [], 3, x
+    for co in (32, 64, 128):
+        t = cbr(cbr(t, c, co), co, co)
+        skips.append((t, co))
+        c = co
+        t = b.op("MaxPool", [t], kernel_shape=[2, 2], strides=[2, 2])
+    t, c = cbr(t, c, 256), 256
+    for s, co in reversed(skips):
+        t = b.op("ConvTranspose", [t, b.weight((c, co, 2, 2))], kernel_shape=[2, 2], strides=[2, 2])
+        t = cbr(cbr(b.op("Concat", [t, s], axis=1), 2 * co, co), co, co)
+        c = co
+    return b.build([b.conv(t, c, 2, k=1)])
+
+
+def yolo(seed: int = 0, size: int = 256):
+    """A YOLO-style detector: SiLU conv stages with residual bottlenecks, an SPP block (chained
+    5x5 max pools, concatenated), a nearest 2x upsampling to a second scale, LeakyReLU, and
+    255-channel heads (3 anchors x 85)."""
+    b = ModelBuilder("yolo", seed)
+    x = b.input("image", (1, 3, size, size))
+
+    def cbl(t, ci, co, k=3, s=1):
+        y = b.conv(t, ci, co, k=k, stride=s)
+        return b.op("Mul", [y, b.op("Sigmoid", [y])])
+    t = cbl(cbl(x, 3, 16, s=2), 16, 32, s=2)
+    c, feats = 32, []
+    for co in (64, 128, 256):
+        t = cbl(t, c, co, s=2)
+        t = b.op("Add", [t, cbl(cbl(t, co, co // 2, k=1), co // 2, co)])
+        c = co
+        feats.append(t)
+    p1 = b.op("MaxPool", [t], kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2])
+    p2 = b.op("MaxPool", [p1], kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2])
+    t = cbl(b.op("Concat", [t, p1, p2], axis=1), 3 * c, c, k=1)
+    up = b.op("Resize", [cbl(t, c, 128, k=1), b.init(np.zeros(0, np.float32)),
+                         b.init(np.array([1, 1, 2, 2], np.float32))], mode="nearest")
+    t2 = b.op("LeakyRelu", [b.conv(cbl(b.op("Concat", [up, feats[1]], axis=1), 256, 128), 128, 64)], alpha=0.1)
+    return b.build([b.conv(t, c, 255, k=1), b.conv(t2, 64, 255, k=1)])
+
+
+def vit(seed: int = 0, size: int = 224, dim: int = 192, layers: int = 2, heads: int = 3):
+    """ViT-Tiny-like: a 16x16 patch-embedding conv, pre-norm encoder layers over 196 tokens
+    (a width no vector divides), GELU (erf form), a mean over the tokens, a linear head."""
+    b = ModelBuilder("vit", seed)
+    x = b.input("image", (1, 3, size, size))
+    n, dh = (size // 16) ** 2, dim // heads
+    t = b.op("Reshape", [b.conv(x, 3, dim, k=16, stride=16, pad=0), b.init(np.array([1, dim, n], np.int64))])
+    t = b.op("Transpose", [t], perm=[0, 2, 1])
+
+    def norm(z):
+        return b.op("LayerNormalization", [z, b.init(np.ones(dim, np.float32)), b.init(np.zeros(dim, np.float32))],
+                    axis=-1)
+
+    def heads_first(z, perm):
+        return b.op("Transpose", [b.op("Reshape", [z, b.init(np.array([1, n, heads, dh], np.int64))])], perm=perm)
+    for _ in range(layers):
+        q, k, v = b.op("Split", [b.linear(norm(t), dim, 3 * dim), b.init(np.array([dim] * 3, np.int64))], n_out=3,
+                       axis=-1)
+        q, k, v = heads_first(q, [0, 2, 1, 3]), heads_first(k, [0, 2, 3, 1]), heads_first(v, [0, 2, 1, 3])
+        a = b.op("Softmax", [b.op("Mul", [b.op("MatMul", [q, k]), b.init(np.float32(dh ** -0.5))])], axis=-1)
+        o = b.op("Transpose", [b.op("MatMul", [a, v])], perm=[0, 2, 1, 3])
+        t = b.op("Add", [t, b.linear(b.op("Reshape", [o, b.init(np.array([1, n, dim], np.int64))]), dim, dim)])
+        h = b.linear(norm(t), dim, 4 * dim)
+        g = b.op("Erf", [b.op("Div", [h, b.init(np.float32(np.sqrt(2.0)))])])
+        g = b.op("Mul", [b.op("Mul", [h, b.op("Add", [g, b.init(np.float32(1.0))])]), b.init(np.float32(0.5))])
+        t = b.op("Add", [t, b.linear(g, 4 * dim, dim)])
+    return b.build([b.linear(b.op("ReduceMean", [t], axes=[1], keepdims=0), dim, 1000)])
+
+
 NETS = {"tiny_cnn": zoo.conv_bn_relu_pool, "mlp": zoo.mlp, "transformer_encoder": zoo.transformer_encoder,
-        "resnet18": resnet18, "mobilenetv2": mobilenetv2, "mobilenetv3": mobilenetv3, "efficientnet": efficientnet}
-#: the issue's five; mobilenetv3 and efficientnet (not in the issue's set) with --nets
+        "resnet18": resnet18, "mobilenetv2": mobilenetv2, "mobilenetv3": mobilenetv3, "efficientnet": efficientnet,
+        "unet": unet, "yolo": yolo, "vit": vit}
+#: the issue's five; the other model classes (not in the issue's set) with --nets
 DEFAULT_NETS = "tiny_cnn,mlp,transformer_encoder,resnet18,mobilenetv2"
 #: the classic vision models in the onnx wheel (onnx/backend/test/data/light), weights ConstantOfShape
 LIGHT = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",

@@ -1,8 +1,14 @@
 """bench/e2e.py: a quick run writes the JSON and prints the table; bad flags name themselves."""
 import json
 
+import numpy as np
+import onnxruntime as ort
 import pytest
 from benchmod import load_bench
+
+from compiler import build_model
+from compiler.frontend.zoo import sample_inputs
+from host_runtime.executor import Executor
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +52,17 @@ def test_bad_flags_are_refused_by_name(e2e, argv, what, capsys, tmp_path):
     msg = str(e.value) if not isinstance(e.value.code, int) else capsys.readouterr().err
     assert what in msg
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("net, size", [("unet", 32), ("yolo", 64), ("vit", 48)])
+def test_model_class_nets_compile_and_match_onnxruntime(e2e, net, size):
+    """The U-Net, YOLO- and ViT-style nets (smaller images than the benchmark's) on the cpu target,
+    with no numpy step: transposed convs, nearest resizes, 255-channel heads, row softmax."""
+    m = e2e.NETS[net](size=size)
+    feed = sample_inputs(m)[0]
+    refs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+    mod = build_model(m, target="cpu")
+    assert mod.count("numpy") == 0
+    with Executor(mod) as ex:
+        for got, ref in zip(ex.run(feed).values(), refs):
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
