@@ -639,9 +639,31 @@ class CodegenLLVM:
         res = b.select(b.fcmp_ordered("<", x, c(lo)), c(0.0), res)
         return b.select(b.fcmp_unordered("uno", x, x), x, res)
 
+    def _tanh_f32(self, x):
+        """tanh of float32 in registers (LLVM's tanh is one libm call per lane: a conv with a tanh
+        epilogue ran 5x slower than onnxruntime). Cephes' tanhf: below |x| = 0.625 the odd
+        polynomial x + x^3 P(x^2), above it 1 - 2 / (exp(2|x|) + 1) with x's sign (exp inline;
+        it saturates to +-1). NaN stays NaN; within 2 ulp."""
+        b, ty = self.b, x.type
+        lanes = ty.count if isinstance(ty, ir.VectorType) else None
+
+        def c(v):
+            return ir.Constant(ty, [v] * lanes) if lanes else ir.Constant(ty, v)
+        ax = self._call_intrin("llvm.fabs", ty, [x])
+        big = b.fsub(c(1.0), b.fdiv(c(2.0), b.fadd(self._exp_f32(b.fadd(ax, ax)), c(1.0))))
+        big = self._call_intrin("llvm.copysign", ty, [big, x])
+        z = b.fmul(x, x)
+        p = c(-5.70498872745e-3)
+        for k in (2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1):
+            p = b.fadd(b.fmul(p, z, flags=("contract",)), c(k), flags=("contract",))
+        small = b.fadd(b.fmul(b.fmul(p, z), x, flags=("contract",)), x, flags=("contract",))
+        return b.select(b.fcmp_ordered(">=", ax, c(0.625)), big, small)
+
     def e_Call(self, e):
         if e.op == "exp" and dt.split_lanes(e.dtype)[0] == "float32":
             return self._exp_f32(self.expr(e.args[0]))
+        if e.op == "tanh" and dt.split_lanes(e.dtype)[0] == "float32":
+            return self._tanh_f32(self.expr(e.args[0]))
         if e.op in _INTRIN:
             args = [self.expr(a) for a in e.args]
             return self._call_intrin(_INTRIN[e.op], args[0].type, args)
