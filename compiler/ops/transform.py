@@ -28,13 +28,20 @@ def reshape(x, shape):
         shape = tuple(math.prod(x.shape) // known if s == -1 else s for s in shape)
     if math.prod(shape) != math.prod(x.shape):
         raise OpError(f"reshape: cannot reshape {list(x.shape)} to {list(shape)}")
-    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    # trailing axes both shapes share are read as they are: only the leading ones go through a
+    # flat index, so a vectorized last axis loads whole vectors (an unravelled lane index is a
+    # gather: a reshape around an elementwise group ran 4x slower)
+    keep = 0
+    while keep < min(len(shape), x.ndim) - 1 and shape[-1 - keep] == x.shape[-1 - keep]:
+        keep += 1
+    lead, xlead = shape[:len(shape) - keep], tuple(x.shape[:x.ndim - keep])
+    strides = [math.prod(lead[d + 1:]) for d in range(len(lead))]
 
     def f(*i):
         flat = i[0] * strides[0]
-        for d in range(1, len(i)):
+        for d in range(1, len(lead)):
             flat = flat + i[d] * strides[d]
-        return x[_unravel(flat, x.shape)]
+        return x[_unravel(flat, xlead) + tuple(i[len(lead):])]
     return te.compute(shape, f, name="reshape", tag="injective,reshape")
 
 
