@@ -210,9 +210,9 @@ def space(wl: Workload) -> list[dict]:
     if fam == "dense":
         (M, K), N = wl.shapes[0], wl.shapes[1][0]
         _, bn = cpu.dense_block(M, N)
-        default = {"mi": cpu.largest_divisor(M, t.rows), "bn": bn, "k_unroll": 4 if K % 4 == 0 else 1,
+        default = {"mi": cpu.dense_block(M, N)[0], "bn": bn, "k_unroll": 4 if K % 4 == 0 else 1,
                    "parallel": "auto"}
-        pts = _product(default, mi=_divs(M, (t.rows, 1, 2, 4, 6, 8, 12, 16)),
+        pts = _product(default, mi=_extents(M, (t.rows, 1, 2, 4, 6, 8, 12, 16), 1),
                        bn=[b for b in (8, 16, 32, 64) if b <= max(16, 2 * N)],
                        k_unroll=[u for u in (1, 2, 4, 8) if K % u == 0], parallel=PARALLEL)
         return [p for k, p in enumerate(pts) if k == 0 or p["mi"] * -(-p["bn"] // vl) <= regs - 2]

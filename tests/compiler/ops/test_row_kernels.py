@@ -111,3 +111,40 @@ def test_batch_matmul_tails_match_float64(b, m, k, n, seed):
     y = rng.standard_normal((b, k, n)).astype(np.float32)
     f = ops.compile_op("matmul", [x.shape, y.shape])
     close(f(x, y), x.astype(np.float64) @ y.astype(np.float64))
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.sampled_from([1, 3, 7, 13, 197, 200]), k=st.sampled_from([3, 16, 96]),
+       n=st.sampled_from([5, 16, 32, 96, 100]), bias=st.booleans(), seed=st.integers(0, 9))
+def test_dense_row_tails_match_float64(m, k, n, bias, seed):
+    """Row tiles of 8 with a peeled tail (a prime M ran 1-row tiles, 2.6x slower than onnxruntime)
+    and 32-wide output blocks where they divide N."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    shapes = [x.shape, w.shape] + ([b.shape] if bias else [])
+    f = ops.compile_op("dense", shapes, consts={1: w})
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + (b if bias else 0.0)
+    close(f(x, b) if bias else f(x), want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(lead=st.lists(st.integers(1, 6), min_size=1, max_size=3), keep=st.lists(st.integers(1, 20), max_size=2),
+       seed=st.integers(0, 99))
+def test_reshape_keeping_trailing_axes_matches_numpy(lead, keep, seed):
+    """A reshape reads the trailing axes both shapes share as they are: only the leading ones
+    go through a flat index (so the vectorized last axis loads whole vectors)."""
+    rng = np.random.default_rng(seed)
+    src = tuple(lead) + tuple(keep)
+    flat = int(np.prod(lead))
+    dst = tuple(rng.permutation([d for d in lead])) if len(lead) > 1 and seed % 2 else (flat,)
+    dst = dst + tuple(keep)
+    x = rng.standard_normal(src).astype(np.float32)
+    f = ops.compile_op("reshape", [src], {"shape": dst})
+    np.testing.assert_array_equal(f(x), x.reshape(dst))
+
+
+def test_reshape_around_a_row_loads_whole_vectors():
+    text = ops.compile_op("reshape", [(3136, 384)], {"shape": (1, 56, 56, 384)}).module.get_source("tir")
+    assert "ramp(" in text and "// broadcast(" not in text and "% broadcast(" not in text
