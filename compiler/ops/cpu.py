@@ -34,6 +34,8 @@ from .. import te
 from ..build import _init_llvm
 from ..te.tensor import ComputeOp, PlaceholderOp
 from ..tir import dtype as dt
+from ..tir import expr as E
+from ..tir.functor import post_order_visit
 
 #: minimum output elements for a parallel loop to pay for its launch
 PARALLEL_MIN = 1 << 14
@@ -151,15 +153,43 @@ def _as_list(outs):
     return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 
 
+#: an injective stage stays a loop nest of its own when inlined it would grow past this many
+#: expression nodes: ops that read their input several times compound along a fused chain
+#: (a quantize reads it about 18 times; four of them in a row made a 13 MB loop body)
+INLINE_NODES = 2048
+
+
+def _body_size(op) -> tuple[int, dict]:
+    """(expression nodes of a compute's body, {producer op: loads of it})."""
+    count, loads = 0, {}
+
+    def fn(n):
+        nonlocal count
+        count += 1
+        if isinstance(n, E.ProducerLoad):
+            loads[n.producer.op] = loads.get(n.producer.op, 0) + 1
+    post_order_visit(op.body, fn)
+    return count, loads
+
+
 def inline_injective(s, outs, keep=()) -> None:
-    """compute_inline every injective stage that is not an output (TOPI's traverse_inline)."""
+    """compute_inline every injective stage that is not an output (TOPI's traverse_inline), unless
+    its body with its inlined producers substituted would exceed INLINE_NODES."""
     out_ops = {o.op for o in outs}
-    for st in s.stages:
+    expanded: dict = {}   # op -> nodes of its body with every inlined producer substituted
+    for st in s.stages:   # producers first
         op = st.op
-        if st.is_placeholder or op in out_ops or op in keep or st.attach_type == "inline":
+        if st.is_placeholder or not isinstance(op, ComputeOp):
             continue
-        if _is_injective(op) and "pack" not in op.tag.split(",") and "pad" not in op.tag.split(","):
+        own, loads = _body_size(op)
+        expanded[op] = own + sum(k * (expanded.get(p, 1) - 1) for p, k in loads.items())
+        if op in out_ops or op in keep or st.attach_type == "inline":
+            continue
+        if (_is_injective(op) and "pack" not in op.tag.split(",") and "pad" not in op.tag.split(",")
+                and expanded[op] <= INLINE_NODES):
             st.compute_inline()
+        else:
+            expanded[op] = 1   # read from its buffer
 
 
 def schedule_flat(s, t, vector=True, parallel=True):

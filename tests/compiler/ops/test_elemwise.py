@@ -5,8 +5,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler import ops
+from compiler import ops, te
+from compiler.build import build
 from compiler.graph.ops import clip_int8, get_op, shift_floor, shift_right_round, wrap_int32
+from compiler.ops import cpu
+from compiler.ops import elemwise as ew
 from tests.compiler.ops.oracle import close, conv2d_ref, erf, run_onnx
 
 SETTINGS = settings(max_examples=5, deadline=None, derandomize=True,
@@ -252,3 +255,26 @@ def test_fixed_point_and_per_channel_requantization_exact(op):
         got = f(x, b, *extra)
         np.testing.assert_array_equal(got, ref)
         assert 0 < np.count_nonzero(np.abs(ref) < 127) < ref.size   # neither all saturated nor all in range
+
+
+def test_chained_quantize_steps_stay_bounded_when_fused():
+    """Each quantize reads its input about 18 times (round half to even, the clip); inlined through
+    a chain of four such steps, as a QDQ model's fused HardSwish - upsample - concat group had them,
+    the loop body grew to 13 MB and the build ran for minutes. Past INLINE_NODES a stage keeps
+    its own loop nest: the kernel stays small and exact."""
+    x = te.placeholder((2, 3, 8, 8), "float32", name="x")
+    c = te.placeholder((1,), "float32", name="c")
+    y = x
+    for shift in (4, 3, 5, 2):
+        y = ew.dequantize(ew.quantize(ew.mul(y, c), shift), shift)
+    s = cpu.schedule_injective([y])
+    assert sum(st.attach_type != "inline" for st in s.stages if not st.is_placeholder) >= 2
+    mod = build(s, [x, c, y])
+    assert len(mod.get_source("tir")) < 200_000
+    a = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32) * 4
+    want = a.astype(np.float64)
+    for shift in (4, 3, 5, 2):
+        want = np.clip(np.rint(want * 1.5 * 2.0 ** shift), -127, 127) * 2.0 ** -shift
+    got = np.empty_like(a)
+    mod(a, np.float32([1.5]), got)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
