@@ -1186,14 +1186,18 @@ def _resize(c):
     if len(per_axis) != len(axes):
         c.fail(f"{'scales' if scales is not None else 'sizes'} has {len(per_axis)} values for {len(axes)} axes")
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in c.onnx_node.attribute if a.name != "axes"}
+    out_shape = list(x.shape)
+    for ax, v in zip(axes, per_axis):
+        out_shape[ax] = int(np.floor(x.shape[ax] * float(v))) if scales is not None else int(v)
+        if out_shape[ax] < 1:
+            c.fail(f"axis {ax}: {x.shape[ax]} -> {out_shape[ax]} elements")
+    _check_size(c, out_shape, x.dtype)   # before any map is evaluated (a 1e6 scale took 35 s to refuse)
     y = x
     for ax, v in zip(axes, per_axis):
-        n_in = x.shape[ax]
-        n_out = int(np.floor(n_in * float(v))) if scales is not None else int(v)
-        if n_out < 1:
-            c.fail(f"axis {ax}: {n_in} -> {n_out} elements")
+        n_in, n_out = x.shape[ax], out_shape[ax]
         if n_out == n_in and (scales is None or float(v) == 1.0):
             continue
+        _check_size(c, (n_in, n_out), np.float64)   # the axis's map
         # the axis's map on a 2-D stand-in (n_in, n_in): rows an identity, the axis resized as axis 1
         node = onnx.helper.make_node("Resize", ["x", "", "scales" if scales is not None else "", "sizes" if sizes is not None
                                                 else ""], ["y"], **attrs)
