@@ -380,6 +380,9 @@ class _Ctx:
         self.onnx_node = None
         self.node_name = ""
         self.declared: dict[str, int] = {}   # tensor name -> ONNX elem type, from outputs/value_info
+        # a 1-D window op converted as its 2-D form (_as_2d): the lifted inputs and attributes
+        self.lifted_inputs: dict[int, Node] = {}
+        self.lifted_attrs: dict[str, object] = {}
 
     def add(self, op: str, inputs, attrs=None, suffix: str = "") -> Node:
         name = self.node_name + (f"/{suffix}" if suffix else "")
@@ -402,6 +405,8 @@ class _Ctx:
         self.fail(f"output {k} ({what}) is used by the model; only inference outputs are supported")
 
     def input(self, k: int) -> Node | None:
+        if k in self.lifted_inputs:
+            return self.lifted_inputs[k]
         ins = self.onnx_node.input
         if k >= len(ins) or ins[k] == "":
             return None
@@ -421,6 +426,8 @@ class _Ctx:
         return run(Graph.from_outputs([], [n]), [])[0]
 
     def attr(self, name: str, default=None):
+        if name in self.lifted_attrs:
+            return self.lifted_attrs[name]
         onnx = _onnx()
         for a in self.onnx_node.attribute:
             if a.name == name:
@@ -652,11 +659,50 @@ def _check_kernel_shape(c, w: Node):
                f"{list(w.shape[2:])}")
 
 
+def _as_2d(convert):
+    """A window op on a 1-D signal (N, C, L) converted as its 2-D form on (N, C, 1, L): the input
+    and a 3-D weight gain a unit axis, the window attributes a leading 1 (pads and output padding
+    a 0), and the result drops the axis again. The 2-D kernels then serve audio and sequence
+    models unchanged."""
+    lead = {"strides": 1, "dilations": 1, "kernel_shape": 1, "output_padding": 0, "output_shape": 1}
+
+    def run(c):
+        x = c.input(0)
+        if x is None or x.type.rank != 3:
+            return convert(c)
+        lifted = {}
+        for name, first in lead.items():
+            v = c.attr(name)
+            if v is not None:
+                if len(v) != 1:
+                    c.fail(f"{name} {list(v)} has {len(v)} values for a 1-D input {x.type}")
+                lifted[name] = [first, int(v[0])]
+        p = c.attr("pads")
+        if p is not None:
+            if len(p) != 2:
+                c.fail(f"pads {list(p)} has {len(p)} values for a 1-D input {x.type} (begin, end)")
+            lifted["pads"] = [0, int(p[0]), 0, int(p[1])]
+        n, ch, length = x.shape
+        ins = {0: c.add("reshape", [x], {"shape": (n, ch, 1, length)}, suffix="as_2d")}
+        w = c.input(1)
+        if w is not None and w.type.rank == 3 and c.onnx_node.op_type in ("Conv", "ConvTranspose"):
+            ins[1] = (c.const(w.value[:, :, None, :], "weight_2d") if w.is_const
+                      else c.add("reshape", [w], {"shape": (w.shape[0], w.shape[1], 1, w.shape[2])}, suffix="weight_2d"))
+        c.lifted_inputs, c.lifted_attrs = ins, lifted
+        try:
+            y = convert(c)
+        finally:
+            c.lifted_inputs, c.lifted_attrs = {}, {}
+        return c.add("reshape", [y], {"shape": (y.shape[0], y.shape[1], y.shape[3])}, suffix="as_1d")
+    return run
+
+
 @converter("Conv")
+@_as_2d
 def _conv(c):
     x, w, b = c.input(0), c.input(1), c.input(2)
     if x.type.rank != 4 or w.type.rank != 4:
-        c.fail(f"only 2-D convolution (NCHW input, OIHW weight) is supported, got {x.type} and {w.type}")
+        c.fail(f"only 1-D and 2-D convolution (NCL/NCHW input, OIL/OIHW weight) is supported, got {x.type} and {w.type}")
     _check_kernel_shape(c, w)
     strides, pads, dilations = _window_attrs(c, x, w.shape[2:])
     attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": int(c.attr("group", 1))}
@@ -664,10 +710,11 @@ def _conv(c):
 
 
 @converter("ConvTranspose")
+@_as_2d
 def _conv_transpose(c):
     x, w, b = c.input(0), c.input(1), c.input(2)
     if x.type.rank != 4 or w.type.rank != 4:
-        c.fail("only 2-D transposed convolution is supported")
+        c.fail("only 1-D and 2-D transposed convolution is supported")
     _check_kernel_shape(c, w)
     strides = list(c.attr("strides", [1, 1]))
     dilations = list(c.attr("dilations", [1, 1]))
@@ -760,7 +807,7 @@ def _bn(c):
 def _pool_attrs(c, x):
     k = list(c.attr("kernel_shape"))
     if len(k) != 2 or x.type.rank != 4:
-        c.fail(f"only 2-D pooling is supported (kernel_shape {k}, input {x.type})")
+        c.fail(f"only 1-D and 2-D pooling is supported (kernel_shape {k}, input {x.type})")
     if any(d != 1 for d in c.attr("dilations", [1, 1])):
         c.fail("dilated pooling is not supported")
     strides = list(c.attr("strides", [1, 1]))
@@ -773,6 +820,7 @@ def _pool_attrs(c, x):
 
 
 @converter("MaxPool")
+@_as_2d
 def _maxpool(c):
     if len(c.onnx_node.output) > 1 and c.onnx_node.output[1]:
         c.used_extra_output(1, "the Indices output")
@@ -780,6 +828,7 @@ def _maxpool(c):
 
 
 @converter("AveragePool")
+@_as_2d
 def _avgpool(c):
     attrs = _pool_attrs(c, c.input(0))
     attrs["count_include_pad"] = int(c.attr("count_include_pad", 0))
@@ -788,8 +837,14 @@ def _avgpool(c):
 
 @converter("GlobalAveragePool", "GlobalMaxPool")
 def _gap(c):
-    op = "global_avg_pool" if c.onnx_node.op_type == "GlobalAveragePool" else "global_max_pool"
-    return c.add(op, [c.input(0)])
+    x = c.input(0)
+    avg = c.onnx_node.op_type == "GlobalAveragePool"
+    if x.type.rank != 4:   # a 1-D (or 3-D) signal: the same mean or max over every spatial axis
+        if x.type.rank < 3:
+            c.fail(f"expects an N C spatial... input, got {x.type}")
+        return c.add("reduce_mean" if avg else "reduce_max", [x],
+                     {"axes": tuple(range(2, x.type.rank)), "keepdims": 1})
+    return c.add("global_avg_pool" if avg else "global_max_pool", [x])
 
 
 @converter("Flatten")
