@@ -141,6 +141,8 @@ def tile_extent(n: int, want: int, unit: int) -> int:
     for d in range(want, want // 2 - 1, -unit):
         if n % d == 0:
             return d
+    while unit > 1 and want > unit and n % want > unit:   # a tail wider than a vector (49 = 32 + 17)
+        want -= unit                          # becomes an odd-width vector: a smaller tile instead
     return want
 
 
@@ -677,9 +679,30 @@ def schedule_dense_pack(outs):
     return s
 
 
+def _transposed_operand(mm_op):
+    """The producer of a matmul's right operand (read along j, the vector axis) when a transpose
+    feeds it: inlined, each vector of B would be a strided gather (Swin's Q.K^T, with K^T fused
+    in, ran 10x slower than onnxruntime); kept, it is one transposing copy before the tiles."""
+    b = mm_op.input_tensors()[-1].op
+    stack, seen = [b], set()
+    while stack:
+        op = stack.pop()
+        if op in seen or not _is_injective(op):
+            continue
+        seen.add(op)
+        if "transpose" in op.tag.split(","):
+            return b
+        stack.extend(t.op for t in op.input_tensors())
+    return None
+
+
 def schedule_matmul(outs):
     """matmul / batch_matmul: (mi x nj) register tiles over (i, j), vectorized over j."""
-    outs, s, mm = _begin(outs, "batch_matmul", "matmul")
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    mm = next((st for st in (_find(s, t) for t in ("batch_matmul", "matmul")) if st is not None), None)
+    b = _transposed_operand(mm.op) if mm is not None else None
+    inline_injective(s, outs, keep=(b,) if b is not None else ())
     _schedule_rest(s, (mm,))
     C = mm.op.output(0)
     M, N = C.shape[-2:]

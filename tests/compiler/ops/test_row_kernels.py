@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler import ops
-from compiler.ops import cpu
+from compiler import ops, te
+from compiler.build import build
+from compiler.ops import cpu, nn
+from compiler.ops import transform as tf
 from tests.compiler.ops.oracle import close
 
 shapes = st.tuples(st.integers(1, 3), st.integers(1, 5), st.sampled_from([1, 2, 3, 5, 15, 16, 17, 31, 33, 64, 197]))
@@ -95,6 +97,7 @@ def test_row_kernels_vectorize_along_the_row():
 @pytest.mark.parametrize("n, want, unit, expect", [
     (196, 32, 16, 32),   # no multiple of 16 divides 196: a 32 tile with a 4-wide tail, not 28 lanes
     (197, 32, 16, 32),   # a prime: a tail, not a scalar loop
+    (49, 32, 16, 16),    # 32 would leave a 17-lane tail (Swin's 7x7 windows: 7x slower)
     (64, 32, 16, 32), (48, 32, 16, 16), (8, 32, 16, 8), (24, 32, 16, 16),
     (7, 4, 1, 4), (12, 6, 1, 6), (100, 6, 1, 5), (3, 4, 1, 3),
 ])
@@ -104,13 +107,30 @@ def test_tile_extent_prefers_whole_vectors(n, want, unit, expect):
 
 @settings(max_examples=20, deadline=None)
 @given(b=st.integers(1, 3), m=st.sampled_from([1, 3, 7, 13, 196]), k=st.sampled_from([1, 5, 64]),
-       n=st.sampled_from([1, 5, 17, 28, 196, 197]), seed=st.integers(0, 9))
+       n=st.sampled_from([1, 5, 17, 28, 49, 196, 197]), seed=st.integers(0, 9))
 def test_batch_matmul_tails_match_float64(b, m, k, n, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((b, m, k)).astype(np.float32)
     y = rng.standard_normal((b, k, n)).astype(np.float32)
     f = ops.compile_op("matmul", [x.shape, y.shape])
     close(f(x, y), x.astype(np.float64) @ y.astype(np.float64))
+
+
+def test_matmul_of_a_transposed_operand_copies_it_once():
+    """K^T fused into Q.K^T: the transpose is kept as its own loop nest (one transposing copy),
+    not inlined into the tiles, where each vector of B was a strided gather."""
+    q = te.placeholder((6, 49, 32), "float32", name="q")
+    k = te.placeholder((6, 49, 32), "float32", name="k")
+    out = nn.matmul(q, tf.transpose(k, (0, 2, 1)))
+    s = cpu.schedule_matmul([out])
+    assert [st.op.name for st in s.stages if not st.is_placeholder and st.attach_type != "inline"] == \
+        ["transpose", "batch_matmul.local", "batch_matmul"]
+    mod = build(s, [q, k, out])
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 6, 49, 32)).astype(np.float32)
+    got = np.empty((6, 49, 49), np.float32)
+    mod(a, b, got)
+    close(got, a.astype(np.float64) @ b.astype(np.float64).transpose(0, 2, 1))
 
 
 @settings(max_examples=20, deadline=None)
