@@ -1,5 +1,6 @@
-"""Simplify: local rewrites that expose fusion and quantization: merge chained reshapes, drop
-no-op reshapes/transposes, turn a matmul by a constant matrix into dense, a transposed conv by
+"""Simplify: local rewrites that expose fusion and quantization: move a reshape below the
+elementwise op that reads it and merge chained reshapes (a 1-D conv's reshapes around its ReLU
+cancel), drop no-op reshapes/transposes, turn a matmul by a constant matrix into dense, a transposed conv by
 constant weights into a conv and a pixel shuffle, and move a constant bias add into the
 conv/dense before it (also through the reshape around a 3-d MatMul)."""
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node, rewrite
+from ..ops import Pattern, get_op
 from .import_qdq import carry_weight_scale, rename_range
 
 
@@ -93,6 +95,12 @@ def simplify(graph: Graph) -> Graph:
             return n.inputs[0] if n.inputs[0].shape == n.shape else n
         if n.op == "transpose" and list(n.attrs["perm"]) == list(range(n.type.rank)):
             return n.inputs[0]
+        if (len(n.inputs) == 1 and n.inputs[0].op == "reshape" and get_op(n.op).pattern == Pattern.ELEMWISE
+                and single(old.inputs[0])):
+            # f(reshape(x)) = reshape(f(x)) for an op of one input read element by element
+            inner = n.with_inputs([n.inputs[0].inputs[0]], name=f"{n.name}/unreshaped")
+            rename_range(graph, n.name, inner.name)
+            return Node("reshape", [inner], {"shape": n.shape}, name=n.name, origin=n.origin)
         if n.op == "matmul" and n.inputs[1].is_const and n.inputs[1].type.rank == 2:
             return _matmul_to_dense(graph, n)
         if (n.op == "conv2d_transpose" and all(i.is_const for i in n.inputs[1:]) and n.dtype == "float32"

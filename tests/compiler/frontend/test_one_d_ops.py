@@ -11,6 +11,7 @@ import compiler
 from compiler.frontend import from_onnx
 from compiler.frontend.errors import ModelLoadError
 from compiler.graph import run
+from compiler.graph.passes import optimize
 
 RNG = np.random.default_rng(11)
 
@@ -80,3 +81,21 @@ def test_a_2d_attribute_on_a_1d_input_is_one_error():
     m = _model("Conv", (1, 4, 16), {"strides": [1, 1]}, RNG.standard_normal((4, 4, 3)).astype(np.float32))
     with pytest.raises(ModelLoadError, match="strides"):
         from_onnx(m)
+
+
+def test_stacked_1d_convs_keep_no_reshapes_between_them():
+    """Each 1-D conv reshapes to 2-D and back; simplify moves a reshape below the ReLU that reads
+    it, so the pairs between convs cancel and the convs run blocked with their ReLU fused."""
+    w1 = (RNG.standard_normal((16, 4, 5)) * 0.3).astype(np.float32)
+    w2 = (RNG.standard_normal((16, 16, 3)) * 0.3).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["a"], strides=[2]), helper.make_node("Relu", ["a"], ["r"]),
+         helper.make_node("Conv", ["r", "w2"], ["b"], pads=[1, 1]), helper.make_node("Relu", ["b"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 30])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    opt = optimize(from_onnx(m))
+    assert opt.op_counts().get("reshape", 0) == 2     # into 2-D at the input, back at the output
+    _check(m, (1, 4, 64))
