@@ -177,9 +177,9 @@ def space(wl: Workload) -> list[dict]:
             KH, KW = wl.shapes[1][2], wl.shapes[1][3]
             OW = wl.out_shape[3]
         ic_d, oc_d = cpu.conv_blocks(C, O)
-        default = {"reg_n": cpu.largest_divisor(OW, t.conv_reg_n), "order": "ic_outer", "unroll_kw": False,
+        default = {"reg_n": cpu.tile_extent(OW, t.conv_reg_n, 1), "order": "ic_outer", "unroll_kw": False,
                    "parallel": "auto"}
-        axes = {"reg_n": _divs(OW, (t.conv_reg_n, 4, 7, 8, 16, 28)),
+        axes = {"reg_n": _extents(OW, (t.conv_reg_n, 4, 7, 8, 16, 28), 1),
                 "order": ["ic_outer", "kernel_outer"] if KH * KW > 1 else ["ic_outer"],
                 "unroll_kw": [False, True] if KW > 1 else [False], "parallel": PARALLEL}
         if fam == "conv_nchwc":
@@ -202,8 +202,8 @@ def space(wl: Workload) -> list[dict]:
                         dw_unroll=[True, False], parallel=PARALLEL)
     if fam == "dw_blocked":   # data (N, C', H, W, c), kernel (C', KH, KW, c): one vector per pixel
         OW = wl.out_shape[3]
-        default = {"reg_n": cpu.largest_divisor(OW, cpu.DW_REG_N), "dw_unroll": True, "parallel": "auto"}
-        pts = _product(default, reg_n=_divs(OW, (cpu.DW_REG_N, 2, 4, 7, 14)), dw_unroll=[True, False],
+        default = {"reg_n": cpu.tile_extent(OW, cpu.DW_REG_N, 1), "dw_unroll": True, "parallel": "auto"}
+        pts = _product(default, reg_n=_extents(OW, (cpu.DW_REG_N, 2, 4, 7, 14), 1), dw_unroll=[True, False],
                        parallel=PARALLEL)
         bn = wl.shapes[1][3]
         return [p for k, p in enumerate(pts) if k == 0 or p["reg_n"] * -(-bn // vl) <= regs - 2]

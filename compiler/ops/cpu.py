@@ -526,7 +526,7 @@ def schedule_conv2d_NCHWc(outs, reg_n: int | None = None):
     outs, s, conv = _begin(outs, "conv2d_NCHWc")
     C = conv.op.output(0)
     N, OCO, OH, OW, ocb = C.shape
-    rn = largest_divisor(OW, reg_n or knob("reg_n", TILES.conv_reg_n))
+    rn = tile_extent(OW, reg_n or knob("reg_n", TILES.conv_reg_n), 1)   # a peeled tail, not 1-pixel tiles
     ost = _nchw_consumer(s, outs, conv) if knob("fuse_unpack", True) else None
     if ost is not None:
         return _conv_NCHWc_to_nchw(s, conv, ost, rn)
@@ -576,7 +576,7 @@ def schedule_depthwise_NCHWc(outs):
             # kernel (measured 2.7x slower over MobileNetV2's depthwise layers)
             st.compute_inline()
     C = conv.op.output(0)
-    rn = largest_divisor(C.shape[3], knob("reg_n", DW_REG_N))
+    rn = tile_extent(C.shape[3], knob("reg_n", DW_REG_N), 1)
     ost = _nchw_consumer(s, outs, conv) if knob("fuse_unpack", True) else None
     if ost is not None:
         return _conv_NCHWc_to_nchw(s, conv, ost, rn)

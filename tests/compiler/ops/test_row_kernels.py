@@ -12,7 +12,7 @@ from compiler import ops, te
 from compiler.build import build
 from compiler.ops import cpu, nn
 from compiler.ops import transform as tf
-from tests.compiler.ops.oracle import close
+from tests.compiler.ops.oracle import close, conv2d_ref
 
 shapes = st.tuples(st.integers(1, 3), st.integers(1, 5), st.sampled_from([1, 2, 3, 5, 15, 16, 17, 31, 33, 64, 197]))
 
@@ -174,3 +174,30 @@ def test_reshape_keeping_trailing_axes_matches_numpy(lead, keep, seed):
 def test_reshape_around_a_row_loads_whole_vectors():
     text = ops.compile_op("reshape", [(3136, 384)], {"shape": (1, 56, 56, 384)}).module.get_source("tir")
     assert "ramp(" in text and "// broadcast(" not in text and "% broadcast(" not in text
+
+
+@pytest.mark.parametrize("width, stride, groups", [(17, 1, 1), (23, 2, 1), (47, 1, 1), (17, 1, 16)])
+def test_conv_pixel_tiles_with_a_tail_match_float64(width, stride, groups):
+    """Output widths with no divisor near the 14-pixel register tile (17, 799 = 17 x 47) took
+    1-pixel tiles: a 1-D encoder's convs ran at half of onnxruntime's speed. Tiles of 14 with a
+    peeled tail (the blocked conv; groups 16 takes the NCHW depthwise kernel)."""
+    assert cpu.tile_extent(799, 14, 1) == 14 and cpu.tile_extent(17, 14, 1) == 14
+    rng = np.random.default_rng(width)
+    x = rng.standard_normal((1, 16, 5, width)).astype(np.float32)
+    w = (rng.standard_normal((16, 16 // groups, 3, 3)) * 0.2).astype(np.float32)
+    attrs = {"strides": (stride, stride), "pads": (1, 1, 1, 1), "groups": groups}
+    f = ops.compile_op("conv2d", [x.shape, w.shape], attrs, consts={1: w})
+    close(f(x), conv2d_ref(x, w, (stride, stride), (1, 1, 1, 1), (1, 1), groups))
+
+
+def test_blocked_depthwise_pixel_tiles_with_a_tail_match_float64():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 1, 5, 17, 16)).astype(np.float32)     # N C' H W c, 17 pixels wide
+    w = rng.standard_normal((1, 3, 3, 16)).astype(np.float32)
+    f = ops.compile_op("depthwise_conv2d_NCHWc", [x.shape, w.shape],
+                       {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1)})
+    got = f(x, w)
+    xn = x.transpose(0, 1, 4, 2, 3).reshape(1, 16, 5, 17)
+    wn = w.transpose(0, 3, 1, 2).reshape(16, 1, 3, 3)
+    want = conv2d_ref(xn, wn, (1, 1), (1, 1, 1, 1), (1, 1), 16).reshape(1, 1, 16, 5, 17).transpose(0, 1, 3, 4, 2)
+    close(got, want)
