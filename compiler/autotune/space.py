@@ -133,24 +133,23 @@ def _macs(op: str, shapes: list, out_shape) -> int:
     return out * shapes[0][-1]   # dense, qdense, matmul: the reduction is the input's last axis
 
 
+def _distinct(values) -> list[int]:
+    """values without repeats, in order."""
+    out = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
 def _divs(n: int, wants) -> list[int]:
     """The distinct largest divisors of n at most each of `wants`, in order."""
-    out = []
-    for w in wants:
-        d = cpu.largest_divisor(n, max(1, int(w)))
-        if d not in out:
-            out.append(d)
-    return out
+    return _distinct(cpu.largest_divisor(n, max(1, int(w))) for w in wants)
 
 
 def _extents(n: int, wants, unit: int) -> list[int]:
     """The distinct split factors cpu.tile_extent picks for n at each of `wants`, in order."""
-    out = []
-    for w in wants:
-        d = cpu.tile_extent(n, max(1, int(w)), unit)
-        if d not in out:
-            out.append(d)
-    return out
+    return _distinct(cpu.tile_extent(n, max(1, int(w)), unit) for w in wants)
 
 
 def _product(default: dict, **axes) -> list[dict]:
@@ -209,8 +208,8 @@ def space(wl: Workload) -> list[dict]:
         return [p for k, p in enumerate(pts) if k == 0 or p["reg_n"] * -(-bn // vl) <= regs - 2]
     if fam == "dense":
         (M, K), N = wl.shapes[0], wl.shapes[1][0]
-        _, bn = cpu.dense_block(M, N)
-        default = {"mi": cpu.dense_block(M, N)[0], "bn": bn, "k_unroll": 4 if K % 4 == 0 else 1,
+        mi, bn = cpu.dense_block(M, N)
+        default = {"mi": mi, "bn": bn, "k_unroll": 4 if K % 4 == 0 else 1,
                    "parallel": "auto"}
         pts = _product(default, mi=_extents(M, (t.rows, 1, 2, 4, 6, 8, 12, 16), 1),
                        bn=[b for b in (8, 16, 32, 64) if b <= max(16, 2 * N)],

@@ -132,17 +132,18 @@ def largest_divisor(n: int, at_most: int) -> int:
 
 def tile_extent(n: int, want: int, unit: int) -> int:
     """A split factor for a loop of n, a multiple of `unit` (the vector length, for a vectorized
-    loop): the largest such divisor of n in [want/2, want], else `want` itself, leaving a tail
-    that PartitionLoops peels off. Loops shorter than one unit are taken whole. (A divisor such
-    as 28 lanes, or a prime n falling back to 1, made matmuls 20x slower.)"""
+    loop): the largest such divisor of n in [want/2, want], else a tile whose tail PartitionLoops
+    peels off: `want` itself, or for vectors the largest tile whose tail fits in one vector (a
+    wider tail is an odd-width vector). Loops shorter than one unit are taken whole. (A divisor
+    such as 28 lanes, or a prime n falling back to 1, made matmuls 20x slower.)"""
     if n <= unit:
         return n
     want = max(unit, min(want, n) // unit * unit)
     for d in range(want, want // 2 - 1, -unit):
         if n % d == 0:
             return d
-    while unit > 1 and want > unit and n % want > unit:   # a tail wider than a vector (49 = 32 + 17)
-        want -= unit                          # becomes an odd-width vector: a smaller tile instead
+    while unit > 1 and want > unit and n % want > unit:   # 49: 16 + a 1-lane tail, not 32 + 17
+        want -= unit
     return want
 
 
@@ -383,12 +384,13 @@ def _find(s, tag_head: str):
 #: conv2d NCHWc knobs (the benchmark may override): max output-width tile and channel blocks
 
 
-def _begin(outs, *tags):
-    """(outs as a list, their schedule with injective ops inlined, the stage of the first tag found)."""
+def _begin(outs, *tags, keep=None):
+    """(outs as a list, their schedule with injective ops inlined, the stage of the first tag
+    found). keep(main stage) names the ops to leave uninlined."""
     outs = _as_list(outs)
     s = te.create_schedule([o.op for o in outs])
-    inline_injective(s, outs)
     main = next((st for st in (_find(s, t) for t in tags) if st is not None), None)
+    inline_injective(s, outs, keep=keep(main) if keep is not None and main is not None else ())
     return outs, s, main
 
 
@@ -650,7 +652,7 @@ def schedule_dense_pack(outs):
     C = cp.op.output(0)
     M, NB, bn = C.shape
     K = cp.op.reduce_axis[0].dom.extent.value
-    mi = tile_extent(M, knob("mi", TILES.rows), 1)
+    mi = dense_block(M, NB * bn)[0]
     ku = knob("k_unroll", 4)
     CC = s.cache_write(C, "local")
     st = s[C]
@@ -679,11 +681,11 @@ def schedule_dense_pack(outs):
     return s
 
 
-def _transposed_operand(mm_op):
+def _transposed_operand(mm) -> tuple:
     """The producer of a matmul's right operand (read along j, the vector axis) when a transpose
     feeds it: inlined, each vector of B would be a strided gather (Swin's Q.K^T, with K^T fused
     in, ran 10x slower than onnxruntime); kept, it is one transposing copy before the tiles."""
-    b = mm_op.input_tensors()[-1].op
+    b = mm.op.input_tensors()[-1].op
     stack, seen = [b], set()
     while stack:
         op = stack.pop()
@@ -691,18 +693,14 @@ def _transposed_operand(mm_op):
             continue
         seen.add(op)
         if "transpose" in op.tag.split(","):
-            return b
+            return (b,)
         stack.extend(t.op for t in op.input_tensors())
-    return None
+    return ()
 
 
 def schedule_matmul(outs):
     """matmul / batch_matmul: (mi x nj) register tiles over (i, j), vectorized over j."""
-    outs = _as_list(outs)
-    s = te.create_schedule([o.op for o in outs])
-    mm = next((st for st in (_find(s, t) for t in ("batch_matmul", "matmul")) if st is not None), None)
-    b = _transposed_operand(mm.op) if mm is not None else None
-    inline_injective(s, outs, keep=(b,) if b is not None else ())
+    outs, s, mm = _begin(outs, "batch_matmul", "matmul", keep=_transposed_operand)
     _schedule_rest(s, (mm,))
     C = mm.op.output(0)
     M, N = C.shape[-2:]

@@ -176,8 +176,8 @@ def affine_floor(indices) -> tuple[int, int, int] | None:
 def take(x, indices, axis=0):
     """x gathered along `axis` at constant 1-D indices of an affine-floor form (affine_floor)."""
     ax = axis % x.ndim
-    form = affine_floor(indices)
-    if form is None or getattr(indices, "ndim", 1) != 1:
+    form = affine_floor(indices) if np.ndim(indices) == 1 else None
+    if form is None:
         raise OpError("take: the indices have no affine-floor form (a * i + b) // c")
     a, b, c = form
     shape = tuple(x.shape[:ax]) + (len(indices),) + tuple(x.shape[ax + 1:])

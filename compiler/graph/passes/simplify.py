@@ -1,8 +1,8 @@
 """Simplify: local rewrites that expose fusion and quantization: move a reshape below the
 elementwise op that reads it and merge chained reshapes (a 1-D conv's reshapes around its ReLU
-cancel), drop no-op reshapes/transposes, turn a matmul by a constant matrix into dense, a transposed conv by
-constant weights into a conv and a pixel shuffle, and move a constant bias add into the
-conv/dense before it (also through the reshape around a 3-d MatMul)."""
+cancel), drop no-op reshapes/transposes, turn a matmul by a constant matrix into dense and a
+transposed conv by constant weights into a conv and a pixel shuffle, and move a constant bias
+add into the conv/dense before it (also through the reshape around a 3-d MatMul)."""
 from __future__ import annotations
 
 import numpy as np
