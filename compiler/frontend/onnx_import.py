@@ -841,7 +841,7 @@ def _gap(c):
     avg = c.onnx_node.op_type == "GlobalAveragePool"
     if x.type.rank != 4:   # a 1-D (or 3-D) signal: the same mean or max over every spatial axis
         if x.type.rank < 3:
-            c.fail(f"expects an N C spatial... input, got {x.type}")
+            c.fail(f"expects an (N, C, spatial...) input of rank 3 or more, got {x.type}")
         return c.add("reduce_mean" if avg else "reduce_max", [x],
                      {"axes": tuple(range(2, x.type.rank)), "keepdims": 1})
     return c.add("global_avg_pool" if avg else "global_max_pool", [x])

@@ -9,14 +9,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 import compiler
 from compiler.frontend import from_onnx
-from compiler.frontend.errors import ModelLoadError
+from compiler.frontend.errors import ConversionError, ModelLoadError
 from compiler.graph import run
 from compiler.graph.passes import optimize
 
 RNG = np.random.default_rng(11)
 
 
-def _model(op, x_shape, attrs, weight=None, bias=None):
+def _model(op, x_shape, attrs, weight=None, bias=None, y_dims=("n", "c", "l")):
     inits = []
     ins = ["x"]
     if weight is not None:
@@ -27,7 +27,7 @@ def _model(op, x_shape, attrs, weight=None, bias=None):
         ins.append("b")
     g = helper.make_graph([helper.make_node(op, ins, ["y"], **attrs)], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "l"])], inits)
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_dims))], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m
@@ -75,6 +75,13 @@ def test_conv_transpose1d_matches_onnxruntime(attrs):
 ])
 def test_pools_on_1d_signals_match_onnxruntime(op, attrs):
     _check(_model(op, (2, 5, 20), attrs), (2, 5, 20))
+
+
+def test_a_global_pool_without_spatial_axes_is_one_error():
+    m = _model("GlobalAveragePool", (2, 5), {}, y_dims=("n", "c"))
+    with pytest.raises(ConversionError, match=r"GlobalAveragePool '.*': expects an \(N, C, spatial\.\.\.\) input "
+                                              r"of rank 3 or more, got float32\[2,5\]"):
+        from_onnx(m)
 
 
 def test_a_2d_attribute_on_a_1d_input_is_one_error():
