@@ -459,15 +459,79 @@ def converter(*op_types):
 
 def _unary_table():
     table = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp", "Sqrt": "sqrt",
-             "Neg": "neg", "Reciprocal": "reciprocal", "Abs": "abs", "Log": "log"}
+             "Neg": "neg", "Reciprocal": "reciprocal", "Abs": "abs", "Log": "log", "Floor": "floor", "Ceil": "ceil",
+             "Round": "round", "Sign": "sign", "Sin": "sin", "Cos": "cos", "Not": "logical_not"}
     for onnx_op, op in table.items():
         converter(onnx_op)(lambda c, op=op: c.add(op, [c.input(0)]))
 
 
 _unary_table()
 
-for _onnx_op, _op in {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}.items():
+for _onnx_op, _op in {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Equal": "equal",
+                      "Less": "less", "Greater": "greater", "LessOrEqual": "less_equal",
+                      "GreaterOrEqual": "greater_equal", "And": "logical_and", "Or": "logical_or",
+                      "Xor": "logical_xor"}.items():
     converter(_onnx_op)(lambda c, op=_op: _binary(c, op))
+
+
+@converter("Where")
+def _where(c):
+    return c.add("where", [c.input(0), c.input(1), c.input(2)])
+
+
+@converter("ArgMax", "ArgMin")
+def _arg_max_min(c):
+    x = c.input(0)
+    if not -x.type.rank <= int(c.attr("axis", 0)) < max(x.type.rank, 1):
+        c.fail(f"axis {c.attr('axis', 0)} out of range for rank {x.type.rank}")
+    return c.add("argmax" if c.onnx_node.op_type == "ArgMax" else "argmin", [x],
+                 {"axis": int(c.attr("axis", 0)) % max(x.type.rank, 1), "keepdims": int(c.attr("keepdims", 1)),
+                  "select_last_index": int(c.attr("select_last_index", 0))})
+
+
+@converter("Softsign")
+def _softsign(c):
+    """x / (1 + |x|)."""
+    x = c.input(0)
+    one = c.const(np.asarray(1, x.dtype), "one")
+    return c.add("div", [x, c.add("add", [c.add("abs", [x], suffix="abs"), one], suffix="denominator")])
+
+
+@converter("ThresholdedRelu")
+def _thresholded_relu(c):
+    """x where x > alpha, else 0."""
+    x = c.input(0)
+    above = c.add("greater", [x, c.const(np.asarray(c.attr("alpha", 1.0), x.dtype), "alpha")], suffix="above")
+    return c.add("where", [above, x, c.const(np.zeros((), x.dtype), "zero")])
+
+
+@converter("Celu")
+def _celu(c):
+    """max(0, x) + min(0, alpha (exp(x / alpha) - 1))."""
+    x = c.input(0)
+    alpha = float(c.attr("alpha", 1.0))
+    k = lambda v, name: c.const(np.asarray(v, x.dtype), name)  # noqa: E731
+    e = c.add("exp", [c.add("mul", [x, k(1 / alpha, "inv_alpha")], suffix="scaled")], suffix="exp")
+    neg = c.add("mul", [c.add("sub", [e, k(1, "one")], suffix="expm1"), k(alpha, "alpha")], suffix="negative")
+    return c.add("add", [c.add("relu", [x], suffix="positive"),
+                         c.add("minimum", [neg, k(0, "zero")], suffix="negative_part")])
+
+
+@converter("Shrink")
+def _shrink(c):
+    """x + bias below -lambd, x - bias above lambd, else 0."""
+    x = c.input(0)
+    lambd, bias = float(c.attr("lambd", 0.5)), float(c.attr("bias", 0.0))
+    k = lambda v, name: c.const(np.asarray(v, x.dtype), name)  # noqa: E731
+    upper = c.add("where", [c.add("greater", [x, k(lambd, "lambd")], suffix="above"),
+                            c.add("sub", [x, k(bias, "bias")], suffix="minus_bias"), k(0, "zero")], suffix="upper")
+    return c.add("where", [c.add("less", [x, k(-lambd, "neg_lambd")], suffix="below"),
+                           c.add("add", [x, k(bias, "bias_plus")], suffix="plus_bias"), upper])
+
+
+@converter("Size")
+def _size(c):
+    return c.const(np.asarray(int(np.prod(c.input(0).shape)), np.int64), "size")
 
 
 @converter("Max", "Min")
@@ -991,19 +1055,117 @@ def _layer_norm(c):
                                      "epsilon": float(c.attr("epsilon", 1e-5))})
 
 
-@converter("ReduceMean", "ReduceSum", "ReduceMax")
+def _reduce_axes(c) -> tuple | None | bool:
+    """A Reduce* node's axes (None: all), or False for a no-op (empty axes, noop_with_empty_axes)."""
+    x = c.input(0)
+    # axes became an input: ReduceSum at opset 13, the others at 18
+    axes = c.value(1, "axes") if c.opset >= (13 if c.onnx_node.op_type == "ReduceSum" else 18) else c.attr("axes")
+    if axes is None or np.size(axes) == 0:
+        return False if c.attr("noop_with_empty_axes", 0) else None
+    rank = x.type.rank
+    for a in np.ravel(axes):
+        if not -rank <= int(a) < rank:
+            c.fail(f"axis {int(a)} out of range for rank {rank}")
+    return tuple(int(a) % rank for a in np.ravel(axes))
+
+
+@converter("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd")
 def _reduce(c):
     x = c.input(0)
-    op = {"ReduceMean": "reduce_mean", "ReduceSum": "reduce_sum", "ReduceMax": "reduce_max"}[c.onnx_node.op_type]
-    # axes became an input: ReduceSum at opset 13, the others at 18
-    axes = c.value(1, "axes") if c.opset >= (13 if op == "reduce_sum" else 18) else c.attr("axes")
-    if axes is None or np.size(axes) == 0:
-        if c.attr("noop_with_empty_axes", 0):
-            return x
-        axes = None
-    else:
-        axes = tuple(int(a) % x.type.rank for a in np.ravel(axes))
+    op = "reduce_" + c.onnx_node.op_type[len("Reduce"):].lower()
+    axes = _reduce_axes(c)
+    if axes is False:
+        return x
     return c.add(op, [x], {"axes": axes, "keepdims": int(c.attr("keepdims", 1))})
+
+
+@converter("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
+def _reduce_composite(c):
+    """Sums of |x|, x^2 or exp(x - max) (the max added back after the log), then sqrt or log."""
+    x = c.input(0)
+    kind = c.onnx_node.op_type
+    axes, keepdims = _reduce_axes(c), int(c.attr("keepdims", 1))
+    if axes is False:
+        axes, keepdims = (), 1          # a reduction over no axis: the elementwise steps alone
+    shift = None
+    if kind == "ReduceL1":
+        v = c.add("abs", [x], suffix="abs")
+    elif kind in ("ReduceL2", "ReduceSumSquare"):
+        v = c.add("mul", [x, x], suffix="square")
+    elif kind == "ReduceLogSumExp":
+        shift = c.add("reduce_max", [x], {"axes": axes, "keepdims": 1}, suffix="max") if axes != () else x
+        v = c.add("exp", [c.add("sub", [x, shift], suffix="shifted")], suffix="exp")
+    else:
+        v = x
+    post = {"ReduceL2": "sqrt", "ReduceLogSum": "log", "ReduceLogSumExp": "log"}.get(kind)
+    keep = keepdims if shift is None else 1
+    y = v if axes == () else c.add("reduce_sum", [v], {"axes": axes, "keepdims": keep},
+                                   suffix="sum" if post or shift is not None else "")
+    if post:
+        y = c.add(post, [y], suffix=post if shift is not None else "")
+    if shift is not None:
+        y = c.add("add", [y, shift], suffix="" if keepdims else "keepdims")
+        if not keepdims:
+            rank = x.type.rank
+            kept = tuple(d for k, d in enumerate(x.shape) if k not in (range(rank) if axes is None else axes))
+            y = c.add("reshape", [y], {"shape": kept})
+    return y
+
+
+@converter("LpNormalization")
+def _lp_normalization(c):
+    """x / ||x||_p along one axis (p 1 or 2)."""
+    x = c.input(0)
+    p, axis = int(c.attr("p", 2)), int(c.attr("axis", -1))
+    if p not in (1, 2):
+        c.fail(f"p={p} must be 1 or 2")
+    if not -x.type.rank <= axis < x.type.rank:
+        c.fail(f"axis {axis} out of range for rank {x.type.rank}")
+    v = c.add("abs", [x], suffix="abs") if p == 1 else c.add("mul", [x, x], suffix="square")
+    norm = c.add("reduce_sum", [v], {"axes": (axis % x.type.rank,), "keepdims": 1}, suffix="sum")
+    if p == 2:
+        norm = c.add("sqrt", [norm], suffix="norm")
+    return c.add("div", [x, norm])
+
+
+@converter("MeanVarianceNormalization")
+def _mean_variance_normalization(c):
+    """(x - mean) / (std + 1e-9) over axes (default N, H, W), as ONNX's function body defines it."""
+    x = c.input(0)
+    rank = x.type.rank
+    axes = tuple(int(a) % rank for a in c.attr("axes", [0, 2, 3]))
+    mean = c.add("reduce_mean", [x], {"axes": axes, "keepdims": 1}, suffix="mean")
+    d = c.add("sub", [x, mean], suffix="centered")
+    var = c.add("reduce_mean", [c.add("mul", [d, d], suffix="square")], {"axes": axes, "keepdims": 1}, suffix="var")
+    std = c.add("add", [c.add("sqrt", [var], suffix="std"), c.const(np.asarray(1e-9, x.dtype), "epsilon")],
+                suffix="std_eps")
+    return c.add("div", [d, std])
+
+
+@converter("GroupNormalization")
+def _group_normalization(c):
+    """Per (sample, group) over the group's channels and the spatial axes: layer_norm of x seen as
+    (N, G, C/G * spatial) with unit scale, then the per-channel scale and bias (opset 21; onnx's
+    checker refuses the per-group form of opsets 18-20 as deprecated)."""
+    x, scale, bias = c.input(0), c.input(1), c.input(2)
+    if x.type.rank < 2:
+        c.fail(f"input must have a channel axis, got shape {list(x.shape)}")
+    g = int(c.attr("num_groups", 0))
+    n, ch = x.shape[0], x.shape[1]
+    if g < 1 or ch % g:
+        c.fail(f"num_groups={g} must be >= 1 and divide the {ch} channels")
+    for k, t in ((1, scale), (2, bias)):
+        if tuple(t.shape) != (ch,):
+            c.fail(f"input {k} has shape {list(t.shape)}; expected [{ch}], one per channel")
+    inner = ch // g * int(np.prod(x.shape[2:], dtype=np.int64))
+    y = c.add("reshape", [x], {"shape": (n, g, inner)}, suffix="groups")
+    y = c.add("layer_norm", [y, c.const(np.ones(inner, x.dtype), "unit_scale")],
+              {"axis": 2, "epsilon": float(c.attr("epsilon", 1e-5))}, suffix="normalize")
+    y = c.add("reshape", [y], {"shape": tuple(x.shape)}, suffix="ungroup")
+    shape = (ch,) + (1,) * (x.type.rank - 2)
+    sc = c.add("reshape", [scale], {"shape": shape}, suffix="scale_shape")
+    bi = c.add("reshape", [bias], {"shape": shape}, suffix="bias_shape")
+    return c.add("add", [c.add("mul", [y, sc], suffix="scale"), bi])
 
 
 @converter("LogSoftmax")

@@ -276,6 +276,12 @@ _unary("gelu", lambda a, x: (0.5 * x * (1 + _erf(x.astype(np.float64) / math.sqr
                              else 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x.astype(np.float64) ** 3)))),
        {"approximate": one_of("none", "none", "tanh")})
 _unary("leaky_relu", lambda a, x: np.where(x >= 0, x, x * a["alpha"]), {"alpha": 0.01})
+_unary("floor", lambda a, x: np.floor(x))
+_unary("ceil", lambda a, x: np.ceil(x))
+_unary("round", lambda a, x: np.rint(x), doc="round to the nearest integer, ties to even (ONNX Round)")
+_unary("sign", lambda a, x: np.sign(x), floats_only=False)
+_unary("sin", lambda a, x: np.sin(x))
+_unary("cos", lambda a, x: np.cos(x))
 _unary("clip", lambda a, x: np.clip(x, -np.inf if a["min"] is None else a["min"], np.inf if a["max"] is None else a["max"]),
        {"min": None, "max": None}, floats_only=False)
 
@@ -309,6 +315,62 @@ _binary("div", np.divide)
 _binary("pow", np.power)
 _binary("maximum", np.maximum)
 _binary("minimum", np.minimum)
+
+
+def _compare(name: str, f):
+    """A broadcasting comparison of two tensors of one dtype: a bool tensor (ONNX Equal, Less...)."""
+    def factory():
+        def infer(n):
+            _same_dtype(n)
+            try:
+                shape = np.broadcast_shapes(*(i.shape for i in n.inputs))
+            except ValueError:
+                fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
+            return _t(shape, "bool")
+        return infer, lambda a, x, y: np.asarray(f(x, y))
+    register(name, Pattern.BROADCAST, 2, doc=f"numpy-broadcasting {name}, a bool result")(factory)
+
+
+def _logic(name: str, f, arity: int):
+    """Elementwise logic on bool tensors (ONNX And, Or, Xor, Not)."""
+    def factory():
+        def infer(n):
+            for k, i in enumerate(n.inputs):
+                if i.dtype != "bool":
+                    fail(n, f"input {k} must be bool, got {i.dtype}")
+            try:
+                shape = np.broadcast_shapes(*(i.shape for i in n.inputs))
+            except ValueError:
+                fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
+            return _t(shape, "bool")
+        return infer, lambda a, *xs: np.asarray(f(*xs))
+    register(name, Pattern.ELEMWISE if arity == 1 else Pattern.BROADCAST, arity, doc=f"elementwise logical {name}")(
+        factory)
+
+
+for _name, _f in {"equal": np.equal, "less": np.less, "greater": np.greater, "less_equal": np.less_equal,
+                  "greater_equal": np.greater_equal}.items():
+    _compare(_name, _f)
+_logic("logical_and", np.logical_and, 2)
+_logic("logical_or", np.logical_or, 2)
+_logic("logical_xor", np.logical_xor, 2)
+_logic("logical_not", np.logical_not, 1)
+
+
+@register("where", Pattern.BROADCAST, 3, doc="cond ? x : y elementwise, numpy-broadcasting (ONNX Where)")
+def _where_op():
+    def infer(n):
+        c, x, y = n.inputs
+        if c.dtype != "bool":
+            fail(n, f"the condition (input 0) must be bool, got {c.dtype}")
+        if x.dtype != y.dtype:
+            fail(n, f"inputs 1 and 2 have different dtypes {x.dtype} and {y.dtype}")
+        try:
+            shape = np.broadcast_shapes(c.shape, x.shape, y.shape)
+        except ValueError:
+            fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
+        return _t(shape, x.dtype)
+    return infer, lambda a, c, x, y: np.where(c, x, y)
 
 
 # ---- conv / dense --------------------------------------------------------------------------------
@@ -589,6 +651,40 @@ def _reduction(name: str, f, doc: str):
 _reduction("reduce_mean", lambda x, ax, kd: x.mean(axis=ax, keepdims=kd, dtype=np.float64), "mean over axes (None: all)")
 _reduction("reduce_sum", lambda x, ax, kd: x.sum(axis=ax, keepdims=kd, dtype=np.float64), "sum over axes (None: all)")
 _reduction("reduce_max", lambda x, ax, kd: x.max(axis=ax, keepdims=kd), "max over axes (None: all)")
+_reduction("reduce_min", lambda x, ax, kd: x.min(axis=ax, keepdims=kd), "min over axes (None: all)")
+_reduction("reduce_prod", lambda x, ax, kd: x.prod(axis=ax, keepdims=kd, dtype=np.float64),
+           "product over axes (None: all)")
+
+
+def _arg_reduction(name: str, f):
+    def factory():
+        def infer(n):
+            x = n.inputs[0].type
+            if x.dtype == "bool":
+                fail(n, "input must be numeric, got bool")
+            if x.rank == 0:
+                fail(n, "input must have at least one axis")
+            ax = _norm_axes(n, [n.attrs["axis"]], x.rank)[0]
+            shape = [1 if k == ax else d for k, d in enumerate(x.shape)] if n.attrs["keepdims"] else \
+                [d for k, d in enumerate(x.shape) if k != ax]
+            return _t(shape, "int64")
+
+        def impl(a, x):
+            ax = a["axis"] % x.ndim
+            if a["select_last_index"]:   # the first of the reversed axis, counted from the end
+                idx = x.shape[ax] - 1 - f(np.flip(x, ax), axis=ax)
+            else:
+                idx = f(x, axis=ax)
+            idx = np.asarray(idx, np.int64)
+            return np.expand_dims(idx, ax) if a["keepdims"] else idx
+        return infer, impl
+    register(name, Pattern.OPAQUE, 1, {"axis": 0, "keepdims": one_of(1, 0, 1), "select_last_index": one_of(0, 0, 1)},
+             f"the index (int64) of the {name[3:]} along one axis, the first or last of ties (ONNX Arg{name[3:].title()})"
+             )(factory)
+
+
+_arg_reduction("argmax", np.argmax)
+_arg_reduction("argmin", np.argmin)
 
 
 @register("softmax", Pattern.OPAQUE, 1, {"axis": -1}, doc="softmax along one axis")

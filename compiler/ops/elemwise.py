@@ -122,6 +122,38 @@ def gelu(x, approximate="none"):
     raise OpError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
+def floor(x):
+    return float_unary(x, te.floor, "floor")
+
+
+def ceil(x):
+    return float_unary(x, te.ceil, "ceil")
+
+
+def round_(x):
+    """Ties to even, as ONNX Round (LLVM's round goes away from zero)."""
+    return float_unary(x, round_half_even, "round")
+
+
+def sign(x):
+    def f(v):
+        zero = te.const(0, x.dtype)
+        return te.select(v > zero, te.const(1, x.dtype), te.select(v < zero, te.const(-1, x.dtype), zero))
+    return unary(x, f, "sign")
+
+
+def sin(x):
+    return float_unary(x, lambda v: te.call_intrin("sin", v), "sin")
+
+
+def cos(x):
+    return float_unary(x, lambda v: te.call_intrin("cos", v), "cos")
+
+
+def logical_not(x):
+    return unary(x, lambda v: ~v, "logical_not")
+
+
 def cast(x, to):
     dt.check(to)
     return unary(x, lambda v: v.astype(to), "cast")
@@ -187,6 +219,28 @@ def maximum(a, b):
 
 def minimum(a, b):
     return broadcast_binary(a, b, te.elem_min, "minimum")
+
+
+def _compare(fn, name):
+    return lambda a, b: broadcast_binary(a, b, fn, name)
+
+
+COMPARE = {"equal": _compare(lambda x, y: x == y, "equal"), "less": _compare(lambda x, y: x < y, "less"),
+           "greater": _compare(lambda x, y: x > y, "greater"),
+           "less_equal": _compare(lambda x, y: x <= y, "less_equal"),
+           "greater_equal": _compare(lambda x, y: x >= y, "greater_equal"),
+           "logical_and": _compare(lambda x, y: x & y, "logical_and"),
+           "logical_or": _compare(lambda x, y: x | y, "logical_or"),
+           "logical_xor": _compare(lambda x, y: x != y, "logical_xor")}
+
+
+def where(cond, a, b):
+    """cond ? a : b with numpy broadcasting over all three."""
+    if a.dtype != b.dtype:
+        raise OpError(f"where: operand dtypes differ ({a.dtype} vs {b.dtype}); cast one")
+    shape = broadcast_shape(broadcast_shape(cond.shape, a.shape, "where"), b.shape, "where")
+    return te.compute(shape, lambda *i: te.select(cond[_bindex(cond, i)], a[_bindex(a, i)], b[_bindex(b, i)]),
+                      name="where", tag="broadcast,where")
 
 
 # ---------------------------------------------------------------- int8 quantization

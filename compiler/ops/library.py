@@ -202,9 +202,13 @@ add_impl("layer_norm", "llvm", "layer_norm.rows",
          lambda x, s, b=None, *, axis, epsilon: nn.layer_norm_rows(x, s, b, axis, epsilon, cpu.lanes(x.dtype)),
          cpu.schedule_rows, plevel=20, check=_rows_check(last_only=False))
 add_impl("lrn", "llvm", "lrn.generic", lambda x, **a: nn.lrn(x, **a), cpu.schedule_lrn)
-for _kind in ("sum", "mean", "max"):
+for _kind in ("sum", "mean", "max", "min", "prod"):
     add_impl(f"reduce_{_kind}", "llvm", f"reduce_{_kind}.generic",
              lambda x, *, axes, keepdims, kind=_kind: nn.reduce(x, axes, keepdims, kind), cpu.schedule_reduce)
+for _kind in ("max", "min"):
+    add_impl(f"arg{_kind}", "llvm", f"arg{_kind}.generic",
+             lambda x, *, axis, keepdims, select_last_index, kind=_kind: nn.arg_reduce(
+                 x, axis, keepdims, select_last_index, kind), cpu.schedule_reduce)
 add_impl("batch_norm", "llvm", "batch_norm.injective",
          lambda x, s, b, m, v, *, epsilon: nn.batch_norm(x, s, b, m, v, epsilon), cpu.schedule_injective)
 
@@ -213,9 +217,10 @@ add_impl("batch_norm", "llvm", "batch_norm.injective",
 _UNARY = {"relu": ew.relu, "sigmoid": ew.sigmoid, "tanh": ew.tanh, "exp": ew.exp, "sqrt": ew.sqrt, "neg": ew.neg,
           "reciprocal": ew.reciprocal, "erf": ew.erf, "abs": ew.abs_, "log": ew.log, "gelu": ew.gelu,
           "leaky_relu": ew.leaky_relu, "clip": ew.clip, "cast": ew.cast, "quantize": ew.quantize,
-          "dequantize": ew.dequantize, "requantize": ew.requantize}
+          "dequantize": ew.dequantize, "requantize": ew.requantize, "floor": ew.floor, "ceil": ew.ceil,
+          "round": ew.round_, "sign": ew.sign, "sin": ew.sin, "cos": ew.cos, "logical_not": ew.logical_not}
 _BINARY = {"add": ew.add, "sub": ew.sub, "mul": ew.mul, "div": ew.div, "pow": ew.pow, "maximum": ew.maximum,
-           "minimum": ew.minimum}
+           "minimum": ew.minimum, "where": ew.where, **ew.COMPARE}
 for _name, _fn in {**_UNARY, **_BINARY}.items():
     add_impl(_name, "llvm", f"{_name}.injective", _fn, cpu.schedule_injective)
 add_impl("qadd", "llvm", "qadd.injective", ew.qadd, cpu.schedule_injective)

@@ -640,8 +640,8 @@ def reduce(x, axes=None, keepdims=1, kind="sum"):
     only (the graph IR's reductions are float ops)."""
     if not dt.is_float(x.dtype):
         raise OpError(f"reduce_{kind}: float input only, got {x.dtype}")
-    if kind not in ("sum", "mean", "max"):
-        raise OpError(f"reduce: kind must be sum, mean or max, got {kind!r}")
+    if kind not in ("sum", "mean", "max", "min", "prod"):
+        raise OpError(f"reduce: kind must be sum, mean, max, min or prod, got {kind!r}")
     rank = x.ndim
     axes = tuple(range(rank)) if axes is None else tuple(sorted({_norm_axis(a, rank, f"reduce_{kind}")
                                                                  for a in axes}))
@@ -660,13 +660,41 @@ def reduce(x, axes=None, keepdims=1, kind="sum"):
             else:
                 idx.append(next(it))
         return tuple(idx)
-    red_fn = te.max if kind == "max" else te.sum
+    red_fn = {"max": te.max, "min": te.min, "prod": te.prod}.get(kind, te.sum)
     total = te.compute(out_shape, lambda *o: red_fn(x[index(o)], axis=red), name=f"reduce_{kind}",
                        tag=f"reduce_{kind}")
     if kind != "mean":
         return total
     inv = te.const(1.0 / math.prod(x.shape[a] for a in axes), x.dtype)
     return te.compute(out_shape, lambda *o: total[o] * inv, name="reduce_mean", tag="injective,reduce_mean")
+
+
+def arg_reduce(x, axis, keepdims, select_last_index, kind):
+    """ONNX ArgMax/ArgMin: the extreme along `axis`, then the first (or last) index holding it, as
+    two reductions; int64 indices."""
+    if dt.is_bool(x.dtype):
+        raise OpError(f"arg{kind}: numeric input only, got bool")
+    rank = x.ndim
+    ax = _norm_axis(axis, rank, f"arg{kind}")
+    n = x.shape[ax]
+    r1, r2 = te.reduce_axis(n, "r"), te.reduce_axis(n, "k")
+    kept = tuple(d for a, d in enumerate(x.shape) if a != ax)
+
+    def at(o, k):
+        return x[tuple(o[:ax]) + (k,) + tuple(o[ax:])]
+    extreme = te.compute(kept, lambda *o: (te.max if kind == "max" else te.min)(at(o, r1), axis=r1),
+                         name=f"arg{kind}_value", tag=f"reduce_{kind}")
+    k64 = r2.var.astype("int64")
+    if select_last_index:
+        pick = lambda o: te.max(te.select(at(o, r2) == extreme[o], k64, te.const(-1, "int64")), axis=r2)  # noqa: E731
+    else:
+        pick = lambda o: te.min(te.select(at(o, r2) == extreme[o], k64, te.const(n, "int64")), axis=r2)  # noqa: E731
+    idx = te.compute(kept, lambda *o: pick(o), name=f"arg{kind}", tag=f"reduce_arg{kind}")
+    if not keepdims:
+        return idx
+    return te.compute(tuple(1 if a == ax else d for a, d in enumerate(x.shape)),
+                      lambda *o: idx[tuple(o[:ax]) + tuple(o[ax + 1:])], name=f"arg{kind}_keepdims",
+                      tag="injective,keepdims")
 
 
 def lrn(x, size, alpha=1e-4, beta=0.75, bias=1.0):

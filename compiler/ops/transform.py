@@ -38,6 +38,8 @@ def reshape(x, shape):
     strides = [math.prod(lead[d + 1:]) for d in range(len(lead))]
 
     def f(*i):
+        if not lead:     # a 0-d result: the one element of a size-1 tensor
+            return x[(0,) * x.ndim]
         flat = i[0] * strides[0]
         for d in range(1, len(lead)):
             flat = flat + i[d] * strides[d]

@@ -1,0 +1,206 @@
+"""ONNX ops met in models outside the ones the compiler was built on: comparisons, logic and Where
+(attention masks), ArgMax/ArgMin (classifier and segmentation heads), Floor/Ceil/Round/Sign/Sin/Cos,
+the Reduce* family, Softsign, ThresholdedRelu, Celu, Shrink, LpNormalization,
+MeanVarianceNormalization, GroupNormalization and Size. Each against onnxruntime on the graph
+interpreter and compiled for the cpu target with no numpy step."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import compiler
+from compiler.frontend import ConversionError, ModelLoadError, from_onnx
+from compiler.graph import run
+
+RNG = np.random.default_rng(23)
+F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+
+
+def model(nodes, inputs, outputs, inits=(), opset=17):
+    """inputs/outputs: (name, elem_type, shape); inits: (name, array)."""
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+                          [numpy_helper.from_array(np.asarray(v), n) for n, v in inits])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    if all(s is not None for _, _, s in outputs):    # the checker wants every output's shape
+        onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def check(m, feeds, rtol=1e-5, atol=1e-5, build=True):
+    """The interpreter and the compiled cpu module (all kernels compiled) equal onnxruntime."""
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = run(from_onnx(m), feeds)
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape and g.dtype == r.dtype, (g.shape, r.shape, g.dtype, r.dtype)
+        np.testing.assert_allclose(g, r, rtol=rtol, atol=atol)
+    if build:
+        mod = compiler.build_model(m, target="cpu")
+        assert mod.meta["fallbacks"] == [] and mod.count("numpy") == 0, mod.meta["fallbacks"]
+        outs, _ = mod.run(feeds)
+        for g, r in zip(outs.values(), ref):
+            g = np.asarray(g)
+            assert g.dtype == r.dtype and g.size == r.size
+            np.testing.assert_allclose(g.reshape(r.shape), r, rtol=rtol, atol=atol)
+
+
+def _x(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# ---- comparisons, logic, Where ----------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"])
+def test_comparison_then_where(op):
+    """A comparison with broadcasting feeds Where, the way an exported attention mask does."""
+    a = np.round(_x(2, 3, 5) * 2)          # rounded so Equal has ties to find
+    b = np.round(_x(1, 5) * 2)
+    m = model([helper.make_node(op, ["a", "b"], ["c"]),
+               helper.make_node("Where", ["c", "a", "fill"], ["y"])],
+              [("a", F, [2, 3, 5]), ("b", F, [1, 5])], [("y", F, [2, 3, 5])],
+              inits=[("fill", np.float32(-1e9))])
+    check(m, {"a": a, "b": b})
+
+
+@pytest.mark.parametrize("op", ["And", "Or", "Xor"])
+def test_logic_ops_on_bool_inputs(op):
+    p, q = RNG.random((3, 4)) > 0.5, RNG.random((4,)) > 0.5
+    m = model([helper.make_node(op, ["p", "q"], ["r"]), helper.make_node("Not", ["r"], ["y"])],
+              [("p", B, [3, 4]), ("q", B, [4])], [("y", B, [3, 4])])
+    check(m, {"p": p, "q": q})
+
+
+def test_integer_mask_input_becomes_additive_mask():
+    """A BERT-style int64 attention mask: Equal(mask, 0) -> Where(-inf-ish, scores) -> Softmax."""
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int64)
+    scores = _x(2, 5, 5)
+    m = model([helper.make_node("Unsqueeze", ["mask", "ax"], ["m3"]),
+               helper.make_node("Equal", ["m3", "zero"], ["pad"]),
+               helper.make_node("Where", ["pad", "neg", "scores"], ["masked"]),
+               helper.make_node("Softmax", ["masked"], ["y"], axis=-1)],
+              [("mask", I64, [2, 5]), ("scores", F, [2, 5, 5])], [("y", F, [2, 5, 5])],
+              inits=[("ax", np.array([1], np.int64)), ("zero", np.int64(0)), ("neg", np.float32(-1e4))])
+    check(m, {"mask": mask, "scores": scores})
+
+
+def test_where_broadcasts_all_three_inputs():
+    c = RNG.random((4, 1)) > 0.5
+    m = model([helper.make_node("Where", ["c", "x", "y"], ["z"])],
+              [("c", B, [4, 1]), ("x", F, [1, 6]), ("y", F, [4, 6])], [("z", F, [4, 6])])
+    check(m, {"c": c, "x": _x(1, 6), "y": _x(4, 6)})
+
+
+# ---- ArgMax / ArgMin --------------------------------------------------------------------------------
+@given(axis=st.integers(-3, 2), keepdims=st.sampled_from([0, 1]), last=st.sampled_from([0, 1]),
+       op=st.sampled_from(["ArgMax", "ArgMin"]))
+@settings(max_examples=24, deadline=None)
+def test_arg_max_min_against_onnxruntime_interpreted(axis, keepdims, last, op):
+    x = np.round(_x(3, 4, 5))             # ties, so select_last_index matters
+    m = model([helper.make_node(op, ["x"], ["y"], axis=axis, keepdims=keepdims, select_last_index=last)],
+              [("x", F, [3, 4, 5])], [("y", I64, None)])
+    check(m, {"x": x}, build=False)
+
+
+@pytest.mark.parametrize("axis, keepdims, last", [(1, 1, 0), (-1, 0, 1), (0, 0, 0)])
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+def test_arg_max_min_compiled(op, axis, keepdims, last):
+    """A segmentation head: per-pixel class over the channel axis, compiled."""
+    x = np.round(_x(2, 7, 6, 5))
+    m = model([helper.make_node(op, ["x"], ["y"], axis=axis, keepdims=keepdims, select_last_index=last)],
+              [("x", F, [2, 7, 6, 5])], [("y", I64, None)])
+    check(m, {"x": x})
+
+
+# ---- elementwise math --------------------------------------------------------------------------------
+@pytest.mark.parametrize("op, attrs", [("Floor", {}), ("Ceil", {}), ("Round", {}), ("Sign", {}), ("Sin", {}),
+                                       ("Cos", {}), ("Softsign", {}), ("ThresholdedRelu", {"alpha": 0.3}),
+                                       ("Celu", {"alpha": 0.7}), ("Shrink", {"lambd": 0.4, "bias": 0.1}),
+                                       ("Shrink", {})])
+def test_unary_ops(op, attrs):
+    x = _x(3, 37) * 3
+    x[0, :6] = [0.5, 1.5, 2.5, -0.5, -1.5, 0.0]    # Round's ties go to even; Sign of 0
+    m = model([helper.make_node(op, ["x"], ["y"], **attrs)], [("x", F, [3, 37])], [("y", F, [3, 37])])
+    check(m, {"x": x}, rtol=1e-5, atol=2e-6)
+
+
+# ---- reductions ---------------------------------------------------------------------------------------
+REDUCE_OPS = ["ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
+              "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceSum"]
+
+
+def _reduce_model(op, axes, keepdims, opset):
+    inits, ins = [], ["x"]
+    attrs = {"keepdims": keepdims}
+    if axes is not None:
+        if opset >= 18 or op == "ReduceSum":
+            inits, ins = [("axes", np.asarray(axes, np.int64))], ["x", "axes"]
+        else:
+            attrs["axes"] = axes
+    kept = [1 if keepdims else None if axes is None or k in [a % 4 for a in axes] else d
+            for k, d in enumerate([2, 3, 4, 5])]
+    shape = [1] * 4 if keepdims and axes is None else [d for d in kept if d is not None] if not keepdims else \
+        [1 if k in [a % 4 for a in axes] else d for k, d in enumerate([2, 3, 4, 5])]
+    return model([helper.make_node(op, ins, ["y"], **attrs)], [("x", F, [2, 3, 4, 5])], [("y", F, shape)],
+                 inits=inits, opset=opset)
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+@pytest.mark.parametrize("axes, keepdims, opset", [([1], 1, 13), ([-1, 2], 0, 18), (None, 0, 18), ([0, 3], 1, 18)])
+def test_reductions(op, axes, keepdims, opset):
+    x = _x(2, 3, 4, 5)
+    if op in ("ReduceLogSum",):
+        x = np.abs(x) + 0.1
+    if op == "ReduceLogSumExp":
+        x = x * 30                       # large enough that exp without the max shift overflows
+    build = axes == [1] or op in ("ReduceLogSumExp", "ReduceProd", "ReduceMin")
+    check(_reduce_model(op, axes, keepdims, opset), {"x": x}, rtol=2e-5, atol=1e-5, build=build)
+
+
+def test_reduce_axis_out_of_range_is_refused():
+    g = helper.make_graph([helper.make_node("ReduceL2", ["x"], ["y"], axes=[4])], "g",
+                          [helper.make_tensor_value_info("x", F, [2, 3])], [helper.make_tensor_value_info("y", F, [2, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises((ConversionError, ModelLoadError), match=r"ReduceL2.*axis"):
+        from_onnx(m)
+
+
+# ---- normalizations ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("p, axis", [(2, -1), (1, 1), (2, 0)])
+def test_lp_normalization(p, axis):
+    m = model([helper.make_node("LpNormalization", ["x"], ["y"], p=p, axis=axis)],
+              [("x", F, [3, 8, 5])], [("y", F, [3, 8, 5])])
+    check(m, {"x": _x(3, 8, 5)})
+
+
+def test_mean_variance_normalization():
+    m = model([helper.make_node("MeanVarianceNormalization", ["x"], ["y"])],
+              [("x", F, [2, 3, 4, 5])], [("y", F, [2, 3, 4, 5])],
+              opset=11)     # onnx's checker fails on the op's own function body from opset 13 on
+    check(m, {"x": _x(2, 3, 4, 5) * 2 + 1}, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 8])
+def test_group_normalization(groups):
+    c = 8
+    scale, bias = _x(c), _x(c)
+    m = model([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=groups, epsilon=1e-5)],
+              [("x", F, [2, c, 5, 6])], [("y", F, [2, c, 5, 6])], inits=[("s", scale), ("b", bias)], opset=21)
+    check(m, {"x": _x(2, c, 5, 6) * 3 + 2}, rtol=1e-4, atol=1e-4)
+
+
+def test_group_normalization_bad_groups_is_refused():
+    m = model([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=3)],
+              [("x", F, [1, 8, 4, 4])], [("y", F, [1, 8, 4, 4])],
+              inits=[("s", np.ones(8, np.float32)), ("b", np.zeros(8, np.float32))], opset=21)
+    with pytest.raises(ConversionError, match="num_groups=3 must be >= 1 and divide the 8 channels"):
+        from_onnx(m)
+
+
+def test_size_is_a_constant():
+    m = model([helper.make_node("Size", ["x"], ["n"]), helper.make_node("Cast", ["n"], ["f"], to=F),
+               helper.make_node("Div", ["x", "f"], ["y"])],
+              [("x", F, [3, 4])], [("y", F, [3, 4])])
+    check(m, {"x": _x(3, 4)})
