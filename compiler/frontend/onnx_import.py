@@ -489,6 +489,21 @@ def _arg_max_min(c):
                   "select_last_index": int(c.attr("select_last_index", 0))})
 
 
+@converter("TopK")
+def _topk(c):
+    """Values and indices as two nodes of one op (a graph node has one result); K must be constant."""
+    x = c.input(0)
+    k = c.value(1, "K") if c.opset >= 10 else c.attr("k")
+    if k is None or np.size(k) != 1:
+        c.fail("K must be one constant integer")
+    axis = int(c.attr("axis", -1))
+    if not -x.type.rank <= axis < x.type.rank:
+        c.fail(f"axis {axis} out of range for rank {x.type.rank}")
+    attrs = {"k": int(np.ravel(k)[0]), "axis": axis % x.type.rank, "largest": int(c.attr("largest", 1))}
+    return [c.add("topk", [x], {**attrs, "output": which}, suffix=which)
+            for which, name in zip(("values", "indices"), c.onnx_node.output) if name]
+
+
 @converter("Softsign")
 def _softsign(c):
     """x / (1 + |x|)."""

@@ -687,6 +687,30 @@ _arg_reduction("argmax", np.argmax)
 _arg_reduction("argmin", np.argmin)
 
 
+@register("topk", Pattern.OPAQUE, 1, {"k": int_in(REQUIRED, 1), "axis": -1, "largest": one_of(1, 0, 1),
+                                      "output": one_of("values", "values", "indices")},
+          doc="the k largest (or smallest) along one axis, sorted, ties to the lower index: their values or "
+              "int64 indices (ONNX TopK's two outputs)")
+def _topk():
+    def infer(n):
+        x = n.inputs[0].type
+        if x.dtype == "bool" or x.rank == 0:
+            fail(n, f"input must be a numeric tensor with an axis, got {x}")
+        ax = _norm_axes(n, [n.attrs["axis"]], x.rank)[0]
+        if n.attrs["k"] > x.shape[ax]:
+            fail(n, f"k={n.attrs['k']} exceeds axis {ax}'s size {x.shape[ax]}")
+        shape = x.shape[:ax] + (n.attrs["k"],) + x.shape[ax + 1:]
+        return _t(shape, "int64" if n.attrs["output"] == "indices" else x.dtype)
+
+    def impl(a, x):
+        ax = a["axis"] % x.ndim
+        key = x.astype(np.float64)
+        order = np.argsort(-key if a["largest"] else key, axis=ax, kind="stable")   # stable: lower index first
+        idx = np.take(order, np.arange(a["k"]), axis=ax)
+        return idx.astype(np.int64) if a["output"] == "indices" else np.take_along_axis(x, idx, axis=ax)
+    return infer, impl
+
+
 @register("softmax", Pattern.OPAQUE, 1, {"axis": -1}, doc="softmax along one axis")
 def _softmax():
     def infer(n):

@@ -114,6 +114,22 @@ def test_arg_max_min_compiled(op, axis, keepdims, last):
     check(m, {"x": x})
 
 
+@pytest.mark.parametrize("k, axis, largest, outs", [(3, -1, 1, ["v", "i"]), (2, 1, 0, ["v", "i"]),
+                                                     (5, 0, 1, ["i"]), (1, 2, 1, ["v"])])
+def test_topk(k, axis, largest, outs):
+    """Ties go to the lower index; either output alone as the graph's output."""
+    x = np.round(_x(5, 4, 6))
+    shape = [5, 4, 6]
+    shape[axis] = k
+    m = model([helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest)], [("x", F, [5, 4, 6])],
+              [(o, F if o == "v" else I64, shape) for o in outs], inits=[("k", np.array([k], np.int64))])
+    check(m, {"x": x}, build=False)
+    mod = compiler.build_model(m, target="cpu")
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for got, r in zip(mod.run({"x": x})[0].values(), ref):
+        np.testing.assert_array_equal(np.asarray(got).reshape(r.shape), r)
+
+
 # ---- elementwise math --------------------------------------------------------------------------------
 @pytest.mark.parametrize("op, attrs", [("Floor", {}), ("Ceil", {}), ("Round", {}), ("Sign", {}), ("Sin", {}),
                                        ("Cos", {}), ("Softsign", {}), ("ThresholdedRelu", {"alpha": 0.3}),
