@@ -663,7 +663,9 @@ def schedule_dense_pack(outs):
     # PartitionLoops peels the last tile off (a prime M once meant 1-row tiles: 2.6x slower)
     outer = st.fuse(jo, io) if M % mi == 0 else jo
     st.vectorize(ji)
-    if parallel_knob(M * NB * bn * K >= 1 << 16):
+    # a launch costs tens of microseconds, a 1 x 128 x 512 GEMV alone 8: below 2^18 MACs the pool
+    # cannot pay off (an unrolled LSTM's per-step GEMVs ran 3x slower on it beside onnxruntime)
+    if parallel_knob(M * NB * bn * K >= 1 << 18):
         st.parallel(outer)
     s[CC].compute_at(st, outer if M % mi == 0 else io)
     cst = s[CC]

@@ -76,10 +76,12 @@ def concat(*xs, axis=0):
             j = list(i)
             j[ax] = i[ax] - offs[k]
             return xs[k][tuple(j)]
-        v = read(len(xs) - 1)
-        for k in range(len(xs) - 2, -1, -1):
-            v = te.select(i[ax] < offs[k + 1], read(k), v)
-        return v
+        def pick(lo, hi):   # inputs lo..hi-1: a balanced tree of selects, log2(n) deep, not n
+            if hi - lo == 1:
+                return read(lo)
+            mid = (lo + hi) // 2
+            return te.select(i[ax] < offs[mid], pick(lo, mid), pick(mid, hi))
+        return pick(0, len(xs))
     return te.compute(tuple(shape), f, name="concat", tag="injective,concat", attrs={"axis": ax})
 
 
@@ -176,8 +178,13 @@ def affine_floor(indices) -> tuple[int, int, int] | None:
 
 
 def take(x, indices, axis=0):
-    """x gathered along `axis` at constant 1-D indices of an affine-floor form (affine_floor)."""
+    """x gathered along `axis` at constant 1-D indices of an affine-floor form (affine_floor), or at
+    one scalar index (the axis goes away: torch's h_n[-1])."""
     ax = axis % x.ndim
+    if np.ndim(indices) == 0:
+        k = int(indices)
+        shape = tuple(x.shape[:ax]) + tuple(x.shape[ax + 1:])
+        return te.compute(shape, lambda *i: x[i[:ax] + (k,) + i[ax:]], name="take", tag="injective,take")
     form = affine_floor(indices) if np.ndim(indices) == 1 else None
     if form is None:
         raise OpError("take: the indices have no affine-floor form (a * i + b) // c")

@@ -220,3 +220,12 @@ def test_size_is_a_constant():
                helper.make_node("Div", ["x", "f"], ["y"])],
               [("x", F, [3, 4])], [("y", F, [3, 4])])
     check(m, {"x": _x(3, 4)})
+
+
+@pytest.mark.parametrize("index, axis", [(-1, 0), (1, 1), (0, 2)])
+def test_gather_at_one_constant_index_compiles(index, axis):
+    """torch's h_n[-1]: a Gather at a 0-d constant index drops the axis, in a compiled kernel."""
+    m = model([helper.make_node("Gather", ["x", "i"], ["g"], axis=axis), helper.make_node("Relu", ["g"], ["y"])],
+              [("x", F, [2, 3, 4])], [("y", F, [d for k, d in enumerate([2, 3, 4]) if k != axis])],
+              inits=[("i", np.int64(index))])
+    check(m, {"x": _x(2, 3, 4)})

@@ -23,6 +23,16 @@ def test_concat_matches_numpy(shapes, axis, dtype):
     np.testing.assert_array_equal(f(*xs), np.concatenate(xs, axis))
 
 
+def test_concat_of_hundreds_of_inputs_compiles():
+    """A select tree, not a chain: 400 inputs once made a select 400 deep, and lowering recursed
+    past Python's limit (the kernel fell back to numpy)."""
+    rng = np.random.default_rng(62)
+    shapes = [(2, int(rng.integers(1, 4)), 3) for _ in range(400)]
+    xs = [rng.standard_normal(s).astype("float32") for s in shapes]
+    f = ops.compile_op("concat", shapes, {"axis": 1})
+    np.testing.assert_array_equal(f(*xs), np.concatenate(xs, 1))
+
+
 def test_concat_fused_relu_and_per_channel_affine():
     rng = np.random.default_rng(61)
     a, b = rng.standard_normal((1, 16, 6, 8)).astype("float32"), rng.standard_normal((1, 8, 6, 8)).astype("float32")
