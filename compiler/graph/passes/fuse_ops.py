@@ -70,6 +70,25 @@ def _join_diamond(n: Node, p: Pattern, group: dict, pattern: dict, users: dict, 
     return None
 
 
+def _merge_arms(n: Node, p: Pattern, g: list, group: dict, pattern: dict, users: dict, outputs: set) -> None:
+    """Before n joins group g (through one input), the groups ending at n's other inputs join too
+    where n is their only user and they hold no conv/dense/pool/reduce: a tree of elementwise ops
+    (an LSTM cell's f * C + i * tanh(c), a slice feeding a dense's bias add) becomes one kernel,
+    not one per branch. Float CPU kernels only, as _join_diamond."""
+    if n.target not in (None, "cpu") or n.dtype != "float32" or p > Pattern.BROADCAST:
+        return
+    for i in n.inputs:
+        a = group.get(id(i))
+        if (a is None or a is g or a[-1] is not i or len(users[id(i)]) != 1 or id(i) in outputs
+                or i.target != n.target or pattern[id(a)] > Pattern.INJECTIVE
+                or any(m.dtype != "float32" for m in a)):
+            continue
+        for m in a:
+            g.append(m)
+            group[id(m)] = g
+        pattern[id(g)] = max(pattern[id(g)], pattern[id(a)])
+
+
 def fuse_ops(graph: Graph) -> Graph:
     """Fuse ops into `fused` nodes (see module doc); graph.meta['fusion'] lists the groups."""
     users = graph.users()
@@ -88,8 +107,9 @@ def fuse_ops(graph: Graph) -> Graph:
             if g[-1] is not i or not _fusable(gp, p):
                 continue
             joined = g
+            _merge_arms(n, p, g, group, pattern, users, outputs)
             g.append(n)
-            pattern[id(g)] = max(gp, p)
+            pattern[id(g)] = max(pattern[id(g)], p)
             break
         if joined is None:
             joined = [n]

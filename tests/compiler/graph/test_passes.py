@@ -284,6 +284,35 @@ def test_fuse_ops_joins_a_silu_diamond_into_the_conv():
     assert "conv2d" in [n.op for n in fuse_ops(Graph.from_outputs([x], [ma])).ops]
 
 
+def test_fuse_ops_merges_elementwise_arms_into_one_kernel():
+    """An LSTM cell's C = sigmoid(f) * C' + sigmoid(i) * tanh(c), each gate a slice of one dense:
+    the add's two arms become one group (not one kernel per arm), and a slice feeding a dense's
+    bias add joins the dense. An arm read elsewhere, or a second dense, stays out."""
+    h, xs, c0 = Node.input("h", (1, 8)), Node.input("xs", (3, 32)), Node.input("c0", (1, 8))
+    xrow = Node("slice", [xs], {"starts": (1,), "ends": (2,), "axes": (0,), "steps": (1,)}, name="xrow")
+    gates = Node("add", [Node("dense", [h, const(f32(32, 8))], name="rec"), xrow], name="gates")
+
+    def cols(k, name):
+        return Node("slice", [gates], {"starts": (8 * k,), "ends": (8 * k + 8,), "axes": (1,), "steps": (1,)}, name=name)
+    i, f = Node("sigmoid", [cols(0, "i_pre")], name="i"), Node("sigmoid", [cols(1, "f_pre")], name="f")
+    cc = Node("tanh", [cols(2, "c_pre")], name="cc")
+    new_c = Node("add", [Node("mul", [f, c0], name="fc"), Node("mul", [i, cc], name="ic")], name="C")
+    graph = Graph.from_outputs([h, xs, c0], [new_c])
+    g = fuse_ops(graph)
+    assert [n.op for n in g.ops] == ["fused", "fused"]
+    dense_group, cell = g.ops
+    assert sorted(n.op for n in dense_group.attrs["body"].ops) == ["add", "dense", "slice"]
+    assert sorted(n.op for n in cell.attrs["body"].ops) == sorted(
+        ["slice", "sigmoid", "mul", "slice", "sigmoid", "slice", "tanh", "mul", "add"])
+    feeds = [f32(1, 8), f32(3, 32), f32(1, 8)]
+    np.testing.assert_allclose(run(g, feeds)[0], run(graph, feeds)[0], rtol=1e-6)
+    # i read twice (C and an output): its arm stays its own group
+    assert len(fuse_ops(Graph.from_outputs([h, xs, c0], [new_c, i])).ops) > 2
+    # two dense arms: a group holds one anchor
+    two = Node("add", [Node("dense", [h, const(f32(4, 8))]), Node("dense", [h, const(f32(4, 8))])])
+    assert [n.op for n in fuse_ops(Graph.from_outputs([h], [two])).ops] == ["dense", "fused"]
+
+
 def test_fuse_ops_reduction_absorbs_injective_producers():
     x = Node.input("x", (2, 3, 4))
     t = Node("transpose", [x], {"perm": (0, 2, 1)})
