@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -75,6 +76,7 @@ class Builder:
         self.tid: dict[int, int] = {}  # id(graph node) -> tensor id
         self.steps: list[Step] = []
         self.consts: dict[str, np.ndarray] = {}
+        self._const_names: dict[tuple, str] = {}   # (dtype, shape, digest) -> name in consts
         self.fallbacks: list[str] = []
         # why an op runs on the CPU (partition's reason, or a target that gave it up): step notes
         self.cpu_reason = {d.name: bare_reason(d.name, d.reason) for d in graph.meta.get("partition", [])
@@ -135,8 +137,14 @@ class Builder:
         return self.tid[id(n)]
 
     def const_name(self, arr: np.ndarray, hint: str) -> str:
-        name = f"{len(self.consts)}:{hint}"
-        self.consts[name] = np.ascontiguousarray(arr)
+        """The name of a step's constant argument; equal arrays share one (an unrolled LSTM's steps
+        each prepacked R again: 62 copies that fell out of cache, each GEMV 4x slower)."""
+        arr = np.ascontiguousarray(arr)
+        key = (arr.dtype.str, arr.shape, hashlib.sha1(arr.tobytes()).digest())
+        name = self._const_names.get(key)
+        if name is None:
+            name = self._const_names[key] = f"{len(self.consts)}:{hint}"
+            self.consts[name] = arr
         return name
 
     # ---- steps --------------------------------------------------------------------------------

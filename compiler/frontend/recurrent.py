@@ -267,13 +267,11 @@ def _lstm_step(u: _Unroll, d: int, x: Node, h, cst):
         return u.act(pre, f_act, name)
 
     keep_f = cst is not None and not ly.input_forget     # f is unused when C_{t-1} is 0
-    if w.peep is None:   # i, o, f share their activation: one over all three
-        iof = u.act(u.cols(g, 0, 3 * hs, "iof_pre"), f_act, "iof")
-        i, o = u.cols(iof, 0, hs, "i"), u.cols(iof, hs, 2 * hs, "o")
-        f = u.cols(iof, 2 * hs, 3 * hs, "f") if keep_f else None
-    else:
-        i, o = gate(0, "i", cst), None
-        f = gate(2, "f", cst) if keep_f else None
+    # each gate its own slice and activation, each read once: fuse_ops makes C_t one kernel and
+    # H_t another (a shared activation over i, o, f was a third kernel that both read)
+    i = gate(0, "i", cst if w.peep is not None else None)
+    f = gate(2, "f", cst if w.peep is not None else None) if keep_f else None
+    o = gate(1, "o", None) if w.peep is None else None
     if ly.input_forget and cst is not None:
         f = u.op("sub", [u.scalar(1.0), i], what="f")
     cc = u.act(u.cols(g, 3 * hs, 4 * hs, "c_pre"), g_act, "c")

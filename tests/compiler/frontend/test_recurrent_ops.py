@@ -327,3 +327,18 @@ def test_torch_style_two_layer_bidirectional_lstm_then_gru_and_gemm():
     outs = mod.run(feeds)[0]
     _close(outs["seq"], refs[0])
     _close(outs["logits"], refs[1])
+
+
+def test_unrolled_steps_share_their_weights_and_fuse_each_cell():
+    """Every step's dense reads one packed R per direction (each step once packed its own copy, and
+    62 copies fell out of cache), and an LSTM step is three kernels: the recurrent dense with the
+    step's input rows, C_t, and H_t."""
+    spec = _layer("LSTM", "bidirectional", t=7, b=1, i=5, h=16)
+    m, feeds = _model(spec, outputs=["Y"])
+    mod = compiler.build_model(m, target="cpu")
+    r_bytes = spec["w"]["R"][0].nbytes
+    assert sum(1 for v in mod.consts.values() if v.nbytes >= r_bytes) <= 3     # W, and R once per direction
+    cells = [s for s in mod.steps if "/t3/" in s.name]
+    assert len(cells) == 2 * 3, [s.name for s in cells]
+    got = next(iter(mod.run(feeds)[0].values()))
+    _close(np.asarray(got), _ort(m, feeds)[0])
