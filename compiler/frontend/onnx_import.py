@@ -73,6 +73,7 @@ def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | Non
     if not model.graph.node and not model.graph.output:
         raise ModelLoadError(f"{src}: the model has no graph (truncated or not ONNX)")
     model = _load_external_data(model, base_dir, src)
+    _check_einsum_equations(model.graph, src)
     model = _declare_output_shapes(model)
     try:
         onnx.checker.check_model(model, full_check=True)
@@ -102,6 +103,26 @@ def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | Non
                                  f"converter: {e}") from None
         log.info("upgraded %s from opset %d to %d", src, opset, MIN_OPSET)
     return model
+
+
+def _check_einsum_equations(graph, src: str) -> None:
+    """Refuse a malformed Einsum equation (in any subgraph too) before onnx's checker and shape
+    inference see it: onnx 1.23 never returns on some ('i..j->ij', 'i$j->ij'), so a crafted file
+    would hang the loader."""
+    from .einsum import EinsumError, check_syntax  # noqa: PLC0415 - import cycle: einsum imports this module
+    onnx = _onnx()
+    for k, n in enumerate(graph.node):
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                        list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+                _check_einsum_equations(sub, src)
+        if n.op_type != "Einsum" or n.domain not in ("", "ai.onnx"):
+            continue
+        eq = next((a.s for a in n.attribute if a.name == "equation"), b"")
+        try:
+            check_syntax(eq.decode("utf-8", "replace"))
+        except EinsumError as e:
+            raise ModelLoadError(f"{src}: Einsum '{n.name or k}': {e}") from None
 
 
 def _declare_output_shapes(model):
