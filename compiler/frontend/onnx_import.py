@@ -583,8 +583,13 @@ def _max_min(c):
 
 def _binary(c: _Ctx, op: str) -> Node:
     a, b = c.input(0), c.input(1)
-    if a.dtype != b.dtype and op == "pow" and b.is_const:
-        b = c.const(b.value.astype(a.dtype), "exponent")
+    if a.dtype != b.dtype and op == "pow":   # ONNX Pow: the exponent's type may differ; the result is the base's
+        if b.is_const:
+            return c.add(op, [a, c.const(b.value.astype(a.dtype), "exponent")])
+        if a.dtype.startswith("float"):
+            return c.add(op, [a, c.add("cast", [b], {"to": a.dtype}, suffix="exponent")])
+        y = c.add(op, [c.add("cast", [a], {"to": b.dtype}, suffix="base"), b], suffix="float")
+        return c.add("cast", [y], {"to": a.dtype})
     return c.add(op, [a, b])
 
 
@@ -702,6 +707,12 @@ def _hard_sigmoid(c):
 def _prelu(c):
     """PRelu = relu(x) - slope relu(-x), slope broadcast (per channel as PyTorch exports it)."""
     x, slope = c.input(0), c.input(1)
+    if (slope.type.rank == 1 and x.type.rank > 2 and slope.shape[0] == x.shape[1] != x.shape[-1]
+            and slope.shape[0] != 1):
+        # a 1-D slope of C values is per channel (PRelu before opset 7, as old PyTorch exports wrote
+        # it); numpy broadcasting would align it with the last axis instead
+        slope = c.add("reshape", [slope], {"shape": (slope.shape[0],) + (1,) * (x.type.rank - 2)},
+                      suffix="per_channel")
     pos = c.add("relu", [x], suffix="pos")
     neg = c.add("relu", [c.add("neg", [x], suffix="neg_x")], suffix="neg")
     return c.add("sub", [pos, c.add("mul", [neg, slope], suffix="slope")])
@@ -950,7 +961,10 @@ def _gap(c):
 @converter("Flatten")
 def _flatten(c):
     x = c.input(0)
-    ax = int(c.attr("axis", 1)) % (x.type.rank + 1) if x.type.rank else 0
+    r, ax = x.type.rank, int(c.attr("axis", 1))
+    if not -r <= ax <= r:
+        c.fail(f"axis {ax} out of range [-{r}, {r}] for rank {r}")
+    ax = ax + r if ax < 0 else ax    # -1 keeps the last axis apart: (prod of the others, last)
     return c.add("reshape", [x], {"shape": (int(np.prod(x.shape[:ax])), int(np.prod(x.shape[ax:])))})
 
 
@@ -1150,7 +1164,7 @@ def _reduce_composite(c):
 
 @converter("LpNormalization")
 def _lp_normalization(c):
-    """x / ||x||_p along one axis (p 1 or 2)."""
+    """x / ||x||_p along one axis (p 1 or 2); 0 where the norm is 0."""
     x = c.input(0)
     p, axis = int(c.attr("p", 2)), int(c.attr("axis", -1))
     if p not in (1, 2):
@@ -1161,7 +1175,9 @@ def _lp_normalization(c):
     norm = c.add("reduce_sum", [v], {"axes": (axis % x.type.rank,), "keepdims": 1}, suffix="sum")
     if p == 2:
         norm = c.add("sqrt", [norm], suffix="norm")
-    return c.add("div", [x, norm])
+    zero = c.add("equal", [norm, c.const(np.zeros((), x.dtype), "zero")], suffix="is_zero")
+    norm = c.add("where", [zero, c.const(np.ones((), x.dtype), "one"), norm], suffix="safe_norm")
+    return c.add("div", [x, norm])    # an all-zero slice stays 0 (ONNX's reference), not 0/0
 
 
 @converter("MeanVarianceNormalization")
@@ -1403,7 +1419,11 @@ def _depth_space(c):
     else:
         if h % b or w % b:
             c.fail(f"spatial size {h}x{w} is not a multiple of blocksize {b}")
-        inner, perm, out = (n, ch, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4), (n, ch * b * b, h // b, w // b)
+        inner, out = (n, ch, h // b, b, w // b, b), (n, ch * b * b, h // b, w // b)
+        mode = c.attr("mode", "DCR")     # the attribute came with opset 24; before, DCR only
+        if mode not in ("DCR", "CRD"):
+            c.fail(f"mode {mode!r} must be 'DCR' or 'CRD'")
+        perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
     y = c.add("reshape", [x], {"shape": inner}, suffix="split")
     y = c.add("transpose", [y], {"perm": perm}, suffix="shuffle")
     return c.add("reshape", [y], {"shape": out})
@@ -1479,7 +1499,12 @@ def _resize(c):
 # ---- entry ------------------------------------------------------------------------------------
 def _input_shape(vi, shapes: dict) -> tuple[tuple[int, ...], str]:
     onnx = _onnx()
+    kind = vi.type.WhichOneof("value")
+    if kind != "tensor_type":
+        raise ConversionError(f"input '{vi.name}' is of {kind or 'no'} type; only tensor inputs are supported")
     tt = vi.type.tensor_type
+    if tt.elem_type not in onnx.helper.get_all_tensor_dtypes():
+        raise ConversionError(f"input '{vi.name}' has element type {tt.elem_type}, not an ONNX tensor type")
     dtype = str(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
     if vi.name in shapes:
         return tuple(int(d) for d in shapes[vi.name]), dtype
