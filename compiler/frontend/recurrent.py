@@ -158,10 +158,9 @@ def _read(c: _Ctx) -> _Layer:
 @dataclass
 class _DirWeights:
     """One direction's recurrent weights as graph constants."""
-    rec: Node                       # R; GRU without linear_before_reset: R_zr (z, r rows)
-    rec_h: Node | None = None       # GRU without linear_before_reset: R_h
-    rec_bias: Node | None = None    # GRU linear_before_reset: (0, 0, Rbh), the bias of H_{t-1} R^T
-    rbh: Node | None = None         # GRU linear_before_reset: Rbh
+    rec: Node | None = None         # R (LSTM, RNN)
+    rec_gates: tuple = ()           # GRU: R_z, R_r, R_h, each its own dense so each fuses with its gate
+    rbh: Node | None = None         # GRU linear_before_reset: Rbh, the bias of H_{t-1} R_h^T
     peep: dict | None = None        # LSTM peepholes: {"i", "o", "f"} -> (H,)
 
 
@@ -283,30 +282,29 @@ def _lstm_step(u: _Unroll, d: int, x: Node, h, cst):
     return u.op("mul", [o, u.act(new_c, h_act, "hC", clip=False)], what="H"), new_c
 
 
-def _gru_step(u: _Unroll, d: int, x: Node, h):
-    """One GRU step (gates z, r, h): H_t."""
+def _gru_step(u: _Unroll, d: int, xs, h):
+    """One GRU step (gates z, r, h): H_t. xs(lo, hi, what) slices the step's projection columns,
+    one slice per use; with one dense per gate each gate is one kernel and H_t joins h's."""
     ly, hs, w = u.layer, u.layer.hidden, u.dirs[d]
     f_act, g_act = ly.acts[d]
-    xzr, xh = u.cols(x, 0, 2 * hs, "x_zr"), u.cols(x, 2 * hs, 3 * hs, "x_h")
-    rec_h = w.rbh    # linear_before_reset: H_{t-1} Rh^T + Rbh (Rbh alone when H_{t-1} is 0)
-    if h is None:
-        zr = xzr
-    elif ly.linear_before_reset:
-        rec = u.op("dense", [h, w.rec] + ([w.rec_bias] if w.rec_bias is not None else []), what="rec")
-        zr = u.op("add", [xzr, u.cols(rec, 0, 2 * hs, "rec_zr")], what="zr_pre")
-        rec_h = u.cols(rec, 2 * hs, 3 * hs, "rec_h")
+    rz, rr, rh = w.rec_gates
+
+    def gate(k, name, rec):
+        pre = xs(k * hs, (k + 1) * hs, f"x_{name}")
+        if h is not None:
+            pre = u.op("add", [u.op("dense", [h, rec], what=f"rec_{name}"), pre], what=f"{name}_pre")
+        return u.act(pre, f_act, name)
+    z = gate(0, "z", rz)
+    if ly.linear_before_reset:     # h = g(x_h + r (H_{t-1} R_h^T + Rbh))
+        rec_h = w.rbh if h is None else u.op("dense", [h, rh] + ([w.rbh] if w.rbh is not None else []), what="rec_h")
+        pre = xs(2 * hs, 3 * hs, "x_h")
+        if rec_h is not None:
+            pre = u.op("add", [u.op("mul", [rec_h, gate(1, "r", rr)], what="r_rec"), pre], what="h_pre")
+    elif h is None:                # h = g(x_h + (r H_{t-1}) R_h^T), Rbh in the projection
+        pre = xs(2 * hs, 3 * hs, "x_h")
     else:
-        zr = u.op("add", [xzr, u.op("dense", [h, w.rec], what="rec_zr")], what="zr_pre")
-    zr = u.act(zr, f_act, "zr")
-    z = u.cols(zr, 0, hs, "z")
-    pre = xh
-    if ly.linear_before_reset and rec_h is not None:
-        r = u.cols(zr, hs, 2 * hs, "r")
-        pre = u.op("add", [xh, u.op("mul", [r, rec_h], what="r_rec")], what="h_pre")
-    elif not ly.linear_before_reset and h is not None:
-        r = u.cols(zr, hs, 2 * hs, "r")
-        rh = u.op("mul", [r, h], what="rH")
-        pre = u.op("add", [xh, u.op("dense", [rh, w.rec_h], what="rec_h")], what="h_pre")
+        r_h = u.op("mul", [gate(1, "r", rr), h], what="rH")
+        pre = u.op("add", [u.op("dense", [r_h, rh], what="rec_h"), xs(2 * hs, 3 * hs, "x_h")], what="h_pre")
     hh = u.act(pre, g_act, "h")
     if h is None:   # (1 - z) h
         return u.op("sub", [hh, u.op("mul", [z, hh], what="zh")], what="H")
@@ -331,14 +329,13 @@ def _weights(u: _Unroll):
     for d in range(nd):
         u.prefix = f"d{d}/"
         r = ly.r[d]
-        if ly.kind == "GRU" and not ly.linear_before_reset:
-            w = _DirWeights(u.const(r[:2 * hs], "R_zr"), rec_h=u.const(r[2 * hs:], "R_h"))
+        if ly.kind == "GRU":
+            w = _DirWeights(rec_gates=tuple(u.const(r[k * hs:(k + 1) * hs], f"R_{g}") for k, g in enumerate("zrh")))
         else:
             w = _DirWeights(u.const(r, "R"))
         rbh = rb[d, 2 * hs:] if ly.linear_before_reset else np.zeros(0)
         if rbh.any():
             w.rbh = u.const(rbh, "Rbh")
-            w.rec_bias = u.const(np.concatenate([np.zeros(2 * hs, np.float32), rbh]), "R_bias")
         if ly.p is not None:
             pi, po, pf = np.split(ly.p[d], 3)
             w.peep = {"i": u.const(pi, "P_i"), "o": u.const(po, "P_o"), "f": u.const(pf, "P_f")}
@@ -350,16 +347,16 @@ def _weights(u: _Unroll):
     return u.op("dense", [flat, w, u.const(fold.reshape(-1), "W_bias")], what="X_proj")
 
 
-def _step_input(u: _Unroll, proj: Node, d: int, t: int) -> Node:
-    """Rows of step t, columns of direction d, of the projection: (B, gates*H)."""
+def _step_input(u: _Unroll, proj: Node, d: int, t: int, lo: int, hi: int, what: str = "x") -> Node:
+    """Rows of step t, columns lo..hi of direction d, of the projection: (B, hi - lo)."""
     ly = u.layer
     gh = _GATES[ly.kind] * ly.hidden
     if ly.layout == 0:      # rows t*B + b
         rows = (t * ly.batch, (t + 1) * ly.batch, 1)
     else:                   # rows b*T + t
         rows = (t, t + (ly.batch - 1) * ly.steps + 1, ly.steps)
-    return u.op("slice", [proj], {"starts": (rows[0], d * gh), "ends": (rows[1], (d + 1) * gh), "axes": (0, 1),
-                                  "steps": (rows[2], 1)}, "x")
+    return u.op("slice", [proj], {"starts": (rows[0], d * gh + lo), "ends": (rows[1], d * gh + hi), "axes": (0, 1),
+                                  "steps": (rows[2], 1)}, what)
 
 
 def _stack(u: _Unroll, parts: list, shape, what: str) -> Node:
@@ -385,13 +382,14 @@ def _recurrent(c: _Ctx):
         h, cst = h0[d], c0[d]
         for t in (range(steps) if forward else range(steps - 1, -1, -1)):
             u.prefix = f"d{d}/t{t}/"
-            x = _step_input(u, proj, d, t)
-            if ly.kind == "LSTM":
-                h, cst = _lstm_step(u, d, x, h, cst)
-            elif ly.kind == "GRU":
-                h = _gru_step(u, d, x, h)
+            if ly.kind == "GRU":
+                h = _gru_step(u, d, lambda lo, hi, what: _step_input(u, proj, d, t, lo, hi, what), h)
             else:
-                h = _rnn_step(u, d, x, h)
+                x = _step_input(u, proj, d, t, 0, _GATES[ly.kind] * hs)
+                if ly.kind == "LSTM":
+                    h, cst = _lstm_step(u, d, x, h, cst)
+                else:
+                    h = _rnn_step(u, d, x, h)
             ys[t][d] = h
             done += 1
             used = len(c.nodes) - u.start
