@@ -738,6 +738,118 @@ def _cast(c):
     return c.add("cast", [c.input(0)], {"to": to})
 
 
+@converter("CastLike")
+def _cast_like(c):
+    """Cast to the second input's dtype (onnxscript-inlined functions use it for every constant)."""
+    x, like = c.input(0), c.input(1)
+    return x if x.dtype == like.dtype else c.add("cast", [x], {"to": like.dtype})
+
+
+@converter("Mod")
+def _mod(c):
+    return c.add("mod", [c.input(0), c.input(1)], {"fmod": int(c.attr("fmod", 0))})
+
+
+@converter("IsNaN")
+def _is_nan(c):
+    x = c.input(0)
+    return c.add("logical_not", [c.add("equal", [x, x], suffix="self_equal")])
+
+
+@converter("IsInf")
+def _is_inf(c):
+    """x == +inf and/or x == -inf, as detect_positive / detect_negative ask."""
+    x = c.input(0)
+    signs = [s for s, on in ((np.inf, c.attr("detect_positive", 1)), (-np.inf, c.attr("detect_negative", 1))) if on]
+    if not signs:
+        return c.const(np.zeros(x.shape, bool), "none")
+    hits = [c.add("equal", [x, c.const(np.asarray(s, x.dtype), f"inf{k}")], suffix=f"is{k}")
+            for k, s in enumerate(signs)]
+    return hits[0] if len(hits) == 1 else c.add("logical_or", hits)
+
+
+@converter("Trilu")
+def _trilu(c):
+    """The lower (upper=0) or upper triangle of the last two axes from diagonal k, as where over a
+    constant mask; k must be constant."""
+    x = c.input(0)
+    if x.type.rank < 2:
+        c.fail(f"input must have rank >= 2, got {x.type}")
+    k = int(np.ravel(c.value(1, "k", 0))[0]) if c.input(1) is not None else 0
+    n, m = x.shape[-2:]
+    mask = np.triu(np.ones((n, m), bool), k) if c.attr("upper", 1) else np.tril(np.ones((n, m), bool), k)
+    return c.add("where", [c.const(mask, "mask"), x, c.const(np.zeros((), x.dtype), "zero")])
+
+
+@converter("CumSum")
+def _cumsum(c):
+    """Running sum along a constant axis as a matmul with a triangular 0/1 matrix (exclusive and
+    reverse pick which triangle); float inputs."""
+    x = c.input(0)
+    if not x.dtype.startswith("float"):
+        c.fail(f"only float inputs are supported, got {x.dtype}")
+    rank = x.type.rank
+    ax = int(np.ravel(c.value(1, "axis"))[0])
+    if not -rank <= ax < rank:
+        c.fail(f"axis {ax} out of range for rank {rank}")
+    ax %= rank
+    n = x.shape[ax]
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]     # out[j] = sum of x[i] over the kept i
+    keep = (i > j if c.attr("exclusive", 0) else i >= j) if c.attr("reverse", 0) else \
+        (i < j if c.attr("exclusive", 0) else i <= j)
+    perm = tuple(d for d in range(rank) if d != ax) + (ax,)
+    t = c.add("transpose", [x], {"perm": perm}, suffix="axis_last") if ax != rank - 1 else x
+    t = c.add("matmul", [t, c.const(keep.astype(x.dtype), "triangle")], suffix="sum" if ax != rank - 1 else "")
+    return c.add("transpose", [t], {"perm": tuple(int(p) for p in np.argsort(perm))}) if ax != rank - 1 else t
+
+
+@converter("OneHot")
+def _one_hot(c):
+    """values[1] where indices == position along the new axis, values[0] elsewhere; depth and
+    values constant, negative indices counted from the end."""
+    idx = c.input(0)
+    depth = int(np.ravel(c.value(1, "depth"))[0])
+    values = np.asarray(c.value(2, "values"))
+    if depth < 1 or values.size != 2:
+        c.fail(f"depth must be >= 1 and values two numbers, got depth {depth}, {values.size} value(s)")
+    rank = idx.type.rank + 1
+    ax = int(c.attr("axis", -1))
+    if not -rank <= ax < rank:
+        c.fail(f"axis {ax} out of range for rank {rank}")
+    ax %= rank
+    if idx.dtype.startswith("float"):
+        idx = c.add("cast", [c.add("floor", [idx], suffix="floor")], {"to": "int64"}, suffix="int")
+    elif idx.dtype != "int64":
+        idx = c.add("cast", [idx], {"to": "int64"}, suffix="int")
+    wrapped = c.add("where", [c.add("less", [idx, c.const(np.int64(0), "zero")], suffix="negative"),
+                              c.add("add", [idx, c.const(np.int64(depth), "depth")], suffix="from_end"), idx],
+                    suffix="wrapped")
+    pos_shape = [1] * rank
+    pos_shape[ax] = depth
+    shape = list(idx.shape)
+    shape.insert(ax, 1)
+    hot = c.add("equal", [c.add("reshape", [wrapped], {"shape": tuple(shape)}, suffix="expand"),
+                          c.const(np.arange(depth, dtype=np.int64).reshape(pos_shape), "positions")], suffix="hot")
+    return c.add("where", [hot, c.const(values[1], "on"), c.const(values[0], "off")])
+
+
+@converter("Hardmax")
+def _hardmax(c):
+    """1 at the first maximum along the axis, 0 elsewhere."""
+    x = c.input(0)
+    rank = x.type.rank
+    ax = int(c.attr("axis", -1))
+    if not -rank <= ax < rank:
+        c.fail(f"axis {ax} out of range for rank {rank}")
+    ax %= rank
+    arg = c.add("argmax", [x], {"axis": ax, "keepdims": 1, "select_last_index": 0}, suffix="argmax")
+    pos_shape = [1] * rank
+    pos_shape[ax] = x.shape[ax]
+    hot = c.add("equal", [arg, c.const(np.arange(x.shape[ax], dtype=np.int64).reshape(pos_shape), "positions")],
+                suffix="hot")
+    return c.add("cast", [hot], {"to": x.dtype})
+
+
 def _same_pads(c, in_hw, k_hw, strides, dilations, mode):
     pads = [0, 0, 0, 0]
     for i in range(2):

@@ -317,6 +317,25 @@ _binary("maximum", np.maximum)
 _binary("minimum", np.minimum)
 
 
+def _mod_ref(a, x, y):
+    if a["fmod"]:
+        return np.fmod(x, y)     # the sign of the dividend (C fmod)
+    return np.mod(x, y)          # the sign of the divisor (Python %)
+
+
+@register("mod", Pattern.BROADCAST, 2, {"fmod": one_of(0, 0, 1)},
+          doc="numpy-broadcasting remainder with the divisor's sign (fmod=0) or the dividend's (fmod=1, C fmod)")
+def _mod():
+    def infer(n):
+        dt = _same_dtype(n)
+        try:
+            shape = np.broadcast_shapes(*(i.shape for i in n.inputs))
+        except ValueError:
+            fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
+        return _t(shape, dt)
+    return infer, lambda a, x, y: np.asarray(_mod_ref(a, x, y)).astype(x.dtype, copy=False)
+
+
 def _compare(name: str, f):
     """A broadcasting comparison of two tensors of one dtype: a bool tensor (ONNX Equal, Less...)."""
     def factory():

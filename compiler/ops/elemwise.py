@@ -221,6 +221,27 @@ def minimum(a, b):
     return broadcast_binary(a, b, te.elem_min, "minimum")
 
 
+def mod(a, b, fmod=0):
+    """ONNX Mod: fmod=1 keeps the dividend's sign (C fmod), fmod=0 the divisor's (numpy's mod).
+    Floats call libm's fmod, exact where x - trunc(x / y) y is not (an infinite divisor)."""
+    if dt.is_float(a.dtype):
+        zero = te.const(0, a.dtype)
+
+        def f(x, y):
+            r = te.call_extern(a.dtype, "fmodf" if a.dtype == "float32" else "fmod", x, y)
+            if fmod:
+                return r
+            # numpy: a remainder of the dividend's sign moves by y; a zero takes y's sign
+            return te.select(r == zero, te.select(y < zero, -zero, zero),
+                             te.select((r < zero) != (y < zero), r + y, r))
+        return broadcast_binary(a, b, f, "mod")
+    if fmod:
+        def g(x, y):
+            return x - (te.abs(x) // te.abs(y)) * te.abs(y) * te.select(x < 0, te.const(-1, a.dtype), te.const(1, a.dtype))
+        return broadcast_binary(a, b, g, "mod")
+    return broadcast_binary(a, b, lambda x, y: x % y, "mod")
+
+
 def _compare(fn, name):
     return lambda a, b: broadcast_binary(a, b, fn, name)
 

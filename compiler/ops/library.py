@@ -220,7 +220,7 @@ _UNARY = {"relu": ew.relu, "sigmoid": ew.sigmoid, "tanh": ew.tanh, "exp": ew.exp
           "dequantize": ew.dequantize, "requantize": ew.requantize, "floor": ew.floor, "ceil": ew.ceil,
           "round": ew.round_, "sign": ew.sign, "sin": ew.sin, "cos": ew.cos, "logical_not": ew.logical_not}
 _BINARY = {"add": ew.add, "sub": ew.sub, "mul": ew.mul, "div": ew.div, "pow": ew.pow, "maximum": ew.maximum,
-           "minimum": ew.minimum, "where": ew.where, **ew.COMPARE}
+           "minimum": ew.minimum, "where": ew.where, "mod": ew.mod, **ew.COMPARE}
 for _name, _fn in {**_UNARY, **_BINARY}.items():
     add_impl(_name, "llvm", f"{_name}.injective", _fn, cpu.schedule_injective)
 add_impl("qadd", "llvm", "qadd.injective", ew.qadd, cpu.schedule_injective)
