@@ -1395,6 +1395,28 @@ def _gather(c):
     return c.add("take", [x], {"indices": np.asarray(c.value(1, "indices"), np.int64), "axis": ax})
 
 
+@converter("GatherElements", "GatherND", "ScatterND", "ScatterElements")
+def _gather_scatter(c):
+    """Index ops whose indices come at run time (argmax/topk results, in-place slice assignment as
+    PyTorch exports it): their NumPy reference is the CPU step."""
+    op = {"GatherElements": "gather_elements", "GatherND": "gather_nd", "ScatterND": "scatter_nd",
+          "ScatterElements": "scatter_elements"}[c.onnx_node.op_type]
+    ins = [c.input(k) for k in range(len(c.onnx_node.input))]
+    x = ins[0]
+    if op in ("gather_elements", "scatter_elements"):
+        ax = int(c.attr("axis", 0))
+        if not -x.type.rank <= ax < x.type.rank:
+            c.fail(f"axis {ax} out of range for rank {x.type.rank}")
+        attrs = {"axis": ax % x.type.rank}
+    elif op == "gather_nd":
+        attrs = {"batch_dims": int(c.attr("batch_dims", 0))}
+    else:
+        attrs = {}
+    if op.startswith("scatter"):
+        attrs["reduction"] = c.attr("reduction", "none")
+    return c.add(op, ins, attrs)
+
+
 @converter("Upsample")
 def _upsample(c):
     """Upsample (deprecated at opset 10) is Resize with asymmetric coordinates, nearest rounding

@@ -1287,6 +1287,108 @@ def _gather():
     return infer, impl
 
 
+def _check_indices(op: str, idx: np.ndarray, n: int, where: str):
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        raise IndexError(f"{op}: index {int(idx[bad].flat[0])} out of range [-{n}, {n - 1}] for {where}")
+
+
+@register("gather_elements", Pattern.OPAQUE, 2, {"axis": 0},
+          doc="out[i][j][k] = x[idx[i][j][k]][j][k] along one axis (ONNX GatherElements); a NumPy step")
+def _gather_elements():
+    def infer(n):
+        x, idx = n.inputs[0].type, n.inputs[1].type
+        if idx.dtype not in ("int32", "int64") or idx.rank != x.rank:
+            fail(n, f"indices must be int32/int64 of the data's rank {x.rank}, got {idx}")
+        ax = _norm_axes(n, [n.attrs["axis"]], x.rank)[0]
+        if any(i > d for k, (i, d) in enumerate(zip(idx.shape, x.shape)) if k != ax):
+            fail(n, f"indices {list(idx.shape)} exceed the data {list(x.shape)} outside axis {ax}")
+        return _t(idx.shape, x.dtype)
+
+    def impl(a, x, idx):
+        ax = a["axis"] % x.ndim
+        _check_indices("gather_elements", idx, x.shape[ax], f"axis {ax}")
+        sub = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
+        return np.take_along_axis(sub, np.where(idx < 0, idx + x.shape[ax], idx).astype(np.int64), axis=ax)
+    return infer, impl
+
+
+@register("gather_nd", Pattern.OPAQUE, 2, {"batch_dims": int_in(0, 0)},
+          doc="x at index tuples along the last axis of idx (ONNX GatherND); a NumPy step")
+def _gather_nd():
+    def infer(n):
+        x, idx = n.inputs[0].type, n.inputs[1].type
+        b, q = n.attrs["batch_dims"], idx.shape[-1] if idx.rank else 0
+        if idx.dtype not in ("int32", "int64") or idx.rank < 1 or b >= min(x.rank, idx.rank) or b + q > x.rank \
+                or tuple(idx.shape[:b]) != tuple(x.shape[:b]):
+            fail(n, f"indices {idx} do not index data {x} with batch_dims {b}")
+        return _t(idx.shape[:-1] + x.shape[b + q:], x.dtype)
+
+    def impl(a, x, idx):
+        b, q = a["batch_dims"], idx.shape[-1]
+        for k in range(q):
+            _check_indices("gather_nd", idx[..., k], x.shape[b + k], f"axis {b + k}")
+        idx = np.where(idx < 0, idx + np.asarray(x.shape[b:b + q]), idx).astype(np.int64)
+        bshape = x.shape[:b]
+        xb = x.reshape((-1,) + x.shape[b:])
+        ib = idx.reshape((xb.shape[0], -1, q))
+        out = np.stack([xb[k][tuple(ib[k].T)] for k in range(xb.shape[0])])
+        return out.reshape(bshape + idx.shape[b:-1] + x.shape[b + q:])
+    return infer, impl
+
+
+@register("scatter_nd", Pattern.OPAQUE, 3, {"reduction": one_of("none", "none", "add", "mul", "max", "min")},
+          doc="x with updates written at index tuples (ONNX ScatterND; in order, so a repeated index keeps "
+              "the last); a NumPy step")
+def _scatter_nd():
+    def infer(n):
+        x, idx, upd = (i.type for i in n.inputs)
+        q = idx.shape[-1] if idx.rank else 0
+        if idx.dtype not in ("int32", "int64") or idx.rank < 1 or q > x.rank or upd.dtype != x.dtype \
+                or tuple(upd.shape) != tuple(idx.shape[:-1]) + tuple(x.shape[q:]):
+            fail(n, f"indices {idx} and updates {upd} do not fit data {x}")
+        return _t(x.shape, x.dtype)
+
+    def impl(a, x, idx, upd):
+        q = idx.shape[-1]
+        for k in range(q):
+            _check_indices("scatter_nd", idx[..., k], x.shape[k], f"axis {k}")
+        out = x.copy()
+        idx = np.where(idx < 0, idx + np.asarray(x.shape[:q]), idx).astype(np.int64).reshape(-1, q)
+        upd = upd.reshape((idx.shape[0],) + x.shape[q:])
+        op = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(a["reduction"])
+        for k in range(idx.shape[0]):
+            t = tuple(idx[k])
+            out[t] = upd[k] if op is None else op(out[t], upd[k])
+        return out
+    return infer, impl
+
+
+@register("scatter_elements", Pattern.OPAQUE, 3,
+          {"axis": 0, "reduction": one_of("none", "none", "add", "mul", "max", "min")},
+          doc="x with updates written at idx along one axis (ONNX ScatterElements); a NumPy step")
+def _scatter_elements():
+    def infer(n):
+        x, idx, upd = (i.type for i in n.inputs)
+        ax = _norm_axes(n, [n.attrs["axis"]], x.rank)[0]
+        if idx.dtype not in ("int32", "int64") or idx.rank != x.rank or tuple(upd.shape) != tuple(idx.shape) \
+                or upd.dtype != x.dtype or any(i > d for k, (i, d) in enumerate(zip(idx.shape, x.shape)) if k != ax):
+            fail(n, f"indices {idx} and updates {upd} do not fit data {x} along axis {ax}")
+        return _t(x.shape, x.dtype)
+
+    def impl(a, x, idx, upd):
+        ax = a["axis"] % x.ndim
+        _check_indices("scatter_elements", idx, x.shape[ax], f"axis {ax}")
+        out = x.copy()
+        idx = np.where(idx < 0, idx + x.shape[ax], idx).astype(np.int64)
+        op = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(a["reduction"])
+        for pos in np.ndindex(*idx.shape):
+            t = pos[:ax] + (int(idx[pos]),) + pos[ax + 1:]
+            out[t] = upd[pos] if op is None else op(out[t], upd[pos])
+        return out
+    return infer, impl
+
+
 FLOAT_OPS = ("conv2d", "conv2d_transpose", "dense", "matmul", "batch_norm", "add", "sub", "mul", "div")
 QUANT_OPS = ("qconv2d", "qdense", "qadd", "quantize", "dequantize", "requantize")
 
