@@ -284,7 +284,7 @@ def _lstm_step(u: _Unroll, d: int, x: Node, h, cst):
 
 def _gru_step(u: _Unroll, d: int, xs, h):
     """One GRU step (gates z, r, h): H_t. xs(lo, hi, what) slices the step's projection columns,
-    one slice per use; with one dense per gate each gate is one kernel and H_t joins h's."""
+    one slice per use; with one dense per gate each gate is one kernel and H_t joins z's."""
     ly, hs, w = u.layer, u.layer.hidden, u.dirs[d]
     f_act, g_act = ly.acts[d]
     rz, rr, rh = w.rec_gates
@@ -383,7 +383,10 @@ def _recurrent(c: _Ctx):
         for t in (range(steps) if forward else range(steps - 1, -1, -1)):
             u.prefix = f"d{d}/t{t}/"
             if ly.kind == "GRU":
-                h = _gru_step(u, d, lambda lo, hi, what: _step_input(u, proj, d, t, lo, hi, what), h)
+                # the step's rows are one slice read by all three gates: its own small kernel, so
+                # the gate kernels hold no step offset and one compiled kernel serves every step
+                x = _step_input(u, proj, d, t, 0, 3 * hs)
+                h = _gru_step(u, d, lambda lo, hi, what: u.cols(x, lo, hi, what), h)
             else:
                 x = _step_input(u, proj, d, t, 0, _GATES[ly.kind] * hs)
                 if ly.kind == "LSTM":
