@@ -33,6 +33,7 @@ import platform
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -250,9 +251,30 @@ def vit(seed: int = 0, size: int = 224, dim: int = 192, layers: int = 2, heads: 
     return b.build([b.linear(b.op("ReduceMean", [t], axes=[1], keepdims=0), dim, 1000)])
 
 
+def rnn(kind: str = "LSTM", seed: int = 0, steps: int = 32, features: int = 64, hidden: int = 128,
+        layers: int = 2):
+    """A speech-style recurrent encoder: stacked bidirectional LSTM or GRU layers (PyTorch's gate
+    layout, linear_before_reset for GRU) over `steps` frames, then a per-frame linear head."""
+    b = ModelBuilder(kind.lower(), seed)
+    t = b.input("frames", (steps, 1, features))
+    gates, c = {"LSTM": 4, "GRU": 3}[kind], features
+    attrs = {"hidden_size": hidden, "direction": "bidirectional"}
+    if kind == "GRU":
+        attrs["linear_before_reset"] = 1
+    for _ in range(layers):
+        w, r = b.weight((2, gates * hidden, c), fan_in=c), b.weight((2, gates * hidden, hidden), fan_in=hidden)
+        y = b.op(kind, [t, w, r, b.init(np.zeros((2, 2 * gates * hidden), np.float32))], n_out=2, **attrs)[0]
+        # Y is (T, 2, 1, H): directions next to each other per frame, as the next layer reads them
+        t = b.op("Reshape", [b.op("Transpose", [y], perm=[0, 2, 1, 3]), b.init(np.array([steps, 1, 2 * hidden],
+                                                                                           np.int64))])
+        c = 2 * hidden
+    frames = b.op("Reshape", [t, b.init(np.array([steps, c], np.int64))])
+    return b.build([b.linear(frames, c, 40)])
+
+
 NETS = {"tiny_cnn": zoo.conv_bn_relu_pool, "mlp": zoo.mlp, "transformer_encoder": zoo.transformer_encoder,
         "resnet18": resnet18, "mobilenetv2": mobilenetv2, "mobilenetv3": mobilenetv3, "efficientnet": efficientnet,
-        "unet": unet, "yolo": yolo, "vit": vit}
+        "unet": unet, "yolo": yolo, "vit": vit, "lstm": partial(rnn, "LSTM"), "gru": partial(rnn, "GRU")}
 #: the issue's five; the other model classes (not in the issue's set) with --nets
 DEFAULT_NETS = "tiny_cnn,mlp,transformer_encoder,resnet18,mobilenetv2"
 #: the classic vision models in the onnx wheel (onnx/backend/test/data/light), weights ConstantOfShape
