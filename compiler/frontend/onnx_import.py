@@ -89,6 +89,7 @@ def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | Non
         # an attribute or shape the checker's inference refuses is the model's error, not a cut file
         why = "" if "InferenceError" in msg else " (possibly truncated)"
         raise ModelLoadError(f"{src}: malformed ONNX model{why}: ONNX checker: {msg[:2000]}") from None
+    model = _half_to_float(model, src)
     model = fold_constant_nodes(model)
     if check_ops:
         check_supported(model)
@@ -103,6 +104,45 @@ def load_model(model, check_ops: bool = True, base_dir: "str | os.PathLike | Non
                                  f"converter: {e}") from None
         log.info("upgraded %s from opset %d to %d", src, opset, MIN_OPSET)
     return model
+
+
+def _half_to_float(model, src: str):
+    """A float16 or bfloat16 model computes in float32: its weights, constants, casts and declared
+    tensor types are widened (the graph has no half type; onnxruntime's CPU kernels widen most
+    half ops the same way). Inputs may still be fed as float16 (they are converted on entry);
+    outputs come back as float32. Returns the model, a copy when anything changed."""
+    onnx = _onnx()
+    from onnx import numpy_helper  # noqa: PLC0415 - onnx loads only when a model is read
+    half = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+    def uses_half(g) -> bool:
+        return (any(t.data_type in half for t in g.initializer)
+                or any(vi.type.tensor_type.elem_type in half for vi in (*g.input, *g.output, *g.value_info))
+                or any(a.type == onnx.AttributeProto.TENSOR and a.t.data_type in half
+                       or a.name == "to" and a.i in half for n in g.node for a in n.attribute))
+    if not uses_half(model.graph):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+
+    def widened(t):
+        w = numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
+        return w
+    for k, t in enumerate(g.initializer):
+        if t.data_type in half:
+            g.initializer[k].CopyFrom(widened(t))
+    for vi in (*g.input, *g.output, *g.value_info):
+        if vi.type.tensor_type.elem_type in half:
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in half:
+                a.t.CopyFrom(widened(a.t))
+            elif a.name == "to" and a.type == onnx.AttributeProto.INT and a.i in half:
+                a.i = onnx.TensorProto.FLOAT
+    log.warning("%s: float16/bfloat16 model: computed in float32 (weights widened, outputs float32)", src)
+    return out
 
 
 def _check_einsum_equations(graph, src: str) -> None:

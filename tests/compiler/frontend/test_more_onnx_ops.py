@@ -229,3 +229,26 @@ def test_gather_at_one_constant_index_compiles(index, axis):
               [("x", F, [2, 3, 4])], [("y", F, [d for k, d in enumerate([2, 3, 4]) if k != axis])],
               inits=[("i", np.int64(index))])
     check(m, {"x": _x(2, 3, 4)})
+
+
+def test_a_float16_model_computes_in_float32():
+    """Half models (weights, declared types, a Cast to float16) are widened at load: they compile
+    with no numpy step, take a float16 feed, and match onnxruntime on the same model in float32."""
+    w, b = (_x(8, 3, 3, 3) * 0.3).astype(np.float16), _x(8).astype(np.float16)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT16)]
+    half = model(nodes, [("x", TensorProto.FLOAT16, [1, 3, 6, 6])], [("y", TensorProto.FLOAT16, [1, 8, 6, 6])],
+                 inits=[("w", w), ("b", b)])
+    wide = model(nodes[:2] + [helper.make_node("Identity", ["r"], ["y"])], [("x", F, [1, 3, 6, 6])],
+                 [("y", F, [1, 8, 6, 6])], inits=[("w", w.astype(np.float32)), ("b", b.astype(np.float32))])
+    x = _x(1, 3, 6, 6).astype(np.float16)
+    ref = ort.InferenceSession(wide.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(np.float32)})[0]
+    got = run(from_onnx(half), {"x": x.astype(np.float32)})[0]
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    mod = compiler.build_model(half, target="cpu")
+    assert mod.meta["fallbacks"] == [] and mod.count("numpy") == 0
+    out = np.asarray(next(iter(mod.run({"x": x})[0].values())))
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-5)

@@ -25,9 +25,10 @@ KNOWN = {
     "test_averagepool_2d_ceil_last_window_starts_on_pad": "expected output rounded to 4 decimals",
     "test_dynamicquantizelinear_expanded": "expected output from the fused op in float64; the expanded "
                                            "float32 graph rounds 25.499998 down, one unit off",
-    "test_cast_FLOAT_to_DOUBLE": "its data set feeds a 0-d array to a [3, 4] input",
-    "test_cast_DOUBLE_to_FLOAT": "its data set feeds a 0-d array to a [3, 4] input",
 }
+KNOWN.update({f"test_cast_{a}_to_{b}": "its data set feeds a 0-d array to a [3, 4] input"
+              for a, b in [("FLOAT", "DOUBLE"), ("DOUBLE", "FLOAT"), ("BFLOAT16", "FLOAT"), ("DOUBLE", "FLOAT16"),
+                           ("FLOAT16", "DOUBLE"), ("FLOAT16", "FLOAT"), ("FLOAT", "BFLOAT16"), ("FLOAT", "FLOAT16")]})
 
 #: op-name prefixes whose cases also compile for the cpu target (kernels added with their converters)
 COMPILED = ("test_where", "test_argmax", "test_argmin", "test_equal", "test_less", "test_greater", "test_and",
@@ -51,6 +52,12 @@ def _feeds(tc, inputs):
 def _match(got, expected, what):
     for k, (a, r) in enumerate(zip(got, expected)):
         a, r = np.asarray(a), np.asarray(r)
+        if r.dtype.kind == "f" and r.dtype.itemsize == 2 or "bfloat16" in str(r.dtype):
+            # a half model computes in float32 (onnx_import._half_to_float): within half's rounding
+            assert a.shape == r.shape and a.dtype == np.float32, f"{what} output {k}: {a.dtype}{a.shape}"
+            np.testing.assert_allclose(a, r.astype(np.float32), rtol=1e-2, atol=1e-2, equal_nan=True,
+                                       err_msg=f"{what} output {k}")
+            continue
         assert a.shape == r.shape and a.dtype == r.dtype, f"{what} output {k}: {a.dtype}{a.shape} vs {r.dtype}{r.shape}"
         if r.dtype.kind in "fc":
             np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5, equal_nan=True, err_msg=f"{what} output {k}")
@@ -79,7 +86,7 @@ def test_onnx_node_case(name):
 
 
 def test_how_many_cases_import():
-    """A floor under the cases that import (refusing one more would pass the test above): 772 of
+    """A floor under the cases that import (refusing one more would pass the test above): 810 of
     1,884 at this writing; most others feed an attribute-like input at run time, use a dtype the
     graph lacks, or an op without a converter."""
     imported = 0
@@ -89,7 +96,7 @@ def test_how_many_cases_import():
         except FrontendError:
             continue
         imported += 1
-    assert imported >= 765, imported
+    assert imported >= 800, imported
 
 
 DATA = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")

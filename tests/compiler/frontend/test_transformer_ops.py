@@ -346,7 +346,7 @@ def test_a_llama_style_decoder_block():
 PREFIXES = ("test_attention", "test_rms_normalization", "test_rotary_embedding", "test_swish")
 CASES = {tc.name: tc for tc in onnx_node_cases.collect_testcases(None)
          if tc.name.startswith(PREFIXES) and not tc.name.endswith("_expanded") and tc.data_sets}
-#: cases refused on purpose: the graph IR has no float16/bfloat16 (refused at the graph inputs)
+#: half-precision cases: computed in float32 (onnx_import._half_to_float), within half's rounding
 HALF = {name for name, tc in CASES.items()
         if any(i.type.tensor_type.elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16) for i in tc.model.graph.input)}
 #: a few also compiled for the cpu target (every case would cost a minute of compiling)
@@ -364,11 +364,6 @@ def test_the_node_cases_are_there():
 def test_onnx_node_case(name):
     tc = CASES[name]
     inputs, outputs = tc.data_sets[0]
-    if name in HALF:
-        with pytest.raises(ConversionError, match="float16|bfloat16") as e:
-            from_onnx(tc.model)
-        assert "\n" not in str(e.value).strip()
-        return
     inits = {t.name for t in tc.model.graph.initializer}
     feeds = dict(zip([i.name for i in tc.model.graph.input if i.name not in inits], inputs))
     results = [run(from_onnx(tc.model), feeds)]
@@ -378,5 +373,9 @@ def test_onnx_node_case(name):
         results.append([np.asarray(v).reshape(np.shape(r)) for v, r in zip(mod.run(feeds)[0].values(), outputs)])
     for got in results:
         for a, r in zip(got, outputs):
+            if name in HALF:
+                assert a.shape == r.shape and a.dtype == np.float32
+                np.testing.assert_allclose(a, np.asarray(r, np.float32), rtol=2e-2, atol=2e-2, equal_nan=True)
+                continue
             assert a.shape == r.shape and a.dtype == r.dtype
             np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5, equal_nan=True)
