@@ -169,6 +169,11 @@ def schedule_gemm(outs, tile: int = 8, reg: int = 2, kt: int = 8, vec: int = VEC
     M, N = shape[-2], shape[-1]
     tm, tn = _pow2_at_most(M, tile), _pow2_at_most(N, tile)
     rm, rn = _pow2_at_most(max(1, M // tm), reg), _pow2_at_most(max(1, N // tn), reg)
+    if rm * rn == 1 and (M % tm or N % tn):
+        # a one-element register tile becomes a scalar, and PoCL miscompiles a scalar accumulator
+        # of a partial tile (docs/gpu.md): two accumulators keep the tile an array (a 1 x 16 x 10
+        # dense gave wrong columns)
+        rn = 2
     axes = list(ost.op.axis)
     lead, i, j = axes[:-2], axes[-2], axes[-1]
     bi, ii = ost.split(i, tm * rm)

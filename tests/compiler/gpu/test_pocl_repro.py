@@ -72,3 +72,18 @@ def test_gemm_output_copy_stays_rolled_and_right(rng):
     y = np.full((4, 24), np.nan, "float32")
     run_kernel(k.to_attrs(), xs, y)
     np.testing.assert_allclose(y, np.maximum(xs[0] @ xs[1].T + xs[2], 0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 10, 16), (1, 7, 16), (2, 13, 16), (5, 1, 16), (9, 1, 16), (3, 17, 40)])
+def test_gemm_with_one_accumulator_per_thread_is_right(m, n, k, rng):
+    """A dense too small for two accumulators per thread left a one-element register tile, a
+    scalar, which PoCL miscompiles in a partial tile (a 1 x 16 -> 10 classifier head gave wrong
+    columns); such tiles get two accumulators."""
+    opencl_or_skip()
+    a, b = te.placeholder((m, k), "float32", name="a"), te.placeholder((n, k), "float32", name="b")
+    out = nn.dense(a, b)
+    kern = build_gpu(gpu.schedule_gpu([out]), [a, b, out], "opencl", f"k_dense_{m}_{n}_{k}")
+    xs = [rng.standard_normal(s).astype("float32") for s in ((m, k), (n, k))]
+    y = np.full((m, n), np.nan, "float32")
+    run_kernel(kern.to_attrs(), xs, y)
+    np.testing.assert_allclose(y, xs[0] @ xs[1].T, rtol=1e-5, atol=1e-5)
