@@ -292,15 +292,18 @@ def _cast():
             lambda a, x: x.astype(a["to"]))
 
 
+def _broadcast(n: Node) -> tuple[int, ...]:
+    """The numpy broadcast of the inputs' shapes (OpError naming the node when they do not)."""
+    try:
+        return np.broadcast_shapes(*(i.shape for i in n.inputs))
+    except ValueError:
+        fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
+
+
 def _binary(name: str, f):
     def factory():
         def infer(n):
-            dt = _same_dtype(n)
-            try:
-                shape = np.broadcast_shapes(*(i.shape for i in n.inputs))
-            except ValueError:
-                fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
-            return _t(shape, dt)
+            return _t(_broadcast(n), _same_dtype(n))
 
         def impl(a, x, y):
             return np.asarray(f(x, y)).astype(x.dtype, copy=False)
@@ -327,12 +330,7 @@ def _mod_ref(a, x, y):
           doc="numpy-broadcasting remainder with the divisor's sign (fmod=0) or the dividend's (fmod=1, C fmod)")
 def _mod():
     def infer(n):
-        dt = _same_dtype(n)
-        try:
-            shape = np.broadcast_shapes(*(i.shape for i in n.inputs))
-        except ValueError:
-            fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
-        return _t(shape, dt)
+        return _t(_broadcast(n), _same_dtype(n))
     return infer, lambda a, x, y: np.asarray(_mod_ref(a, x, y)).astype(x.dtype, copy=False)
 
 
@@ -341,11 +339,7 @@ def _compare(name: str, f):
     def factory():
         def infer(n):
             _same_dtype(n)
-            try:
-                shape = np.broadcast_shapes(*(i.shape for i in n.inputs))
-            except ValueError:
-                fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
-            return _t(shape, "bool")
+            return _t(_broadcast(n), "bool")
         return infer, lambda a, x, y: np.asarray(f(x, y))
     register(name, Pattern.BROADCAST, 2, doc=f"numpy-broadcasting {name}, a bool result")(factory)
 
@@ -357,11 +351,7 @@ def _logic(name: str, f, arity: int):
             for k, i in enumerate(n.inputs):
                 if i.dtype != "bool":
                     fail(n, f"input {k} must be bool, got {i.dtype}")
-            try:
-                shape = np.broadcast_shapes(*(i.shape for i in n.inputs))
-            except ValueError:
-                fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
-            return _t(shape, "bool")
+            return _t(_broadcast(n), "bool")
         return infer, lambda a, *xs: np.asarray(f(*xs))
     register(name, Pattern.ELEMWISE if arity == 1 else Pattern.BROADCAST, arity, doc=f"elementwise logical {name}")(
         factory)
@@ -384,11 +374,7 @@ def _where_op():
             fail(n, f"the condition (input 0) must be bool, got {c.dtype}")
         if x.dtype != y.dtype:
             fail(n, f"inputs 1 and 2 have different dtypes {x.dtype} and {y.dtype}")
-        try:
-            shape = np.broadcast_shapes(c.shape, x.shape, y.shape)
-        except ValueError:
-            fail(n, f"shapes {[list(i.shape) for i in n.inputs]} do not broadcast")
-        return _t(shape, x.dtype)
+        return _t(_broadcast(n), x.dtype)
     return infer, lambda a, c, x, y: np.where(c, x, y)
 
 

@@ -12,19 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 import compiler
 from compiler.frontend import ConversionError, from_onnx
 from compiler.graph import run
+from tests.compiler.frontend.onnx_helpers import model
 
 RNG = np.random.default_rng(7)
-
-
-def model(nodes, inputs, outputs, inits=(), opset=13):
-    """inputs/outputs: (name, elem_type, shape); inits: (name, array)."""
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-                          [numpy_helper.from_array(np.asarray(v), n) for n, v in inits])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 7
-    onnx.checker.check_model(m, full_check=True)
-    return m
 
 
 def ort_run(m, feeds):

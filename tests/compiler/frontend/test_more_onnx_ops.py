@@ -4,31 +4,23 @@ the Reduce* family, Softsign, ThresholdedRelu, Celu, Shrink, LpNormalization,
 MeanVarianceNormalization, GroupNormalization and Size. Each against onnxruntime on the graph
 interpreter and compiled for the cpu target with no numpy step."""
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import compiler
 from compiler.frontend import ConversionError, ModelLoadError, from_onnx
 from compiler.graph import run
+from tests.compiler.frontend import onnx_helpers
 
 RNG = np.random.default_rng(23)
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
 
 def model(nodes, inputs, outputs, inits=(), opset=17):
-    """inputs/outputs: (name, elem_type, shape); inits: (name, array)."""
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-                          [numpy_helper.from_array(np.asarray(v), n) for n, v in inits])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8
-    if all(s is not None for _, _, s in outputs):    # the checker wants every output's shape
-        onnx.checker.check_model(m, full_check=True)
-    return m
+    return onnx_helpers.model(nodes, inputs, outputs, inits, opset=opset, ir_version=8)
 
 
 def check(m, feeds, rtol=1e-5, atol=1e-5, build=True):
