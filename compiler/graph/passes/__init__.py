@@ -63,6 +63,10 @@ def _quantize_step(g: Graph, o: GraphOptions) -> Graph:
     if o.calibration_samples:
         cal = cal.merged(calibrate(g, o.calibration_samples))
     elif not cal.shifts:
+        if o.accel is None and any(n.op in ("quantize_linear", "dequantize_linear") for n in g.nodes):
+            # Q or DQ with no pair around a tensor (a model that only quantizes its output, or
+            # dequantizes an int8 input): nothing to run in int8, so the ops stay as they are
+            return g
         raise GraphPassError("quantize: needs calibration_samples (or a QDQ model's scales)")
     return quantize(g, cal)
 

@@ -39,7 +39,8 @@ COMPILED = ("test_where", "test_argmax", "test_argmin", "test_equal", "test_less
             "test_group_normalization", "test_mvn", "test_layer_normalization", "test_mod", "test_castlike",
             "test_isnan", "test_isinf", "test_trilu", "test_tril", "test_triu", "test_cumsum", "test_onehot",
             "test_hardmax", "test_gather_elements", "test_gathernd", "test_scatternd", "test_scatter_elements",
-            "test_rms_normalization", "test_rotary_embedding", "test_swish")
+            "test_rms_normalization", "test_rotary_embedding", "test_swish", "test_quantizelinear",
+            "test_dequantizelinear", "test_dynamicquantizelinear")
 
 
 def _feeds(tc, inputs):
