@@ -3,8 +3,10 @@
 add, requantize); chains of injective/elementwise ops fuse together; injective ops fuse into the
 reduction they feed. A producer fuses when the consumer is its single user, or when its other
 users head elementwise groups feeding only that consumer (a diamond such as SiLU, x * sigmoid(x),
-or HardSwish: the cases of TVM's post-dominator rule the kit needs); only within one target, and
-a group has at most one conv/dense/pool/reduce. Each group of two or more ops becomes one `fused`
+or HardSwish: the cases of TVM's post-dominator rule the kit needs); the elementwise groups that
+end at a node's other inputs join it too when it is their only user (a tree such as an LSTM
+cell's f * C + i * tanh(c)); only within one target, and a group has at most one
+conv/dense/pool/reduce. Each group of two or more ops becomes one `fused`
 node whose body is a graph; constants stay outside as its inputs (weights live in their own
 buffers)."""
 from __future__ import annotations
