@@ -127,8 +127,7 @@ def _half_to_float(model, src: str):
     g = out.graph
 
     def widened(t):
-        w = numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
-        return w
+        return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
     for k, t in enumerate(g.initializer):
         if t.data_type in half:
             g.initializer[k].CopyFrom(widened(t))
@@ -462,6 +461,14 @@ class _Ctx:
     def fail(self, msg: str):
         raise ConversionError(f"{self.onnx_node.op_type} '{self.node_name}': {msg}")
 
+    def axis(self, value, rank: int) -> int:
+        """An ONNX axis (an attribute, or a constant input of one value) in [-rank, rank), counted
+        from 0; outside it, a one-line error."""
+        a = int(np.ravel(value)[0])
+        if not -rank <= a < rank:
+            self.fail(f"axis {a} out of range for rank {rank}")
+        return a % rank
+
     def used_extra_output(self, k: int, what: str):
         self.fail(f"output {k} ({what}) is used by the model; only inference outputs are supported")
 
@@ -543,10 +550,8 @@ def _where(c):
 @converter("ArgMax", "ArgMin")
 def _arg_max_min(c):
     x = c.input(0)
-    if not -x.type.rank <= int(c.attr("axis", 0)) < max(x.type.rank, 1):
-        c.fail(f"axis {c.attr('axis', 0)} out of range for rank {x.type.rank}")
     return c.add("argmax" if c.onnx_node.op_type == "ArgMax" else "argmin", [x],
-                 {"axis": int(c.attr("axis", 0)) % max(x.type.rank, 1), "keepdims": int(c.attr("keepdims", 1)),
+                 {"axis": c.axis(c.attr("axis", 0), x.type.rank), "keepdims": int(c.attr("keepdims", 1)),
                   "select_last_index": int(c.attr("select_last_index", 0))})
 
 
@@ -557,10 +562,8 @@ def _topk(c):
     k = c.value(1, "K") if c.opset >= 10 else c.attr("k")
     if k is None or np.size(k) != 1:
         c.fail("K must be one constant integer")
-    axis = int(c.attr("axis", -1))
-    if not -x.type.rank <= axis < x.type.rank:
-        c.fail(f"axis {axis} out of range for rank {x.type.rank}")
-    attrs = {"k": int(np.ravel(k)[0]), "axis": axis % x.type.rank, "largest": int(c.attr("largest", 1))}
+    attrs = {"k": int(np.ravel(k)[0]), "axis": c.axis(c.attr("axis", -1), x.type.rank),
+             "largest": int(c.attr("largest", 1))}
     return [c.add("topk", [x], {**attrs, "output": which}, suffix=which)
             for which, name in zip(("values", "indices"), c.onnx_node.output) if name]
 
@@ -829,10 +832,7 @@ def _cumsum(c):
     if not x.dtype.startswith("float"):
         c.fail(f"only float inputs are supported, got {x.dtype}")
     rank = x.type.rank
-    ax = int(np.ravel(c.value(1, "axis"))[0])
-    if not -rank <= ax < rank:
-        c.fail(f"axis {ax} out of range for rank {rank}")
-    ax %= rank
+    ax = c.axis(c.value(1, "axis"), rank)
     n = x.shape[ax]
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]     # out[j] = sum of x[i] over the kept i
     keep = (i > j if c.attr("exclusive", 0) else i >= j) if c.attr("reverse", 0) else \
@@ -853,10 +853,7 @@ def _one_hot(c):
     if depth < 1 or values.size != 2:
         c.fail(f"depth must be >= 1 and values two numbers, got depth {depth}, {values.size} value(s)")
     rank = idx.type.rank + 1
-    ax = int(c.attr("axis", -1))
-    if not -rank <= ax < rank:
-        c.fail(f"axis {ax} out of range for rank {rank}")
-    ax %= rank
+    ax = c.axis(c.attr("axis", -1), rank)
     if idx.dtype.startswith("float"):
         idx = c.add("cast", [c.add("floor", [idx], suffix="floor")], {"to": "int64"}, suffix="int")
     elif idx.dtype != "int64":
@@ -878,10 +875,7 @@ def _hardmax(c):
     """1 at the first maximum along the axis, 0 elsewhere."""
     x = c.input(0)
     rank = x.type.rank
-    ax = int(c.attr("axis", -1))
-    if not -rank <= ax < rank:
-        c.fail(f"axis {ax} out of range for rank {rank}")
-    ax %= rank
+    ax = c.axis(c.attr("axis", -1), rank)
     arg = c.add("argmax", [x], {"axis": ax, "keepdims": 1, "select_last_index": 0}, suffix="argmax")
     pos_shape = [1] * rank
     pos_shape[ax] = x.shape[ax]
@@ -1264,11 +1258,7 @@ def _reduce_axes(c) -> tuple | None | bool:
     axes = c.value(1, "axes") if c.opset >= (13 if c.onnx_node.op_type == "ReduceSum" else 18) else c.attr("axes")
     if axes is None or np.size(axes) == 0:
         return False if c.attr("noop_with_empty_axes", 0) else None
-    rank = x.type.rank
-    for a in np.ravel(axes):
-        if not -rank <= int(a) < rank:
-            c.fail(f"axis {int(a)} out of range for rank {rank}")
-    return tuple(int(a) % rank for a in np.ravel(axes))
+    return tuple(c.axis(a, x.type.rank) for a in np.ravel(axes))
 
 
 @converter("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd")
@@ -1318,13 +1308,12 @@ def _reduce_composite(c):
 def _lp_normalization(c):
     """x / ||x||_p along one axis (p 1 or 2); 0 where the norm is 0."""
     x = c.input(0)
-    p, axis = int(c.attr("p", 2)), int(c.attr("axis", -1))
+    p = int(c.attr("p", 2))
     if p not in (1, 2):
         c.fail(f"p={p} must be 1 or 2")
-    if not -x.type.rank <= axis < x.type.rank:
-        c.fail(f"axis {axis} out of range for rank {x.type.rank}")
+    axis = c.axis(c.attr("axis", -1), x.type.rank)
     v = c.add("abs", [x], suffix="abs") if p == 1 else c.add("mul", [x, x], suffix="square")
-    norm = c.add("reduce_sum", [v], {"axes": (axis % x.type.rank,), "keepdims": 1}, suffix="sum")
+    norm = c.add("reduce_sum", [v], {"axes": (axis,), "keepdims": 1}, suffix="sum")
     if p == 2:
         norm = c.add("sqrt", [norm], suffix="norm")
     zero = c.add("equal", [norm, c.const(np.zeros((), x.dtype), "zero")], suffix="is_zero")
@@ -1444,10 +1433,7 @@ def _gather_scatter(c):
     ins = [c.input(k) for k in range(len(c.onnx_node.input))]
     x = ins[0]
     if op in ("gather_elements", "scatter_elements"):
-        ax = int(c.attr("axis", 0))
-        if not -x.type.rank <= ax < x.type.rank:
-            c.fail(f"axis {ax} out of range for rank {x.type.rank}")
-        attrs = {"axis": ax % x.type.rank}
+        attrs = {"axis": c.axis(c.attr("axis", 0), x.type.rank)}
     elif op == "gather_nd":
         attrs = {"batch_dims": int(c.attr("batch_dims", 0))}
     else:

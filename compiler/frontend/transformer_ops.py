@@ -73,9 +73,7 @@ def _rms_normalization(c: _Ctx):
     (X times the reciprocal, then the scale)."""
     x, s = _float32(c, 0, "X"), _float32(c, 1, "scale")
     r = x.type.rank
-    axis = int(c.attr("axis", -1))
-    if not -r <= axis < r:
-        c.fail(f"axis {axis} is out of range for rank {r}")
+    axis = c.axis(c.attr("axis", -1), r)
     if int(c.attr("stash_type", 1)) != 1:
         c.fail(f"stash_type={c.attr('stash_type')} is not supported (only 1: float32, as in onnx's reference)")
     try:
@@ -86,7 +84,7 @@ def _rms_normalization(c: _Ctx):
         c.fail(f"scale {list(s.shape)} does not broadcast to X {list(x.shape)}")
     eps = c.const(np.asarray(float(c.attr("epsilon", 1e-5)), np.float32), "epsilon")
     mean_sq = c.add("reduce_mean", [c.add("mul", [x, x], suffix="square")],
-                    {"axes": list(range(axis % r, r)), "keepdims": 1}, suffix="mean_square")
+                    {"axes": list(range(axis, r)), "keepdims": 1}, suffix="mean_square")
     rms = c.add("sqrt", [c.add("add", [mean_sq, eps], suffix="plus_epsilon")], suffix="rms")
     normalized = c.add("mul", [x, c.add("reciprocal", [rms], suffix="inverse_rms")], suffix="normalized")
     return c.add("mul", [normalized, s])

@@ -244,3 +244,14 @@ def test_a_float16_model_computes_in_float32():
     assert mod.meta["fallbacks"] == [] and mod.count("numpy") == 0
     out = np.asarray(next(iter(mod.run({"x": x})[0].values())))
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [2, -3])
+def test_an_axis_outside_the_rank_is_one_error(axis):
+    """CumSum's axis is an input, which onnx's checker does not look at: the converter says which
+    axis and rank."""
+    m = model([helper.make_node("CumSum", ["x", "ax"], ["y"], name="cs")], [("x", F, [3, 4])], [("y", F, [3, 4])],
+              inits=[("ax", np.array(axis, np.int64))])
+    with pytest.raises(ConversionError, match=rf"^CumSum 'cs': axis {axis} out of range for rank 2$"):
+        from_onnx(m)
+
