@@ -1253,6 +1253,31 @@ def _fused():
     return infer, impl
 
 
+def _in_range(op: str, idx: np.ndarray, n: int, where: str) -> np.ndarray:
+    """Run-time indices into an axis of n, negative ones counted from the end, as int64; one out of
+    [-n, n) is an IndexError naming it (the NumPy step never reads outside the tensor)."""
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        raise IndexError(f"{op}: index {int(idx[bad].flat[0])} out of range [-{n}, {n - 1}] for {where}")
+    return np.where(idx < 0, idx + n, idx).astype(np.int64)
+
+
+#: ONNX's scatter reductions (reduction="none" writes)
+_SCATTER_REDUCTIONS = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+_SCATTER_REDUCTION = one_of("none", "none", *_SCATTER_REDUCTIONS)
+
+
+def _scatter(x: np.ndarray, where: tuple, upd: np.ndarray, reduction: str) -> np.ndarray:
+    """A copy of x with upd written at the index arrays `where`, or combined there by the
+    reduction (repeated indices each combine; with "none" ONNX leaves them undefined)."""
+    out = x.copy()
+    if reduction == "none":
+        out[where] = upd
+    else:
+        _SCATTER_REDUCTIONS[reduction].at(out, where, upd)
+    return out
+
+
 @register("gather", Pattern.OPAQUE, 2, {"axis": 0},
           doc="gather along one axis at indices computed at run time (ONNX Gather: an embedding lookup)")
 def _gather():
@@ -1265,18 +1290,8 @@ def _gather():
 
     def impl(a, x, idx):
         ax = a["axis"] % x.ndim
-        n = x.shape[ax]
-        bad = (idx < -n) | (idx >= n)
-        if bad.any():
-            raise IndexError(f"gather: index {int(idx[bad].flat[0])} out of range [-{n}, {n - 1}] for axis {ax}")
-        return np.take(x, idx, axis=ax)
+        return np.take(x, _in_range("gather", idx, x.shape[ax], f"axis {ax}"), axis=ax)
     return infer, impl
-
-
-def _check_indices(op: str, idx: np.ndarray, n: int, where: str):
-    bad = (idx < -n) | (idx >= n)
-    if bad.any():
-        raise IndexError(f"{op}: index {int(idx[bad].flat[0])} out of range [-{n}, {n - 1}] for {where}")
 
 
 @register("gather_elements", Pattern.OPAQUE, 2, {"axis": 0},
@@ -1293,9 +1308,8 @@ def _gather_elements():
 
     def impl(a, x, idx):
         ax = a["axis"] % x.ndim
-        _check_indices("gather_elements", idx, x.shape[ax], f"axis {ax}")
         sub = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
-        return np.take_along_axis(sub, np.where(idx < 0, idx + x.shape[ax], idx).astype(np.int64), axis=ax)
+        return np.take_along_axis(sub, _in_range("gather_elements", idx, x.shape[ax], f"axis {ax}"), axis=ax)
     return infer, impl
 
 
@@ -1312,9 +1326,7 @@ def _gather_nd():
 
     def impl(a, x, idx):
         b, q = a["batch_dims"], idx.shape[-1]
-        for k in range(q):
-            _check_indices("gather_nd", idx[..., k], x.shape[b + k], f"axis {b + k}")
-        idx = np.where(idx < 0, idx + np.asarray(x.shape[b:b + q]), idx).astype(np.int64)
+        idx = np.stack([_in_range("gather_nd", idx[..., k], x.shape[b + k], f"axis {b + k}") for k in range(q)], -1)
         bshape = x.shape[:b]
         xb = x.reshape((-1,) + x.shape[b:])
         ib = idx.reshape((xb.shape[0], -1, q))
@@ -1323,9 +1335,8 @@ def _gather_nd():
     return infer, impl
 
 
-@register("scatter_nd", Pattern.OPAQUE, 3, {"reduction": one_of("none", "none", "add", "mul", "max", "min")},
-          doc="x with updates written at index tuples (ONNX ScatterND; in order, so a repeated index keeps "
-              "the last); a NumPy step")
+@register("scatter_nd", Pattern.OPAQUE, 3, {"reduction": _SCATTER_REDUCTION},
+          doc="x with updates written (or combined by the reduction) at index tuples (ONNX ScatterND); a NumPy step")
 def _scatter_nd():
     def infer(n):
         x, idx, upd = (i.type for i in n.inputs)
@@ -1337,21 +1348,13 @@ def _scatter_nd():
 
     def impl(a, x, idx, upd):
         q = idx.shape[-1]
-        for k in range(q):
-            _check_indices("scatter_nd", idx[..., k], x.shape[k], f"axis {k}")
-        out = x.copy()
-        idx = np.where(idx < 0, idx + np.asarray(x.shape[:q]), idx).astype(np.int64).reshape(-1, q)
-        upd = upd.reshape((idx.shape[0],) + x.shape[q:])
-        op = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(a["reduction"])
-        for k in range(idx.shape[0]):
-            t = tuple(idx[k])
-            out[t] = upd[k] if op is None else op(out[t], upd[k])
-        return out
+        where = tuple(_in_range("scatter_nd", idx[..., k], x.shape[k], f"axis {k}").reshape(-1) for k in range(q))
+        return _scatter(x, where, upd.reshape((where[0].size,) + x.shape[q:]), a["reduction"])
     return infer, impl
 
 
 @register("scatter_elements", Pattern.OPAQUE, 3,
-          {"axis": 0, "reduction": one_of("none", "none", "add", "mul", "max", "min")},
+          {"axis": 0, "reduction": _SCATTER_REDUCTION},
           doc="x with updates written at idx along one axis (ONNX ScatterElements); a NumPy step")
 def _scatter_elements():
     def infer(n):
@@ -1364,14 +1367,9 @@ def _scatter_elements():
 
     def impl(a, x, idx, upd):
         ax = a["axis"] % x.ndim
-        _check_indices("scatter_elements", idx, x.shape[ax], f"axis {ax}")
-        out = x.copy()
-        idx = np.where(idx < 0, idx + x.shape[ax], idx).astype(np.int64)
-        op = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(a["reduction"])
-        for pos in np.ndindex(*idx.shape):
-            t = pos[:ax] + (int(idx[pos]),) + pos[ax + 1:]
-            out[t] = upd[pos] if op is None else op(out[t], upd[pos])
-        return out
+        where = list(np.indices(idx.shape, sparse=True))
+        where[ax] = _in_range("scatter_elements", idx, x.shape[ax], f"axis {ax}")
+        return _scatter(x, tuple(where), upd, a["reduction"])
     return infer, impl
 
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 import compiler
 from compiler.frontend import ConversionError, ModelLoadError, from_onnx
-from compiler.graph import run
+from compiler.graph import OpError, run
 from tests.compiler.frontend import onnx_helpers
 
 RNG = np.random.default_rng(23)
@@ -255,3 +255,22 @@ def test_an_axis_outside_the_rank_is_one_error(axis):
     with pytest.raises(ConversionError, match=rf"^CumSum 'cs': axis {axis} out of range for rank 2$"):
         from_onnx(m)
 
+
+@pytest.mark.parametrize("op, idx, upd", [("GatherElements", [[0, 3], [1, -4]], None),
+                                          ("ScatterElements", [[0, 1], [5, 0]], [[1.0, 2.0], [3.0, 4.0]])])
+def test_a_runtime_index_outside_its_axis_is_one_error(op, idx, upd):
+    """Indices given at run time are checked against the axis before the NumPy step reads or writes
+    (interpreted and compiled): the error names the op, the index and the range."""
+    ins = [("x", F, [2, 3]), ("i", I64, [2, 2])] + ([("u", F, [2, 2])] if upd is not None else [])
+    m = model([helper.make_node(op, [n for n, _, _ in ins], ["y"], axis=1)], ins,
+              [("y", F, [2, 2] if upd is None else [2, 3])])
+    feeds = {"x": _x(2, 3), "i": np.array(idx, np.int64)}
+    if upd is not None:
+        feeds["u"] = np.array(upd, np.float32)
+    bad = 3 if upd is None else 5
+    match = rf"{'gather' if upd is None else 'scatter'}_elements: index {bad} out of range \[-3, 2\] for axis 1"
+    with pytest.raises(OpError, match=rf"^{'gather' if upd is None else 'scatter'}_elements '{op}_0': .*{match}"):
+        run(from_onnx(m), feeds)
+    mod = compiler.build_model(m, target="cpu")
+    with pytest.raises(Exception, match=match):
+        mod.run(feeds)
