@@ -172,8 +172,9 @@ static void *pool_main(void *arg) {
       /* yield now and then: a helper spinning on the core the caller runs on (another program
          holds the other) would take half the caller's time (an LSTM's serial steps ran 1.7x
          slower beside a busy core); alone on its core, sched_yield returns at once */
-      if ((i & 63) == 63) sched_yield();
-      if ((i & 63) == 63 && now_ns() > until) {
+      if ((i & 63) != 63) continue;
+      sched_yield();
+      if (now_ns() > until) {
         pthread_mutex_lock(&mu);
         STORE(&n_sleeping, LOAD(&n_sleeping) + 1);
         while ((uint32_t)(LOAD(&join_word) >> 32) == seen && !LOAD(&stop)) pthread_cond_wait(&cv_start, &mu);

@@ -650,13 +650,17 @@ def depthwise_conv2d_flat(data, weight, strides=(1, 1), pads=(0, 0, 0, 0), out_d
 
 # ---------------------------------------------------------------- reductions / LRN
 
+#: the te reducer of each reduce kind (mean sums, then scales)
+_REDUCERS = {"sum": te.sum, "mean": te.sum, "max": te.max, "min": te.min, "prod": te.prod}
+
+
 def reduce(x, axes=None, keepdims=1, kind="sum"):
     """sum / mean / max of x over `axes` (None: all), keeping them as 1s when keepdims; float
     only (the graph IR's reductions are float ops)."""
     if not dt.is_float(x.dtype):
         raise OpError(f"reduce_{kind}: float input only, got {x.dtype}")
-    if kind not in ("sum", "mean", "max", "min", "prod"):
-        raise OpError(f"reduce: kind must be sum, mean, max, min or prod, got {kind!r}")
+    if kind not in _REDUCERS:
+        raise OpError(f"reduce: kind must be one of {', '.join(_REDUCERS)}, got {kind!r}")
     rank = x.ndim
     axes = tuple(range(rank)) if axes is None else tuple(sorted({_norm_axis(a, rank, f"reduce_{kind}")
                                                                  for a in axes}))
@@ -675,7 +679,7 @@ def reduce(x, axes=None, keepdims=1, kind="sum"):
             else:
                 idx.append(next(it))
         return tuple(idx)
-    red_fn = {"max": te.max, "min": te.min, "prod": te.prod}.get(kind, te.sum)
+    red_fn = _REDUCERS[kind]
     total = te.compute(out_shape, lambda *o: red_fn(x[index(o)], axis=red), name=f"reduce_{kind}",
                        tag=f"reduce_{kind}")
     if kind != "mean":
@@ -697,14 +701,14 @@ def arg_reduce(x, axis, keepdims, select_last_index, kind):
 
     def at(o, k):
         return x[tuple(o[:ax]) + (k,) + tuple(o[ax:])]
-    extreme = te.compute(kept, lambda *o: (te.max if kind == "max" else te.min)(at(o, r1), axis=r1),
-                         name=f"arg{kind}_value", tag=f"reduce_{kind}")
+    extreme = te.compute(kept, lambda *o: _REDUCERS[kind](at(o, r1), axis=r1), name=f"arg{kind}_value",
+                         tag=f"reduce_{kind}")
+    # the last index holding it is the largest (positions elsewhere count as -1), the first the
+    # smallest (elsewhere n)
+    pick, elsewhere = (te.max, -1) if select_last_index else (te.min, n)
     k64 = r2.var.astype("int64")
-    if select_last_index:
-        pick = lambda o: te.max(te.select(at(o, r2) == extreme[o], k64, te.const(-1, "int64")), axis=r2)  # noqa: E731
-    else:
-        pick = lambda o: te.min(te.select(at(o, r2) == extreme[o], k64, te.const(n, "int64")), axis=r2)  # noqa: E731
-    idx = te.compute(kept, lambda *o: pick(o), name=f"arg{kind}", tag=f"reduce_arg{kind}")
+    idx = te.compute(kept, lambda *o: pick(te.select(at(o, r2) == extreme[o], k64, te.const(elsewhere, "int64")),
+                                           axis=r2), name=f"arg{kind}", tag=f"reduce_arg{kind}")
     if not keepdims:
         return idx
     return te.compute(tuple(1 if a == ax else d for a, d in enumerate(x.shape)),
