@@ -251,6 +251,19 @@ def vit(seed: int = 0, size: int = 224, dim: int = 192, layers: int = 2, heads: 
     return b.build([b.linear(b.op("ReduceMean", [t], axes=[1], keepdims=0), dim, 1000)])
 
 
+def aspp(seed: int = 0, size: int = 65, c: int = 256):
+    """DeepLab's atrous spatial pyramid pooling head: a 1x1 conv beside 3x3 convs at dilations 6,
+    12 and 18 over one map (65x65: output stride 8 of a 513 image), concatenated, then a 1x1
+    classifier over 21 classes. Much of the dilated taps fall in the padding."""
+    b = ModelBuilder("aspp", seed)
+    x = b.input("x", (1, c, size, size))
+    outs = [b.op("Relu", [b.conv(x, c, 64, k=1)])]
+    for r in (6, 12, 18):
+        w = b.weight((64, c, 3, 3))
+        outs.append(b.op("Relu", [b.op("Conv", [x, w], kernel_shape=[3, 3], dilations=[r, r], pads=[r] * 4)]))
+    return b.build([b.conv(b.op("Concat", outs, axis=1), 256, 21, k=1)])
+
+
 def rnn(kind: str = "LSTM", seed: int = 0, steps: int = 32, features: int = 64, hidden: int = 128,
         layers: int = 2):
     """A speech-style recurrent encoder: stacked bidirectional LSTM or GRU layers (PyTorch's gate
@@ -274,7 +287,7 @@ def rnn(kind: str = "LSTM", seed: int = 0, steps: int = 32, features: int = 64, 
 
 NETS = {"tiny_cnn": zoo.conv_bn_relu_pool, "mlp": zoo.mlp, "transformer_encoder": zoo.transformer_encoder,
         "resnet18": resnet18, "mobilenetv2": mobilenetv2, "mobilenetv3": mobilenetv3, "efficientnet": efficientnet,
-        "unet": unet, "yolo": yolo, "vit": vit, "lstm": partial(rnn, "LSTM"), "gru": partial(rnn, "GRU")}
+        "unet": unet, "yolo": yolo, "vit": vit, "lstm": partial(rnn, "LSTM"), "gru": partial(rnn, "GRU"), "aspp": aspp}
 #: the issue's five; the other model classes (not in the issue's set) with --nets
 DEFAULT_NETS = "tiny_cnn,mlp,transformer_encoder,resnet18,mobilenetv2"
 #: the classic vision models in the onnx wheel (onnx/backend/test/data/light), weights ConstantOfShape

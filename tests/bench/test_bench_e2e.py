@@ -55,11 +55,12 @@ def test_bad_flags_are_refused_by_name(e2e, argv, what, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("net, size", [("unet", {"size": 32}), ("yolo", {"size": 64}), ("vit", {"size": 48}),
-                                       ("lstm", {"steps": 5}), ("gru", {"steps": 5})])
+                                       ("lstm", {"steps": 5}), ("gru", {"steps": 5}),
+                                       ("aspp", {"size": 19, "c": 32})])
 def test_model_class_nets_compile_and_match_onnxruntime(e2e, net, size):
-    """The U-Net, YOLO-, ViT-style and recurrent nets (smaller than the benchmark's) on the cpu
-    target, with no numpy step: transposed convs, nearest resizes, 255-channel heads, row softmax,
-    stacked bidirectional LSTM and GRU layers."""
+    """The U-Net, YOLO-, ViT-style, recurrent and ASPP nets (smaller than the benchmark's) on the
+    cpu target, with no numpy step: transposed convs, nearest resizes, 255-channel heads, row
+    softmax, stacked bidirectional LSTM and GRU layers, dilated convs."""
     m = e2e.NETS[net](**size)
     feed = sample_inputs(m)[0]
     refs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
