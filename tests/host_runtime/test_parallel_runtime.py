@@ -271,6 +271,36 @@ print(h.stats())
     assert eval(r.stdout.strip().splitlines()[-1])["backed_off_launches"] > 0
 
 
+def test_a_helper_on_the_callers_cpu_is_moved_off_it(harness_so):
+    """A helper stuck on the caller's CPU never runs while the caller does: the next launch moves it
+    to the pool's other CPUs (the kernel seldom moves a cache-hot caller), and results stay exact."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    r = _run_child(_child_script(f"""
+import os, time
+me = os.getpid()
+before = set(map(int, os.listdir(f"/proc/{{me}}/task")))
+h = Harness({str(harness_so)!r})
+h.threads(2)
+h.config(adaptive=0)
+out = np.zeros((16, 1), np.int32)
+h.run(out)
+helper, = set(map(int, os.listdir(f"/proc/{{me}}/task"))) - before
+os.sched_setaffinity(helper, {{{cpus[0]}}})
+os.sched_setaffinity(0, {{{cpus[0]}}})
+runs = 1
+while runs < 200 and h.stats()["helpers_moved"] == 0:
+    time.sleep(0.002)   # the helper runs on the caller's CPU meanwhile, and says so
+    h.run(out, spin_us=20)
+    runs += 1
+assert (out == runs).all()
+print(h.stats()["helpers_moved"], sorted(os.sched_getaffinity(helper)))
+"""))
+    moved, allowed = r.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(moved) >= 1 and eval(allowed) == cpus[1:]
+
+
 #: a C program that drives the runtime from one and from three threads, nested loops included,
 #: every thread count 1-4 and adaptive mode 0-2, reading the counters meanwhile
 STRESS_C = r"""
@@ -313,7 +343,7 @@ int main(void) {
     bad |= (int)(long)caller((void *)1L);   /* one caller: the pool is used */
     pthread_t th[3];
     for (long i = 0; i < 3; i++) pthread_create(&th[i], 0, caller, (void *)i);
-    long long st[9];
+    long long st[10];
     for (int k = 0; k < 100; k++) kit_parallel_stats(st);
     for (int i = 0; i < 3; i++) { void *r; pthread_join(th[i], &r); bad |= (int)(long)r; }
     kit_parallel_stats(st);
