@@ -55,7 +55,7 @@ from accel.isa.layout import pack_blocked, unpack_blocked
 from .device import Device
 from .errors import HostRuntimeError
 from .gpu import DeviceTensors, GpuError, check_gpu_attrs, open_device
-from .kernel_cache import KernelBuildError, KernelCacheError, KernelIRError, load_kernels, verify_ir
+from .kernel_cache import RUN_STEPS_MAX_ARGS, KernelBuildError, KernelCacheError, KernelIRError, load_kernels, verify_ir
 from .targets import _VERSION, TargetError, check_versions, current_versions, plugin_kernel, resolve_target
 
 log = logging.getLogger(__name__)
@@ -929,6 +929,7 @@ class Executor:
         self.gpu = DeviceTensors(self.views, m.consts, [(t.addr, t.nbytes) for t in m.tensors]) \
             if m.count("gpu") else None
         self._consts: dict[str, np.ndarray] = {}   # kernel constants, 64-byte aligned (aligned())
+        self._kernel_ptrs: dict[str, tuple] = {}   # llvm step -> (function address, argument pointers, arrays)
         self._calls = [self._prepare(s) for s in m.steps]
         self._row_target = [plugin_kernel(s.symbol)[0] if s.kind == "plugin" else
                             "accel" if s.kind == "accel" else "gpu" if s.kind == "gpu" else "cpu" for s in m.steps]
@@ -936,6 +937,49 @@ class Executor:
             self._calls = [c if s.kind == "gpu" else self.gpu.host_step(c, [a[1] for a in s.args if a[0] == "t"],
                                                                          s.output)
                            for s, c in zip(m.steps, self._calls)]
+        self._segments = self._batch_kernel_steps()
+
+    def _batch_kernel_steps(self) -> list:
+        """The lean run's segments: ("call", k) runs step k from Python; ("batch", k0, k1, runner)
+        runs steps k0..k1-1, each a CPU kernel, in one call into the runtime (kit_run_steps): a
+        ctypes call costs about a microsecond, as much as a small kernel."""
+        steps = self.module.steps
+        batchable = [self.gpu is None and s.kind == "llvm" and s.name in self._kernel_ptrs and
+                     len(self._kernel_ptrs[s.name][1]) <= RUN_STEPS_MAX_ARGS for s in steps]
+        segments, k = [], 0
+        while k < len(steps):
+            end = k
+            while end < len(steps) and batchable[end]:
+                end += 1
+            if end - k < 2:
+                segments.append(("call", k))
+                k += 1
+                continue
+            segments.append(("batch", k, end, self._step_runner([self._kernel_ptrs[s.name] for s in steps[k:end]])))
+            k = end
+        return segments
+
+    def _step_runner(self, kernels: list[tuple]) -> Callable[[], np.ndarray]:
+        """One call that runs the kernels in order; returns each one's time (ns)."""
+        n = len(kernels)
+        fns = (ctypes.c_void_p * n)(*[f for f, _, _ in kernels])
+        nargs = (ctypes.c_int * n)(*[len(p) for _, p, _ in kernels])
+        flat = [p for _, ptrs, _ in kernels for p in ptrs]
+        args = (ctypes.c_void_p * len(flat))(*flat)
+        ns = np.zeros(n, np.int64)
+        run = self.lib.lib.kit_run_steps
+        run.restype = ctypes.c_int
+        run.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        keep = (fns, nargs, args, ns, [arrays for _, _, arrays in kernels])
+        ns_ptr = ns.ctypes.data
+
+        def call():
+            done = run(n, fns, nargs, args, ns_ptr)
+            if done != n:
+                raise ExecutorError(f"kernel batch stopped at its step {done} of {n}: argument count out of range")
+            return ns
+        call.keep = keep   # the arrays behind the pointers live as long as the runner
+        return call
 
     def _view(self, t: TensorSpec) -> np.ndarray:
         if t.addr < 0 or t.addr + t.nbytes > self.arena.size:
@@ -983,6 +1027,7 @@ class Executor:
             fn.argtypes = [ctypes.c_void_p] * len(arrays)
             ptrs = [a.ctypes.data for a in arrays]
             keep = arrays  # the constants' arrays must outlive the pointers
+            self._kernel_ptrs[s.name] = (ctypes.cast(fn, ctypes.c_void_p).value, ptrs, keep)
 
             def call():
                 fn(*ptrs)
@@ -1092,11 +1137,16 @@ class Executor:
         if progress is None and not keep:
             # the lean loop: a small model's whole run is tens of microseconds, so per-step
             # bookkeeping waits until `profile` is read
-            for k, call in enumerate(self._calls):
+            calls = self._calls
+            for seg in self._segments:
+                if seg[0] == "batch":
+                    _, k0, k1, runner = seg
+                    times[k0:k1] = (runner() * 1e-9).tolist()
+                    continue
+                k = seg[1]
                 t0 = perf()
-                r = call()
+                results[k] = calls[k]()
                 times[k] = perf() - t0
-                results[k] = r
         else:
             # tensors no step writes as a whole (a concat its producers wrote in place, plan_memory's
             # elided ones): kept as the first step that reads them finds them

@@ -1,11 +1,16 @@
 """The executor's run loop: the profile it reports (built when read, for the last run only), the
-results it keeps (accelerator steps' RunResults, None for host steps) and its input checks."""
+results it keeps (accelerator steps' RunResults, None for host steps), its input checks, and the
+batches of CPU kernel steps it runs in one call into the runtime."""
+import ctypes
+
 import numpy as np
 import pytest
 
 from compiler import build_model
 from compiler.frontend import zoo
+from host_runtime import executor as executor_mod
 from host_runtime.executor import Executor, ExecutorError
+from host_runtime.kernel_cache import RUN_STEPS_MAX_ARGS
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +59,45 @@ def test_inputs_are_checked_by_name_count_and_shape(mixed):
         ex.run({name: x[..., 0]})
     out = ex.run([x.astype(np.float64)])   # another dtype is cast, as before
     np.testing.assert_array_equal(next(iter(out.values())), next(iter(ex.run(feeds[0]).values())))
+
+
+@pytest.fixture(scope="module")
+def cpu_encoder():
+    """A transformer encoder on the cpu target: runs of consecutive CPU kernel steps."""
+    m = zoo.transformer_encoder()
+    return build_model(m, target="cpu"), zoo.sample_inputs(m, 2, seed=3)
+
+
+def test_kernel_steps_run_in_batches_exactly_as_one_by_one(cpu_encoder, monkeypatch):
+    mod, feeds = cpu_encoder
+    ex = Executor(mod)
+    batches = [seg for seg in ex._segments if seg[0] == "batch"]
+    assert batches and sum(k1 - k0 for _, k0, k1, _ in batches) >= len(mod.steps) // 2
+    covered = sorted([seg[1] for seg in ex._segments if seg[0] == "call"] +
+                     [k for _, k0, k1, _ in batches for k in range(k0, k1)])
+    assert covered == list(range(len(mod.steps)))   # every step once, in order
+    for feed in feeds:
+        lean = ex.run(feed)
+        assert all(r["time_s"] > 0 for r in ex.profile)   # the batch's own per-step times
+        one_by_one = ex.run(feed, progress=lambda *a: None)   # the per-step loop
+        assert all(np.array_equal(lean[k], one_by_one[k]) for k in lean)
+    # a kernel with more pointers than the runner's calls take runs on its own, with the same result
+    monkeypatch.setattr(executor_mod, "RUN_STEPS_MAX_ARGS", 2)
+    narrow = Executor(mod)
+    for seg in narrow._segments:
+        if seg[0] == "batch":
+            assert all(len(narrow._kernel_ptrs[s.name][1]) <= 2 for s in mod.steps[seg[1]:seg[2]])
+    assert any(seg[0] == "call" and mod.steps[seg[1]].kind == "llvm" for seg in narrow._segments)
+    got = narrow.run(feeds[0])
+    assert all(np.array_equal(got[k], ex.run(feeds[0])[k]) for k in got)
+
+
+def test_runner_refuses_an_argument_count_it_cannot_call(cpu_encoder):
+    mod, _ = cpu_encoder
+    ex = Executor(mod)
+    run = ex.lib.lib.kit_run_steps
+    fns = (ctypes.c_void_p * 1)(ex._kernel_ptrs[mod.steps[0].name][0])
+    for bad in (0, RUN_STEPS_MAX_ARGS + 1):
+        nargs = (ctypes.c_int * 1)(bad)
+        ns = (ctypes.c_longlong * 1)()
+        assert run(1, fns, nargs, (ctypes.c_void_p * 1)(), ns) == 0   # stops before the call
