@@ -197,7 +197,7 @@ def space(wl: Workload) -> list[dict]:
         return [p for k, p in enumerate(pts) if k == 0 or (
             cpu.largest_divisor(O, p["pw_oc"]) * p["pw_vecs"] <= regs - 2 and vl * p["pw_vecs"] <= 2 * P)]
     if fam == "depthwise":
-        return _product({"dw_vecs": 1, "dw_unroll": True, "parallel": "auto"}, dw_vecs=[1, 2, 4],
+        return _product({"dw_vecs": cpu.DW_FLAT_VECS, "dw_unroll": True, "parallel": "auto"}, dw_vecs=[1, 2, 4, 8],
                         dw_unroll=[True, False], parallel=PARALLEL)
     if fam == "dw_blocked":   # data (N, C', H, W, c), kernel (C', KH, KW, c): one vector per pixel
         OW = wl.out_shape[3]
