@@ -715,6 +715,25 @@ def _constant_of_shape(c):
     return c.const(np.full(shape, v.reshape(-1)[0], v.dtype), "value")
 
 
+@converter("Range")
+def _range(c):
+    """start, start + delta, ... below limit (above it for a negative delta), all three constant:
+    exports compute window and mask indices from static shapes this way (Swin's shifted windows)."""
+    start, limit, delta = (np.asarray(c.value(k, what)) for k, what in enumerate(("start", "limit", "delta")))
+    for k, (what, v) in enumerate((("start", start), ("limit", limit), ("delta", delta))):
+        if v.size != 1:
+            c.fail(f"{what} (input {k}) must be a scalar, got shape {list(v.shape)}")
+    if len({start.dtype, limit.dtype, delta.dtype}) != 1:
+        c.fail(f"start, limit and delta must have one dtype, got {start.dtype}, {limit.dtype}, {delta.dtype}")
+    a, b, d = (v.reshape(()).item() for v in (start, limit, delta))
+    if not all(math.isfinite(v) for v in (a, b, d)) or d == 0:
+        c.fail(f"start {a}, limit {b} and delta {d} must be finite with a delta other than 0")
+    n = max(int(math.ceil((b - a) / d)), 0)
+    _check_size(c, [n], start.dtype)
+    return c.const((a + np.arange(n, dtype=np.float64) * d).astype(start.dtype)
+                   if start.dtype.kind == "f" else np.arange(n, dtype=start.dtype) * delta.dtype.type(d) + a, "range")
+
+
 def _check_size(c, shape, dtype):
     """Refuse a tensor above MAX_TENSOR_BYTES before a converter allocates it (Node types check
     the same bound, but only once the array exists)."""

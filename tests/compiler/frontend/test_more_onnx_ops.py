@@ -1,7 +1,7 @@
 """ONNX ops met in models outside the ones the compiler was built on: comparisons, logic and Where
 (attention masks), ArgMax/ArgMin (classifier and segmentation heads), Floor/Ceil/Round/Sign/Sin/Cos,
 the Reduce* family, Softsign, ThresholdedRelu, Celu, Shrink, LpNormalization,
-MeanVarianceNormalization, GroupNormalization and Size. Each against onnxruntime on the graph
+MeanVarianceNormalization, GroupNormalization, Size and Range. Each against onnxruntime on the graph
 interpreter and compiled for the cpu target with no numpy step."""
 import numpy as np
 import onnxruntime as ort
@@ -212,6 +212,36 @@ def test_size_is_a_constant():
                helper.make_node("Div", ["x", "f"], ["y"])],
               [("x", F, [3, 4])], [("y", F, [3, 4])])
     check(m, {"x": _x(3, 4)})
+
+
+@pytest.mark.parametrize("dtype, start, limit, delta", [
+    (np.int64, 0, 7, 1), (np.int64, 10, 2, -3), (np.int32, 3, 3, 1), (np.float32, 0.5, 2.0, 0.25),
+    (np.float32, 1.0, 0.0, -0.3)])
+def test_range_of_constants_is_a_constant(dtype, start, limit, delta):
+    """As Swin's shifted-window masks use it: the result added to a cast input."""
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    n = max(int(np.ceil((limit - start) / delta)), 0)
+    m = model([helper.make_node("Range", ["a", "b", "d"], ["r"]), helper.make_node("Cast", ["x"], ["xc"], to=t),
+               helper.make_node("Add", ["r", "xc"], ["y"])],
+              [("x", F, [max(n, 1)])], [("y", t, [n])],
+              inits=[(k, np.array(v, dtype)) for k, v in (("a", start), ("b", limit), ("d", delta))])
+    check(m, {"x": np.arange(max(n, 1), dtype=np.float32)}, build=n > 0)
+
+
+@pytest.mark.parametrize("inits, match", [
+    ([("a", np.array(0, np.int64)), ("b", np.array(4, np.int64)), ("d", np.array(0, np.int64))], "delta other than 0"),
+    ([("a", np.array(0, np.int64)), ("b", np.array(1 << 40, np.int64)), ("d", np.array(1, np.int64))], "above the limit")])
+def test_a_bad_range_is_one_error(inits, match):
+    m = model([helper.make_node("Range", ["a", "b", "d"], ["y"])], [], [("y", I64, ["n"])], inits=inits)
+    with pytest.raises(ConversionError, match=match):
+        from_onnx(m)
+
+
+def test_a_range_over_a_graph_input_is_refused():
+    m = model([helper.make_node("Range", ["a", "n", "d"], ["y"])], [("n", I64, [])], [("y", I64, ["m"])],
+              inits=[("a", np.array(0, np.int64)), ("d", np.array(1, np.int64))])
+    with pytest.raises(ConversionError, match="limit .* must be constant, but it depends on graph input 'n'"):
+        from_onnx(m)
 
 
 @pytest.mark.parametrize("index, axis", [(-1, 0), (1, 1), (0, 2)])
