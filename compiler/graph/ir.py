@@ -279,7 +279,8 @@ def rewrite(graph: Graph, fn: Callable[[Node, Node], Node | None], meta: dict | 
 
 
 # ---- text form ---------------------------------------------------------------------------------
-def _fmt_attr(v) -> str:
+def format_attr(v) -> str:
+    """An attribute value in one short line: arrays over four elements by dtype, shape and digest."""
     if isinstance(v, np.ndarray):
         if v.size <= 4:
             return f"{v.dtype}{np.array2string(v.reshape(-1), separator=',')}"
@@ -289,7 +290,7 @@ def _fmt_attr(v) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
     if isinstance(v, (tuple, list)):
-        return "[" + ",".join(_fmt_attr(x) for x in v) + "]"
+        return "[" + ",".join(format_attr(x) for x in v) + "]"
     return repr(v) if isinstance(v, str) else str(v)
 
 
@@ -315,12 +316,12 @@ def format_graph(graph: Graph, canonical: bool = False, indent: str = "") -> str
             continue
         if n.op == "const":
             v = n.value
-            shown = f"{_fmt_attr(v)}" if v.size <= 4 else f"#{hashlib.sha1(v.tobytes()).hexdigest()[:8]}"
+            shown = f"{format_attr(v)}" if v.size <= 4 else f"#{hashlib.sha1(v.tobytes()).hexdigest()[:8]}"
             lines.append(f"{indent}  {names[id(n)]} = const {shown} : {n.type}")
             continue
         args = ", ".join(names[id(i)] for i in n.inputs)
         attrs = {k: v for k, v in n.attrs.items() if k != "body"}
-        astr = (" {" + ", ".join(f"{k}={_fmt_attr(v)}" for k, v in sorted(attrs.items())) + "}") if attrs else ""
+        astr = (" {" + ", ".join(f"{k}={format_attr(v)}" for k, v in sorted(attrs.items())) + "}") if attrs else ""
         tgt = f" @{n.target}" if n.target else ""
         lines.append(f"{indent}  {names[id(n)]} = {n.op}({args}){astr} : {n.type}{tgt}")
         if "body" in n.attrs:

@@ -290,7 +290,7 @@ def _take_check(shapes, dtypes, attrs):
     idx = np.asarray(attrs["indices"])
     if idx.ndim == 0:
         return None
-    if idx.ndim != 1 or tf.affine_floor(idx % shapes[0][attrs["axis"] % len(shapes[0])]) is None:
+    if tf.affine_floor(idx % shapes[0][attrs["axis"] % len(shapes[0])]) is None:
         return "indices with no affine-floor form (a * i + b) // c"
     return None
 

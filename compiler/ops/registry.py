@@ -17,6 +17,7 @@ from typing import Callable
 
 from ..errors import CompilerError
 from ..graph.errors import OpError
+from ..graph.ir import format_attr
 from ..graph.ops import REGISTRY as OPS
 from ..graph.ops import REQUIRED, OpDef, get_op, normalize_attrs
 
@@ -156,5 +157,6 @@ def select(name: str, target, shapes, dtypes, attrs, impl_name: str | None = Non
     if impl_name is not None and not reasons:
         have = ", ".join(i.name for i in implementations(name, target))
         raise OpNotSupported(f"operator {name!r}: no kernel named {impl_name!r} (have: {have})")
+    brief = "{" + ", ".join(f"{k}={format_attr(v)}" for k, v in attrs.items()) + "}"
     raise OpNotSupported(f"operator {name!r} with shapes {[list(s) for s in shapes]} {list(dtypes)} "
-                         f"{attrs}: every kernel declined: " + "; ".join(reasons))
+                         f"{brief}: every kernel declined: " + "; ".join(reasons))

@@ -178,17 +178,24 @@ def affine_floor(indices) -> tuple[int, int, int] | None:
 
 
 def take(x, indices, axis=0):
-    """x gathered along `axis` at constant 1-D indices of an affine-floor form (affine_floor), or at
-    one scalar index (the axis goes away: torch's h_n[-1])."""
+    """x gathered along `axis` at constant indices whose flat order has an affine-floor form
+    (affine_floor; any shape: torch.export writes a reshape as a gather at arange(C)[:, None, None]),
+    or at one scalar index (the axis goes away: torch's h_n[-1])."""
     ax = axis % x.ndim
     if np.ndim(indices) == 0:
         k = int(indices)
         shape = tuple(x.shape[:ax]) + tuple(x.shape[ax + 1:])
         return te.compute(shape, lambda *i: x[i[:ax] + (k,) + i[ax:]], name="take", tag="injective,take")
-    form = affine_floor(indices) if np.ndim(indices) == 1 else None
+    form = affine_floor(indices)
     if form is None:
         raise OpError("take: the indices have no affine-floor form (a * i + b) // c")
     a, b, c = form
-    shape = tuple(x.shape[:ax]) + (len(indices),) + tuple(x.shape[ax + 1:])
-    return te.compute(shape, lambda *i: x[i[:ax] + ((i[ax] * a + b) // c,) + i[ax + 1:]], name="take",
-                      tag="injective,take")
+    ishape = tuple(int(d) for d in np.shape(indices))
+    strides = [math.prod(ishape[k + 1:]) for k in range(len(ishape))]
+    shape = tuple(x.shape[:ax]) + ishape + tuple(x.shape[ax + 1:])
+
+    def f(*i):
+        flat = sum((i[ax + k] * st if st != 1 else i[ax + k] for k, st in enumerate(strides) if ishape[k] != 1),
+                   te.const(0, "int32"))
+        return x[i[:ax] + ((flat * a + b) // c,) + i[ax + len(ishape):]]
+    return te.compute(shape, f, name="take", tag="injective,take")

@@ -253,6 +253,31 @@ def test_gather_at_one_constant_index_compiles(index, axis):
     check(m, {"x": _x(2, 3, 4)})
 
 
+@pytest.mark.parametrize("xshape, indices, axis", [
+    ((96,), np.arange(96).reshape(96, 1, 1), 0),      # torch.export's reshape of a layer scale
+    ((2, 12, 5), np.arange(12).reshape(3, 4) // 2, 1),
+    ((3, 10), np.arange(0, 6).reshape(3, 2), 1),
+    ((12, 4), np.arange(0, 12, 2).reshape(2, 3), 0),
+    ((3, 10), np.array([[[7]]]), 1)])
+def test_gather_at_constant_index_arrays_compiles(xshape, indices, axis):
+    """Constant indices of any rank whose flat order is an affine-floor map: one kernel, no numpy."""
+    out = list(xshape[:axis]) + list(indices.shape) + list(xshape[axis + 1:])
+    m = model([helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)], [("x", F, list(xshape))], [("y", F, out)],
+              inits=[("i", indices.astype(np.int64))])
+    check(m, {"x": _x(*xshape)})
+
+
+def test_a_declined_kernel_names_its_array_attributes_briefly():
+    """A gather at scattered indices becomes a numpy step; its note names the indices by dtype and
+    shape, not by printing a thousand of them."""
+    idx = RNG.permutation(1000)
+    m = model([helper.make_node("Gather", ["x", "i"], ["y"], axis=0)], [("x", F, [1000])], [("y", F, [1000])],
+              inits=[("i", idx.astype(np.int64))])
+    mod = compiler.build_model(m, target="cpu")
+    note = next(s.note for s in mod.steps if s.kind == "numpy")
+    assert "int64[1000]#" in note and len(note) < 400, note
+
+
 def test_a_float16_model_computes_in_float32():
     """Half models (weights, declared types, a Cast to float16) are widened at load: they compile
     with no numpy step, take a float16 feed, and match onnxruntime on the same model in float32."""
