@@ -159,12 +159,17 @@ def _qparam_attrs(scale: float, zero_point: int = 0) -> dict:
     return {**attrs, "zero_point": zero_point} if zero_point else attrs
 
 
+class Unrepresentable(QuantizeError):
+    """A layer's scales that its int8 form cannot carry (a bias beyond int32, a shift or multiplier
+    beyond the ALU's): that layer stays float, the rest of the model quantizes."""
+
+
 def _fixed(real: float, what: str) -> tuple[int, int]:
-    """compiler.graph.ops.fixed_multiplier, its error as a QuantizeError."""
+    """compiler.graph.ops.fixed_multiplier, its error as Unrepresentable."""
     try:
         return fixed_multiplier(real, what)
     except ValueError as e:
-        raise QuantizeError(f"quantize: {e}") from None
+        raise Unrepresentable(f"quantize: {e}") from None
 
 
 class _Quantizer:
@@ -381,7 +386,7 @@ class _Quantizer:
             if None not in (kx, kw, ko):
                 s, mul = kx + kw - ko, 1
                 if not SHR_RANGE[0] <= s <= SHR_RANGE[1]:
-                    raise QuantizeError(f"quantize: {n.op} '{n.name}': requantize shift {s} = in {kx} + weight {kw} - out {ko} "
+                    raise Unrepresentable(f"quantize: {n.op} '{n.name}': requantize shift {s} = in {kx} + weight {kw} - out {ko} "
                                         f"is outside the ALU's SHR range {list(SHR_RANGE)}")
                 half = 1 << (s - 1) if s > 0 else 0  # rounding half rides on the bias
                 attrs.update(in_shift=kx, w_shift=kw, out_shift=ko)
@@ -393,7 +398,7 @@ class _Quantizer:
         if zx:  # sum(w (x - zx)) = sum(w x) - zx sum(w): the input zero point's share, per output channel
             bq = bq - zx * wq.reshape(wq.shape[0], -1).astype(np.int64).sum(axis=1)
         if np.abs(bq).max(initial=0) >= 2 ** 31:
-            raise QuantizeError(f"quantize: {n.op} '{n.name}': bias does not fit int32 at {at_scale}")
+            raise Unrepresentable(f"quantize: {n.op} '{n.name}': bias does not fit int32 at {at_scale}")
         q = Node("q" + n.op, [x, Node.const(wq, name=f"{n.name}/wq"), Node.const(bq.astype(np.int32), name=f"{n.name}/bq"),
                               *extra], attrs, name=n.name, origin=n.origin)
         self.layers.append({"name": n.name, "op": q.op, "in_scale": float(np.max(sx)), "w_scale": float(np.max(sw)),
@@ -514,10 +519,13 @@ class _Quantizer:
                 return self.affine_float(ins, old)
             try:
                 return self.gemm(ins, old)
-            except QuantizeError:
-                if old.inputs[1].name not in self.affine:
-                    raise
-                return self.affine_float(ins, old)   # an affine whose bias does not fit int32 at its scale
+            except Unrepresentable as e:
+                if old.inputs[1].name in self.affine:
+                    return self.affine_float(ins, old)   # an affine whose bias does not fit int32 at its scale
+                # a layer its scales cannot carry in int8 (a bias beyond int32 at a tiny input step, a
+                # shift beyond the ALU's): the rest of the model still quantizes
+                log.warning("%s; it is computed in float on the host", e)
+                return self.floating(ins, old)
         if n.op == "add" and not any(i.is_const for i in ins) and any(id(i) in self.scale for i in ins):
             return self.add(ins, old)
         if n.op in SCALE_PRESERVING and id(ins[0]) in self.scale and (n.op != "pad" or n.attrs["mode"] == "constant"):

@@ -103,6 +103,26 @@ def test_quantize_conv_relu_uses_relu_range_folds_rounding_into_bias_and_reports
         assert cosine(run(q, f)[0], run(g, f)[0]) > 0.995
 
 
+def test_a_conv_int8_cannot_carry_stays_float_and_the_rest_quantizes(caplog):
+    """A tiny input range (a squeeze-excitation branch of an untrained net) with an ordinary bias:
+    the bias at the input step is beyond int32. That conv is computed in float, with a warning
+    naming it; a conv beside it still quantizes (torchvision's MobileNetV3 failed to build)."""
+    x = Node.input("x", (1, 4, 6, 6))
+    w = Node.const((RNG.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32))
+    tiny = Node("conv2d", [x, w, Node.const(np.full(8, 1.0, np.float32))], {"pads": (1, 1, 1, 1)}, name="tiny")
+    fine = Node("conv2d", [Node("relu", [tiny], name="r"), Node.const((RNG.standard_normal((8, 8, 1, 1))).astype(np.float32)),
+                           Node.const(np.zeros(8, np.float32))], name="fine")
+    g = Graph.from_outputs([x], [fine], ["y"])
+    samples = [{"x": (RNG.standard_normal((1, 4, 6, 6)) * 1e-12).astype(np.float32)} for _ in range(2)]
+    with caplog.at_level("WARNING"):
+        q = quantize(g, calibrate(g, samples))
+    assert "conv2d 'tiny': bias does not fit int32" in caplog.text and "computed in float" in caplog.text
+    ops = [n.op for n in q.ops]
+    assert "conv2d" in ops and "qconv2d" in ops
+    for f in samples:
+        assert cosine(run(q, f)[0], run(g, f)[0]) > 0.99
+
+
 def test_quantize_missing_scale_names_the_tensor():
     g = _conv_relu_graph()
     with pytest.raises(QuantizeError, match="no scale for tensor 'x' \\(input\\), needed as input of conv2d 'conv'"):
