@@ -296,7 +296,10 @@ LIGHT = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet5
 
 
 def load_net(name: str):
-    """The ONNX model of a net: a key of NETS, or light:<model> (one of LIGHT)."""
+    """The ONNX model of a net: a key of NETS, light:<model> (one of LIGHT), or a path ending in
+    .onnx (a model of your own with static input shapes, measured the same way)."""
+    if name.endswith(".onnx"):
+        return onnx.load(name)
     if name.startswith("light:"):
         model = name.split(":", 1)[1]
         path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{model}.onnx"
@@ -670,7 +673,8 @@ def table(results: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="default")
-    p.add_argument("--nets", default=DEFAULT_NETS, help=f"comma list of {', '.join(NETS)}, light:<model>")
+    p.add_argument("--nets", default=DEFAULT_NETS,
+                   help=f"comma list of {', '.join(NETS)}, light:<model>, or paths to .onnx files (static shapes)")
     p.add_argument("--light", nargs="?", const="all", default=None, metavar="NAMES",
                    help=f"also the onnx wheel's classic models: all or a comma list of {', '.join(LIGHT)}")
     p.add_argument("--quick", action="store_true",
@@ -704,8 +708,10 @@ def main(argv=None) -> int:
     for n in nets:
         if n.startswith("light:") and n.split(":", 1)[1] not in LIGHT:
             p.error(f"--light {n.split(':', 1)[1]}: not a light model ({', '.join(LIGHT)})")
-        if not n.startswith("light:") and n not in NETS:
-            p.error(f"--nets {n}: unknown net; nets are {', '.join(NETS)} (and light:<model>)")
+        if n.endswith(".onnx") and not Path(n).is_file():
+            p.error(f"--nets {n}: no such ONNX file")
+        if not n.startswith("light:") and not n.endswith(".onnx") and n not in NETS:
+            p.error(f"--nets {n}: unknown net; nets are {', '.join(NETS)} (and light:<model>, or a path to a .onnx file)")
     dram_presets(args.dram)   # an unknown preset is refused before any work
 
     def log(msg):

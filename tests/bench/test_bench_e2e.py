@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from benchmod import load_bench
@@ -31,6 +32,17 @@ def test_quick_run_writes_json_and_table(e2e, tmp_path, capsys):
     assert table.splitlines()[0].split()[:4] == ["net", "cpu", "ms", "ort"] and "\nmlp " in table
 
 
+def test_a_model_file_of_your_own_is_measured_the_same_way(e2e, tmp_path):
+    """A held-out model: any .onnx path with static shapes takes the nets' measurements."""
+    path = tmp_path / "own.onnx"
+    onnx.save(e2e.load_net("mlp"), str(path))
+    out = tmp_path / "e2e.json"
+    assert e2e.main(["--nets", str(path), "--quick", "--repeat", "2", "--no-tsim", "--no-busy", "-o", str(out)]) == 0
+    (net,) = json.loads(out.read_text())["nets"]
+    assert net["net"] == str(path) and not [k for k in net if k.endswith("_error")]
+    assert net["cpu_quiet"]["ratio"] > 0 and net["offload_fraction"] == 1.0
+
+
 def test_table_has_a_column_per_dram_preset(e2e):
     res = {"nets": [{"net": "a", "cpu_quiet": {"latency_s": 1e-3, "ort_latency_s": 2e-3, "ratio": 0.5},
                      "offload_fraction": 0.5, "accel": {"vs_ideal": 1.2, "resident": {"warm_vs_ideal": 1.1}},
@@ -45,7 +57,8 @@ def test_table_has_a_column_per_dram_preset(e2e):
 @pytest.mark.parametrize("argv,what", [(["--nets", "nosuchnet"], "--nets nosuchnet"),
                                        (["--dram", "nosuchboard"], "--dram nosuchboard"),
                                        (["--repeat", "0"], "--repeat"),
-                                       (["--light", "nosuchmodel", "--nets", ""], "--light nosuchmodel")])
+                                       (["--light", "nosuchmodel", "--nets", ""], "--light nosuchmodel"),
+                                       (["--nets", "/no/such/model.onnx"], "--nets /no/such/model.onnx: no such")])
 def test_bad_flags_are_refused_by_name(e2e, argv, what, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         e2e.main(argv + ["-o", str(tmp_path / "x.json")])
