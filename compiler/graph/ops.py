@@ -1183,15 +1183,17 @@ def _unblock_nchwc(x):
     return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cb * c, h, w))
 
 
-@register("conv2d_NCHWc", Pattern.OUT_ELEMWISE_FUSABLE, 2, {k: CONV_ATTRS[k] for k in ("strides", "pads", "dilations")},
-          doc="blocked conv2d: (N, C/ic, H, W, ic) x (O/oc, C/ic, KH, KW, ic, oc) -> (N, O/oc, OH, OW, oc); "
-              "int8 accumulates into int32")
+@register("conv2d_NCHWc", Pattern.OUT_ELEMWISE_FUSABLE, 2,
+          {k: CONV_ATTRS[k] for k in ("strides", "pads", "dilations", "groups")},
+          doc="blocked conv2d: (N, C/ic, H, W, ic) x (O/oc, C/groups/ic, KH, KW, ic, oc) -> (N, O/oc, OH, OW, oc), "
+              "whole blocks in each group; int8 accumulates into int32")
 def _conv2d_nchwc():
     def infer(n):
         x, w, a = n.inputs[0].type, n.inputs[1].type, n.attrs
-        if x.rank != 5 or w.rank != 6 or x.shape[1] != w.shape[1] or x.shape[4] != w.shape[4]:
-            fail(n, f"expects data (N, C', H, W, ic) and kernel (O', C', KH, KW, ic, oc) with matching C', ic; "
-                    f"got {x} and {w}")
+        g = a["groups"]
+        if x.rank != 5 or w.rank != 6 or x.shape[1] != w.shape[1] * g or x.shape[4] != w.shape[4] or w.shape[0] % g:
+            fail(n, f"expects data (N, C', H, W, ic) and kernel (O', C'/groups, KH, KW, ic, oc) with matching ic, "
+                    f"groups={g} dividing C' and O'; got {x} and {w}")
         if x.dtype != w.dtype:
             fail(n, f"data {x.dtype} and kernel {w.dtype} differ")
         ho, wo = conv_out_hw(n, x.shape[2:4], w.shape[2:4], a["strides"], a["pads"], a["dilations"])
@@ -1200,7 +1202,7 @@ def _conv2d_nchwc():
     def impl(a, x, w):
         ob, cb, kh, kw, ic, oc = w.shape
         w4 = w.transpose(0, 5, 1, 4, 2, 3).reshape(ob * oc, cb * ic, kh, kw)
-        y = conv2d_ref(_unblock_nchwc(x), w4, a["strides"], a["pads"], a["dilations"], 1)
+        y = conv2d_ref(_unblock_nchwc(x), w4, a["strides"], a["pads"], a["dilations"], a.get("groups", 1))
         dt = np.int32 if x.dtype in (np.int8, np.uint8) else x.dtype
         n_, _, ho, wo = y.shape
         y = np.rint(y) if dt == np.int32 else y

@@ -113,7 +113,8 @@ add_impl("depthwise_conv2d_NCHWc", "llvm", "depthwise_NCHWc.x86",
          lambda x, w, *, strides, pads, dilations: nn.depthwise_conv2d_NCHWc(x, w, strides, pads, dilations),
          cpu.schedule_depthwise_NCHWc)
 add_impl("conv2d_NCHWc", "llvm", "conv2d_NCHWc.x86",
-         lambda x, w, *, strides, pads, dilations: nn.conv2d_NCHWc(x, w, strides, pads, dilations),
+         lambda x, w, *, strides, pads, dilations, groups: nn.conv2d_NCHWc(x, w, strides, pads, dilations,
+                                                                           groups=groups),
          cpu.schedule_conv2d_NCHWc)
 
 

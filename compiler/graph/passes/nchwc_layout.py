@@ -2,13 +2,14 @@
 last) between layers, as onnxruntime's NCHWc transformer does, instead of each conv kernel
 packing its NCHW input and unpacking its output (a full pass over memory on both sides).
 
-A float conv2d (groups 1, constant weight) becomes conv2d_NCHWc on a blocked input, its weight
-packed here once (OIHW -> O' I' KH KW i o) and its bias a blocked broadcast add. The layout then
+A float conv2d (constant weight; grouped ones where whole blocks fit in each group) becomes
+conv2d_NCHWc on a blocked input, its weight packed here once (OIHW -> O' I' KH KW i o) and its bias
+a blocked broadcast add. The layout then
 flows through the ops that work per channel block unchanged: elementwise ops, binary ops of two
 tensors of the same blocking or with a per-channel/scalar constant, batch norm (as a blocked
 multiply-add), max/avg pooling, depthwise convs (depthwise_conv2d_NCHWc: each lane its own channel,
 so any blocking serves), and a channel concat of inputs of one blocking. Every other reader
-(reshape, gemm, global pools, LRN, grouped convs, graph outputs) gets a layout_transform back to
+(reshape, gemm, global pools, LRN, narrow grouped convs, graph outputs) gets a layout_transform back to
 NCHW, made once per tensor; a pack of a tensor that was just unpacked with the same block cancels.
 A conv goes blocked when its result reaches another blocked conv through such ops, or when its
 input is blocked and its output block is at least a vector of floats (its epilogue, a residual add
@@ -43,14 +44,19 @@ def _is_nchw_float(n: Node) -> bool:
 
 
 def blocked_conv(n: Node) -> tuple[int, int] | None:
-    """(ic, oc): the blocks of a conv2d the pass may run blocked, else None."""
-    if n.op != "conv2d" or n.attrs.get("groups", 1) != 1 or n.dtype not in FLOATS:
+    """(ic, oc): the blocks of a conv2d the pass may run blocked, else None. A grouped conv qualifies
+    when whole blocks fit in each group (RegNet's groups of 16 channels, ResNeXt's wider stages);
+    depthwise convs have their own kernel (blocked_depthwise)."""
+    g = n.attrs.get("groups", 1)
+    if n.op != "conv2d" or n.dtype not in FLOATS:
         return None
     x, w = n.inputs[0], n.inputs[1]
     if not (_is_nchw_float(x) and w.is_const and w.type.rank == 4) or (len(n.inputs) > 2 and not n.inputs[2].is_const):
         return None
-    ic, oc = conv_blocks(x.shape[1], n.shape[1], n.dtype)
-    return (ic, oc) if oc >= 4 and n.shape[1] % oc == 0 else None
+    if g != 1 and (w.shape[1] < lanes("float32") or x.shape[1] % g or n.shape[1] % g):
+        return None   # narrower groups: blocks under a vector ran slower than the NCHW kernel (ResNeXt's 4 and 8)
+    ic, oc = conv_blocks(w.shape[1], n.shape[1] // g, n.dtype)
+    return (ic, oc) if oc >= 4 and (n.shape[1] // g) % oc == 0 and w.shape[1] % ic == 0 else None
 
 
 def blocked_depthwise(n: Node) -> bool:
@@ -128,6 +134,22 @@ def _concat_blocks(graph: Graph) -> dict[int, int]:
     return prefer
 
 
+def _grouped_input_blocks(graph: Graph, prefer: dict[int, int]) -> None:
+    """A conv feeding a grouped conv (through elementwise ops and pools) writes the grouped conv's
+    input block, which divides a group's channels: else the tensor was unpacked and packed again
+    between them (RegNet's 1x1 convs write 32 or 64 lanes, its groups hold 16 channels)."""
+    for n in graph.nodes:
+        cb = blocked_conv(n)
+        if cb is None or n.attrs.get("groups", 1) == 1:
+            continue
+        i = n.inputs[0]
+        while i.op in UNARY or i.op in POOLS:
+            i = i.inputs[0]
+        own = blocked_conv(i)
+        if own is not None and cb[0] >= 4 and i.shape[1] % cb[0] == 0:
+            prefer[id(i)] = min(cb[0], prefer.get(id(i), own[1]))
+
+
 def _pad_output_channels(graph: Graph) -> Graph:
     """A conv whose output channels have no block of a power of two of at least 4 lanes (a
     detection head's 255, a segmentation head's 19 or 21 classes) gets zero filters up to a
@@ -168,6 +190,7 @@ def nchwc_layout(graph: Graph) -> Graph:
                              for u in users.get(id(n), ()))
 
     prefer = _concat_blocks(graph)
+    _grouped_input_blocks(graph, prefer)
 
     mapping: dict[int, Node] = {}
     block: dict[int, int] = {}        # id(new node) -> its lane block (blocked nodes only)
@@ -236,7 +259,8 @@ def nchwc_layout(graph: Graph) -> Graph:
         whole result keeps the conv's name: per-node values (Executor keep=True, accel bisect) find
         it under that name."""
         biased = len(ins) > 2
-        y = out(emit(Node(op, [x, w], {k: old.attrs[k] for k in ("strides", "pads", "dilations")},
+        keys = ("strides", "pads", "dilations") + (("groups",) if op == "conv2d_NCHWc" else ())
+        y = out(emit(Node(op, [x, w], {k: old.attrs[k] for k in keys},
                           name=f"{old.name}/conv" if biased else old.name, origin=old.origin,
                           target=old.target)), b)
         if biased:
@@ -252,12 +276,14 @@ def nchwc_layout(graph: Graph) -> Graph:
             x = ins[0]
             if not reaches[id(old)] and (id(x) not in block or prefer.get(id(old), cb[1]) < lanes("float32")):
                 return None   # its NCHW kernel writes NCHW from registers (1x1: the pointwise kernel)
-            if id(x) in block:
+            if id(x) in block and old.inputs[1].shape[1] % block[id(x)] == 0:   # whole blocks in each group
                 ic = block[id(x)]
             else:
                 ic = cb[0]
                 x = blocked(x, ic)
             oc = prefer.get(id(old), cb[1])
+            if (old.shape[1] // old.attrs.get("groups", 1)) % oc:
+                oc = cb[1]
             w = const(pack_kernel_np(np.asarray(ins[1].value), ic, oc), f"{ins[1].name}/oihw{ic}i{oc}o")
             stats["convs"] += 1
             return conv_node("conv2d_NCHWc", old, ins, x, w, oc)

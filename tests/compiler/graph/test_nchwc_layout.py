@@ -108,6 +108,33 @@ def test_residual_add_and_pools_stay_blocked():
     check_same(g, q)
 
 
+@pytest.mark.parametrize("width, groups", [(64, 4), (96, 6), (128, 4), (48, 3)])
+def test_grouped_convs_with_whole_blocks_per_group_stay_blocked(width, groups):
+    """RegNet's and ResNeXt's blocks: 1x1, a grouped 3x3 (strided or not), 1x1, a residual add. The
+    grouped conv runs blocked, and the 1x1 before it writes the grouped conv's input block, so
+    nothing is unpacked between them."""
+    t = Net((1, 16, 12, 12))
+    a = t.op("relu", t.conv(t.x, width, k=1))
+    b = t.op("relu", t.conv(t.op("relu", t.conv(a, width, k=1)), width, groups=groups))
+    c = t.op("relu", t.op("add", t.conv(b, width, k=1), a))
+    s = t.op("relu", t.conv(t.op("relu", t.conv(c, width, k=1)), width, stride=2, groups=groups))
+    g = t.graph(t.conv(s, 32, k=1))
+    q = nchwc_layout(g)
+    grouped = [n for n in q.ops if n.op == "conv2d_NCHWc" and n.attrs["groups"] != 1]
+    assert len(grouped) == 2 and all(n.attrs["groups"] == groups for n in grouped)
+    assert len(transforms(q)) == 2   # the input's pack, the last conv's unpack
+    check_same(g, q)
+
+
+def test_grouped_conv_narrower_than_a_block_keeps_its_nchw_kernel():
+    t = Net((1, 16, 8, 8))
+    y = t.conv(t.op("relu", t.conv(t.x, 32, k=1)), 32, groups=16)    # two channels per group
+    g = t.graph(t.conv(t.op("relu", y), 32, k=1))
+    q = nchwc_layout(g)
+    assert any(n.op == "conv2d" and n.attrs["groups"] == 16 for n in q.ops)
+    check_same(g, q)
+
+
 def test_concat_on_block_boundaries_stays_blocked():
     t = Net((1, 16, 10, 10))
     s = t.op("relu", t.conv(t.x, 16, k=1))
