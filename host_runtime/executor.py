@@ -929,7 +929,8 @@ class Executor:
         self.gpu = DeviceTensors(self.views, m.consts, [(t.addr, t.nbytes) for t in m.tensors]) \
             if m.count("gpu") else None
         self._consts: dict[str, np.ndarray] = {}   # kernel constants, 64-byte aligned (aligned())
-        self._kernel_ptrs: dict[str, tuple] = {}   # llvm step -> (function address, argument pointers, arrays)
+        # id(llvm step) -> (function address, argument pointers, arrays); by object, as names may repeat
+        self._kernel_ptrs: dict[int, tuple] = {}
         self._calls = [self._prepare(s) for s in m.steps]
         self._row_target = [plugin_kernel(s.symbol)[0] if s.kind == "plugin" else
                             "accel" if s.kind == "accel" else "gpu" if s.kind == "gpu" else "cpu" for s in m.steps]
@@ -944,8 +945,8 @@ class Executor:
         runs steps k0..k1-1, each a CPU kernel, in one call into the runtime (kit_run_steps): a
         ctypes call costs about a microsecond, as much as a small kernel."""
         steps = self.module.steps
-        batchable = [self.gpu is None and s.kind == "llvm" and s.name in self._kernel_ptrs and
-                     len(self._kernel_ptrs[s.name][1]) <= RUN_STEPS_MAX_ARGS for s in steps]
+        batchable = [self.gpu is None and s.kind == "llvm" and id(s) in self._kernel_ptrs and
+                     len(self._kernel_ptrs[id(s)][1]) <= RUN_STEPS_MAX_ARGS for s in steps]
         segments, k = [], 0
         while k < len(steps):
             end = k
@@ -955,7 +956,7 @@ class Executor:
                 segments.append(("call", k))
                 k += 1
                 continue
-            segments.append(("batch", k, end, self._step_runner([self._kernel_ptrs[s.name] for s in steps[k:end]])))
+            segments.append(("batch", k, end, self._step_runner([self._kernel_ptrs[id(s)] for s in steps[k:end]])))
             k = end
         return segments
 
@@ -1027,7 +1028,7 @@ class Executor:
             fn.argtypes = [ctypes.c_void_p] * len(arrays)
             ptrs = [a.ctypes.data for a in arrays]
             keep = arrays  # the constants' arrays must outlive the pointers
-            self._kernel_ptrs[s.name] = (ctypes.cast(fn, ctypes.c_void_p).value, ptrs, keep)
+            self._kernel_ptrs[id(s)] = (ctypes.cast(fn, ctypes.c_void_p).value, ptrs, keep)
 
             def call():
                 fn(*ptrs)

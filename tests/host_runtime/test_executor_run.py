@@ -86,7 +86,7 @@ def test_kernel_steps_run_in_batches_exactly_as_one_by_one(cpu_encoder, monkeypa
     narrow = Executor(mod)
     for seg in narrow._segments:
         if seg[0] == "batch":
-            assert all(len(narrow._kernel_ptrs[s.name][1]) <= 2 for s in mod.steps[seg[1]:seg[2]])
+            assert all(len(narrow._kernel_ptrs[id(s)][1]) <= 2 for s in mod.steps[seg[1]:seg[2]])
     assert any(seg[0] == "call" and mod.steps[seg[1]].kind == "llvm" for seg in narrow._segments)
     got = narrow.run(feeds[0])
     assert all(np.array_equal(got[k], ex.run(feeds[0])[k]) for k in got)
@@ -96,7 +96,7 @@ def test_runner_refuses_an_argument_count_it_cannot_call(cpu_encoder):
     mod, _ = cpu_encoder
     ex = Executor(mod)
     run = ex.lib.lib.kit_run_steps
-    fns = (ctypes.c_void_p * 1)(ex._kernel_ptrs[mod.steps[0].name][0])
+    fns = (ctypes.c_void_p * 1)(ex._kernel_ptrs[id(mod.steps[0])][0])
     for bad in (0, RUN_STEPS_MAX_ARGS + 1):
         nargs = (ctypes.c_int * 1)(bad)
         ns = (ctypes.c_longlong * 1)()
