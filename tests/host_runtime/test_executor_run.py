@@ -101,3 +101,18 @@ def test_runner_refuses_an_argument_count_it_cannot_call(cpu_encoder):
         nargs = (ctypes.c_int * 1)(bad)
         ns = (ctypes.c_longlong * 1)()
         assert run(1, fns, nargs, (ctypes.c_void_p * 1)(), ns) == 0   # stops before the call
+
+
+def test_steps_that_share_a_name_each_run_their_own_kernel(cpu_encoder):
+    """Step names are labels, not keys: a module whose kernel steps all carry one name (a file may
+    say so) runs each step with its own kernel and arguments, as the step-by-step loop does."""
+    mod, feeds = cpu_encoder
+    want = Executor(mod).run(feeds[0])
+    same = type(mod).from_bytes(mod.to_bytes())
+    for s in same.steps:
+        if s.kind == "llvm":
+            s.name = "one name"
+    ex = Executor(same)
+    assert any(seg[0] == "batch" for seg in ex._segments)
+    got = ex.run(feeds[0])
+    assert all(np.array_equal(got[k], want[k]) for k in want)
