@@ -107,6 +107,18 @@ def _flexible(n: Node) -> bool:
     return n.op == "concat" and n.attrs["axis"] % 4 == 1
 
 
+def _through_elementwise(n: Node) -> Node:
+    """The producer of n's values through per-element ops and pools (which keep any blocking)."""
+    while n.op in UNARY or n.op in POOLS:
+        n = n.inputs[0]
+    return n
+
+
+def _block_fits(conv: Node, b: int) -> bool:
+    """Whether output block b holds whole blocks of each of the conv's groups."""
+    return (conv.shape[1] // conv.attrs.get("groups", 1)) % b == 0
+
+
 def _concat_blocks(graph: Graph) -> dict[int, int]:
     """id(conv) -> a smaller output block than its own, so that the channel concats it feeds (through
     elementwise ops and pools) meet on one block: the least block of the concat's convs, where it
@@ -116,12 +128,7 @@ def _concat_blocks(graph: Graph) -> dict[int, int]:
     for n in graph.nodes:
         if n.op != "concat" or not _flexible(n):
             continue
-        convs = []
-        for i in n.inputs:
-            while i.op in UNARY or i.op in POOLS:
-                i = i.inputs[0]
-            if blocked_conv(i) is not None:
-                convs.append(i)
+        convs = [i for i in map(_through_elementwise, n.inputs) if blocked_conv(i) is not None]
         if len(convs) < 2:
             continue
         b = min(prefer.get(id(c), blocked_conv(c)[1]) for c in convs)
@@ -129,7 +136,7 @@ def _concat_blocks(graph: Graph) -> dict[int, int]:
             continue
         for c in convs:
             own = blocked_conv(c)[1]
-            if b < own and b >= min(own, vl):
+            if b < own and b >= min(own, vl) and _block_fits(c, b):
                 prefer[id(c)] = min(b, prefer.get(id(c), own))
     return prefer
 
@@ -142,11 +149,9 @@ def _grouped_input_blocks(graph: Graph, prefer: dict[int, int]) -> None:
         cb = blocked_conv(n)
         if cb is None or n.attrs.get("groups", 1) == 1:
             continue
-        i = n.inputs[0]
-        while i.op in UNARY or i.op in POOLS:
-            i = i.inputs[0]
+        i = _through_elementwise(n.inputs[0])
         own = blocked_conv(i)
-        if own is not None and cb[0] >= 4 and i.shape[1] % cb[0] == 0:
+        if own is not None and cb[0] >= 4 and _block_fits(i, cb[0]):
             prefer[id(i)] = min(cb[0], prefer.get(id(i), own[1]))
 
 
@@ -282,8 +287,6 @@ def nchwc_layout(graph: Graph) -> Graph:
                 ic = cb[0]
                 x = blocked(x, ic)
             oc = prefer.get(id(old), cb[1])
-            if (old.shape[1] // old.attrs.get("groups", 1)) % oc:
-                oc = cb[1]
             w = const(pack_kernel_np(np.asarray(ins[1].value), ic, oc), f"{ins[1].name}/oihw{ic}i{oc}o")
             stats["convs"] += 1
             return conv_node("conv2d_NCHWc", old, ins, x, w, oc)
