@@ -44,6 +44,9 @@ def test_ir_bad_nodes_name_node_and_op():
         Node("reshape", [x], name="rs")
     with pytest.raises(OpError, match=r"add 'a': shapes \[\[1, 4, 6, 6\], \[5\]\] do not broadcast"):
         Node("add", [x, Node.const(np.ones(5, np.float32))], name="a")
+    xb = Node.input("xb", (1, 4, 6, 6, 16))   # 64 channels in blocks of 16
+    with pytest.raises(OpError, match=r"conv2d_NCHWc 'g': .* groups=3 dividing C' and O'"):
+        Node("conv2d_NCHWc", [xb, Node.const(np.ones((4, 1, 3, 3, 16, 16), np.float32))], {"groups": 3}, name="g")
     with pytest.raises(OpError, match="unknown operator 'frobnicate'; declared ops are"):
         Node("frobnicate", [x])
     with pytest.raises(GraphError, match="unknown dtype 'float8'"):
