@@ -93,6 +93,7 @@ class _FnState:
         self.ana = Analyzer()
         self.in_parallel = in_parallel
         self.heap: list = []        # heap allocations to free at function exit
+        self.clamp_loads = 0        # > 0: loads clamp their index into the buffer (a select's arms)
 
 
 class CodegenLLVM:
@@ -351,8 +352,15 @@ class CodegenLLVM:
                                "its allocation")
         return p
 
-    def _addr(self, buf: Buffer, idx_val):
+    def _addr(self, buf: Buffer, idx_val, span: int = 1):
+        """Address of element idx_val of buf; inside a select's arms (st.clamp_loads) the index is
+        clamped so that `span` elements from it lie in the buffer."""
         i64 = ir.IntType(64)
+        if self.st.clamp_loads:
+            t = idx_val.type
+            lo, hi = ir.Constant(t, 0), ir.Constant(t, max(0, self._numel(buf) - span))
+            idx_val = self.b.select(self.b.icmp_signed("<", idx_val, lo), lo, idx_val)
+            idx_val = self.b.select(self.b.icmp_signed(">", idx_val, hi), hi, idx_val)
         if idx_val.type.width < 64:
             idx_val = self.b.sext(idx_val, i64)
         return self.b.gep(self._ptr(buf), [idx_val], inbounds=True)
@@ -369,7 +377,7 @@ class CodegenLLVM:
             v = self.b.load(self._addr(buf, self.expr(idx)), align=align)
             return self._from_mem(v, buf.dtype)
         if isinstance(idx, E.Ramp) and E.is_const(idx.stride, 1):
-            p = self._addr(buf, self.expr(idx.base))
+            p = self._addr(buf, self.expr(idx.base), span=lanes)
             vp = self.b.bitcast(p, ir.VectorType(ety, lanes).as_pointer())
             return self._from_mem(self.b.load(vp, align=align), e.dtype)
         iv = self.expr(idx)
@@ -554,12 +562,31 @@ class CodegenLLVM:
 
     def e_Select(self, e):
         cond = self.expr(e.cond)
-        has_load = []
+        loads, unsafe = [], []
+
+        def visit(n):
+            if isinstance(n, E.BufferLoad):
+                loads.append(n)
+            elif isinstance(n, E.Call) or (isinstance(n, (E.Div, E.FloorDiv, E.FloorMod)) and not dt.is_float(n.dtype)
+                                           and not isinstance(n.b, E.IntImm)):
+                unsafe.append(n)
         for side in (e.true_value, e.false_value):
-            post_order_visit(side, lambda n: has_load.append(n) if isinstance(n, (E.BufferLoad, E.Call)) else None)
-        if not has_load or isinstance(cond.type, ir.VectorType):
+            post_order_visit(side, visit)
+        if not (loads or unsafe) or isinstance(cond.type, ir.VectorType):
             return self.b.select(cond, self.expr(e.true_value), self.expr(e.false_value))
-        # a load may be out of bounds on the side not taken: branch
+        if not unsafe and all(self._numel(ld.buffer) for ld in loads):
+            # the side not taken may index out of bounds: both sides load with their index clamped
+            # into the buffer and a select picks one. Branch-free, so LLVM's loop vectorizer never
+            # predicates these loads: LLVM 20-22 widened a masked load whose index it had proved in
+            # range only under the branch's condition into a wrong contiguous one (the ONNX
+            # RotaryEmbedding case on znver4).
+            self.st.clamp_loads += 1
+            try:
+                tv, fv = self.expr(e.true_value), self.expr(e.false_value)
+            finally:
+                self.st.clamp_loads -= 1
+            return self.b.select(cond, tv, fv)
+        # an integer division by a variable or a call on the side not taken: branch
         b = self.b
         with b.if_else(cond) as (then, other):
             with then:
@@ -572,6 +599,14 @@ class CodegenLLVM:
         phi.add_incoming(tv, tb)
         phi.add_incoming(fv, fb)
         return phi
+
+    @staticmethod
+    def _numel(buf: Buffer) -> int:
+        """Elements of a buffer of constant shape, else 0."""
+        try:
+            return buf.numel()
+        except ValueError:
+            return 0
 
     def e_Cast(self, e):
         v = self.expr(e.value)

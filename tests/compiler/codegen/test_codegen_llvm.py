@@ -151,6 +151,34 @@ def test_integer_floor_division_semantics():
     np.testing.assert_array_equal(run_schedule(s, [A, D], [np.zeros(1, np.int32)]), (np.arange(20) - 10) // 3)
 
 
+@pytest.mark.parametrize("heads", [2, 4, 8])
+def test_select_with_out_of_range_loads_on_the_side_not_taken(heads, rng):
+    """A concat read through a reshape (ONNX RotaryEmbedding's): each side of the select loads at
+    an index that is out of its buffer on the lanes of the other side. Loads clamp their index
+    and a select picks, so LLVM's loop vectorizer has no predicated load to widen; with a branch
+    per element, LLVM 20-22 vectorized it for znver4 into a contiguous masked load of the
+    broadcast operand and lanes 8-11 of every 16 read the wrong row."""
+    x = te.placeholder((2, 3, heads, 4), name="x")
+    c = te.placeholder((2, 3, 1, 4), name="c")
+    y = te.compute((2, 3, heads * 8), lambda n, t, j: te.select(
+        j % 8 < 4, c[n, t, 0, j % 8] * x[n, t, j // 8, j % 8], x[n, t, j // 8, j % 8 - 4] + 1.0), name="y")
+    s = te.create_schedule(y)
+    jo, ji = s[y].split(y.op.axis[2], 16 if heads > 2 else 8)
+    xv, cv = rng.standard_normal((2, 3, heads, 4)).astype(np.float32), rng.standard_normal((2, 3, 1, 4)).astype(np.float32)
+    want = np.concatenate([cv * xv, xv + 1], axis=3).reshape(2, 3, -1)
+    np.testing.assert_array_equal(run_schedule(s, [x, c, y], [xv, cv]), want)
+
+
+def test_select_guarding_an_integer_division_still_branches():
+    """x // d where d may be 0 stays on the side taken (a division by zero traps on x86)."""
+    a = te.placeholder((64,), "int32", name="a")
+    d = te.placeholder((64,), "int32", name="d")
+    y = te.compute((64,), lambda i: te.select(d[i] != 0, a[i] // d[i], a[i]), name="y")
+    av, dv = np.arange(64, dtype=np.int32) - 20, np.tile(np.array([0, 3, -2, 0], np.int32), 16)
+    want = np.where(dv != 0, av // np.where(dv != 0, dv, 1), av)
+    np.testing.assert_array_equal(run_schedule(te.create_schedule(y), [a, d, y], [av, dv]), want)
+
+
 def test_math_intrinsics(rng):
     A = te.placeholder((32,), name="A")
     B = te.compute((32,), lambda i: te.exp(A[i]) + te.log(A[i] + 1.0) + te.tanh(A[i]) + te.sigmoid(A[i]), name="B")
