@@ -1117,7 +1117,10 @@ def unpack_ref(x, shape):
     return np.ascontiguousarray(unpack_blocked(x, shape))
 
 
-@register("pack", Pattern.INJECTIVE, 1, {"block": REQUIRED},
+# pack and unpack are OPAQUE: a transposition runs best as its own kernel (elementwise math fused
+# into the transposing loop ran slower than the two kernels apart: its stores or loads go one byte
+# per lane), and it keeps the math beside it fused into one flat kernel.
+@register("pack", Pattern.OPAQUE, 1, {"block": REQUIRED},
           doc="N C ... -> N' C' ... b0 b1 with zero padding to whole blocks (activations NCHWnc, weights OIHWoi)")
 def _pack():
     def infer(n):
@@ -1128,7 +1131,7 @@ def _pack():
     return infer, lambda a, x: pack_ref(x, a["block"])
 
 
-@register("unpack", Pattern.INJECTIVE, 1, {"shape": REQUIRED}, doc="inverse of pack, cropping to `shape`")
+@register("unpack", Pattern.OPAQUE, 1, {"shape": REQUIRED}, doc="inverse of pack, cropping to `shape`")
 def _unpack():
     def infer(n):
         x = n.inputs[0].type

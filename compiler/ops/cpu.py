@@ -247,6 +247,55 @@ def schedule_layout_transform(outs):
     return s
 
 
+def schedule_unpack_blocked(outs):
+    """N'C'..[b0][b1] -> N C .. (transform.unpack_blocked, with the group's elementwise epilogue
+    inlined): per (n, channel block, row) parallel, pixels in order and the block's channel lanes
+    unrolled inside, so each packed pixel is read whole and every output plane written as a
+    stream; vectorizing over the pixels would gather one byte per lane (3x slower)."""
+    outs = _as_list(outs)
+    s = te.create_schedule([o.op for o in outs])
+    inline_injective(s, outs)
+    for st in s.stages:
+        if st.is_placeholder or st.attach_type == "inline":
+            continue
+        t = st.op.output(0)
+        lanes = _unpack_lanes(s, st.op)
+        if lanes is None:
+            schedule_flat(s, t)
+            continue
+        n, c, *rows, x = st.op.axis
+        co, ci = st.split(c, lanes)
+        st.reorder(n, co, *rows, x, ci)
+        outer = st.fuse(n, co, *rows)
+        st.unroll(ci)
+        if math.prod(t.shape) >= PARALLEL_MIN:
+            st.parallel(outer)
+    return s
+
+
+def _unpack_lanes(s, op) -> int | None:
+    """The channel block of the blocked tensor an unpack stage reads, through the stages inlined
+    into it (N C H W.. from N'C'HW..b0 b1, batch block 1), when it divides the channels and the
+    rows are at least 2-d, else None."""
+    if not isinstance(op, ComputeOp) or op.reduce_axis or len(op.axis) < 3:
+        return None
+    shape = tuple(op.shape)
+    seen, todo = set(), list(op.input_tensors())
+    while todo:
+        t = todo.pop()
+        if t.op in seen:
+            continue
+        seen.add(t.op)
+        if isinstance(t.op, ComputeOp) and s[t.op].attach_type == "inline":
+            todo.extend(t.op.input_tensors())
+            continue
+        ts = tuple(t.shape)
+        if len(ts) == len(shape) + 2 and ts[-2] == 1 and ts[2:-2] == shape[2:] and 1 < ts[-1] <= 64 \
+                and shape[1] % ts[-1] == 0:
+            return ts[-1]
+    return None
+
+
 def schedule_reduce(outs):
     """Generic: every stage at root, parallel over its fused data-parallel axes when big; the
     last data axis vectorized for injective stages."""
@@ -405,18 +454,22 @@ def _schedule_rest(s, keep, **flat):
 
 
 def schedule_pack_nchwc(st, parallel: bool = True) -> bool:
-    """NCHW -> NCHW[bn]c (nn.pack_nchwc): per (n, channel block, row) parallel, pixels in order and
-    the bn channel lanes unrolled inside, so every source plane is read as a stream and each
-    packed pixel written whole; flat vectorization over the lanes would gather from bn planes
-    with a division per element. False (nothing done) for any other stage."""
+    """NCHW -> NCHW[bn]c (nn.pack_nchwc) or the accelerator's N'C'HW[b0][b1] (transform.pack_blocked):
+    per (n, channel block, row) parallel, pixels in order and the block's lanes unrolled inside, so
+    every source plane is read as a stream and each packed pixel written whole; flat vectorization
+    over the lanes would gather from the block's planes with a division per element. False
+    (nothing done) for any other stage."""
     op = st.op
-    if (not isinstance(op, ComputeOp) or op.reduce_axis or "pack" not in op.tag.split(",")
-            or len(op.axis) != 5 or not 1 < op.shape[4] <= 64 or len(op.input_tensors()) != 1
-            or len(op.input_tensors()[0].shape) != 4):
+    if not isinstance(op, ComputeOp) or op.reduce_axis or "pack" not in op.tag.split(",") \
+            or len(op.input_tensors()) != 1:
         return False
-    n, co, y, x, ci = op.axis
-    outer = st.fuse(n, co, y)
-    st.unroll(ci)
+    lanes = len(op.axis) - len(op.input_tensors()[0].shape)   # 1: NCHWc; 2: N'C'..b0 b1
+    if lanes not in (1, 2) or len(op.axis) - lanes < 3 or not 1 < math.prod(op.shape[-lanes:]) <= 64:
+        return False
+    *rows, x = op.axis[:-lanes]
+    outer = st.fuse(*rows)
+    for ax in op.axis[-lanes:]:
+        st.unroll(ax)
     if parallel and math.prod(op.shape) >= PARALLEL_MIN:
         st.parallel(outer)
     return True

@@ -300,6 +300,8 @@ add_impl("take", "llvm", "take.affine", lambda x, *, indices, axis: tf.take(
     x, np.asarray(indices) % x.shape[axis % x.ndim], axis), cpu.schedule_injective, check=_take_check)
 add_impl("layout_transform", "llvm", "layout_transform.injective",
          lambda x, src_layout, dst_layout: tf.layout_transform(x, src_layout, dst_layout), cpu.schedule_layout_transform)
+add_impl("pack", "llvm", "pack.injective", lambda x, block: tf.pack_blocked(x, block), cpu.schedule_layout_transform)
+add_impl("unpack", "llvm", "unpack.injective", lambda x, shape: tf.unpack_blocked(x, shape), cpu.schedule_unpack_blocked)
 
 
 # ---------------------------------------------------------------- other targets

@@ -1,6 +1,6 @@
 """Compute declarations of data-movement operators: reshape, transpose, concat, pad (constant,
-reflect, edge), strided slice, take by constant indices of an affine-floor form, and the
-NCHW <-> NCHW[x]c layout transforms. Each output element
+reflect, edge), strided slice, take by constant indices of an affine-floor form, the
+NCHW <-> NCHW[x]c layout transforms and the accelerator's blocked layout (pack, unpack). Each output element
 reads one input element (the graph IR's INJECTIVE pattern)."""
 from __future__ import annotations
 
@@ -154,6 +154,39 @@ def layout_transform(x, src, dst):
             raise OpError(f"layout_transform: input {list(x.shape)} is not {src}")
         return unpack_nchwc(x, name="layout_transform")
     raise OpError(f"layout_transform: {src} -> {dst} is not supported (NCHW <-> NCHW<n>c)")
+
+
+def pack_blocked(x, block):
+    """N C ... -> N' C' ... b0 b1, N and C zero-padded to whole blocks: the accelerator's blocked
+    activation layout (accel.isa.layout.pack_blocked is its NumPy twin)."""
+    b0, b1 = (int(b) for b in block)
+    if x.ndim < 2 or b0 < 1 or b1 < 1:
+        raise OpError(f"pack: needs an input of rank 2 or more and positive blocks, got {list(x.shape)}, {block}")
+    n, c, *rest = x.shape
+    shape = (-(-n // b0), -(-c // b1), *rest, b0, b1)
+    pad_n, pad_c = shape[0] * b0 != n, shape[1] * b1 != c
+    zero = te.const(0, x.dtype)
+
+    def f(*i):
+        nb, cb, *sp, j0, j1 = i
+        src_n, src_c = nb * b0 + j0, cb * b1 + j1
+        v = x[(src_n, src_c, *sp)]
+        conds = ([src_n < n] if pad_n else []) + ([src_c < c] if pad_c else [])
+        return te.select(te.all(*conds), v, zero) if conds else v
+    return te.compute(shape, f, name="pack", tag="injective,pack")
+
+
+def unpack_blocked(x, shape):
+    """N' C' ... b0 b1 -> N C ... cropped to `shape` (the inverse of pack_blocked)."""
+    shape = tuple(int(d) for d in shape)
+    if x.ndim != len(shape) + 2:
+        raise OpError(f"unpack: {list(x.shape)} is not a blocked layout of {list(shape)}")
+    b0, b1 = x.shape[-2:]
+
+    def f(*i):
+        n, c, *sp = i
+        return x[(n // b0, c // b1, *sp, n % b0, c % b1)]
+    return te.compute(shape, f, name="unpack", tag="injective,unpack")
 
 
 def affine_floor(indices) -> tuple[int, int, int] | None:

@@ -5,7 +5,8 @@ one kernel: the group's ops composed as tensor expressions from the operator lib
 where the module runs (host_runtime.kernel_cache, docs/trust.md); the build checks each kernel
 passes that verifier and compiles here. When a group has no compiled form its ops become separate
 steps, and an op with no kernel falls back to the graph IR's NumPy reference (kind 'numpy', with
-the reason); pack/unpack are the runtime's own (kind 'native').
+the reason); pack/unpack (the accelerator's blocked layout) compile like any injective op and fuse
+with the conversions beside them; without a kernel they are the runtime's own (kind 'native').
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: ops the runtime executes itself (layout conversions at the accelerator boundary)
+#: ops the runtime can execute itself (layout conversions at the accelerator boundary), where no
+#: kernel compiles for them
 NATIVE_OPS = ("pack", "unpack")
 
 
@@ -72,8 +74,6 @@ class Kernels:
         env, args, ph = {}, [], {}
         anchor, anchor_pattern = None, -1
         for n in body.ops:
-            if n.op in NATIVE_OPS:
-                raise KernelDeclined(f"{n.op} is done by the runtime (native)")
             shapes = [tuple(i.shape) for i in n.inputs]
             dtypes = [i.dtype for i in n.inputs]
             try:
@@ -226,9 +226,6 @@ class CpuTarget(Target):
         ops = body.ops
         macs = sum(b.macs_of(o) for o in ops)
         label = "+".join(o.op for o in ops)
-        if len(ops) == 1 and ops[0].op in NATIVE_OPS:
-            b.simple_step(name, ops[0], outer, out_tid, "native", "")
-            return
         consts = {k: o.value for k, o in enumerate(outer) if isinstance(o, Node) and o.is_const}
         try:
             sym, srcs = self.kernels(b).compile(library_form(body), consts, name)
@@ -236,6 +233,10 @@ class CpuTarget(Target):
             if len(ops) > 1:
                 log.info("%s: group %s split into its ops: %s", name, label, why)
                 self.split_body(b, name, body, outer, out_tid)
+                return
+            if ops[0].op in NATIVE_OPS:   # the runtime's own conversion
+                log.info("%s: %s runs natively: %s", name, label, why)
+                b.simple_step(name, ops[0], outer, out_tid, "native", "")
                 return
             note = "; ".join(filter(None, (b.why_cpu(ops), f"no compiled kernel: {why}")))
             b.fallbacks.append(f"{name} ({label}) runs on numpy: {why}")

@@ -22,6 +22,7 @@ from accel.isa import resolve_config
 from accel.isa.errors import AccelError
 from compiler.frontend import zoo
 from compiler.module import CompiledModule
+from compiler.ops.registry import IMPLS
 from host_runtime import kernel_cache as kc
 from host_runtime.executor import FORMAT_VERSION, MAGIC, Executor, ExecutorError, ModuleFormatError, ModuleImage
 from host_runtime.kernel_cache import KernelCache, KernelCacheError, KernelIRError, verify_ir
@@ -44,9 +45,14 @@ def cpu_mod():
 
 @pytest.fixture(scope="module")
 def accel_mod():
+    """An accel module with every kind of step: its layout conversions are the runtime's own
+    (native) steps, as where no pack kernel compiles, so that their checks are attacked too."""
     m = zoo.residual_block()
     feeds = zoo.sample_inputs(m, 3, seed=3)
-    mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:2])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delitem(IMPLS, ("pack", "llvm"))
+        mp.delitem(IMPLS, ("unpack", "llvm"))
+        mod = compiler.build_model(m, target="accel", config="tiny", calibration=feeds[:2])
     assert mod.count("accel") and mod.count("llvm") and mod.count("native") and mod.segments
     return mod, feeds[2], mod.run(feeds[2])[0]
 
