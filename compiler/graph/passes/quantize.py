@@ -1,6 +1,9 @@
-"""Quantize: float graph -> int8 with power-of-two scales (value = q * 2^-shift), as the
-accelerator requantizes with an arithmetic shift: int32 accumulation, bias added in int32 (with the
-rounding half folded in), SHR by in_shift + w_shift - out_shift, CLIP to [-127, 127].
+"""Quantize: float graph -> int8 whose GEMM layers requantize with an arithmetic shift, as the
+accelerator does: int32 accumulation, bias added in int32 (with the rounding half folded in), SHR
+by in_shift + w_shift - out_shift, CLIP to [-127, 127]. Tensors that an int8 add or concat ties
+together have power-of-two scales (value = q * 2^-shift); the others their exact step, max |x| /
+127, with the weight step of the layer between two such tensors absorbing the ratio of their
+steps, so that its requantization stays one shift (exact_steps, EXACT_STEPS).
 
 Activation shifts come from calibration on sample inputs (`calibrate`) or from a QDQ model's own
 scales (`import_qdq`); weight shifts from the weights. A QDQ model's scales are kept exactly
@@ -56,6 +59,12 @@ CHANNEL_STEP_SPREAD = 12
 #: bias's rounding; coarser ones stay float (_Quantizer.affine_precise)
 AFFINE_BIAS_ERROR = 1 / 16
 SHR_RANGE = (-32, 31)  # what one SHR of a 32-bit accumulator can do (AluOp.SHR, acc_width 32)
+#: calibrated tensors that no int8 add or concat ties to another take their exact step, max |x| /
+#: 127, not the power of two above it (which leaves up to half of int8's range unused); a GEMM
+#: layer between such steps still requantizes by a plain shift, its weight step absorbing the
+#: ratio of its output and input steps (_Quantizer.ratio_weights). Tied tensors keep power-of-two
+#: steps, so that the int8 add and concat align them by shifts (exact_steps)
+EXACT_STEPS = True
 
 #: ops whose int8 result is exact at the input's scale (attrs adjusted by _int8_attrs).
 SCALE_PRESERVING = ("relu", "clip", "max_pool2d", "reshape", "transpose", "slice", "take", "pad")
@@ -312,6 +321,23 @@ class _Quantizer:
         k = pow2_shift(float(np.max(np.abs(w))))
         return np.clip(np.rint(w * 2.0 ** k), -INT8_MAX, INT8_MAX).astype(np.int8), np.array(2.0 ** -k)
 
+    def ratio_weights(self, n: Node, sx: float, so: float) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """(int8 weights, weight step, shift m) with the step so / sx * 2^-m, the finest of that form
+        that holds the weights: the layer then requantizes by a plain shift of m whatever its input
+        and output steps are (exact_steps). None when the weights are 0 or m is beyond SHR_RANGE."""
+        w = n.inputs[1].value.astype(np.float64)
+        a = float(np.max(np.abs(w))) if w.size else 0.0
+        r = so / sx
+        if not a > 0 or not math.isfinite(r) or not r > 0:
+            return None
+        m = math.floor(math.log2(INT8_MAX * r / a))
+        while a / (r * 2.0 ** -m) > INT8_MAX:   # float rounding at the boundary
+            m -= 1
+        if not SHR_RANGE[0] <= m <= SHR_RANGE[1]:
+            return None
+        sw = r * 2.0 ** -m
+        return np.clip(np.rint(w / sw), -INT8_MAX, INT8_MAX).astype(np.int8), np.array(sw), m
+
     def channel_weights(self, n: Node) -> tuple[np.ndarray, np.ndarray]:
         """(int8 weights, scale per output channel): each output channel's weights at the finest
         power of two that holds them (a layer with per-channel multipliers loses nothing by it,
@@ -363,6 +389,13 @@ class _Quantizer:
         # channel keeps its input's steps (channel_weights re-derives sw from the weights alone)
         if isinstance(sx, np.ndarray):   # one input channel per output channel: its step joins the weight's
             sw, sx = np.broadcast_to(np.asarray(sw, np.float64).reshape(-1), sx.shape) * sx, 1.0
+        ratio = None   # exact input or output steps: the weight step absorbs their ratio, a shift remains
+        if (steps is None and not zx and not zo and not np.ndim(sw) and not np.ndim(sx) and not np.ndim(so)
+                and n.inputs[1].name not in self.weight_scales
+                and (pow2_exponent(float(sx)) is None or pow2_exponent(float(so)) is None)):
+            ratio = self.ratio_weights(n, float(sx), float(so))
+            if ratio is not None:
+                wq, sw, _ = ratio
         b = n.inputs[2].value.astype(np.float64) if len(n.inputs) == 3 else np.zeros(wq.shape[0])
         attrs = {k: v for k, v in n.attrs.items()}
         if zx and n.op == "conv2d" and any(attrs["pads"]):
@@ -383,7 +416,11 @@ class _Quantizer:
             sw = float(sw)
             at_scale = f"scale {sx * sw:.6g}"
             kx, kw, ko = pow2_exponent(sx), pow2_exponent(sw), pow2_exponent(so)
-            if None not in (kx, kw, ko):
+            if ratio is not None:   # sx sw / so = 2^-m by construction
+                s, mul = ratio[2], 1
+                half = 1 << (s - 1) if s > 0 else 0
+                attrs.update(in_shift=s, w_shift=0, out_shift=0)
+            elif None not in (kx, kw, ko):
                 s, mul = kx + kw - ko, 1
                 if not SHR_RANGE[0] <= s <= SHR_RANGE[1]:
                     raise Unrepresentable(f"quantize: {n.op} '{n.name}': requantize shift {s} = in {kx} + weight {kw} - out {ko} "
@@ -706,11 +743,43 @@ def shared_concat_shifts(graph: Graph, cal: Calibration, keep: set[str] = frozen
     return replace(cal, shifts=shifts) if shifts != cal.shifts else cal
 
 
+def exact_steps(graph: Graph, cal: Calibration) -> Calibration:
+    """cal with each calibrated tensor that no int8 add or concat ties to another at its exact
+    step, max |x| / 127 (Calibration.scales). Ties run through the ops that keep their input's
+    scale (relu, clip, pooling, reshape...), both ways: a conv whose ReLU feeds a residual add is
+    tied too. Steps finer than 2^-SHIFT_RANGE[1] or coarser than 2^-SHIFT_RANGE[0] stay shifts."""
+    tied: set[int] = set()
+    for n in graph.nodes:
+        if (n.op == "add" and not any(i.is_const for i in n.inputs)) or n.op == "concat":
+            tied.update(id(m) for m in (n, *n.inputs) if not m.is_const)
+    users = graph.users()
+    keeps = set(SCALE_PRESERVING) | set(RANGE_PRESERVING) | set(CLAMPING)
+    todo = [n for n in graph.nodes if id(n) in tied]
+    while todo:
+        n = todo.pop()
+        near = ([n.inputs[0]] if n.op in keeps and n.inputs else []) + [u for u in users[id(n)] if u.op in keeps]
+        for m in near:
+            if id(m) not in tied and not m.is_const:
+                tied.add(id(m))
+                todo.append(m)
+    lo, hi = 2.0 ** -SHIFT_RANGE[1], 2.0 ** -SHIFT_RANGE[0]
+    scales = dict(cal.scales)
+    for n in graph.nodes:
+        a = cal.absmax.get(n.name)
+        if id(n) in tied or cal.source.get(n.name) != "calibration" or a is None or not math.isfinite(a):
+            continue
+        if lo <= a / INT8_MAX <= hi:
+            scales[n.name] = a / INT8_MAX
+    return replace(cal, scales=scales)
+
+
 def quantize(graph: Graph, calibration: Calibration) -> Graph:
     """Rewrite the float graph into shift-quantized int8 ops (see module doc)."""
     graph, affine_scales = affine_as_depthwise(graph, affines=INT8_AFFINES)
     channel_concats = channel_scaled_concats(graph, calibration)
     calibration = shared_concat_shifts(graph, calibration, channel_concats)
+    if EXACT_STEPS:
+        calibration = exact_steps(graph, calibration)
     qz = _Quantizer(graph, calibration)
     qz.channel_concats = channel_concats
     qz.channel_out = channel_scaled_outputs(graph, calibration, channel_concats) if CHANNEL_OUTPUTS else set()

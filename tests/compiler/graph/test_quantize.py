@@ -1,6 +1,9 @@
-"""int8 quantization with power-of-two scales: the shift arithmetic is bit-exact, calibration is
-reported, QDQ models' scales are imported (fixed-point multipliers where they are not powers of
-two); onnxruntime's own quantizer output is the QDQ oracle."""
+"""int8 quantization with shift requantization (power-of-two steps where an add or concat ties
+tensors, exact steps elsewhere): the shift arithmetic is bit-exact, calibration is reported, QDQ
+models' scales are imported (fixed-point multipliers where they are not powers of two);
+onnxruntime's own quantizer output is the QDQ oracle."""
+import sys
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -13,6 +16,7 @@ from compiler.frontend import from_onnx, zoo
 from compiler.graph import Graph, Node, OpError, QuantizeError, run
 from compiler.graph.ops import fixed_multiplier
 from compiler.graph.passes import Calibration, calibrate, optimize, pow2_shift, quantize
+from compiler.graph.passes.quantize import exact_steps
 
 RNG = np.random.default_rng(0)
 
@@ -81,7 +85,9 @@ def _conv_relu_graph():
     return Graph.from_outputs([x], [Node("relu", [c], name="relu")], ["y"])
 
 
-def test_quantize_conv_relu_uses_relu_range_folds_rounding_into_bias_and_reports():
+def test_quantize_conv_relu_uses_relu_range_folds_rounding_into_bias_and_reports(monkeypatch):
+    """Power-of-two steps throughout (EXACT_STEPS off): the shifts are the tensors' own."""
+    monkeypatch.setattr(sys.modules[exact_steps.__module__], "EXACT_STEPS", False)
     g = _conv_relu_graph()
     samples = [{"x": RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)} for _ in range(3)]
     cal = calibrate(g, samples)
@@ -103,13 +109,50 @@ def test_quantize_conv_relu_uses_relu_range_folds_rounding_into_bias_and_reports
         assert cosine(run(q, f)[0], run(g, f)[0]) > 0.995
 
 
+def test_exact_steps_requantize_by_a_shift_the_weight_step_absorbing_their_ratio():
+    """An untied conv -> relu: the input and the ReLU take their exact steps, max |x| / 127; the
+    weight step is (out step / in step) 2^-m, so the layer still requantizes by one shift of m."""
+    g = _conv_relu_graph()
+    samples = [{"x": RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)} for _ in range(3)]
+    cal = calibrate(g, samples)
+    q = quantize(g, cal)
+    layer = q.meta["quantize"]["layers"][0]
+    sx, so, sw = layer["in_scale"], layer["out_scale"], layer["w_scale"]
+    assert sx == cal.absmax["x"] / 127 and so == cal.absmax["relu"] / 127
+    a = q.find("conv").attrs
+    assert a.get("mul", 1) == 1 and a["w_shift"] == a["out_shift"] == 0 and layer["shr"] == a["in_shift"]
+    assert sx * sw / so == pytest.approx(2.0 ** -a["in_shift"], rel=1e-12)
+    w = g.find("conv").inputs[1].value
+    assert np.max(np.abs(w)) / 127 <= sw < 2 * np.max(np.abs(w)) / 127   # the finest such step
+    assert layer["w_use"] > 0.5
+    for f in samples:
+        assert cosine(run(q, f)[0], run(g, f)[0]) > 0.999
+
+
+def test_tensors_an_add_or_concat_ties_keep_power_of_two_steps():
+    """The int8 add aligns its operands by shifts: its inputs, its output and what keeps their
+    scale (the ReLU before it) stay powers of two; the conv inside the branch does not."""
+    x = Node.input("x", (1, 8, 6, 6))
+    w1, w2 = ((RNG.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32) for _ in range(2))
+    c1 = Node("conv2d", [x, Node.const(w1), Node.const(np.zeros(8, np.float32))], {"pads": (1, 1, 1, 1)}, name="c1")
+    r1 = Node("relu", [c1], name="r1")
+    c2 = Node("conv2d", [r1, Node.const(w2), Node.const(np.zeros(8, np.float32))], {"pads": (1, 1, 1, 1)}, name="c2")
+    add = Node("add", [c2, x], name="add")
+    g = Graph.from_outputs([x], [Node("relu", [add], name="out")], ["y"])
+    cal = calibrate(g, [{"x": RNG.standard_normal((1, 8, 6, 6)).astype(np.float32)} for _ in range(2)])
+    steps = exact_steps(g, cal)
+    assert {"r1", "c1"} <= set(steps.scales) and not {"x", "c2", "add", "out"} & set(steps.scales)
+    q = quantize(g, cal)
+    assert q.find("add").op == "qadd" and "a_mul" not in {k for k, v in q.find("add").attrs.items() if v}
+
+
 def test_a_conv_int8_cannot_carry_stays_float_and_the_rest_quantizes(caplog):
     """A tiny input range (a squeeze-excitation branch of an untrained net) with an ordinary bias:
     the bias at the input step is beyond int32. That conv is computed in float, with a warning
     naming it; a conv beside it still quantizes (torchvision's MobileNetV3 failed to build)."""
     x = Node.input("x", (1, 4, 6, 6))
     w = Node.const((RNG.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32))
-    tiny = Node("conv2d", [x, w, Node.const(np.full(8, 1.0, np.float32))], {"pads": (1, 1, 1, 1)}, name="tiny")
+    tiny = Node("conv2d", [x, w, Node.const(np.full(8, 100.0, np.float32))], {"pads": (1, 1, 1, 1)}, name="tiny")
     fine = Node("conv2d", [Node("relu", [tiny], name="r"), Node.const((RNG.standard_normal((8, 8, 1, 1))).astype(np.float32)),
                            Node.const(np.zeros(8, np.float32))], name="fine")
     g = Graph.from_outputs([x], [fine], ["y"])
