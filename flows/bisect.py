@@ -114,6 +114,12 @@ class Observed:
             self.nodes = {n.name: n for n in self.graph.nodes}
 
     @property
+    def out_scales(self) -> dict[str, float]:
+        """Output scale of each int8 layer, as the quantizer recorded it (graph.meta['quantize'])."""
+        layers = (getattr(self.graph, "meta", None) or {}).get("quantize", {}).get("layers", [])
+        return {L["name"]: L["out_scale"] for L in layers if isinstance(L.get("out_scale"), float)}
+
+    @property
     def quantized(self) -> bool:
         """Whether it computes in int8 (its float tensors then carry quantization error too)."""
         return self.integer or (self.graph is not None and any(str(n.dtype) in ("int8", "uint8")
@@ -312,14 +318,15 @@ def run_cpu(model, feed: dict, calibration=None, fuse: bool = True, shapes: dict
 
 
 # ---- comparing ---------------------------------------------------------------------------------
-def _qparams(n, depth: int = 0) -> tuple[float | None, int | None] | None:
-    """(scale, zero point) of an int8 graph node from its attributes (scale None: a fixed-point
-    multiplier, the scale is not recorded), or None if they say nothing."""
+def _qparams(n, out_scales: dict[str, float] | None = None, depth: int = 0) -> tuple[float | None, int | None] | None:
+    """(scale, zero point) of an int8 graph node: the output scale the quantizer recorded for a
+    layer (out_scales: exact steps are no power of two), else from its attributes (scale None: a
+    fixed-point multiplier, the scale is not recorded), or None if they say nothing."""
     if n is None or depth > 64:
         return None
     a = n.attrs
     if n.op == "fused":
-        return _qparams(a["body"].outputs[0], depth + 1)
+        return _qparams(a["body"].outputs[0], out_scales, depth + 1)
     if n.op == "quantize":
         s = a.get("scale") or (2.0 ** -a["shift"] if a.get("shift") is not None else None)
         return None if s is None else (float(s), int(a.get("zero_point", 0) or 0))
@@ -328,9 +335,10 @@ def _qparams(n, depth: int = 0) -> tuple[float | None, int | None] | None:
         per_channel = n.op in ("qconv2d", "qdense") and len(n.inputs) > 3   # a 4th input: channel multipliers
         if a.get("mul", 1) != 1 or a.get("a_mul") or a.get("b_mul") or per_channel:
             return None, zp
-        return 2.0 ** -a["out_shift"], zp
+        recorded = (out_scales or {}).get(n.name)
+        return (recorded if recorded is not None else 2.0 ** -a["out_shift"]), zp
     if n.op in SCALE_PRESERVING and n.inputs:
-        return _qparams(n.inputs[0], depth + 1)
+        return _qparams(n.inputs[0], out_scales, depth + 1)
     return None
 
 
@@ -393,7 +401,7 @@ def _float_view(obs: Observed, node: str, shape: tuple | None) -> tuple[np.ndarr
         if x.dtype.kind == "f":
             return x.astype(np.float64), None, "float"
     for name, x in views:
-        qp = _qparams(obs.nodes.get(name))
+        qp = _qparams(obs.nodes.get(name), obs.out_scales)
         s, z = qp if qp is not None else (None, None)
         if s is not None:
             return (x.astype(np.float64) - z) * s, s, "scale"
