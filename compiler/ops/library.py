@@ -90,7 +90,13 @@ def _conv_dw(data, weight, bias=None, *, strides, pads, dilations, groups, out_d
     return _bias_nchw(nn.depthwise_conv2d_flat(data, weight, strides, pads, out_dtype), bias)
 
 
-def _conv_dw_check(shapes, dtypes, attrs):
+#: the flat depthwise form's largest window (a global average pool as an int8 depthwise conv, a
+#: 112x112 window, took 586 s to compile unrolled and would compute 112 columns to keep one)
+DW_FLAT_MAX_TAPS = 64
+
+
+def _dw_shape_check(shapes, attrs):
+    """None if the flat phase-plane form (nn.depthwise_conv2d_flat) computes this conv, else why not."""
     C, (O, Cg, _, _) = shapes[0][1], shapes[1]
     if not (attrs["groups"] == C == O and Cg == 1):
         return "not depthwise (groups == channels == outputs)"
@@ -98,7 +104,14 @@ def _conv_dw_check(shapes, dtypes, attrs):
         return f"dilations {attrs['dilations']} (the flat-plane form needs 1)"
     if max(attrs["strides"]) > 4:
         return f"strides {attrs['strides']} (one phase plane per stride^2)"
-    return _float_check(dtypes)
+    if shapes[1][2] * shapes[1][3] > DW_FLAT_MAX_TAPS:
+        return (f"a {shapes[1][2]}x{shapes[1][3]} window (the flat form unrolls its taps and computes whole rows: "
+                f"at most {DW_FLAT_MAX_TAPS} taps)")
+    return None
+
+
+def _conv_dw_check(shapes, dtypes, attrs):
+    return _dw_shape_check(shapes, attrs) or _float_check(dtypes)
 
 
 add_impl("conv2d", "llvm", "conv2d_nchw.pointwise", _conv_pw, cpu.schedule_conv2d_pointwise, plevel=30,
@@ -264,6 +277,18 @@ def _qconv_nchwc_check(shapes, dtypes, attrs):
     return _q_check(shapes, dtypes, attrs) or _conv_nchwc_check(shapes, dtypes, attrs)
 
 
+def _qconv_dw(x, w, b, muls=None, *, strides, pads, dilations, groups, in_shift, w_shift, out_shift, layout, mul,
+              out_zp):
+    acc = _bias_nchw(nn.depthwise_conv2d_flat(x, w, strides, pads, "int32"), b)
+    return _requant(acc, in_shift, w_shift, out_shift, mul, muls, out_zp)
+
+
+def _qconv_dw_check(shapes, dtypes, attrs):
+    return _q_check(shapes, dtypes, attrs) or _dw_shape_check(shapes, attrs)
+
+
+add_impl("qconv2d", "llvm", "qconv2d.depthwise", _qconv_dw, cpu.schedule_depthwise_flat, plevel=30,
+         check=_qconv_dw_check)
 add_impl("qconv2d", "llvm", "qconv2d.nchwc", _qconv_nchwc, cpu.schedule_conv2d_NCHWc, plevel=20,
          check=_qconv_nchwc_check, prepack={1: _conv_prepack})
 add_impl("qconv2d", "llvm", "qconv2d.direct", _qconv, cpu.schedule_conv2d_nchw, check=_q_check)

@@ -219,6 +219,43 @@ def test_qconv2d_int8_exact(groups, c, o, k, stride, const_weight, out_zp):
     np.testing.assert_array_equal(y, clip_int8(shift_floor(acc, 4 + 6 - 3) + out_zp, out_zp))
 
 
+@pytest.mark.parametrize("k, stride, size", [(3, 1, (9, 7)), (3, 2, (12, 11)), (5, 2, (10, 10)), (5, 1, (6, 13)),
+                                             (3, 4, (9, 9))])
+@pytest.mark.parametrize("requant", ["shift", "mul", "per_channel"])
+def test_int8_depthwise_in_flat_phase_planes_is_exact(k, stride, size, requant):
+    """An int8 depthwise conv (the CPU's side of the accelerator target: MobileNet's and
+    EfficientNet's 3x3 and 5x5, stride 1 and 2) takes the flat phase-plane kernel, its int32
+    accumulation equal to the graph reference bit for bit under each requantization."""
+    rng = np.random.default_rng(k * 10 + stride)
+    c = 24
+    x = rng.integers(-127, 128, (1, c, *size), dtype=np.int8)
+    w = rng.integers(-127, 128, (c, 1, k, k), dtype=np.int8)
+    b = rng.integers(-20000, 20000, (c,), dtype=np.int32)
+    muls = rng.integers(1 << 20, 1 << 24, (c,)).astype(np.int64)
+    attrs = {"strides": (stride, stride), "pads": (k // 2,) * 4, "dilations": (1, 1), "groups": c, "layout": "NCHW",
+             **{"shift": {"in_shift": 5, "w_shift": 4, "out_shift": 2},
+                "mul": {"in_shift": 29, "w_shift": 0, "out_shift": 0, "mul": 9876543},
+                "per_channel": {"in_shift": 31, "w_shift": 0, "out_shift": 0, "mul": 1}}[requant]}
+    extra = [muls] if requant == "per_channel" else []
+    ref = get_op("qconv2d").impl(attrs, x, w, b, *extra)
+    f = ops.compile_op("qconv2d", [x.shape, w.shape, b.shape] + [m.shape for m in extra], attrs,
+                       ["int8", "int8", "int32"] + ["int64"] * len(extra), consts={1: w})
+    assert f.impl.name == "qconv2d.depthwise"
+    np.testing.assert_array_equal(f(x, b, *extra), ref)
+    assert 0 < np.count_nonzero(np.abs(ref) < 127) < ref.size
+
+
+def test_a_global_pool_as_an_int8_depthwise_conv_keeps_the_direct_kernel():
+    """The flat form unrolls its window: a 56x56 one (a global average pool the quantizer made a
+    depthwise conv) takes the direct kernel, which compiles in a moment."""
+    c, h = 16, 56
+    attrs = {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "groups": c, "layout": "NCHW",
+             "in_shift": 20, "w_shift": 0, "out_shift": 0, "mul": 1}
+    w = np.ones((c, 1, h, h), np.int8)
+    f = ops.compile_op("qconv2d", [(1, c, h, h), w.shape, (c,)], attrs, ["int8", "int8", "int32"], consts={1: w})
+    assert f.impl.name == "qconv2d.direct"
+
+
 @pytest.mark.parametrize("m,k,n", [(1, 64, 10), (3, 17, 40)])
 def test_qdense_and_int8_dense_exact(m, k, n):
     rng = np.random.default_rng(13)
