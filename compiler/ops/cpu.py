@@ -222,55 +222,48 @@ def schedule_flat(s, t, vector=True, parallel=True):
         st.parallel(outer)
 
 
-def schedule_injective(outs):
+def _schedule_stages(outs, special=None):
+    """Inline the injective stages, then schedule each stage left at root: by special(s, stage)
+    where that returns True, else flat (schedule_flat)."""
     outs = _as_list(outs)
     s = te.create_schedule([o.op for o in outs])
     inline_injective(s, outs)
     for st in s.stages:
         if st.is_placeholder or st.attach_type == "inline":
             continue
-        schedule_flat(s, st.op.output(0))
+        if special is None or not special(s, st):
+            schedule_flat(s, st.op.output(0))
     return s
+
+
+def schedule_injective(outs):
+    return _schedule_stages(outs)
 
 
 def schedule_layout_transform(outs):
     """NCHW -> NCHW[c]c as a row transpose (schedule_pack_nchwc: each source plane read as a
     stream); back to NCHW (with any epilogue inlined) flat, vectorized over the pixels."""
-    outs = _as_list(outs)
-    s = te.create_schedule([o.op for o in outs])
-    inline_injective(s, outs)
-    for st in s.stages:
-        if st.is_placeholder or st.attach_type == "inline":
-            continue
-        if not schedule_pack_nchwc(st):
-            schedule_flat(s, st.op.output(0))
-    return s
+    return _schedule_stages(outs, lambda s, st: schedule_pack_nchwc(st))
 
 
 def schedule_unpack_blocked(outs):
-    """N'C'..[b0][b1] -> N C .. (transform.unpack_blocked, with the group's elementwise epilogue
-    inlined): per (n, channel block, row) parallel, pixels in order and the block's channel lanes
-    unrolled inside, so each packed pixel is read whole and every output plane written as a
-    stream; vectorizing over the pixels would gather one byte per lane (3x slower)."""
-    outs = _as_list(outs)
-    s = te.create_schedule([o.op for o in outs])
-    inline_injective(s, outs)
-    for st in s.stages:
-        if st.is_placeholder or st.attach_type == "inline":
-            continue
-        t = st.op.output(0)
+    """N'C'..[b0][b1] -> N C .. (transform.unpack_blocked, with any elementwise ops inlined): per
+    (n, channel block, row) parallel, pixels in order and the block's channel lanes unrolled
+    inside, so each packed pixel is read whole and every output plane written as a stream;
+    vectorizing over the pixels would gather one byte per lane (3x slower)."""
+    def unpack_rows(s, st) -> bool:
         lanes = _unpack_lanes(s, st.op)
         if lanes is None:
-            schedule_flat(s, t)
-            continue
+            return False
         n, c, *rows, x = st.op.axis
         co, ci = st.split(c, lanes)
         st.reorder(n, co, *rows, x, ci)
         outer = st.fuse(n, co, *rows)
         st.unroll(ci)
-        if math.prod(t.shape) >= PARALLEL_MIN:
+        if math.prod(st.op.output(0).shape) >= PARALLEL_MIN:
             st.parallel(outer)
-    return s
+        return True
+    return _schedule_stages(outs, unpack_rows)
 
 
 def _unpack_lanes(s, op) -> int | None:
