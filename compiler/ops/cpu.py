@@ -247,12 +247,12 @@ def schedule_layout_transform(outs):
 
 
 def schedule_unpack_blocked(outs):
-    """N'C'..[b0][b1] -> N C .. (transform.unpack_blocked, with any elementwise ops inlined): per
-    (n, channel block, row) parallel, pixels in order and the block's channel lanes unrolled
+    """N'C'..[b0][b1] -> N C .. (transform.unpack_blocked, a kernel of its own: unpack is OPAQUE):
+    per (n, channel block, row) parallel, pixels in order and the block's channel lanes unrolled
     inside, so each packed pixel is read whole and every output plane written as a stream;
     vectorizing over the pixels would gather one byte per lane (3x slower)."""
     def unpack_rows(s, st) -> bool:
-        lanes = _unpack_lanes(s, st.op)
+        lanes = _unpack_lanes(st.op)
         if lanes is None:
             return False
         n, c, *rows, x = st.op.axis
@@ -266,26 +266,15 @@ def schedule_unpack_blocked(outs):
     return _schedule_stages(outs, unpack_rows)
 
 
-def _unpack_lanes(s, op) -> int | None:
-    """The channel block of the blocked tensor an unpack stage reads, through the stages inlined
-    into it (N C H W.. from N'C'HW..b0 b1, batch block 1), when it divides the channels and the
-    rows are at least 2-d, else None."""
-    if not isinstance(op, ComputeOp) or op.reduce_axis or len(op.axis) < 3:
+def _unpack_lanes(op) -> int | None:
+    """The channel block of the blocked tensor an unpack stage reads (N C H W.. from N'C'HW..b0 b1,
+    batch block 1), when it divides the channels and the rows are at least 2-d, else None."""
+    if not isinstance(op, ComputeOp) or op.reduce_axis or len(op.axis) < 3 or len(op.input_tensors()) != 1:
         return None
-    shape = tuple(op.shape)
-    seen, todo = set(), list(op.input_tensors())
-    while todo:
-        t = todo.pop()
-        if t.op in seen:
-            continue
-        seen.add(t.op)
-        if isinstance(t.op, ComputeOp) and s[t.op].attach_type == "inline":
-            todo.extend(t.op.input_tensors())
-            continue
-        ts = tuple(t.shape)
-        if len(ts) == len(shape) + 2 and ts[-2] == 1 and ts[2:-2] == shape[2:] and 1 < ts[-1] <= 64 \
-                and shape[1] % ts[-1] == 0:
-            return ts[-1]
+    shape, ts = tuple(op.shape), tuple(op.input_tensors()[0].shape)
+    if len(ts) == len(shape) + 2 and ts[-2] == 1 and ts[2:-2] == shape[2:] and 1 < ts[-1] <= 64 \
+            and shape[1] % ts[-1] == 0:
+        return ts[-1]
     return None
 
 

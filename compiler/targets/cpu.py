@@ -5,8 +5,8 @@ one kernel: the group's ops composed as tensor expressions from the operator lib
 where the module runs (host_runtime.kernel_cache, docs/trust.md); the build checks each kernel
 passes that verifier and compiles here. When a group has no compiled form its ops become separate
 steps, and an op with no kernel falls back to the graph IR's NumPy reference (kind 'numpy', with
-the reason); pack/unpack (the accelerator's blocked layout) compile like any injective op and fuse
-with the conversions beside them; without a kernel they are the runtime's own (kind 'native').
+the reason); pack/unpack (the accelerator's blocked layout) are kernels of their own (OPAQUE to
+fusion); without a kernel they are the runtime's own (kind 'native').
 """
 from __future__ import annotations
 
