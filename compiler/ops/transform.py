@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from .. import te
+from ..graph.ops import packed_shape
 from .nn import pack_nchwc, unpack_nchwc
 from .registry import OpError
 
@@ -162,8 +163,8 @@ def pack_blocked(x, block):
     b0, b1 = (int(b) for b in block)
     if x.ndim < 2 or b0 < 1 or b1 < 1:
         raise OpError(f"pack: needs an input of rank 2 or more and positive blocks, got {list(x.shape)}, {block}")
-    n, c, *rest = x.shape
-    shape = (-(-n // b0), -(-c // b1), *rest, b0, b1)
+    n, c = x.shape[:2]
+    shape = packed_shape(tuple(x.shape), (b0, b1))
     pad_n, pad_c = shape[0] * b0 != n, shape[1] * b1 != c
     zero = te.const(0, x.dtype)
 
@@ -179,7 +180,7 @@ def pack_blocked(x, block):
 def unpack_blocked(x, shape):
     """N' C' ... b0 b1 -> N C ... cropped to `shape` (the inverse of pack_blocked)."""
     shape = tuple(int(d) for d in shape)
-    if x.ndim != len(shape) + 2:
+    if x.ndim != len(shape) + 2 or len(shape) < 2 or packed_shape(shape, x.shape[-2:]) != tuple(x.shape):
         raise OpError(f"unpack: {list(x.shape)} is not a blocked layout of {list(shape)}")
     b0, b1 = x.shape[-2:]
 
