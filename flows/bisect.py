@@ -17,6 +17,7 @@ hardware (docs/bisect.md).
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -113,7 +114,7 @@ class Observed:
         if self.graph is not None and not self.nodes:
             self.nodes = {n.name: n for n in self.graph.nodes}
 
-    @property
+    @functools.cached_property
     def out_scales(self) -> dict[str, float]:
         """Output scale of each int8 layer, as the quantizer recorded it (graph.meta['quantize'])."""
         layers = (getattr(self.graph, "meta", None) or {}).get("quantize", {}).get("layers", [])

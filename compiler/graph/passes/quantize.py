@@ -389,13 +389,13 @@ class _Quantizer:
         # channel keeps its input's steps (channel_weights re-derives sw from the weights alone)
         if isinstance(sx, np.ndarray):   # one input channel per output channel: its step joins the weight's
             sw, sx = np.broadcast_to(np.asarray(sw, np.float64).reshape(-1), sx.shape) * sx, 1.0
-        ratio = None   # exact input or output steps: the weight step absorbs their ratio, a shift remains
+        ratio_shift = None   # exact input or output steps: the weight step absorbs their ratio, this shift remains
         if (steps is None and not zx and not zo and not np.ndim(sw) and not np.ndim(sx) and not np.ndim(so)
                 and n.inputs[1].name not in self.weight_scales
                 and (pow2_exponent(float(sx)) is None or pow2_exponent(float(so)) is None)):
-            ratio = self.ratio_weights(n, float(sx), float(so))
-            if ratio is not None:
-                wq, sw, _ = ratio
+            absorbed = self.ratio_weights(n, float(sx), float(so))
+            if absorbed is not None:
+                wq, sw, ratio_shift = absorbed
         b = n.inputs[2].value.astype(np.float64) if len(n.inputs) == 3 else np.zeros(wq.shape[0])
         attrs = {k: v for k, v in n.attrs.items()}
         if zx and n.op == "conv2d" and any(attrs["pads"]):
@@ -416,8 +416,8 @@ class _Quantizer:
             sw = float(sw)
             at_scale = f"scale {sx * sw:.6g}"
             kx, kw, ko = pow2_exponent(sx), pow2_exponent(sw), pow2_exponent(so)
-            if ratio is not None:   # sx sw / so = 2^-m by construction
-                s, mul = ratio[2], 1
+            if ratio_shift is not None:   # sx sw / so = 2^-m by construction
+                s, mul = ratio_shift, 1
                 half = 1 << (s - 1) if s > 0 else 0
                 attrs.update(in_shift=s, w_shift=0, out_shift=0)
             elif None not in (kx, kw, ko):
