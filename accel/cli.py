@@ -753,7 +753,7 @@ def _compile_op_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer", help="a ResNet-18 layer (C2..C11, compiler/accel/resnet18_conv.json) instead of the sizes")
     p.add_argument("--workloads", default=None, help="workload JSON (default: compiler/accel/resnet18_conv.json)")
     for name, default in (("n", 1), ("c", 16), ("h", 8), ("w", 8), ("o", 16), ("k", 3), ("pad", 1), ("stride", 1),
-                          ("rows", 16)):
+                          ("dilation", 1), ("rows", 16)):
         p.add_argument(f"--{name}", type=int, default=default, help="(default: %(default)s)")
     p.add_argument("--shift", type=int, default=8, help="requantization shift (default: %(default)s)")
     p.add_argument("--relu", action="store_true", help="clip at 0 instead of -128")
@@ -784,7 +784,7 @@ def _compile_op(args) -> int:
                 Conv2dSpec(args.rows, args.c, 1, 1, args.o, 1, 1, name="dense"))
     else:
         spec = Conv2dSpec(args.n, args.c, args.h, args.w, args.o, args.k, args.k, (args.pad,) * 4,
-                          (args.stride,) * 2)
+                          (args.stride,) * 2, dilations=(args.dilation,) * 2)
     rq = Requant(args.shift, 0 if args.relu else -128, 127)
     tiling = plan_conv2d(spec, cfg, args.virtual_threads)
     if not args.te:   # the emitter networks use: its loop nest

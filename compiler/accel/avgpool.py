@@ -319,9 +319,7 @@ def _conv_cycles(conv: Node, cfg: AccelConfig) -> float | None:
     sums a pool the conv's tiles cannot hold, e.g. SqueezeNet's 13x13 global, in fewer host
     microseconds than the ALU program's cycles take)."""
     x, w = conv.inputs[0].shape, conv.inputs[1].shape
-    pt, pl, pb, pr = conv.attrs["pads"]
-    spec = Conv2dSpec(x[0], x[1], x[2], x[3], conv.shape[1], w[2], w[3], (pt, pb, pl, pr),
-                      tuple(conv.attrs["strides"]), conv.name)
+    spec = Conv2dSpec.from_attrs(x[0], x[1], x[2], x[3], conv.shape[1], w[2], w[3], conv.attrs, conv.name)
     groups = conv.attrs["groups"]
     k = grouped_layout(groups, spec.c, spec.o, cfg.block_in, cfg.block_out)[0]
     try:

@@ -41,6 +41,7 @@ from .spec import (
     TilingError,
     _ceil,
     _Geom,
+    int_conv2d,
     is_dense,
     residual_identity,
 )
@@ -49,7 +50,7 @@ __all__ = ["CHUNK_CYCLES", "FILL_BANDS", "INSN_CYCLES", "OVERLAP_LOSS", "PARAM_E
            "ConvTiling", "Requant", "ResidualAdd", "TilingError", "_Geom", "_ceil", "_fits", "_needs",
            "_ranked_tilings", "channel_scale_operands", "conv2d_candidates", "conv2d_reference",
            "dense_reference", "emit_conv2d", "emit_requant", "estimate_cycles", "flush_params", "input_resident",
-           "is_dense", "linear_pixels", "loop_nest_text", "plan_conv2d", "requant_operand", "residual_identity",
+           "int_conv2d", "is_dense", "linear_pixels", "loop_nest_text", "plan_conv2d", "requant_operand", "residual_identity",
            "run_conv2d", "run_dense", "set_requant_operand"]
 
 
@@ -58,16 +59,7 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec
     """numpy int reference: NCHW int8 x OIHW int8 (+ int32 bias) -> requantized int8 NCHW, with the
     accumulator's int32 wraparound; channel_muls (multipliers, shift): per-channel fixed point
     (round_half_up(acc * m_c * 2^-shift)) before requant's clamp."""
-    pt, pb, pl, pr = spec.pads
-    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    sh, sw = spec.strides
-    acc = np.zeros((x.shape[0], spec.o, spec.oh, spec.ow), np.int64)
-    wl = w.astype(np.int64)
-    for y in range(spec.kh):
-        for xx in range(spec.kw):
-            patch = xp[:, :, y:y + sh * spec.oh:sh, xx:xx + sw * spec.ow:sw]
-            acc += np.einsum("nchw,oc->nohw", patch, wl[:, :, y, xx], optimize=True)
-    acc = acc.astype(np.int32)  # wrap like the accumulator
+    acc = int_conv2d(x, w, spec).astype(np.int32)  # wrap like the accumulator
     if bias is not None:
         acc = (acc.astype(np.int64) + bias.astype(np.int64)[None, :, None, None]).astype(np.int32)
     if channel_muls is not None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -109,9 +109,7 @@ def is_depthwise(n: Node) -> bool:
 def _spec(n: Node) -> Conv2dSpec:
     """The layer as the accelerator lowering sees it (NCHW shapes, before packing)."""
     x, w = n.inputs[0].shape, n.inputs[1].shape
-    pt, pl, pb, pr = n.attrs["pads"]
-    return Conv2dSpec(x[0], x[1], x[2], x[3], n.shape[1], w[2], w[3], (pt, pb, pl, pr), tuple(n.attrs["strides"]),
-                      n.name)
+    return Conv2dSpec.from_attrs(x[0], x[1], x[2], x[3], n.shape[1], w[2], w[3], n.attrs, n.name)
 
 
 def accel_depthwise_cycles(n: Node, cfg: AccelConfig) -> float:
@@ -183,8 +181,7 @@ def gemm_spec(n: Node, cfg: AccelConfig) -> Conv2dSpec:
         return Conv2dSpec(_pad(rows, cfg.batch), _pad(n.inputs[1].shape[1], cfg.block_in), 1, 1,
                           _pad(n.shape[-1], cfg.block_out), 1, 1, name=n.name)
     s = _spec(n)
-    return Conv2dSpec(_pad(s.n, cfg.batch), _pad(s.c, cfg.block_in), s.h, s.w, _pad(s.o, cfg.block_out), s.kh, s.kw,
-                      s.pads, s.strides, n.name)
+    return replace(s, n=_pad(s.n, cfg.batch), c=_pad(s.c, cfg.block_in), o=_pad(s.o, cfg.block_out))
 
 
 def accel_gemm_cycles(n: Node, cfg: AccelConfig) -> tuple[float, bool]:

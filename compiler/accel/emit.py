@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from accel.isa import AccelConfig, AluOp, MemType, Stage
-from accel.isa.config import SIZE_BITS
+from accel.isa.config import PAD_BITS, SIZE_BITS
 
 from .dense import dense_loop_nest_text, emit_dense
 from .epilogue import _operand_kernel, emit_requant, flush_params, set_requant_operand
@@ -27,6 +27,8 @@ from .spec import (
     TilingError,
     _ceil,
     _Geom,
+    can_gather,
+    input_entries,
     is_dense,
     weight_region_entries,
 )
@@ -80,11 +82,13 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     pt, _, pl, _ = spec.pads
     khw = spec.kh * spec.kw
     S = t.vt
-    rows_max = (t.h_t - 1) * sh + spec.kh
-    cols_max = (t.w_t - 1) * sw + spec.kw
+    dh, dw = spec.dilations
+    if t.gather and not can_gather(spec):
+        raise TilingError(f"{spec.name}: a gathered input tile needs a dilated kernel with column stride 1 "
+                          f"(dilations {spec.dilations}, strides {spec.strides})")
     # input chunks rotate through S slots; a fused residual's tiles through S regions past them (one a
     # tile slot), so that a tile's residual can come in pieces beside its chunks, not all at its end
-    inp_slot, wgt_slot = t.ic_t * rows_max * cols_max, t.o_t * t.ic_t * khw
+    inp_slot, wgt_slot = t.ic_t * input_entries(spec, t), t.o_t * t.ic_t * khw
     res_slot = t.o_t * t.h_t * t.w_t
     ident_idx = cfg.wgt_depth - 1
     if channel_scales is not None and (residual is not None or requant.shift or requant.fixed_point):
@@ -153,19 +157,24 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
         bias_base = acc_base + t.o_t * t.h_t * t.w_t
         param_base = bias_base + t.o_t   # REQUANT operands, set when the slot is first used
         r0, c0 = h0 * sh - pt, w0 * sw - pl
-        rows, cols = (h_a - 1) * sh + spec.kh, (w_a - 1) * sw + spec.kw
+        rows, cols = (h_a - 1) * sh + spec.span_h, (w_a - 1) * sw + spec.span_w
         y0, y1 = max(r0, 0), min(r0 + rows, spec.h)
         x0, x1 = max(c0, 0), min(c0 + cols, spec.w)
         # padding above/left of the image rows/cols the tile reads, then below/right; a tile may lie
         # wholly in the padding (pads wider than the kernel reaches), then it loads only zeros
         yp0, xp0 = min(y0 - r0, rows), min(x0 - c0, cols)
         yp1, xp1 = rows - yp0 - max(0, y1 - y0), cols - xp0 - max(0, x1 - x0)
+        # an input block's entries, and where tap (y, x) of the tile's first pixel reads: in its window
+        # (y * dh rows and x * dw columns on, pixels sw apart), or at the start of the tap's band
+        plane = input_entries(spec, t, h_a, w_a)
+        steps = (1, plane, spec.kw * h_a * w_a, h_a * w_a) if t.gather else (sw, plane, dh * cols, dw)
+        row_step = w_a if t.gather else sh * cols   # from one output row's first window to the next's
         if (n, o0) != last_group:
             group, last_group = group + 1, (n, o0)
             new_group = True
         else:
             new_group = False
-        linear = linear_pixels(spec, h_a, w_a)
+        linear = linear_pixels(spec, h_a, w_a, t.gather)
         fused = flush is not None and residual is None and linear
         # a residual's conv requantizes into the accumulator on its last GEMM (EPILOGUE to_acc)
         conv_in_gemm = conv_to_acc is not None and linear
@@ -209,10 +218,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
 
             def gemm_by_block(band=None, taps=None):   # the chunk's GEMM over (block, pixel); band: pixels p0..p1-1
                 return stream.kernel(
-                    ("conv.gemm_by_block", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a * w_a, sw, inp_base,
-                     wgt_base, acc_base, band, by_rows, taps),
-                    lambda k: _build_gemm_by_block(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a * w_a, sw,
-                                                   inp_base, wgt_base, acc_base, band, by_rows, taps))
+                    ("conv.gemm_by_block", o_a, ic_a, spec.kh, spec.kw, h_a * w_a, steps, inp_base, wgt_base,
+                     acc_base, band, by_rows, taps),
+                    lambda k: _build_gemm_by_block(k, o_a, ic_a, spec.kh, spec.kw, h_a * w_a, steps, inp_base,
+                                                   wgt_base, acc_base, band, by_rows, taps))
 
             def residual_by_block(band=None):   # the residual's identity GEMM over (block, pixel)
                 return stream.kernel(("conv.residual_by_block", acc_base, res_base, ident_idx, o_a, h_a * w_a, band),
@@ -232,7 +241,7 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 for b, (a, z) in enumerate(load_bands):
                     for ic in range(ic_a):
                         entry = ((n * g.cb + ic0 + ic) * spec.h + y0 + a) * spec.w + x0
-                        stream.load_2d(MemType.INP, inp_base + ic * rows * cols + a * cols, inp, entry,
+                        stream.load_2d(MemType.INP, inp_base + ic * plane + a * cols, inp, entry,
                                        y_size=z - a, x_size=cols, x_stride=spec.w)
                     if residual is not None and last_chunk:
                         for o in range(o_a):
@@ -242,7 +251,10 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                     if b < len(load_bands) - 1:
                         stream.dep_push(Stage.LOAD, Stage.COMPUTE)
             else:
-                if (not (inp_resident and j) and ic_a > 1 and cols == spec.w and not (yp0 or yp1 or xp0 or xp1)
+                if t.gather:   # a band per tap: the rows and columns it reads for the tile's pixels
+                    for ic in range(0 if inp_resident and j else ic_a):
+                        _load_bands(stream, spec, inp, inp_base + ic * plane, n * g.cb + ic0 + ic, h0, w0, h_a, w_a)
+                elif (not (inp_resident and j) and ic_a > 1 and cols == spec.w and not (yp0 or yp1 or xp0 or xp1)
                         and rows * cols < 1 << SIZE_BITS):   # whole unpadded rows: every channel block in one LOAD
                     entry = ((n * g.cb + ic0) * spec.h + y0) * spec.w
                     stream.load_2d(MemType.INP, inp_base, inp, entry, y_size=ic_a, x_size=rows * cols,
@@ -250,9 +262,8 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                 else:
                     for ic in range(0 if inp_resident and j else ic_a):
                         entry = ((n * g.cb + ic0 + ic) * spec.h + y0) * spec.w + x0
-                        stream.load_2d(MemType.INP, inp_base + ic * rows * cols, inp, entry,
-                                       y_size=max(0, y1 - y0), x_size=max(0, x1 - x0), x_stride=spec.w,
-                                       y_pad0=yp0, y_pad1=yp1, x_pad0=xp0, x_pad1=xp1)
+                        load_padded(stream, MemType.INP, inp_base + ic * plane, inp, entry,
+                                    max(0, y1 - y0), max(0, x1 - x0), spec.w, (yp0, yp1, xp0, xp1))
                 if load_w and by_rows:   # kernel row by kernel row; the first chunk's
                     for y in range(spec.kh):                 # rows each with a token (split_taps)
                         stream.load_2d(MemType.WGT, wgt_base + y * o_a * ic_a * spec.kw, wgt,
@@ -340,9 +351,9 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
                     stream.push_gemm(gemm_by_block(taps=taps), flush=last_chunk and final)
                 else:
                     stream.push_gemm(stream.kernel(
-                        ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base,
+                        ("conv.gemm", o_a, ic_a, spec.kh, spec.kw, h_a, w_a, row_step, steps, inp_base, wgt_base,
                          acc_base, by_rows, taps),
-                        lambda k, taps=taps: _build_gemm(k, o_a, ic_a, spec.kh, spec.kw, rows, cols, h_a, w_a, sh, sw,
+                        lambda k, taps=taps: _build_gemm(k, o_a, ic_a, spec.kh, spec.kw, h_a, w_a, row_step, steps,
                                                          inp_base, wgt_base, acc_base, by_rows, taps)))
             if not (residual is not None and last_chunk):
                 pipe.after_chunk(j)  # with a residual, the slot is released after the residual GEMM
@@ -394,6 +405,80 @@ def emit_conv2d(stream, spec: Conv2dSpec, tiling: ConvTiling, inp, wgt, out, bia
     return {"tiles": len(tiles), "chunks": n_loads}
 
 
+def _load_bands(stream, spec: Conv2dSpec, inp, base: int, block: int, h0: int, w0: int, h_a: int, w_a: int) -> None:
+    """A gathered input tile's block (ConvTiling.gather): for each tap (y, x), the h_a x w_a input
+    pixels it reads for output rows h0.. and columns w0.. (rows sh apart, so one strided LOAD),
+    in tap order from `base`; those outside the image are padding. block: the (batch block, channel
+    block) plane of the packed input it reads."""
+    sh = spec.strides[0]
+    dh, dw = spec.dilations
+    pt, _, pl, _ = spec.pads
+    for y in range(spec.kh):
+        r = [(h0 + i) * sh + y * dh - pt for i in range(h_a)]   # the input row of each output row
+        ra = sum(1 for v in r if v < 0)
+        rb = h_a - sum(1 for v in r if v >= spec.h)
+        for x in range(spec.kw):
+            c0 = w0 + x * dw - pl   # the input column of the first output column (column stride 1)
+            ca, cb = min(max(-c0, 0), w_a), max(min(spec.w - c0, w_a), 0)
+            rows, cols = max(rb - ra, 0), max(cb - ca, 0)
+            dst = base + (y * spec.kw + x) * h_a * w_a
+            if not (rows and cols):
+                zero_fill(stream, MemType.INP, dst, h_a * w_a, inp)
+                continue
+            entry = (block * spec.h + r[ra]) * spec.w + c0 + ca
+            load_padded(stream, MemType.INP, dst, inp, entry, rows, cols, sh * spec.w,
+                        (ra, h_a - rb, ca, w_a - cb))
+
+
+#: the most padding one LOAD writes on each side (its padding fields' width)
+PAD_MAX = (1 << PAD_BITS) - 1
+
+
+def load_padded(stream, mem, base: int, src, entry: int, y_size: int, x_size: int, x_stride: int,
+                pads: tuple[int, int, int, int]) -> None:
+    """LOAD a y_size x x_size tile surrounded by pads (top, bottom, left, right) of zeros into the
+    buffer from `base` on, row-major, padding included: one LOAD where every pad fits its field;
+    wider pads (a dilated conv's) as data rows between runs of zeros (zero_fill)."""
+    yp0, yp1, xp0, xp1 = pads
+    width = xp0 + x_size + xp1
+    if max(pads) <= PAD_MAX:
+        stream.load_2d(mem, base, src, entry, y_size=y_size, x_size=x_size, x_stride=x_stride,
+                       y_pad0=yp0, y_pad1=yp1, x_pad0=xp0, x_pad1=xp1)
+        return
+    if not (y_size and x_size):   # padding only
+        zero_fill(stream, mem, base, (yp0 + y_size + yp1) * width, src)
+        return
+    if max(xp0, xp1) <= PAD_MAX:   # the data rows in one LOAD, the zero rows beyond its fields apart
+        top, bottom = (0 if yp0 <= PAD_MAX else yp0), (0 if yp1 <= PAD_MAX else yp1)
+        zero_fill(stream, mem, base, top * width, src)
+        stream.load_2d(mem, base + top * width, src, entry, y_size=y_size, x_size=x_size, x_stride=x_stride,
+                       y_pad0=yp0 - top, y_pad1=yp1 - bottom, x_pad0=xp0, x_pad1=xp1)
+        zero_fill(stream, mem, base + (yp0 + y_size + yp1 - bottom) * width, bottom * width, src)
+        return
+    at = base + yp0 * width + xp0   # row by row: a row's right padding and the next row's left are one run
+    zero_fill(stream, mem, base, yp0 * width + xp0, src)
+    for r in range(y_size):
+        stream.load_2d(mem, at, src, entry + r * x_stride, y_size=1, x_size=x_size)
+        last = r == y_size - 1
+        zero_fill(stream, mem, at + x_size, xp1 + (yp1 * width if last else xp0), src)
+        at += width
+
+
+def zero_fill(stream, mem, base: int, n: int, src) -> None:
+    """Zero n consecutive buffer entries from `base` with LOADs that read no DRAM (padding only)."""
+    row = 2 * PAD_MAX   # one row of padding: x_pad0 + x_pad1
+    while n > 0:
+        q, rest = divmod(n, row)
+        if q:
+            y = min(q, PAD_MAX)
+            stream.load_2d(mem, base, src, 0, y_size=0, x_size=0, y_pad0=y, x_pad0=PAD_MAX, x_pad1=PAD_MAX)
+            base, n = base + y * row, n - y * row
+        else:
+            stream.load_2d(mem, base, src, 0, y_size=0, x_size=0, y_pad0=1, x_pad0=min(rest, PAD_MAX),
+                           x_pad1=rest - min(rest, PAD_MAX))
+            base, n = base + rest, n - rest
+
+
 def _bias_kernel(stream, acc_base, bias_base, o_a, hw):
     """The walk over a tile's entries reading each one's channel-block entry at bias_base (a bias
     MOV, per-channel SCALE operands, FLUSH's seeds)."""
@@ -417,17 +502,19 @@ def _wgt_index(o, ic, y, x, o_a, ic_a, kh, kw, by_rows):
     return ((y * o_a + o) * ic_a + ic) * kw + x if by_rows else ((o * ic_a + ic) * kh + y) * kw + x
 
 
-def _build_gemm(k, o_a, ic_a, kh, kw, rows, cols, h_a, w_a, sh, sw, inp_base, wgt_base, acc_base, by_rows=False,
+def _build_gemm(k, o_a, ic_a, kh, kw, h_a, w_a, row_step, steps, inp_base, wgt_base, acc_base, by_rows=False,
                 taps=None):
-    """The chunk's GEMM: loops over output rows and columns, micro-ops over (o, ic, kernel row, x);
-    taps=(y0, y1): only kernel rows y0..y1-1 (the first chunk's pieces)."""
-    k.loop_begin(h_a, dst_factor=w_a, src_factor=sh * cols)
-    k.loop_begin(w_a, dst_factor=1, src_factor=sw)
+    """The chunk's GEMM: loops over output rows (their windows row_step entries apart) and columns,
+    micro-ops over (o, ic, kernel row, x); taps=(y0, y1): only kernel rows y0..y1-1 (the first
+    chunk's pieces). steps: (pixel, input block, kernel row, kernel column) input strides."""
+    px, ic_step, y_step, x_step = steps
+    k.loop_begin(h_a, dst_factor=w_a, src_factor=row_step)
+    k.loop_begin(w_a, dst_factor=1, src_factor=px)
     for o in range(o_a):
         for ic in range(ic_a):
             for y in range(*(taps or (0, kh))):
                 for x in range(kw):
-                    k.push(acc_base + o * h_a * w_a, inp_base + ic * rows * cols + y * cols + x,
+                    k.push(acc_base + o * h_a * w_a, inp_base + ic * ic_step + y * y_step + x * x_step,
                            wgt_base + _wgt_index(o, ic, y, x, o_a, ic_a, kh, kw, by_rows))
     k.loop_end()
     k.loop_end()
@@ -450,19 +537,20 @@ def _row_bands(h: int, n: int) -> list[tuple[int, int]]:
     return [(h * b // n, h * (b + 1) // n) for b in range(n)]
 
 
-def _build_gemm_by_block(k, o_a, ic_a, kh, kw, rows, cols, pixels, sw, inp_base, wgt_base, acc_base,
+def _build_gemm_by_block(k, o_a, ic_a, kh, kw, pixels, steps, inp_base, wgt_base, acc_base,
                          band=None, by_rows=False, taps=None):
     """GEMM loops over (output-channel block, pixel), micro-ops over (input channel, tap): each pass
     is one output entry's whole sum (what a flushing GEMM needs). Pixels at one input stride only.
     band=(p0, p1): only the tile's pixels p0..p1-1 (a band of a tile split for the pipeline's fill
-    and drain)."""
+    and drain). steps: (pixel, input block, kernel row, kernel column) input strides."""
+    px, ic_step, y_step, x_step = steps
     p0, p1 = band or (0, pixels)
     k.loop_begin(o_a, dst_factor=pixels, src_factor=0, wgt_factor=ic_a * (kw if by_rows else kh * kw))
-    k.loop_begin(p1 - p0, dst_factor=1, src_factor=sw)
+    k.loop_begin(p1 - p0, dst_factor=1, src_factor=px)
     for ic in range(ic_a):
         for y in range(*(taps or (0, kh))):
             for x in range(kw):
-                k.push(acc_base + p0, inp_base + p0 * sw + ic * rows * cols + y * cols + x,
+                k.push(acc_base + p0, inp_base + p0 * px + ic * ic_step + y * y_step + x * x_step,
                        wgt_base + _wgt_index(0, ic, y, x, o_a, ic_a, kh, kw, by_rows))
     k.loop_end()
     k.loop_end()
@@ -501,7 +589,7 @@ def loop_nest_text(spec: Conv2dSpec, tiling: ConvTiling, cfg: AccelConfig, requa
         return dense_loop_nest_text(spec, tiling, cfg, requant, bias)
     g, t = _Geom.of(spec, cfg), tiling
     sh, sw = spec.strides
-    rows, cols = (t.h_t - 1) * sh + spec.kh, (t.w_t - 1) * sw + spec.kw
+    dh, dw = spec.dilations
     n_ic = _ceil(g.cb, t.ic_t)
     resident = n_ic == 1
     S = t.vt
@@ -511,10 +599,11 @@ def loop_nest_text(spec: Conv2dSpec, tiling: ConvTiling, cfg: AccelConfig, requa
            [f"alu.clamp(acc[tile], lo={requant.lo}, hi={requant.hi})"] if -128 <= requant.lo <= requant.hi <= 127 else
            [f"alu.min(acc[tile], imm={requant.hi})", f"alu.max(acc[tile], imm={requant.lo})"])
     L = [f"// {spec.name}: N={spec.n} C={spec.c} H={spec.h} W={spec.w} -> O={spec.o} OH={spec.oh} OW={spec.ow}, "
-         f"kernel {spec.kh}x{spec.kw}, strides {spec.strides}, pads {spec.pads}",
+         f"kernel {spec.kh}x{spec.kw}, strides {spec.strides}, pads {spec.pads}"
+         + (f", dilations {spec.dilations}" if spec.dilations != (1, 1) else ""),
          f"// blocked: {g.nb} batch x {g.cb} in x {g.ob} out blocks of {cfg.batch}x{cfg.block_in}x{cfg.block_out}; "
          f"tiling {t.describe()}",
-         f"// buffers per slot: inp_buffer {t.ic_t * rows * cols} entries, wgt_buffer {t.o_t * t.ic_t * spec.kh * spec.kw}, "
+         f"// buffers per slot: inp_buffer {t.ic_t * input_entries(spec, t)} entries, wgt_buffer {t.o_t * t.ic_t * spec.kh * spec.kw}, "
          f"acc_buffer {t.o_t * t.h_t * t.w_t} (+{t.o_t} bias); {S} slot(s)",
          f"for n in range({g.nb}):",
          f"  for o0 in range(0, {g.ob}, {t.o_t}):            // o_a = min({t.o_t}, {g.ob} - o0)",
@@ -522,14 +611,20 @@ def loop_nest_text(spec: Conv2dSpec, tiling: ConvTiling, cfg: AccelConfig, requa
          f"      for w0 in range(0, {spec.ow}, {t.w_t}):      // w_a = min({t.w_t}, {spec.ow} - w0); tile ti, slot ti % {S}",
          f"        for ic0 in range(0, {g.cb}, {t.ic_t}):    // iteration j, slot j % {S}",
          f"          load:    [pop compute->load if j >= {S}]",
-         f"                   for ic in range(ic_a): dma_load inp[n, ic0+ic, h0*{sh}-{spec.pads[0]} .. +rows, "
-         f"w0*{sw}-{spec.pads[2]} .. +cols] -> inp_buffer[slot] (out-of-image rows/cols as LOAD padding)",
+         (f"                   for ic in range(ic_a): for (kh, kw) in taps: dma_load inp[n, ic0+ic, "
+          f"(h0 .. +h_a)*{sh}+kh*{dh}-{spec.pads[0]}, w0+kw*{dw}-{spec.pads[2]} .. +w_a] -> inp_buffer[slot][tap] "
+          f"(a band per tap; out-of-image rows/cols as LOAD padding)" if t.gather else
+          f"                   for ic in range(ic_a): dma_load inp[n, ic0+ic, h0*{sh}-{spec.pads[0]} .. +rows, "
+          f"w0*{sw}-{spec.pads[2]} .. +cols] -> inp_buffer[slot] (out-of-image rows/cols as LOAD padding)"),
          f"                   {'if first tile of (n, o0): ' if resident else ''}dma_load wgt[o0 .. +o_a, ic0 .. +ic_a, :, :]"
          f" -> wgt_buffer[{'o-tile % ' + str(S) if resident else 'slot'}]; push load->compute",
          f"          compute: pop load->compute; if ic0 == 0: [pop store->compute if ti >= {S}]; {init}",
          "                   gemm: for oh in range(h_a): for ow in range(w_a):  // the two affine loop levels",
-         f"                           uops (o, ic, kh, kw): acc[o, oh, ow] += inp[ic, oh*{sh}+kh, ow*{sw}+kw] . "
-         f"wgt[o, ic, kh, kw]   // {t.o_t * t.ic_t * spec.kh * spec.kw} uops",
+         ("                           uops (o, ic, kh, kw): acc[o, oh, ow] += inp[ic][kh, kw][oh, ow] . "
+          if t.gather else
+          f"                           uops (o, ic, kh, kw): acc[o, oh, ow] += inp[ic, oh*{sh}+kh{f'*{dh}' if dh > 1 else ''}, "
+          f"ow*{sw}+kw{f'*{dw}' if dw > 1 else ''}] . ")
+         + f"wgt[o, ic, kh, kw]   // {t.o_t * t.ic_t * spec.kh * spec.kw} uops",
          f"                   [push compute->load if j + {S} < iterations]",
          f"        compute: {'; '.join(ep)}; push compute->store",
          f"        store:   pop compute->store; for o in range(o_a): dma_store acc[o] -> out[n, o0+o, h0 .. +h_a, "

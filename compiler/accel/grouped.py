@@ -27,7 +27,7 @@ from host_runtime.memory import Buffer
 from .emit import emit_conv2d
 from .layout import pack_activation, pack_bias, pack_weight, unpack_activation
 from .plan import plan_conv2d
-from .spec import Conv2dSpec, ConvTiling, Requant, ResidualAdd, TilingError, _ceil
+from .spec import Conv2dSpec, ConvTiling, Requant, ResidualAdd, TilingError, _ceil, int_conv2d
 
 __all__ = ["merge_factor", "grouped_layout", "grouped_waste", "windowed_chunks", "group_blocks", "block_windows", "emit_windowed_conv2d", "window_spec",
            "expand_grouped_weight", "group_spec", "emit_grouped_conv2d",
@@ -238,19 +238,7 @@ def emit_grouped_conv2d(stream, spec: Conv2dSpec, groups: int, tiling: ConvTilin
 def grouped_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, spec: Conv2dSpec, groups: int,
                       requant: Requant = Requant()) -> np.ndarray:
     """numpy int reference of a grouped conv: NCHW int8 x (spec.c channels), OIHW int8 w (O, c/groups)."""
-    pt, pb, pl, pr = spec.pads
-    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    sh, sw = spec.strides
-    cpg, opg = spec.c // groups, spec.o // groups
-    acc = np.zeros((x.shape[0], spec.o, spec.oh, spec.ow), np.int64)
-    wl = w.astype(np.int64)
-    for g in range(groups):
-        xs, os_ = slice(g * cpg, (g + 1) * cpg), slice(g * opg, (g + 1) * opg)
-        for y in range(spec.kh):
-            for xx in range(spec.kw):
-                patch = xp[:, xs, y:y + sh * spec.oh:sh, xx:xx + sw * spec.ow:sw]
-                acc[:, os_] += np.einsum("nchw,oc->nohw", patch, wl[os_, :, y, xx])
-    acc = acc.astype(np.int32)
+    acc = int_conv2d(x, w, spec, groups).astype(np.int32)
     if bias is not None:
         acc = (acc.astype(np.int64) + bias.astype(np.int64)[None, :, None, None]).astype(np.int32)
     return requant.apply(acc).astype(np.int8)

@@ -11,10 +11,20 @@ import itertools
 import logging
 
 from accel.isa import AccelConfig
-from accel.isa.config import PAD_BITS
 from sim.dram import DramModel
 
-from .spec import PARAM_ENTRIES, Conv2dSpec, ConvTiling, TilingError, _ceil, _Geom, dense_view, is_dense
+from .spec import (
+    PARAM_ENTRIES,
+    Conv2dSpec,
+    ConvTiling,
+    TilingError,
+    _ceil,
+    _Geom,
+    can_gather,
+    dense_view,
+    input_entries,
+    is_dense,
+)
 
 log = logging.getLogger(__name__)
 
@@ -22,9 +32,7 @@ log = logging.getLogger(__name__)
 def _needs(spec: Conv2dSpec, t: ConvTiling, residual: bool = False) -> dict[str, int]:
     """Buffer entries one tiling needs (all slots; a fused residual adds its tile to each input
     slot and the identity tile to the weights)."""
-    rows_in = (t.h_t - 1) * spec.strides[0] + spec.kh
-    cols_in = (t.w_t - 1) * spec.strides[1] + spec.kw
-    return {"inp": t.vt * (t.ic_t * rows_in * cols_in + (t.o_t * t.h_t * t.w_t if residual else 0)),
+    return {"inp": t.vt * (t.ic_t * input_entries(spec, t) + (t.o_t * t.h_t * t.w_t if residual else 0)),
             "wgt": t.vt * t.o_t * t.ic_t * spec.kh * spec.kw + (1 if residual else 0),
             "acc": t.vt * (t.o_t * t.h_t * t.w_t + t.o_t + PARAM_ENTRIES),
             "uop": 2 * (t.o_t * t.ic_t * spec.kh * spec.kw + t.o_t + 1 + 2 * PARAM_ENTRIES)}
@@ -66,8 +74,8 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
     n_ic = _ceil(g.cb, t.ic_t)
     tiles = g.nb * n_o * n_h * n_w
     khw = spec.kh * spec.kw
-    rows_in = min(spec.h, (t.h_t - 1) * spec.strides[0] + spec.kh)
-    cols_in = min(spec.w, (t.w_t - 1) * spec.strides[1] + spec.kw)
+    rows_in = min(spec.h, (t.h_t - 1) * spec.strides[0] + spec.span_h)
+    cols_in = min(spec.w, (t.w_t - 1) * spec.strides[1] + spec.span_w)
     dram, bus = DramModel(), cfg.bus_bytes
     read_row, write_row = dram.read_latency + 1, dram.write_latency + 1   # each DMA burst waits its latency
     burst = cfg.max_burst_beats * bus
@@ -84,10 +92,14 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
             n, row_bytes = 1, n * row_bytes
         bursts = n * _ceil(int(row_bytes), burst)
         return max(n * row_bytes / bus + bursts, latency * bursts / outstanding) + latency
-    whole_rows = not any(spec.pads) and cols_in == spec.w            # the tile's input rows are whole rows
+    whole_rows = not any(spec.pads) and cols_in == spec.w and not t.gather   # the tile's input rows are whole rows
     inp_row = cols_in * cfg.inp_elem_bytes
-    inp_chunk = (rows(t.ic_t, rows_in * inp_row, read_row) if whole_rows and t.ic_t > 1   # one LOAD, all blocks
-                 else t.ic_t * rows(rows_in, inp_row, read_row, whole_rows))
+    if t.gather:   # a LOAD of h_t rows of w_t pixels per tap
+        inp_chunk = t.ic_t * khw * rows(t.h_t, t.w_t * cfg.inp_elem_bytes, read_row)
+    elif whole_rows and t.ic_t > 1:   # one LOAD, all blocks
+        inp_chunk = rows(t.ic_t, rows_in * inp_row, read_row)
+    else:
+        inp_chunk = t.ic_t * rows(rows_in, inp_row, read_row, whole_rows)
     wgt_chunk = rows(t.o_t, t.ic_t * khw * cfg.wgt_elem_bytes, read_row, n_ic == 1)   # one LOAD of o_t rows
     res_tile = (rows(t.o_t, t.h_t * t.w_t * cfg.inp_elem_bytes, read_row) if t.w_t == spec.ow
                 else t.o_t * rows(t.h_t, t.w_t * cfg.inp_elem_bytes, read_row)) if residual else 0
@@ -104,7 +116,7 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
     # (linear_pixels), and a bias MOV on the tiles FLUSH did not seed: each slot's first, and those
     # next to a shape change
     full = g.nb * (g.ob // t.o_t) * (spec.oh // t.h_t) * (spec.ow // t.w_t)
-    passes = (0 if linear_pixels(spec, t.h_t, t.w_t) else 1) + min(tiles, t.vt + 2 * (tiles - full)) / tiles
+    passes = (0 if linear_pixels(spec, t.h_t, t.w_t, t.gather) else 1) + min(tiles, t.vt + 2 * (tiles - full)) / tiles
     epilogue = passes * entries + t.o_t * cfg.acc_elem_bytes / bus + read_row + 3 * INSN_CYCLES
     store_tile = (rows(t.o_t, t.h_t * t.w_t * cfg.out_elem_bytes, write_row, False, k_wr) if t.w_t == spec.ow
                   else t.o_t * rows(t.h_t, t.w_t * cfg.out_elem_bytes, write_row, False, k_wr))
@@ -115,7 +127,7 @@ def estimate_cycles(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling, residual:
         total = first_load + tiles * pace + epilogue + store_tile
     else:
         total = tiles * (load_tile + compute_tile + store_tile)
-    inp_bytes = tiles * g.cb * rows_in * cols_in * cfg.inp_elem_bytes
+    inp_bytes = tiles * g.cb * (khw * t.h_t * t.w_t if t.gather else rows_in * cols_in) * cfg.inp_elem_bytes
     wgt_loads = g.nb * n_o if n_ic == 1 else tiles * n_ic
     wgt_bytes = wgt_loads * t.o_t * t.ic_t * khw * cfg.wgt_elem_bytes
     out_bytes = g.nb * g.ob * spec.oh * spec.ow * cfg.out_elem_bytes
@@ -211,14 +223,11 @@ def conv2d_candidates(spec: Conv2dSpec, cfg: AccelConfig, vt: int = 2, residual:
     dense = is_dense(spec)
     if dense:   # tiles stream row blocks: planned as the pixels of one image
         spec = dense_view(spec, cfg)
-    if max(spec.pads) >= 1 << PAD_BITS:
-        raise TilingError(f"{spec.name}: padding {spec.pads} exceeds the LOAD padding field's maximum "
-                          f"{(1 << PAD_BITS) - 1}")
     # the estimate's constants are part of the key: bench/tiling_fit.py --grid varies them
     ranked = _ranked_tilings(dataclasses.replace(spec, name="conv2d"), cfg, vt, residual,
                              (INSN_CYCLES, CHUNK_CYCLES, OVERLAP_LOSS), dense, dense and resident)
     if not ranked:
-        need = _needs(spec, ConvTiling(1, 1, 1, 1, vt), residual)
+        need = _needs(spec, ConvTiling(1, 1, 1, 1, vt, can_gather(spec)), residual)
         have = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth, "uop": cfg.uop_depth}
         short = [f"{k} buffer needs {need[k]} entries for the smallest tile, has {have[k]} (short by "
                  f"{need[k] - have[k]})" for k in need if need[k] > have[k]]
@@ -241,12 +250,13 @@ def _ranked_tilings(spec: Conv2dSpec, cfg: AccelConfig, vt: int, residual: bool,
         return sorted(s)
     found: dict[ConvTiling, float] = {}
     heights = cands(spec.oh)
-    for o_t, ic_t, w_t in itertools.product(cands(g.ob), cands(g.cb), cands(spec.ow)):
+    gathers = (False, True) if can_gather(spec) else (False,)
+    for o_t, ic_t, w_t, gather in itertools.product(cands(g.ob), cands(g.cb), cands(spec.ow), gathers):
         # the largest h_t that fits, found by bisection (needs grow with h_t)
         lo, hi = 0, spec.oh
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if _fits(spec, cfg, ConvTiling(o_t, mid, w_t, ic_t, vt), residual):
+            if _fits(spec, cfg, ConvTiling(o_t, mid, w_t, ic_t, vt, gather), residual):
                 lo = mid
             else:
                 hi = mid - 1
@@ -254,7 +264,7 @@ def _ranked_tilings(spec: Conv2dSpec, cfg: AccelConfig, vt: int, residual: bool,
             continue
         # balanced row tiles, up to the tallest that fits (itself, though cands() may not list it)
         for h_t in {h for h in heights if h <= lo} | {_ceil(spec.oh, _ceil(spec.oh, lo))}:
-            t = ConvTiling(o_t, h_t, w_t, ic_t, vt)
+            t = ConvTiling(o_t, h_t, w_t, ic_t, vt, gather)
             found[t] = estimate(spec, cfg, t, residual)["cycles"]
     return tuple(sorted(((c, t) for t, c in found.items()), key=lambda ct: (ct[0], ct[1].describe())))
 
@@ -274,12 +284,13 @@ def input_resident(spec: Conv2dSpec, cfg: AccelConfig, t: ConvTiling) -> bool:
             and t.ic_t >= _ceil(spec.c, cfg.block_in))
 
 
-def linear_pixels(spec: Conv2dSpec, h_a: int, w_a: int) -> bool:
+def linear_pixels(spec: Conv2dSpec, h_a: int, w_a: int, gather: bool = False) -> bool:
     """Whether an h_a x w_a output tile's pixels, in row-major order, start their input windows at
-    one stride (the tile's input rows are (w_a - 1) * sw + kw entries wide): one loop level can then
-    walk them (_build_gemm_by_block). True for 1x1 stride-1 convs and dense layers, and one-row tiles."""
+    one stride (the tile's input rows are (w_a - 1) * sw + span_w entries wide): one loop level can
+    then walk them (_build_gemm_by_block). True for 1x1 stride-1 convs and dense layers, one-row
+    tiles, and gathered input tiles (a tap's band holds the tile's pixels in order)."""
     sh, sw = spec.strides
-    return h_a == 1 or sh * ((w_a - 1) * sw + spec.kw) == w_a * sw
+    return gather or h_a == 1 or sh * ((w_a - 1) * sw + spec.span_w) == w_a * sw
 
 
 def plan_resident_weights(layers: dict[str, tuple[int, int]], wgt_depth: int, others_need: int = 0,

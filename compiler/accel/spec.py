@@ -11,7 +11,7 @@ import numpy as np
 from accel.isa import AccelConfig
 
 from ..errors import CompilerError
-from ..graph.ops import shift_right_round
+from ..graph.ops import conv2d_ref, shift_right_round
 
 
 class TilingError(CompilerError):
@@ -24,7 +24,9 @@ def _ceil(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class Conv2dSpec:
-    """A conv2d layer in NCHW/OIHW terms (channels before blocking); pads are (top, bottom, left, right)."""
+    """A conv2d layer in NCHW/OIHW terms (channels before blocking); pads are (top, bottom, left, right).
+    A dilated kernel's taps sit `dilations` apart: it spans span_h x span_w input pixels, and the
+    emitter reads tap (y, x) at offset (y * dh, x * dw) of an output pixel's window."""
     n: int
     c: int
     h: int
@@ -35,23 +37,36 @@ class Conv2dSpec:
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)
     strides: tuple[int, int] = (1, 1)
     name: str = "conv2d"
+    dilations: tuple[int, int] = (1, 1)
 
     def __post_init__(self):
         for k in ("n", "c", "h", "w", "o", "kh", "kw"):
             if getattr(self, k) < 1:
                 raise TilingError(f"{self.name}: {k}={getattr(self, k)} must be >= 1")
-        if min(self.strides) < 1 or min(self.pads) < 0:
-            raise TilingError(f"{self.name}: strides {self.strides} must be >= 1 and pads {self.pads} >= 0")
+        if min(self.strides) < 1 or min(self.pads) < 0 or min(self.dilations) < 1:
+            raise TilingError(f"{self.name}: strides {self.strides} and dilations {self.dilations} must be >= 1 "
+                              f"and pads {self.pads} >= 0")
         if self.oh < 1 or self.ow < 1:
-            raise TilingError(f"{self.name}: kernel {self.kh}x{self.kw} larger than the padded input")
+            raise TilingError(f"{self.name}: kernel {self.kh}x{self.kw} (spanning {self.span_h}x{self.span_w}) "
+                              f"larger than the padded input")
+
+    @property
+    def span_h(self) -> int:
+        """Input rows one output pixel's window spans: the kernel's height, dilated."""
+        return (self.kh - 1) * self.dilations[0] + 1
+
+    @property
+    def span_w(self) -> int:
+        """Input columns one output pixel's window spans."""
+        return (self.kw - 1) * self.dilations[1] + 1
 
     @property
     def oh(self) -> int:
-        return (self.h + self.pads[0] + self.pads[1] - self.kh) // self.strides[0] + 1
+        return (self.h + self.pads[0] + self.pads[1] - self.span_h) // self.strides[0] + 1
 
     @property
     def ow(self) -> int:
-        return (self.w + self.pads[2] + self.pads[3] - self.kw) // self.strides[1] + 1
+        return (self.w + self.pads[2] + self.pads[3] - self.span_w) // self.strides[1] + 1
 
     @property
     def macs(self) -> int:
@@ -64,10 +79,26 @@ class Conv2dSpec:
         return cls(n=cfg.batch, c=k, h=1, w=_ceil(rows, cfg.batch), o=m, kh=1, kw=1, name=name)
 
     @classmethod
+    def from_attrs(cls, n: int, c: int, h: int, w: int, o: int, kh: int, kw: int, attrs: dict,
+                   name: str) -> "Conv2dSpec":
+        """A conv node's layer: its graph attributes give the pads in ONNX order (begin rows, begin
+        columns, end rows, end columns), the strides and the dilations."""
+        pt, pl, pb, pr = attrs["pads"]
+        return cls(n, c, h, w, o, kh, kw, (pt, pb, pl, pr), tuple(attrs["strides"]), name,
+                   tuple(attrs.get("dilations", (1, 1))))
+
+    @classmethod
     def from_workload(cls, fields: list[int], name: str, n: int = 1) -> "Conv2dSpec":
         """A row of a workload file (compiler/accel/resnet18_conv.json): h, w, c, o, kh, kw, pad_h, pad_w, sh, sw."""
         h, w, c, o, kh, kw, ph, pw, sh, sw = fields
         return cls(n=n, c=c, h=h, w=w, o=o, kh=kh, kw=kw, pads=(ph, ph, pw, pw), strides=(sh, sw), name=name)
+
+
+def int_conv2d(x: np.ndarray, w: np.ndarray, spec: Conv2dSpec, groups: int = 1) -> np.ndarray:
+    """The exact int64 sums of a conv (NCHW x OIHW, `groups` groups) with the spec's strides, pads
+    and dilations."""
+    pt, pb, pl, pr = spec.pads
+    return conv2d_ref(x, w, spec.strides, (pt, pl, pb, pr), spec.dilations, groups, acc=np.int64)
 
 
 @dataclass(frozen=True)
@@ -109,9 +140,14 @@ class ConvTiling:
     w_t: int     # output columns per tile
     ic_t: int    # input-channel blocks per chunk
     vt: int      # virtual threads: buffer slots that tiles rotate through
+    #: the input tile holds, per input block, one h_t x w_t band per kernel tap: the pixels that tap
+    #: reads (an im2col by tap), instead of the window the tile's taps span; for dilated convs,
+    #: whose windows span many more pixels than their taps read (stride 1 across columns)
+    gather: bool = False
 
     def describe(self) -> str:
-        return f"o_t={self.o_t} h_t={self.h_t} w_t={self.w_t} ic_t={self.ic_t} vt={self.vt}"
+        return (f"o_t={self.o_t} h_t={self.h_t} w_t={self.w_t} ic_t={self.ic_t} vt={self.vt}"
+                + (" gather" if self.gather else ""))
 
 
 @dataclass(frozen=True)
@@ -139,6 +175,21 @@ class WeightRegion:
     base: int
     load: bool = True
     bias_base: int | None = None
+
+
+def can_gather(spec: Conv2dSpec) -> bool:
+    """Whether a layer can tile its input by tap (ConvTiling.gather): a dilated kernel with unit
+    column stride (a tap's band then is a 2-D block of the input, one LOAD)."""
+    return spec.dilations != (1, 1) and spec.strides[1] == 1
+
+
+def input_entries(spec: Conv2dSpec, t: ConvTiling, h_a: int | None = None, w_a: int | None = None) -> int:
+    """Input-buffer entries one input block of an h_a x w_a output tile takes (default the
+    tiling's full tile): its window, or with t.gather a band per tap."""
+    h_a, w_a = h_a or t.h_t, w_a or t.w_t
+    if t.gather:
+        return spec.kh * spec.kw * h_a * w_a
+    return ((h_a - 1) * spec.strides[0] + spec.span_h) * ((w_a - 1) * spec.strides[1] + spec.span_w)
 
 
 def weight_region_entries(spec: Conv2dSpec, cfg: AccelConfig) -> int:

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 def _key(spec: Conv2dSpec, cfg: AccelConfig, vt: int, residual: bool = False) -> str:
     return (f"{cfg.digest()}:{spec.n}x{spec.c}x{spec.h}x{spec.w}->{spec.o}:k{spec.kh}x{spec.kw}"
             f":p{','.join(map(str, spec.pads))}:s{spec.strides[0]},{spec.strides[1]}:vt{vt}"
+            + (f":d{spec.dilations[0]},{spec.dilations[1]}" if spec.dilations != (1, 1) else "")
             + (":residual" if residual else ""))
 
 

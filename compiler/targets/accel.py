@@ -1,7 +1,7 @@
 """The accelerator target: which int8 nodes the accelerator takes (the partition rules), and
 their lowering to one instruction program per layer.
 
-Placement: int8 GEMM layers (qconv2d, qdense) go to the accelerator unless they are dilated,
+Placement: int8 GEMM layers (qconv2d, qdense; dilated convs too) go to the accelerator unless they are
 grouped so that their merged channel slices waste too much of the core (compiler.accel.grouped),
 their channels fill the GEMM core too poorly, or the host CPU runs them faster by the cost
 estimate (compiler.accel.depthwise_cost.gemm_costs: the planner's cycles at the config's clock
@@ -134,8 +134,6 @@ def check_gemm(n: Node, cfg: AccelConfig, rules: AccelRules) -> Decline | None:
     """None if the accelerator takes this int8 GEMM layer, else why not."""
     cin, cout = n.inputs[0].shape[1], n.shape[1]
     groups = n.attrs.get("groups", 1) if n.op == "qconv2d" else 1
-    if n.op == "qconv2d" and tuple(n.attrs["dilations"]) != (1, 1):
-        return Decline(f"{_label(n)}: dilated convolution is not supported by the accelerator lowering", "dilated")
     by_cost = rules.depthwise_by_cost and is_depthwise(n)   # the partition weighs both targets' estimates
     if groups != 1:   # GEMMs on merged channel slices (compiler.accel.grouped)
         kind = "depthwise" if groups == _channels(n.inputs[0]) else "grouped"
@@ -189,10 +187,9 @@ def check_epilogue_tiling(n: Node, cfg: AccelConfig) -> Decline | None:
     global average pool over a large image needs a weight tile per tap: it stays on the CPU,
     where its int8 kernel runs, rather than fail at build time and fall back to a slow one)."""
     x = n.inputs[0].shape
-    pt, pl, pb, pr = n.attrs["pads"]
     kh, kw = n.inputs[1].shape[2:]
-    spec = Conv2dSpec(min(cfg.batch, x[0]), cfg.block_in, x[2], x[3], cfg.block_out, kh, kw, (pt, pb, pl, pr),
-                      tuple(n.attrs["strides"]), n.name)
+    spec = Conv2dSpec.from_attrs(min(cfg.batch, x[0]), cfg.block_in, x[2], x[3], cfg.block_out, kh, kw, n.attrs,
+                                 n.name)
     try:
         plan_conv2d(spec, cfg, 2, False)
     except CompilerError as e:
@@ -252,7 +249,6 @@ class AccelTarget(Target):
         "boundary": "precision or layout conversion at the accelerator boundary, done by the host",
         "grouped": "grouped convolution whose channel slices, merged onto whole blocks, waste most of the GEMM core",
         "depthwise": "depthwise convolution (one group per channel) as a diagonal GEMM wastes too much of the core",
-        "dilated": "dilated convolution has no accelerator lowering",
         "shape": "shape the accelerator lowering cannot take or would waste most of the GEMM core on",
         "cost": "faster on the CPU by the cost estimate (a memory-bound GEMM layer, or a depthwise conv)",
         "placement": "elementwise op whose producer runs on the CPU stays beside it",
@@ -683,9 +679,7 @@ class AccelTarget(Target):
                 raise TilingError(f"{n.name}: qconv2d in layout {n.attrs['layout']} is not packed for the accelerator")
             nb, cb, h, wd, bn, bi = x
             ob, _, kh, kw, bo, _ = w
-            pt, pl, pb, pr = n.attrs["pads"]
-            spec = Conv2dSpec(nb * bn, cb * bi, h, wd, ob * bo, kh, kw, (pt, pb, pl, pr), tuple(n.attrs["strides"]),
-                              n.name)
+            spec = Conv2dSpec.from_attrs(nb * bn, cb * bi, h, wd, ob * bo, kh, kw, n.attrs, n.name)
         else:
             if n.attrs["layout"] != "NCnc":
                 raise TilingError(f"{n.name}: qdense in layout {n.attrs['layout']} is not packed for the accelerator")

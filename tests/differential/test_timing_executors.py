@@ -31,6 +31,7 @@ from compiler.accel.conv2d import (
     Conv2dSpec,
     ConvTiling,
     Requant,
+    conv2d_candidates,
     conv2d_reference,
     run_conv2d,
     run_dense,
@@ -209,7 +210,9 @@ def test_faulting_programs_report_the_same_code_and_instruction(cfg):
 
 LAYERS = {"conv3x3": Conv2dSpec(1, 8, 8, 8, 8, 3, 3, (1, 1, 1, 1)),
           "conv3x3_s2": Conv2dSpec(1, 16, 10, 10, 16, 3, 3, (1, 1, 1, 1), (2, 2)),
-          "conv1x1": Conv2dSpec(1, 16, 8, 8, 32, 1, 1)}
+          "conv1x1": Conv2dSpec(1, 16, 8, 8, 32, 1, 1),
+          # pads past a LOAD's padding fields: zero runs written by LOADs of padding only
+          "conv3x3_dilated": Conv2dSpec(1, 8, 6, 6, 8, 3, 3, (2, 17, 3, 16), (1, 1), "dilated", (2, 3))}
 
 
 @pytest.mark.parametrize("vt", [1, 2])
@@ -225,6 +228,26 @@ def test_conv_layers_fsim_tsim_rtl(layer, vt):
     for name in ("fsim", "tsim", "rtl"):
         with Device(TINY, driver=name, dram_bytes=4 << 20) as dev:
             y, res, _ = run_conv2d(dev, x, w, b, spec, Requant(8), vt)
+            dram[name], stats[name] = dev.memory.array.copy(), res.stats
+        assert np.array_equal(y, ref), name
+    assert np.array_equal(dram["tsim"], dram["fsim"]) and np.array_equal(dram["rtl"], dram["fsim"])
+    assert _counters(stats["tsim"]) == _counters(stats["rtl"])
+
+
+@pytest.mark.parametrize("vt", [1, 2])
+def test_dilated_conv_gathered_tiles_fsim_tsim_rtl(vt):
+    """A dilated conv whose input tiles hold a band per tap (ConvTiling.gather): the same DRAM and
+    counters, cycles included, on the timing model and the RTL."""
+    spec = LAYERS["conv3x3_dilated"]
+    tiling = next(t for _, t in conv2d_candidates(spec, TINY, vt) if t.gather)
+    rng = np.random.default_rng(4)
+    x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
+    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
+    ref = conv2d_reference(x, w, None, spec, Requant(8))
+    dram, stats = {}, {}
+    for name in ("fsim", "tsim", "rtl"):
+        with Device(TINY, driver=name, dram_bytes=4 << 20) as dev:
+            y, res, _ = run_conv2d(dev, x, w, None, spec, Requant(8), vt, tiling)
             dram[name], stats[name] = dev.memory.array.copy(), res.stats
         assert np.array_equal(y, ref), name
     assert np.array_equal(dram["tsim"], dram["fsim"]) and np.array_equal(dram["rtl"], dram["fsim"])

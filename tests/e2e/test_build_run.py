@@ -103,6 +103,37 @@ def test_e2e_token_ids_through_an_embedding_table():
         mod.run({"ids": np.full((2, 8), 50, np.int64)})
 
 
+def _dilated_head(seed: int = 3):
+    """DeepLab-style: a dilated ResNet conv (dilation 2, stride 2), an ASPP over its map (a 1x1 conv
+    beside 3x3 convs at dilations 6 and 18, whose pads reach past a LOAD's padding fields and past
+    the map itself), a causal 1-D dilated conv (left pads only), concatenated, a 1x1 classifier."""
+    b = zoo.ModelBuilder("dilated_head", seed)
+    x = b.input("x", (1, 24, 26, 26))
+
+    def conv(t, cin, cout, k, d, pads, stride=1):
+        w = b.weight((cout, cin, *k))
+        return b.op("Relu", [b.op("Conv", [t, w, b.init((b.rng.standard_normal(cout) * 0.1).astype(np.float32))],
+                                  kernel_shape=list(k), dilations=list(d), pads=pads, strides=[stride, stride])])
+    t = conv(x, 24, 32, (3, 3), (2, 2), [2] * 4, stride=2)
+    outs = [conv(t, 32, 16, (1, 1), (1, 1), [0] * 4)]
+    outs += [conv(t, 32, 16, (3, 3), (r, r), [r] * 4) for r in (6, 18)]
+    outs.append(conv(t, 32, 16, (1, 3), (1, 4), [0, 8, 0, 0]))
+    return b.build([b.conv(b.op("Concat", outs, axis=1), 64, 10, k=1)])
+
+
+@pytest.mark.parametrize("config", ["tiny", "default"])
+def test_e2e_dilated_convs_run_on_the_accelerator(config):
+    m = _dilated_head()
+    feeds = zoo.sample_inputs(m, 4, seed=2)
+    mod = compiler.build_model(m, target="accel", config=config, calibration=feeds[:2])
+    convs = [r for r in mod.meta["partition"] if r["op"] == "qconv2d"]
+    assert len(convs) == 6 and all(r["target"] == "accel" for r in convs), convs
+    assert not mod.meta["fallbacks"]
+    for f in feeds[2:]:
+        got, _, _ = _run_bit_exact(mod, f, "dilated_head")
+        assert cosine(got, ort_run(m, f)[0]) >= 0.99
+
+
 def test_e2e_pytorch_export_patterns_group_norm_max_pool_log_softmax():
     """What PyTorch's exporters emit for GroupNorm (Reshape - InstanceNormalization - Reshape),
     torch.maximum / abs, adaptive max pooling, sum pooling and log_softmax: cpu matches onnxruntime,

@@ -24,6 +24,8 @@ DIRECTED = {
     "overlapped": lambda cfg: hp.pipelined_matmul(cfg, overlap=True),
     "serialized": lambda cfg: hp.pipelined_matmul(cfg, overlap=False),
     "conv2d": lambda cfg: hp.conv_layer(cfg)[0],
+    "dilated_windowed": lambda cfg: hp.conv_layer(cfg, 1, hp.DILATED, gather=False)[0],
+    "dilated_gathered": lambda cfg: hp.conv_layer(cfg, 2, hp.DILATED, gather=True)[0],
 }
 
 
@@ -63,6 +65,9 @@ def test_rtl_conv_layer_matches_numpy(directed, tiny):
     sim, _, runs = directed
     _, read_output, reference = hp.conv_layer(tiny)
     assert np.array_equal(read_output(runs["conv2d"].dram), reference)
+    for name, seed, gather in (("dilated_windowed", 1, False), ("dilated_gathered", 2, True)):
+        _, read_output, reference = hp.conv_layer(tiny, seed, hp.DILATED, gather)
+        assert np.array_equal(read_output(runs[name].dram), reference), name
 
 
 def test_rtl_same_results_under_random_bus_stalls(tiny):

@@ -46,6 +46,9 @@ def _run_passes(func: PrimFunc, env: AccelEnv, stop_after: str | None = None) ->
 def lower_conv2d(spec: Conv2dSpec, cfg: AccelConfig, requant: Requant = Requant(), vt: int = 2,
                  bias: bool = True, tiling: ConvTiling | None = None, stop_after: str | None = None) -> PrimFunc:
     """The lowered TIR of a conv2d on the accelerator (tiling from plan_conv2d unless given)."""
+    if spec.dilations != (1, 1):
+        raise LowerError(f"{spec.name}: the tensor-expression lowering has no dilated convolution (dilations "
+                         f"{spec.dilations}); compiler.accel.emit has")
     env = AccelEnv(cfg)
     tiling = tiling or plan_conv2d(spec, cfg, vt)
     s, t = schedule_conv2d(env, spec, tiling, requant, bias)
