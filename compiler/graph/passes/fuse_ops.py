@@ -15,6 +15,19 @@ from ..ir import Graph, Node
 from ..ops import Pattern, get_op
 from .nchwc_layout import is_unpack
 
+#: a concat of more inputs than this ends its kernel before a consumer that changes its shape (a
+#: reshape, a transpose): the cpu schedule splits the concat axis at the input boundaries only when
+#: the kernel writes the concat's own shape (compiler.ops.cpu.schedule_concat); past a transpose
+#: every element would pick its input through a tree of selects, whose arms the codegen loads
+#: eagerly (an LSTM's 64 step outputs: 128 us a kernel, against 2 us copied)
+CONCAT_FUSE_INPUTS = 4
+
+
+def _closed(g: list, n: Node) -> bool:
+    """Whether group g ends in a concat of many inputs whose shape consumer n would change."""
+    last = g[-1]
+    return last.op == "concat" and len(last.inputs) > CONCAT_FUSE_INPUTS and tuple(n.shape) != tuple(last.shape)
+
 
 def _fusable(group_pattern: Pattern, consumer: Pattern) -> bool:
     if group_pattern == Pattern.OUT_ELEMWISE_FUSABLE:
@@ -60,7 +73,7 @@ def _join_diamond(n: Node, p: Pattern, group: dict, pattern: dict, users: dict, 
                 continue
             q = max([p] + [pattern[id(a)] for a in arms])
             g = group[id(i)]
-            if not _fusable(pattern[id(g)], q):
+            if not _fusable(pattern[id(g)], q) or _closed(g, n):
                 continue
             for a in arms:
                 for m in a:
@@ -82,7 +95,7 @@ def _merge_arms(n: Node, p: Pattern, g: list, group: dict, pattern: dict, users:
     for i in n.inputs:
         a = group.get(id(i))
         if (a is None or a is g or a[-1] is not i or len(users[id(i)]) != 1 or id(i) in outputs
-                or i.target != n.target or pattern[id(a)] > Pattern.INJECTIVE
+                or i.target != n.target or pattern[id(a)] > Pattern.INJECTIVE or _closed(a, n)
                 or any(m.dtype != "float32" for m in a)):
             continue
         for m in a:
@@ -106,7 +119,7 @@ def fuse_ops(graph: Graph) -> Graph:
                 continue
             g = group[id(i)]
             gp = pattern[id(g)]
-            if g[-1] is not i or not _fusable(gp, p):
+            if g[-1] is not i or not _fusable(gp, p) or _closed(g, n):
                 continue
             joined = g
             _merge_arms(n, p, g, group, pattern, users, outputs)

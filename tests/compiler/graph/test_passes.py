@@ -313,6 +313,28 @@ def test_fuse_ops_merges_elementwise_arms_into_one_kernel():
     assert [n.op for n in fuse_ops(Graph.from_outputs([h], [two])).ops] == ["dense", "fused"]
 
 
+@pytest.mark.parametrize("parts", [3, 4, 8, 64])
+def test_fuse_ops_a_wide_concat_ends_its_kernel_before_a_shape_change(parts):
+    """An LSTM's outputs: its steps' rows concatenated, then transposed. A concat of more than
+    CONCAT_FUSE_INPUTS inputs keeps its own shape as its kernel's output (the cpu schedule copies
+    each input's run), so the transpose starts a kernel of its own; an elementwise consumer still
+    joins, and a narrow concat still fuses with the transpose."""
+    x = Node.input("x", (parts, 2, 8))
+    rows = [Node("tanh", [Node("slice", [x], {"starts": (k,), "ends": (k + 1,), "axes": (0,), "steps": (1,)})])
+            for k in range(parts)]
+    cat = Node("concat", rows, {"axis": 0}, name="cat")
+    t = Node("transpose", [cat], {"perm": (1, 0, 2)}, name="t")
+    e = Node("relu", [cat], name="e")
+    for out, closes in ((t, parts > 4), (e, False)):
+        graph = Graph.from_outputs([x], [out])
+        g = fuse_ops(graph)
+        kernels = [n for n in g.ops if n.op == "fused"]
+        last = [[b.op for b in n.attrs["body"].ops][-1] for n in kernels]
+        assert ("concat" in last) == closes and (g.ops[-1].op == "transpose") == closes, [n.op for n in g.ops]
+        feed = [f32(parts, 2, 8)]
+        np.testing.assert_allclose(run(g, feed)[0], run(graph, feed)[0], rtol=1e-6)
+
+
 def test_fuse_ops_reduction_absorbs_injective_producers():
     x = Node.input("x", (2, 3, 4))
     t = Node("transpose", [x], {"perm": (0, 2, 1)})
