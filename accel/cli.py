@@ -553,6 +553,10 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-resident-weights", dest="resident_weights", action="store_false",
                    help="reload every accelerator layer's weights on each inference (default: the weights "
                         "that fit the weight buffer stay there from the first run on)")
+    p.add_argument("--space-to-depth-fill", type=float, default=None, metavar="F",
+                   help="--target accel: rewrite a strided conv over few channels (a stem, a patch embedding) as a "
+                        "stride-1 conv over space-to-depth blocks where those fill at least F of the GEMM core "
+                        "(default 0.75: patch embeddings; 0.5 also takes ResNet's 7x7 stem)")
     p.add_argument("--tuning-log", metavar="F",
                    help="--target cpu: take each kernel's schedule from the JSON-lines log `accel tune` wrote "
                         "(a lookup, nothing is measured; records of another ISA are ignored). Default: this "
@@ -561,6 +565,14 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="print one row per node: the target chosen and, for a node kept off the accelerator, why "
                         "(unsupported operator, grouped/depthwise, shape, slower by the cost estimate, --force, ...)")
     p.set_defaults(func=_compile)
+
+
+def _accel_options(args) -> dict:
+    """The accel target's build options from `accel compile`'s flags."""
+    opts = {"resident_weights": args.resident_weights}
+    if args.space_to_depth_fill is not None:
+        opts["space_to_depth_fill"] = args.space_to_depth_fill
+    return opts
 
 
 def _compile(args) -> int:
@@ -577,7 +589,7 @@ def _compile(args) -> int:
     try:
         mod = build_model(graph, target=args.target, config=args.config if needs_config else None,
                           calibration=cal, force_target=force, tune=_cpu_tuning(args), progress=bar,
-                          target_options={"resident_weights": args.resident_weights} if args.target == "accel" else None)
+                          target_options=_accel_options(args) if args.target == "accel" else None)
     finally:
         bar.close()
     mod.save(args.output)

@@ -331,7 +331,8 @@ def build_model(model, target: str = "accel", config: AccelConfig | str | None =
     cfg = resolve_config(config) if config is not None or primary.needs_config else None
     request = {"cfg": cfg, "calibration": calibration, "has_qdq": any(n.op == "dequantize_linear" for n in g.nodes),
                "force_target": force_target, "fuse": fuse, "warnings": warnings,
-               "random_calibration": lambda n: _random_calibration(g, n)}
+               "random_calibration": lambda n: _random_calibration(g, n),
+               "target_options": {**primary.build_options, **(target_options or {})}}
     opts = GraphOptions(**primary.graph_options(request))
     if progress:
         progress("optimize", 0, 1)

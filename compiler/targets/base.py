@@ -150,7 +150,7 @@ class Target:
     def graph_options(self, request: dict) -> dict:
         """Keywords of the compiler.graph.passes.GraphOptions a build for this target optimizes with.
         request: cfg, calibration, has_qdq, force_target, fuse, random_calibration(n), warnings (a
-        list to append to). The default: float, int8 where the model is QDQ, no partition (a
+        list to append to), target_options (build_options with build_model's values). The default: float, int8 where the model is QDQ, no partition (a
         target that adds targets=(its name, "cpu") gets one, and --force applies to it)."""
         return {"quantize": request["has_qdq"], "calibration_samples": request["calibration"] or None,
                 "fuse": request["fuse"], "force_target": dict(request["force_target"] or {})}

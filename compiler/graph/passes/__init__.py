@@ -26,10 +26,10 @@ from .infer_types import infer_types
 from .nchwc_layout import nchwc_layout
 from .pack_layout import pack_layout
 from .partition import ACCEL_RULES, TARGETS, AccelRules, default_targets, partition, partition_table
-from .patchify import patchify_convs
 from .plan_memory import MemoryPlan, plan_memory
 from .quantize import Calibration, calibrate, pow2_shift, quantize
 from .simplify import simplify
+from .space_to_depth import space_to_depth_convs
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,8 @@ PIPELINE: list[Step] = [
     Step("simplify", lambda g, o: simplify(g), "bias adds move into conv/dense, reshapes merge: exposes folding and fusion"),
     Step("fold_batchnorm", lambda g, o: fold_batchnorm(g), "batch norm disappears into the conv weights before quantization sees it"),
     Step("fold_constants_again", lambda g, o: fold_constants(g), "folding the batch norm leaves constant arithmetic"),
-    Step("patchify_convs", lambda g, o: patchify_convs(g, o.config()),
-         "a patch embedding over few channels becomes a 1x1 conv over its patches, which fills the GEMM core",
+    Step("space_to_depth_convs", lambda g, o: space_to_depth_convs(g, o.config(), o.rules.min_space_to_depth_fill),
+         "a strided conv over few channels (a stem, a patch embedding) reads s x s blocks as channels: fills the GEMM core",
          lambda g, o: o.accel is not None),
     Step("eliminate_dead_code", lambda g, o: eliminate_dead_code(g), "drop what the rewrites orphaned, so calibration runs only live ops"),
     Step("quantize", _quantize_step, "int8 with power-of-two scales, before partitioning decides by dtype",
@@ -136,6 +136,6 @@ def optimize(graph: Graph, options: GraphOptions | None = None, **kw) -> Graph:
 
 
 __all__ = ["PIPELINE", "PASSES", "Step", "GraphOptions", "optimize", "infer_types", "fold_constants",
-           "fold_batchnorm", "patchify_convs", "eliminate_dead_code", "simplify", "import_qdq", "calibrate", "quantize",
+           "fold_batchnorm", "space_to_depth_convs", "eliminate_dead_code", "simplify", "import_qdq", "calibrate", "quantize",
            "Calibration", "pow2_shift", "partition", "partition_table", "AccelRules", "ACCEL_RULES", "pack_layout",
            "fuse_ops", "plan_memory", "MemoryPlan", "nchwc_layout"]
