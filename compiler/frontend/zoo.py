@@ -45,11 +45,12 @@ class ModelBuilder:
         return outs if n_out > 1 else outs[0]
 
     # common blocks
-    def conv(self, x, cin, cout, k=3, stride=1, pad=None, group=1, bias=True, name=None):
-        pad = k // 2 if pad is None else pad
+    def conv(self, x, cin, cout, k=3, stride=1, pad=None, group=1, bias=True, name=None, dilation=1):
+        pad = k // 2 * dilation if pad is None else pad
         w = self.weight((cout, cin // group, k, k))
         ins = [x, w] + ([self.init((self.rng.standard_normal(cout) * 0.1).astype(np.float32))] if bias else [])
-        return self.op("Conv", ins, name=name, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=group)
+        return self.op("Conv", ins, name=name, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=group,
+                       **({"dilations": [dilation, dilation]} if dilation != 1 else {}))
 
     def bn(self, x, c, name=None):
         r = self.rng

@@ -1,5 +1,6 @@
 """Differential test of the whole compiler on random networks: hypothesis builds small CNN graphs
-(convs of random kernel, stride, padding, groups and widths; batch norms; ReLU / clip / leaky
+(convs of random kernel, stride, padding, dilation, groups and widths, and patch embeddings (kernel
+= stride); batch norms; ReLU / clip / leaky
 activations; residual adds and channel concats where shapes meet; max and average pools; a
 global-pool dense head), then
 
@@ -34,16 +35,20 @@ def networks(draw):
     x = b.input("x", (1, c, h, w))
     skips = []   # (tensor, c, h, w) for residual adds and concats
     for k in range(draw(st.integers(2, 5))):
-        kind = draw(st.sampled_from(["conv", "conv", "conv", "dw", "pool", "add", "concat"]))
-        if kind in ("conv", "dw"):
-            k_sz = draw(st.sampled_from([1, 3] if kind == "conv" else [3]))
-            stride = draw(st.sampled_from([1, 1, 2])) if min(h, w) > 4 else 1
-            pad = draw(st.integers(0, k_sz // 2 + 1)) if k_sz > 1 else 0
-            pad = max(pad, -(-(k_sz - min(h, w)) // 2))   # the kernel fits the padded image
+        kind = draw(st.sampled_from(["conv", "conv", "conv", "dw", "dilated", "patch", "pool", "add", "concat"]))
+        if kind == "patch" and min(h, w) < 4:
+            kind = "conv"
+        if kind in ("conv", "dw", "dilated", "patch"):
+            k_sz = draw(st.sampled_from([1, 3] if kind == "conv" else [2, 4] if kind == "patch" else [3]))
+            dil = draw(st.integers(2, 4)) if kind == "dilated" else 1
+            span = (k_sz - 1) * dil + 1
+            stride = k_sz if kind == "patch" else draw(st.sampled_from([1, 1, 2])) if min(h, w) > 4 else 1
+            pad = 0 if kind == "patch" else draw(st.integers(0, span // 2 + 1)) if k_sz > 1 else 0
+            pad = max(pad, -(-(span - min(h, w)) // 2))   # the kernel fits the padded image
             out = c if kind == "dw" else draw(st.sampled_from([4, 8, 16, 24, 32]))
             y = b.conv(x, c, out, k=k_sz, stride=stride, pad=pad, group=c if kind == "dw" else 1,
-                       bias=draw(st.booleans()), name=f"{kind}{k}")
-            h, w = (h + 2 * pad - k_sz) // stride + 1, (w + 2 * pad - k_sz) // stride + 1
+                       bias=draw(st.booleans()), name=f"{kind}{k}", dilation=dil)
+            h, w = (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1
             c = out
             if draw(st.booleans()):
                 y = b.bn(y, c, name=f"bn{k}")
