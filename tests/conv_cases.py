@@ -2,9 +2,14 @@
 a bit-exact check of any conv2d runner (the template's or the TE path's) against the numpy reference."""
 import numpy as np
 
+from accel.isa import AccelConfig
 from compiler.accel.conv2d import Conv2dSpec, conv2d_reference
 from compiler.accel.workloads import load_layers
 from host_runtime import Device
+
+#: a config whose blocks differ (batch 2, 8 input x 16 output lanes) and whose buffers are small
+ODD = AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024,
+                  inp_buff_bytes=8 * 1024, wgt_buff_bytes=32 * 1024)
 
 
 def resnet_layers() -> dict[str, list[int]]:

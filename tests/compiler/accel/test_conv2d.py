@@ -1,11 +1,11 @@
 """conv2d / dense on the accelerator through the functional simulator, bit-exact against numpy."""
 import numpy as np
 import pytest
-from conv_cases import check_conv, rand_conv, resnet_layer
+from conv_cases import ODD, check_conv, rand_conv, resnet_layer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accel.isa import PRESETS, AccelConfig, AluOp, Epilogue, Gemm, Load, MemType, Store, flush_immediate
+from accel.isa import PRESETS, AluOp, Epilogue, Gemm, Load, MemType, Store, flush_immediate
 from compiler.accel import plan as conv_plan
 from compiler.accel.conv2d import (
     FILL_BANDS,
@@ -30,8 +30,6 @@ from compiler.accel.tune import measure_conv2d
 from compiler.graph.ops import fixed_multiplier
 from host_runtime import Device
 
-ODD = AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024,
-                  inp_buff_bytes=8 * 1024, wgt_buff_bytes=32 * 1024)
 _rand = rand_conv
 
 

@@ -2,6 +2,7 @@
 candidate tiling and every epilogue form, with the weights loaded once per output-channel group."""
 import numpy as np
 import pytest
+from conv_cases import ODD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,8 +28,6 @@ from compiler.frontend import from_onnx
 from compiler.frontend.zoo import conv_bn_relu_pool, mlp, sample_inputs
 from host_runtime import Device
 
-ODD = AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024,
-                  inp_buff_bytes=8 * 1024, wgt_buff_bytes=32 * 1024)
 SQUARE_ODD = AccelConfig(batch=2, block_in=8, block_out=8, acc_buff_bytes=16 * 1024, out_buff_bytes=4 * 1024,
                          inp_buff_bytes=2 * 1024, wgt_buff_bytes=4 * 1024)
 

@@ -2,11 +2,11 @@
 paddings wider than a LOAD's padding fields, bit for bit against the int8 reference."""
 import numpy as np
 import pytest
-from conv_cases import rand_conv
+from conv_cases import ODD, rand_conv
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from accel.isa import PRESETS, AccelConfig, Load, MemType
+from accel.isa import PRESETS, Load, MemType
 from compiler.accel.conv2d import (
     Conv2dSpec,
     ConvTiling,
@@ -24,9 +24,6 @@ from compiler.accel.lower import LowerError, lower_conv2d
 from compiler.accel.spec import input_entries
 from compiler.accel.tune import _key
 from host_runtime import Device
-
-ODD = AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024,
-                  inp_buff_bytes=8 * 1024, wgt_buff_bytes=32 * 1024)
 
 
 def _run(cfg, spec, tiling, rq=Requant(9, -127, 127), seed=0, residual=False, bias=True):

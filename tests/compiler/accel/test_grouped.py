@@ -5,11 +5,12 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conv_cases import ODD
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import compiler
-from accel.isa import PRESETS, AccelConfig
+from accel.isa import PRESETS
 from compiler.accel import depthwise_cost
 from compiler.accel.conv2d import Conv2dSpec, Requant, TilingError
 from compiler.accel.grouped import (
@@ -29,9 +30,6 @@ from compiler.targets import accel as accel_target
 from compiler.targets.accel import ACCEL_RULES
 from host_runtime import Device
 from host_runtime.executor import Executor
-
-ODD = AccelConfig(batch=2, block_in=8, block_out=16, acc_buff_bytes=64 * 1024, out_buff_bytes=16 * 1024,
-                  inp_buff_bytes=8 * 1024, wgt_buff_bytes=32 * 1024)
 
 
 def _check(cfg, spec, groups, rq, seed=0, bias=True):
